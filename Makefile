@@ -1,0 +1,31 @@
+# Developer entry points: `make test` runs the whole suite on SQLite and PostgreSQL.
+PYTHON ?= python3.11
+VENV := .venv
+REQUIREMENTS := $(wildcard requirements*.txt)
+
+.PHONY: venv test
+
+venv: $(VENV)/.installed
+
+# The stamp makes pip re-run only when a requirements file changes.
+# python3 is accepted in place of $(PYTHON) only if it is 3.11 (the pinned
+# requirements were resolved for 3.11).
+$(VENV)/.installed: $(REQUIREMENTS)
+	@if [ ! -x $(VENV)/bin/python ]; then \
+	  py="$(PYTHON)"; \
+	  if ! command -v "$$py" >/dev/null 2>&1; then \
+	    py=python3; \
+	    "$$py" -c 'import sys; sys.exit(sys.version_info[:2] != (3, 11))' 2>/dev/null \
+	      || { echo "error: Python 3.11 is required: neither $(PYTHON) nor a python3 3.11 found" >&2; exit 1; }; \
+	  fi; \
+	  echo "creating $(VENV) with $$py"; \
+	  "$$py" -m venv $(VENV); \
+	fi
+	$(VENV)/bin/python -m pip install --quiet --disable-pip-version-check -r requirements-dev.txt
+	touch $@
+
+# Starts its own redis-server and PostgreSQL cluster; see tests/suite.py.
+test: venv
+	$(VENV)/bin/python -m tests.suite $(PYTEST_ARGS)
+
+# run: (added by another engineer: web + worker + beat for local development)

@@ -1,0 +1,94 @@
+"""Django admin for schedules, executions, leases and instances."""
+from __future__ import annotations
+
+from typing import Any
+
+from django.contrib import admin
+from django.http import HttpRequest
+
+from scheduler.models import Execution, Instance, Lease, Schedule
+
+
+@admin.register(Schedule)
+class ScheduleAdmin(admin.ModelAdmin):
+    list_display = ("name", "task", "cron", "interval", "run_at", "timezone", "next_run_at", "enabled")
+    list_filter = ("enabled", "queue", "tenant")
+    search_fields = ("name", "task", "description")
+    readonly_fields = (
+        "next_run_at",
+        "last_run_at",
+        "total_runs",
+        "consecutive_failures",
+        "last_error",
+        "created_at",
+        "updated_at",
+    )
+    show_full_result_count = False
+    fieldsets = (
+        (None, {"fields": ("name", "task", "args", "kwargs", "queue", "priority", "description", "tenant")}),
+        ("Timing", {"fields": ("cron", "interval", "run_at", "timezone", "start_at", "end_at", "max_runs")}),
+        (
+            "Policies",
+            {
+                "fields": (
+                    "overlap",
+                    "catchup_window",
+                    "misfire",
+                    "jitter",
+                    "dst_gap",
+                    "dst_fold",
+                    "timeout",
+                    "max_retries",
+                    "retry_backoff",
+                    "pause_after_failures",
+                )
+            },
+        ),
+        (
+            "State",
+            {
+                "fields": (
+                    "enabled",
+                    "paused_reason",
+                    "next_run_at",
+                    "last_run_at",
+                    "total_runs",
+                    "consecutive_failures",
+                    "last_error",
+                    "created_at",
+                    "updated_at",
+                )
+            },
+        ),
+    )
+
+
+class ReadOnlyAdmin(admin.ModelAdmin):
+    """Rows written by machines: viewable, never edited by hand."""
+
+    show_full_result_count = False
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+
+@admin.register(Execution)
+class ExecutionAdmin(ReadOnlyAdmin):
+    list_display = ("id", "task", "schedule", "scheduled_for", "status", "attempt", "worker")
+    list_filter = ("status",)
+    search_fields = ("idempotency_key", "celery_task_id", "task")
+    raw_id_fields = ("schedule",)
+
+
+@admin.register(Lease)
+class LeaseAdmin(ReadOnlyAdmin):
+    list_display = ("name", "holder", "token", "acquired_at", "renewed_at", "expires_at")
+
+
+@admin.register(Instance)
+class InstanceAdmin(ReadOnlyAdmin):
+    list_display = ("instance_id", "role", "hostname", "pid", "last_seen", "is_leader")
+    list_filter = ("role", "is_leader")

@@ -1,0 +1,250 @@
+"""LeaderScheduler: the Celery beat scheduler that only sends while it holds the lease.
+
+Any number of ``celery -A project beat`` replicas may run. Each tick a replica
+keeps or seeks the database lease; followers dispatch nothing and stand by
+forever (they never exit on losing the lease, unlike RedBeat, sibson/redbeat#230).
+The leader commits due fires under its fencing token (``dispatch.dispatch_due``)
+and publishes them after the commit (``dispatch.publish_pending``).
+"""
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import time
+from typing import Any
+
+from celery import __version__ as celery_version
+from celery.beat import Scheduler
+from django.db import DatabaseError, close_old_connections, connection
+from django.db.backends.signals import connection_created
+from django.db.models.functions import Now
+from kombu.exceptions import OperationalError as BrokerError
+
+from scheduler import dispatch, leases, signals
+from scheduler.conf import settings
+from scheduler.exceptions import LeaseLost
+from scheduler.models import Instance, Schedule
+from scheduler.settings_schedules import sync_beat_schedule
+
+logger = logging.getLogger(__name__)
+
+
+def _limit_idle_transactions(sender: Any, connection: Any, **kwargs: Any) -> None:
+    """Make PostgreSQL end a beat session that sits idle inside a transaction.
+
+    A leader frozen mid-transaction (SIGSTOP, a long GC pause) would keep the
+    lease row locked and block every takeover; the server ends such a session
+    after one TTL, which frees the lock.
+    """
+    if connection.vendor == "postgresql":
+        timeout_ms = int(settings.LEASE_TTL_SECONDS * 1000)
+        with connection.cursor() as cursor:
+            cursor.execute(f"SET idle_in_transaction_session_timeout = {timeout_ms}")
+
+
+class LeaderScheduler(Scheduler):
+    """A ``celery.beat.Scheduler`` whose due set lives in the database, gated by a lease."""
+
+    def __init__(self, app: Any, *args: Any, **kwargs: Any) -> None:
+        # Celery builds a lazy instance just for the banner: no I/O here.
+        kwargs.pop("schedule_filename", None)
+        kwargs["max_interval"] = kwargs.get("max_interval") or settings.MAX_INTERVAL_SECONDS
+        self.instance_id = leases.new_instance_id()
+        self.lease_name: str = settings.LEASE_NAME
+        self.lease: leases.LeaseHandle | None = None
+        self._advisory: leases.AdvisoryLock | None = None
+        self._last_renew = 0.0  # monotonic
+        self._last_heartbeat = 0.0  # monotonic
+        self._broker_down = False
+        super().__init__(app, *args, **kwargs)
+
+    # --- Celery's scheduler contract ------------------------------------------
+
+    def setup_schedule(self) -> None:
+        connection_created.connect(_limit_idle_transactions, dispatch_uid="scheduler.beat.idle_tx")
+        close_old_connections()
+        try:
+            synced = sync_beat_schedule(self.app.conf.beat_schedule)
+            if synced:
+                logger.info("beat_schedule entries synced: %s", ", ".join(synced))
+        except DatabaseError:
+            logger.exception("could not sync beat_schedule into the database; continuing")
+        logger.info(
+            "beat replica %s started (lease %r, ttl %ss, renew %ss)",
+            self.instance_id, self.lease_name, settings.LEASE_TTL_SECONDS, settings.LEASE_RENEW_SECONDS,
+            extra={"action": "beat_started", "instance_id": self.instance_id},
+        )
+
+    @property
+    def schedule(self) -> dict[str, Any]:
+        # The due set lives in the database and is read per tick; there is no
+        # in-memory heap to rebuild (and nothing for Celery to sync).
+        return {}
+
+    def tick(self, *args: Any, **kwargs: Any) -> float:
+        """Keep or seek leadership, dispatch what is due; return seconds to sleep."""
+        try:
+            return self._tick()
+        except DatabaseError:
+            logger.exception(
+                "database unavailable; not dispatching until it answers again",
+                extra={"action": "database_unavailable", "instance_id": self.instance_id},
+            )
+            self._step_down("database unavailable")
+            # Drop the broken connection so the next tick reconnects.
+            connection.close()
+            return settings.FOLLOWER_RETRY_SECONDS
+
+    def close(self) -> None:
+        """Release the lease on shutdown so a follower takes over at once."""
+        if self.lease is not None:
+            token = self.lease.token
+            try:
+                released = leases.release(self.lease)
+            except DatabaseError:
+                released = False
+                logger.exception("could not release the lease on shutdown; it expires by itself")
+            self.lease = None
+            if released:
+                logger.info(
+                    "leadership released by %s (token %s)", self.instance_id, token,
+                    extra={"action": "lease_released", "instance_id": self.instance_id, "token": token},
+                )
+            signals.leadership_lost.send(
+                sender=self.__class__, instance_id=self.instance_id, token=token, reason="released"
+            )
+        if self._advisory is not None:
+            self._advisory.close()
+        try:
+            Instance.objects.filter(instance_id=self.instance_id).delete()
+        except DatabaseError:
+            pass  # reconcile removes stale instances
+        super().close()
+
+    @property
+    def info(self) -> str:
+        return f"    . lease -> {self.lease_name} (instance {self.instance_id})"
+
+    # --- one tick ---------------------------------------------------------------
+
+    def _tick(self) -> float:
+        lease = self._keep_or_seek_leadership()
+        self._heartbeat()
+        if lease is None:
+            return settings.FOLLOWER_RETRY_SECONDS
+        try:
+            report = dispatch.dispatch_due(lease)
+        except LeaseLost:
+            self._step_down("lost")
+            return 0.0
+        for name, slot in report.fired:
+            logger.info(
+                "dispatch %s slot %s (token %s)", name, slot.isoformat(), lease.token,
+                extra={"action": "dispatched", "schedule": name, "instance_id": self.instance_id, "token": lease.token},
+            )
+        more_pending = self._publish()
+        if more_pending or report.schedules >= settings.DISPATCH_BATCH_SIZE:
+            return 0.0
+        return self._seconds_until_next_work(report.db_now)
+
+    def _publish(self) -> bool:
+        """Publish pending executions; return whether a full batch went out (maybe more)."""
+        try:
+            sent = dispatch.publish_pending(self.app)
+        except (BrokerError, OSError, ConnectionError) as exc:
+            if not self._broker_down:
+                logger.warning(
+                    "broker unreachable (%s); executions stay pending until it returns", exc,
+                    extra={"action": "broker_unavailable", "instance_id": self.instance_id},
+                )
+            self._broker_down = True
+            return False
+        if self._broker_down:
+            logger.info("broker reachable again", extra={"action": "broker_available"})
+            self._broker_down = False
+        return sent >= settings.DISPATCH_BATCH_SIZE
+
+    def _seconds_until_next_work(self, db_now: Any) -> float:
+        next_due = (
+            Schedule.objects.active()
+            .filter(next_run_at__isnull=False)
+            .order_by("next_run_at")
+            .values_list("next_run_at", flat=True)
+            .first()
+        )
+        candidates = [self.max_interval, self._seconds_until_renew()]
+        if next_due is not None:
+            candidates.append((next_due - db_now).total_seconds())
+        return max(min(candidates), 0.0)
+
+    def _seconds_until_renew(self) -> float:
+        return settings.LEASE_RENEW_SECONDS - (time.monotonic() - self._last_renew)
+
+    # --- leadership -------------------------------------------------------------
+
+    def _keep_or_seek_leadership(self) -> leases.LeaseHandle | None:
+        ttl = settings.LEASE_TTL_SECONDS
+        if self.lease is not None:
+            if self._seconds_until_renew() <= 0:
+                try:
+                    self.lease = leases.renew(self.lease, ttl=ttl)
+                    self._last_renew = time.monotonic()
+                except LeaseLost:
+                    self._step_down("lost")
+            if self.lease is not None:
+                if self._advisory is not None:
+                    self._advisory.try_acquire()  # a leader that won by TTL takes it when it frees
+                return self.lease
+
+        force = False
+        if connection.vendor == "postgresql":
+            if self._advisory is None:
+                self._advisory = leases.AdvisoryLock(self.lease_name)
+            # Holding the advisory lock proves the last leader's session is
+            # gone: take over now instead of waiting for the TTL.
+            force = self._advisory.try_acquire()
+        lease = leases.acquire(self.lease_name, self.instance_id, ttl=ttl, force=force)
+        if lease is None:
+            return None
+        self.lease = lease
+        self._last_renew = time.monotonic()
+        self._last_heartbeat = 0.0  # publish is_leader at once
+        logger.info(
+            "leadership acquired by %s (token %s%s)", self.instance_id, lease.token,
+            ", previous holder's session is gone" if force else "",
+            extra={"action": "lease_acquired", "instance_id": self.instance_id, "token": lease.token},
+        )
+        signals.leadership_acquired.send(sender=self.__class__, instance_id=self.instance_id, token=lease.token)
+        return lease
+
+    def _step_down(self, reason: str) -> None:
+        if self.lease is None:
+            return
+        token, self.lease = self.lease.token, None
+        if self._advisory is not None:
+            self._advisory.release()
+        logger.warning(
+            "leadership lost by %s (token %s): %s", self.instance_id, token, reason,
+            extra={"action": "lease_lost", "instance_id": self.instance_id, "token": token},
+        )
+        signals.leadership_lost.send(sender=self.__class__, instance_id=self.instance_id, token=token, reason=reason)
+        self._last_heartbeat = 0.0
+
+    def _heartbeat(self) -> None:
+        if time.monotonic() - self._last_heartbeat < settings.LEASE_RENEW_SECONDS:
+            return
+        Instance.objects.update_or_create(
+            instance_id=self.instance_id,
+            defaults={"last_seen": Now(), "is_leader": self.lease is not None},
+            create_defaults={
+                "role": Instance.Role.BEAT,
+                "hostname": socket.gethostname(),
+                "pid": os.getpid(),
+                "version": celery_version,
+                "started_at": Now(),
+                "last_seen": Now(),
+                "is_leader": self.lease is not None,
+            },
+        )
+        self._last_heartbeat = time.monotonic()

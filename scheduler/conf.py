@@ -1,0 +1,40 @@
+"""Scheduler settings with their defaults, read lazily from Django settings.
+
+Every setting is ``SCHEDULER_<NAME>`` in Django settings and ``<NAME>`` here.
+Values are looked up on each attribute access so that ``override_settings``
+and pytest-django's ``settings`` fixture take effect without a reload.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from django.conf import settings as django_settings
+
+
+class Defaults:
+    #: Name of the lease row the beat replicas compete for.
+    LEASE_NAME: str = "beat"
+    #: How long a lease is valid after each acquire or renew.
+    LEASE_TTL_SECONDS: float = 10
+    #: How often the leader renews its lease.
+    LEASE_RENEW_SECONDS: float = 2
+    #: How often a follower tries to take the lease.
+    FOLLOWER_RETRY_SECONDS: float = 1
+    #: Longest the beat sleeps between ticks.
+    MAX_INTERVAL_SECONDS: float = 1
+    #: Due schedules read per query by the leader.
+    DISPATCH_BATCH_SIZE: int = 500
+    #: Default catch-up window for new schedules: older slots are recorded as missed.
+    DEFAULT_CATCHUP_WINDOW_SECONDS: int = 300
+
+
+class Settings:
+    """Attribute access to ``SCHEDULER_<NAME>`` with the defaults above."""
+
+    def __getattr__(self, name: str) -> Any:
+        if not hasattr(Defaults, name):
+            raise AttributeError(f"Unknown scheduler setting: {name}")
+        return getattr(django_settings, f"SCHEDULER_{name}", getattr(Defaults, name))
+
+
+settings = Settings()

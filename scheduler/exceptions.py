@@ -1,0 +1,21 @@
+"""Errors raised by the scheduler; each one's docstring is its default message."""
+from __future__ import annotations
+
+
+class SchedulerError(Exception):
+    """A scheduler operation failed."""
+
+    def __init__(self, message: str | None = None) -> None:
+        super().__init__(message or (self.__doc__ or "").strip())
+
+
+class ScheduleInvalid(SchedulerError):
+    """The schedule's timing is invalid."""
+
+
+class LeaseLost(SchedulerError):
+    """The lease expired or was taken over before it could be renewed."""
+
+
+class LeaseNotHeld(SchedulerError):
+    """This instance does not hold the lease."""

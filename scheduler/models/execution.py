@@ -1,0 +1,93 @@
+"""Execution: one row per (schedule, slot) or per ad-hoc submission."""
+from __future__ import annotations
+
+from django.db import models
+
+
+class Execution(models.Model):
+    class Status(models.TextChoices):
+        #: Committed by the leader, not yet sent to the broker.
+        PENDING = "pending", "pending"
+        #: Sent to the broker, not yet claimed by a worker.
+        QUEUED = "queued", "queued"
+        #: Claimed by a worker, which renews ``lease_expires_at`` while it runs.
+        RUNNING = "running", "running"
+        #: Finished without error.
+        SUCCEEDED = "succeeded", "succeeded"
+        #: Raised an error and has no retries left.
+        FAILED = "failed", "failed"
+        #: Exceeded its time limit.
+        TIMED_OUT = "timed_out", "timed out"
+        #: Revoked by an operator or by the ``cancel_previous`` overlap policy.
+        CANCELLED = "cancelled", "cancelled"
+        #: Not run because of the ``skip`` overlap policy.
+        SKIPPED = "skipped", "skipped"
+        #: Not run because the slot was older than the catch-up window.
+        MISSED = "missed", "missed"
+        #: The worker died; reconcile decides between retry and failure.
+        LOST = "lost", "lost"
+        #: Failed, waiting for its next attempt.
+        RETRYING = "retrying", "retrying"
+
+    #: States an execution never leaves.
+    FINAL_STATUSES = frozenset(
+        {
+            Status.SUCCEEDED,
+            Status.FAILED,
+            Status.TIMED_OUT,
+            Status.CANCELLED,
+            Status.SKIPPED,
+            Status.MISSED,
+        }
+    )
+
+    #: ``schedule:<id>:<slot ISO-8601>`` for beat fires, the caller's key for
+    #: submissions. The unique constraint is what makes every fire happen once.
+    idempotency_key = models.CharField(max_length=255, unique=True)
+    schedule = models.ForeignKey(
+        "scheduler.Schedule",
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="executions",
+    )
+    task = models.CharField(max_length=255)
+    args = models.JSONField(default=list, blank=True)
+    kwargs = models.JSONField(default=dict, blank=True)
+    queue = models.CharField(max_length=200, blank=True, default="")
+    scheduled_for = models.DateTimeField()
+    status = models.CharField(max_length=20, choices=Status.choices, default=Status.PENDING)
+    attempt = models.PositiveIntegerField(default=1)
+    celery_task_id = models.CharField(max_length=255, blank=True, default="", db_index=True)
+    #: Hostname / instance id of the worker that claimed it.
+    worker = models.CharField(max_length=255, blank=True, default="")
+    #: Fencing token of the beat lease this execution was committed under.
+    lease_token = models.BigIntegerField(null=True, blank=True)
+    #: Worker-side execution lease, renewed while the task runs.
+    lease_expires_at = models.DateTimeField(null=True, blank=True)
+    enqueued_at = models.DateTimeField(null=True, blank=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+    result = models.JSONField(null=True, blank=True)
+    error = models.TextField(blank=True, default="")
+    traceback = models.TextField(blank=True, default="")
+    tenant = models.CharField(max_length=100, blank=True, default="")
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ("-scheduled_for", "-id")
+        indexes = [
+            models.Index(fields=["schedule", "-scheduled_for"], name="execution_schedule_slot"),
+            models.Index(fields=["-scheduled_for", "-id"], name="execution_recent"),
+            models.Index(fields=["status", "created_at"], name="execution_status_created"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.task} @ {self.scheduled_for:%Y-%m-%d %H:%M:%S} [{self.status}]"
+
+    @property
+    def duration_seconds(self) -> float | None:
+        """Return how long the last attempt ran, when it has started and finished."""
+        if self.started_at and self.finished_at:
+            return (self.finished_at - self.started_at).total_seconds()
+        return None

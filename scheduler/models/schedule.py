@@ -1,0 +1,261 @@
+"""Schedule: what should run and when, with its policies and running state."""
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from django.core.exceptions import NON_FIELD_ERRORS, ValidationError
+from django.core.validators import MinValueValidator
+from django.db import models
+from django.db.models import Q
+
+from scheduler import clock, timing
+from scheduler.conf import settings
+from scheduler.exceptions import ScheduleInvalid
+
+#: Fields whose change means ``next_run_at`` must be recomputed.
+TIMING_FIELDS = (
+    "cron",
+    "interval",
+    "run_at",
+    "timezone",
+    "start_at",
+    "end_at",
+    "max_runs",
+    "dst_gap",
+    "dst_fold",
+    "enabled",
+    "paused_reason",
+)
+
+
+def default_catchup_window() -> int:
+    return settings.DEFAULT_CATCHUP_WINDOW_SECONDS
+
+
+class ScheduleQuerySet(models.QuerySet):
+    def active(self) -> ScheduleQuerySet:
+        """Return schedules the beat may fire: enabled and not paused."""
+        return self.filter(enabled=True, paused_reason="")
+
+    def due(self, *, now: datetime) -> ScheduleQuerySet:
+        """Return active schedules whose next slot is at or before ``now``, earliest first.
+
+        Served by the partial index ``schedule_due`` in one index range scan.
+        """
+        return self.active().filter(next_run_at__lte=now).order_by("next_run_at", "id")
+
+
+class Schedule(models.Model):
+    class Overlap(models.TextChoices):
+        #: Start a new run even while earlier ones are still running.
+        ALLOW = "allow", "allow"
+        #: Record the slot as skipped while an earlier run is still running.
+        SKIP = "skip", "skip"
+        #: Keep at most one run waiting; send it when the running one ends.
+        BUFFER_ONE = "buffer_one", "buffer one"
+        #: Cancel the running one, then start the new one.
+        CANCEL_PREVIOUS = "cancel_previous", "cancel previous"
+
+    class Misfire(models.TextChoices):
+        #: Run every missed slot inside the catch-up window.
+        RUN_ALL = "run_all", "run all"
+        #: Run only the latest missed slot; record the others as missed.
+        RUN_ONCE = "run_once", "run once"
+        #: Run none of the missed slots; move on to the next one.
+        SKIP = "skip", "skip"
+
+    class DstGap(models.TextChoices):
+        #: A local time that does not exist runs at the first instant after the gap.
+        SHIFT = "shift", "shift to after the gap"
+        #: A local time that does not exist does not run that day.
+        SKIP = "skip", "skip"
+
+    class DstFold(models.TextChoices):
+        #: A local time that occurs twice runs at its first occurrence.
+        FIRST = "first", "first occurrence"
+        #: ... at its last occurrence.
+        LAST = "last", "last occurrence"
+        #: ... at both occurrences.
+        BOTH = "both", "both occurrences"
+
+    name = models.CharField(max_length=200, unique=True)
+    task = models.CharField(max_length=255, help_text="Dotted name of the Celery task.")
+    args = models.JSONField(default=list, blank=True, help_text="JSON list of positional arguments.")
+    kwargs = models.JSONField(default=dict, blank=True, help_text="JSON object of keyword arguments.")
+    queue = models.CharField(max_length=200, blank=True, default="")
+    priority = models.PositiveSmallIntegerField(null=True, blank=True)
+    description = models.TextField(blank=True, default="")
+    tenant = models.CharField(max_length=100, blank=True, default="", db_index=True)
+
+    # Timing: exactly one of cron, interval, run_at.
+    cron = models.CharField(
+        max_length=200,
+        blank=True,
+        default="",
+        help_text="5 fields (minute hour day month weekday), or 6 with seconds first.",
+    )
+    interval = models.PositiveIntegerField(
+        null=True, blank=True, validators=[MinValueValidator(1)], help_text="Seconds."
+    )
+    run_at = models.DateTimeField(null=True, blank=True, help_text="Run once at this time.")
+    timezone = models.CharField(max_length=64, default="UTC", help_text="IANA time zone name.")
+    start_at = models.DateTimeField(null=True, blank=True)
+    end_at = models.DateTimeField(null=True, blank=True)
+    max_runs = models.PositiveIntegerField(null=True, blank=True, validators=[MinValueValidator(1)])
+
+    # Policies.
+    overlap = models.CharField(max_length=20, choices=Overlap.choices, default=Overlap.ALLOW)
+    catchup_window = models.PositiveIntegerField(
+        default=default_catchup_window,
+        help_text="Seconds. Slots older than this are recorded as missed, not run.",
+    )
+    misfire = models.CharField(max_length=20, choices=Misfire.choices, default=Misfire.RUN_ALL)
+    jitter = models.PositiveIntegerField(default=0, help_text="Seconds, deterministic per slot.")
+    dst_gap = models.CharField(max_length=10, choices=DstGap.choices, default=DstGap.SHIFT)
+    dst_fold = models.CharField(max_length=10, choices=DstFold.choices, default=DstFold.FIRST)
+    timeout = models.PositiveIntegerField(
+        null=True,
+        blank=True,
+        validators=[MinValueValidator(1)],
+        help_text="Seconds per execution; empty means no time limit.",
+    )
+    max_retries = models.PositiveIntegerField(default=0)
+    retry_backoff = models.PositiveIntegerField(
+        default=1, help_text="Seconds; the base of the exponential backoff between retries."
+    )
+    pause_after_failures = models.PositiveIntegerField(
+        null=True,
+        blank=True,
+        validators=[MinValueValidator(1)],
+        help_text="Pause the schedule after this many consecutive failures.",
+    )
+
+    # State.
+    enabled = models.BooleanField(default=True)
+    paused_reason = models.TextField(blank=True, default="")
+    next_run_at = models.DateTimeField(null=True, blank=True, editable=False)
+    last_run_at = models.DateTimeField(null=True, blank=True, editable=False)
+    total_runs = models.PositiveIntegerField(default=0, editable=False)
+    consecutive_failures = models.PositiveIntegerField(default=0, editable=False)
+    last_error = models.TextField(blank=True, default="", editable=False)
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    objects = ScheduleQuerySet.as_manager()
+
+    class Meta:
+        ordering = ("name",)
+        indexes = [
+            # "Enabled schedules due now, ordered by next_run_at" is one range
+            # scan of this partial index; schedules that are not due cost nothing.
+            models.Index(
+                fields=["next_run_at"],
+                name="schedule_due",
+                condition=Q(enabled=True, paused_reason="", next_run_at__isnull=False),
+            ),
+        ]
+        constraints = [
+            models.CheckConstraint(
+                name="schedule_exactly_one_timing",
+                condition=(
+                    (~Q(cron="") & Q(interval__isnull=True, run_at__isnull=True))
+                    | Q(cron="", interval__isnull=False, run_at__isnull=True)
+                    | Q(cron="", interval__isnull=True, run_at__isnull=False)
+                ),
+            ),
+            models.CheckConstraint(name="schedule_interval_positive", condition=Q(interval__gt=0)),
+            models.CheckConstraint(name="schedule_max_runs_positive", condition=Q(max_runs__gt=0)),
+            models.CheckConstraint(name="schedule_timeout_positive", condition=Q(timeout__gt=0)),
+            models.CheckConstraint(
+                name="schedule_end_after_start",
+                condition=Q(start_at__isnull=True) | Q(end_at__isnull=True) | Q(end_at__gt=models.F("start_at")),
+            ),
+        ]
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._saved_timing_state = self._timing_state()
+
+    def __str__(self) -> str:
+        return self.name
+
+    # --- timing ---------------------------------------------------------------
+
+    @property
+    def is_paused(self) -> bool:
+        return bool(self.paused_reason)
+
+    @property
+    def timing(self) -> timing.Timing:
+        """Return the pure timing description of this schedule."""
+        return timing.Timing(
+            cron=self.cron or None,
+            interval=self.interval,
+            run_at=self.run_at,
+            timezone=self.timezone,
+            start_at=self.start_at,
+            end_at=self.end_at,
+            max_runs=self.max_runs,
+            dst_gap=self.dst_gap,
+            dst_fold=self.dst_fold,
+        )
+
+    def next_slot_after(self, after: datetime) -> datetime | None:
+        """Return this schedule's first slot strictly after ``after``."""
+        return timing.next_slot(self.timing, after=after, runs_so_far=self.total_runs)
+
+    def compute_next_run_at(self, *, now: datetime) -> datetime | None:
+        """Return the slot the beat should fire next, seen from ``now``.
+
+        A one-off that has not run yet keeps its ``run_at`` even when it is in
+        the past, so the catch-up window decides whether it still runs.
+        """
+        if not self.enabled or self.is_paused:
+            return None
+        if self.run_at is not None:
+            return self.run_at if self.total_runs == 0 else None
+        return self.next_slot_after(now)
+
+    def _timing_state(self) -> tuple[Any, ...]:
+        return tuple(getattr(self, field, None) for field in TIMING_FIELDS)
+
+    def save(self, *args: Any, **kwargs: Any) -> None:
+        """Save, recomputing ``next_run_at`` when the row is new or its timing changed."""
+        if self._state.adding or self._timing_state() != self._saved_timing_state:
+            self.next_run_at = self.compute_next_run_at(now=clock.now())
+            update_fields = kwargs.get("update_fields")
+            if update_fields is not None:
+                kwargs["update_fields"] = {*update_fields, "next_run_at"}
+        super().save(*args, **kwargs)
+        self._saved_timing_state = self._timing_state()
+
+    # --- validation -----------------------------------------------------------
+
+    def clean(self) -> None:
+        """Validate what field validators cannot: timing, zone, JSON shapes, bounds."""
+        errors: dict[str, list[str]] = {}
+
+        def add(field: str, message: str) -> None:
+            errors.setdefault(field, []).append(message)
+
+        timing_set = [bool(self.cron), self.interval is not None, self.run_at is not None]
+        if sum(timing_set) != 1:
+            add(NON_FIELD_ERRORS, "Set exactly one of cron, interval or run at.")
+        if self.cron:
+            try:
+                timing.validate_cron(self.cron)
+            except ScheduleInvalid as exc:
+                add("cron", str(exc))
+        try:
+            timing.validate_timezone(self.timezone)
+        except ScheduleInvalid as exc:
+            add("timezone", str(exc))
+        if not isinstance(self.args, list):
+            add("args", "Arguments must be a JSON list, for example [1, \"two\"].")
+        if not isinstance(self.kwargs, dict):
+            add("kwargs", "Keyword arguments must be a JSON object, for example {\"key\": 1}.")
+        if self.start_at and self.end_at and self.end_at <= self.start_at:
+            add("end_at", "End must be after start.")
+        if errors:
+            raise ValidationError(errors)

@@ -1,0 +1,442 @@
+"""Schedule slot maths: when a cron, interval or one-off timing fires.
+
+Pure functions of their arguments: no ORM, no Celery, no clock reads. Every
+slot is an aware UTC datetime, so every process computes the same instants.
+
+Cron expressions are evaluated in the wall-clock time of the schedule's
+zone, and each matching wall time is then mapped to real instants:
+
+- A wall time that does not exist (spring-forward gap) runs at the first
+  instant after the gap, the transition itself, with ``dst_gap="shift"``
+  (Europe/Berlin 2025-03-30 02:30 runs at 03:00 CEST, 01:00Z), or not at all
+  with ``dst_gap="skip"``.
+- A wall time that occurs twice (fall-back fold) runs at its earlier instant
+  with ``dst_fold="first"``, at its later one with ``"last"``, or at both
+  with ``"both"``.
+- Exception: when the hour field matches every hour (``0 * * * *``,
+  ``*/15 * * * *``, ``*/5 * * * * *``), the job means "every hour" and runs
+  every real hour. Nonexistent wall times are skipped, because the real
+  hours are already covered, and ambiguous ones run at both instants,
+  whatever ``dst_gap`` and ``dst_fold`` say. This is cronie's rule, and it is
+  the only way an hourly job keeps running every hour across fall-back.
+
+Instants that coincide (several gap times shifted to the same transition,
+or a shifted time equal to a real slot) collapse into one, and slots are
+always strictly increasing in real time.
+"""
+from __future__ import annotations
+
+import copy
+import functools
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from datetime import timezone as dt_timezone
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+from croniter import CroniterBadDateError, CroniterError, croniter
+
+from scheduler.exceptions import ScheduleInvalid
+
+__all__ = ["Timing", "next_slot", "slots_between", "validate_cron", "validate_timezone"]
+
+UTC = dt_timezone.utc
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_NAIVE_EPOCH = datetime(1970, 1, 1)
+_TICK = timedelta(microseconds=1)  # the resolution of datetime
+#: no zone's UTC offset comes close to a day, so a wall time more than a day
+#: past a bound cannot map to an instant at or before it
+_OFFSET_BOUND = timedelta(days=1)
+
+DST_GAP_POLICIES = ("shift", "skip")
+DST_FOLD_POLICIES = ("first", "last", "both")
+
+#: field names in croniter's expanded order (seconds last even when written first)
+_FIELD_NAMES = ("minute", "hour", "day-of-month", "month", "day-of-week", "second")
+#: the same fields in the order they are written in a 6-field expression
+_SECONDS_FIRST_ORDER = (5, 0, 1, 2, 3, 4)
+_FIELD_RANGES = ("0-59", "0-23", "1-31", "1-12", "0-7", "0-59")
+_HOUR = 1
+# croniter.croniter splits on ASCII whitespace only; count fields the same way.
+_FIELD_RE = re.compile(r"\S+", re.ASCII)
+# croniter's own syntax for hashed (H) and random (R) values.
+_HASH_OR_RANDOM_RE = re.compile(r"^[hr](\(\d+-\d+\))?(/\d+)?$", re.ASCII | re.IGNORECASE)
+_ALIASES = ("@yearly", "@annually", "@monthly", "@weekly", "@daily", "@midnight", "@hourly")
+
+
+@dataclass(frozen=True)
+class Timing:
+    """When a schedule fires; exactly one of cron, interval and run_at is set.
+
+    Construction validates every field and raises ScheduleInvalid with a
+    message that names the problem.
+    """
+
+    #: 5 fields (min hour dom mon dow) or 6 with seconds first (sec min hour dom mon dow)
+    cron: str | None = None
+    interval: int | None = None  # seconds, > 0, anchored on start_at or the Unix epoch
+    run_at: datetime | None = None  #: one-off, aware
+    timezone: str = "UTC"  #: IANA name; cron wall times are read in this zone
+    start_at: datetime | None = None  #: aware; no slot before it (inclusive)
+    end_at: datetime | None = None  #: aware; no slot after it (inclusive)
+    max_runs: int | None = None  #: total runs allowed, counting earlier ones
+    dst_gap: str = "shift"  #: one of DST_GAP_POLICIES
+    dst_fold: str = "first"  #: one of DST_FOLD_POLICIES
+
+    def __post_init__(self) -> None:
+        kinds = [
+            name
+            for name, value in (("cron", self.cron), ("interval", self.interval), ("run_at", self.run_at))
+            if value is not None
+        ]
+        if len(kinds) != 1:
+            got = " and ".join(kinds) if kinds else "none"
+            raise ScheduleInvalid(f"Exactly one of cron, interval or run_at must be set, got {got}")
+        if self.cron is not None:
+            validate_cron(self.cron)
+        if self.interval is not None and (
+            isinstance(self.interval, bool) or not isinstance(self.interval, int) or self.interval <= 0
+        ):
+            raise ScheduleInvalid(
+                f"Interval must be a positive whole number of seconds, got {self.interval!r}"
+            )
+        validate_timezone(self.timezone)
+        for name in ("run_at", "start_at", "end_at"):
+            value = getattr(self, name)
+            if value is not None and not _is_aware(value):
+                raise ScheduleInvalid(f"{name} must be a timezone-aware datetime, got {value!r}")
+        if self.start_at is not None and self.end_at is not None and self.start_at > self.end_at:
+            raise ScheduleInvalid(
+                f"start_at ({self.start_at.isoformat()}) must not be after end_at "
+                f"({self.end_at.isoformat()})"
+            )
+        if self.max_runs is not None and (
+            isinstance(self.max_runs, bool) or not isinstance(self.max_runs, int) or self.max_runs < 0
+        ):
+            raise ScheduleInvalid(f"max_runs must be a whole number >= 0, got {self.max_runs!r}")
+        if self.dst_gap not in DST_GAP_POLICIES:
+            raise ScheduleInvalid(f"dst_gap must be 'shift' or 'skip', got {self.dst_gap!r}")
+        if self.dst_fold not in DST_FOLD_POLICIES:
+            raise ScheduleInvalid(f"dst_fold must be 'first', 'last' or 'both', got {self.dst_fold!r}")
+
+
+def validate_cron(expr: str) -> None:
+    """Raise ScheduleInvalid, saying what is wrong, unless expr is a usable cron expression.
+
+    An expression that is well formed but never matches (``0 0 30 2 *``) is
+    accepted; next_slot returns None for it.
+    """
+    if not isinstance(expr, str) or not expr.strip():
+        raise ScheduleInvalid("Cron expression is required")
+    _parse_cron(expr)
+
+
+def validate_timezone(name: str) -> None:
+    """Raise ScheduleInvalid unless name is a known IANA time zone."""
+    if not isinstance(name, str) or not name.strip():
+        raise ScheduleInvalid("Timezone is required")
+    if name == "localtime":
+        # A symlink to the host's zone, not an IANA name: two hosts would
+        # disagree on when the schedule fires.
+        raise ScheduleInvalid("Unknown timezone 'localtime'; use an IANA name such as 'Europe/Berlin'")
+    try:
+        ZoneInfo(name)
+    except (ZoneInfoNotFoundError, ValueError) as exc:
+        # ValueError covers keys that are not relative paths ('/etc/x', '../x').
+        raise ScheduleInvalid(f"Unknown timezone {name!r}") from exc
+
+
+def next_slot(timing: Timing, *, after: datetime, runs_so_far: int = 0) -> datetime | None:
+    """Return the first slot strictly after `after`, or None when there is none.
+
+    None means the schedule is finished: max_runs is reached, the next slot
+    would be past end_at, a one-off has run or is in the past, or the cron
+    expression never matches again. The result is an aware UTC datetime.
+    """
+    _require_aware("after", after)
+    _require_count("runs_so_far", runs_so_far)
+    if timing.max_runs is not None and runs_so_far >= timing.max_runs:
+        return None
+    return next(_slots(timing, after=after, until=None, runs_so_far=runs_so_far), None)
+
+
+def slots_between(
+    timing: Timing,
+    *,
+    since: datetime,
+    until: datetime,
+    runs_so_far: int = 0,
+    limit: int | None = None,
+) -> list[datetime]:
+    """Return every slot s with since < s <= until, strictly increasing, in UTC.
+
+    The same bounds as next_slot apply; max_runs counts runs_so_far plus the
+    slots returned, and limit caps the length of the list.
+    """
+    _require_aware("since", since)
+    _require_aware("until", until)
+    _require_count("runs_so_far", runs_so_far)
+    if limit is not None:
+        _require_count("limit", limit)
+    cap = limit
+    if timing.max_runs is not None:
+        remaining = max(timing.max_runs - runs_so_far, 0)
+        cap = remaining if cap is None else min(cap, remaining)
+    if cap == 0 or until <= since:
+        return []
+    result: list[datetime] = []
+    for slot in _slots(timing, after=since, until=until, runs_so_far=runs_so_far):
+        result.append(slot)
+        if cap is not None and len(result) >= cap:
+            break
+    return result
+
+
+# --- generation ---------------------------------------------------------------
+
+
+def _slots(
+    timing: Timing, *, after: datetime, until: datetime | None, runs_so_far: int
+) -> Iterator[datetime]:
+    """Yield slots after `after` within start_at..end_at and until, increasing."""
+    # start_at is inclusive: searching after the instant just before it
+    # admits a slot exactly at start_at.
+    if timing.start_at is not None and timing.start_at - _TICK > after:
+        after = timing.start_at - _TICK
+    upper = timing.end_at
+    if until is not None and (upper is None or until < upper):
+        upper = until
+    after = after.astimezone(UTC)
+    upper = upper.astimezone(UTC) if upper is not None else None
+    if upper is not None and upper <= after:
+        return
+
+    if timing.run_at is not None:
+        run_at = timing.run_at.astimezone(UTC)
+        if runs_so_far == 0 and run_at > after and (upper is None or run_at <= upper):
+            yield run_at
+        return
+
+    if timing.interval is not None:
+        candidates = _interval_slots(timing, after=after, upper=upper)
+    else:
+        assert timing.cron is not None  # Timing.__post_init__ guarantees one kind
+        candidates = _cron_slots(timing, after=after, upper=upper)
+    for slot in candidates:
+        if upper is not None and slot > upper:
+            return
+        yield slot
+
+
+def _interval_slots(timing: Timing, *, after: datetime, upper: datetime | None) -> Iterator[datetime]:
+    assert timing.interval is not None
+    # Integer microseconds, not float seconds, so slot k is exactly
+    # anchor + k * interval however far from the anchor it lies.
+    anchor = _micros(timing.start_at) if timing.start_at is not None else 0
+    step = timing.interval * 1_000_000
+    k = max(0, (_micros(after) - anchor) // step + 1)
+    last = None if upper is None else (_micros(upper) - anchor) // step
+    while last is None or k <= last:
+        try:
+            yield _EPOCH + timedelta(microseconds=anchor + k * step)
+        except OverflowError:  # past datetime.max: there is no later slot
+            return
+        k += 1
+
+
+def _cron_slots(timing: Timing, *, after: datetime, upper: datetime | None) -> Iterator[datetime]:
+    assert timing.cron is not None
+    cron = _parse_cron(timing.cron)
+    tz = ZoneInfo(timing.timezone)
+    every_hour = cron.every_hour
+    gap = "skip" if every_hour else timing.dst_gap
+    fold = "both" if every_hour else timing.dst_fold
+
+    # Wall-clock order is real-time order except among the ambiguous wall
+    # times of one fold: Berlin's 02:30 first occurrence comes after 02:00
+    # second occurrence in wall order but before it in real time. So the
+    # instants of ambiguous wall times are held back and sorted, and released
+    # at the next unambiguous wall time, whose instants cannot precede them.
+    wall_after = after.astimezone(tz).replace(tzinfo=None)
+    # If `after` falls in a fold, wall times earlier than its own (down to
+    # the start of the fold) have second occurrences after it.
+    start = wall_after - _fold_width(wall_after, tz)
+    stop_wall = None if upper is None else upper.replace(tzinfo=None) + _OFFSET_BOUND
+
+    walls = copy.copy(cron.prototype)  # the prototype is shared; copies are cheap
+    walls.set_current(start - _TICK, force=True)  # get_next is strict; admit `start`
+    held: list[datetime] = []
+    last: datetime | None = None
+    while True:
+        try:
+            wall = walls.get_next(datetime)
+        except CroniterBadDateError:
+            break  # no match within croniter's max_years_between_matches
+        except (ValueError, OverflowError):
+            break  # ran past year 9999
+        if stop_wall is not None and wall > stop_wall:
+            break
+        instants, ambiguous = _instants_at(wall, tz, gap=gap, fold=fold)
+        if ambiguous:
+            held.extend(instants)
+            continue
+        if held:
+            instants = sorted(held) + instants
+            held = []
+        for instant in instants:
+            # The `last` check collapses duplicates; with the ordering above
+            # it only ever removes equal instants.
+            if instant > after and (last is None or instant > last):
+                last = instant
+                yield instant
+    for instant in sorted(held):
+        if instant > after and (last is None or instant > last):
+            last = instant
+            yield instant
+
+
+def _instants_at(wall: datetime, tz: ZoneInfo, *, gap: str, fold: str) -> tuple[list[datetime], bool]:
+    """Return the instants a wall time maps to, and whether it is ambiguous."""
+    first = wall.replace(tzinfo=tz, fold=0)
+    second = wall.replace(tzinfo=tz, fold=1)
+    offset_first = first.utcoffset()
+    offset_second = second.utcoffset()
+    assert offset_first is not None and offset_second is not None
+    if offset_first == offset_second:
+        return [(wall - offset_first).replace(tzinfo=UTC)], False
+    if first.astimezone(UTC).astimezone(tz).replace(tzinfo=None) != wall:
+        # Nonexistent: fold=0 read it with the offset before the gap, so the
+        # round trip lands on a different wall time after the gap.
+        if gap == "skip":
+            return [], False
+        return [_transition(wall, tz, before=offset_first)], False
+    # Ambiguous: fold=0 is the earlier instant (PEP 495), fold=1 the later.
+    earlier, later = sorted(((wall - offset_first).replace(tzinfo=UTC), (wall - offset_second).replace(tzinfo=UTC)))
+    if fold == "first":
+        return [earlier], True
+    if fold == "last":
+        return [later], True
+    return [earlier, later], True
+
+
+def _transition(wall: datetime, tz: ZoneInfo, *, before: timedelta) -> datetime:
+    """Return the first instant after the gap that swallowed `wall`."""
+    after = wall.replace(tzinfo=tz, fold=1).utcoffset()
+    assert after is not None
+    # Read with the later offset the wall time lies before the transition,
+    # read with the earlier one after it; bisect the whole seconds between,
+    # since tzdata transitions fall on whole seconds.
+    low = _micros((wall - after).replace(tzinfo=UTC)) // 1_000_000
+    high = -(-_micros((wall - before).replace(tzinfo=UTC)) // 1_000_000)
+    while high - low > 1:
+        middle = (low + high) // 2
+        instant = _EPOCH + timedelta(seconds=middle)
+        if instant.astimezone(tz).utcoffset() == before:
+            low = middle
+        else:
+            high = middle
+    return _EPOCH + timedelta(seconds=high)
+
+
+def _fold_width(wall: datetime, tz: ZoneInfo) -> timedelta:
+    offset_first = wall.replace(tzinfo=tz, fold=0).utcoffset()
+    offset_second = wall.replace(tzinfo=tz, fold=1).utcoffset()
+    assert offset_first is not None and offset_second is not None
+    # Positive only for an ambiguous wall time; a gap gives a negative width.
+    return max(offset_first - offset_second, timedelta(0))
+
+
+# --- parsing ----------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Cron:
+    prototype: croniter  # never iterated itself; copied per search
+    every_hour: bool
+
+
+@functools.lru_cache(maxsize=1024)
+def _parse_cron(expr: str) -> _Cron:
+    fields = _FIELD_RE.findall(expr)
+    if not fields:
+        # Only non-ASCII whitespace, which croniter does not split on either.
+        raise ScheduleInvalid("Cron expression is required")
+    if len(fields) == 1 and fields[0].lower() in _ALIASES:
+        seconds_first = False
+    elif len(fields) in (5, 6):
+        seconds_first = len(fields) == 6
+    else:
+        raise ScheduleInvalid(f"Cron expression must have 5 or 6 fields, got {len(fields)}")
+    for position, field in enumerate(fields):
+        if any(_HASH_OR_RANDOM_RE.match(part) for part in field.split(",")):
+            # 'R' differs from process to process and 'H' needs a hash id we
+            # do not have; either way replicas would disagree on the slots.
+            raise ScheduleInvalid(
+                f"Invalid cron expression {expr!r}: {_field_name(position, seconds_first)} field "
+                f"{field!r} uses H or R, which are not supported"
+            )
+    try:
+        # A fixed start time: croniter would otherwise read the clock.
+        prototype = croniter(
+            expr,
+            _NAIVE_EPOCH,
+            ret_type=datetime,
+            second_at_beginning=seconds_first,
+        )
+    except CroniterError as exc:
+        raise ScheduleInvalid(_explain(expr, fields, seconds_first, exc)) from None
+    return _Cron(prototype=prototype, every_hour=prototype.expanded[_HOUR] == ["*"])
+
+
+def _explain(expr: str, fields: list[str], seconds_first: bool, exc: CroniterError) -> str:
+    """Return a message naming the first field croniter rejects on its own."""
+    reason = _strip_expression(str(exc), expr)
+    for position, field in enumerate(fields):
+        probe = ["*"] * len(fields)
+        probe[position] = field
+        try:
+            croniter(" ".join(probe), _NAIVE_EPOCH, second_at_beginning=seconds_first)
+        except CroniterError as field_exc:
+            name = _field_name(position, seconds_first)
+            index = _SECONDS_FIRST_ORDER[position] if seconds_first else position
+            detail = _strip_expression(str(field_exc), " ".join(probe))
+            if "out of range" in detail:
+                detail = f"is out of range {_FIELD_RANGES[index]}"
+            else:
+                detail = f"is invalid ({detail})"
+            return f"Invalid cron expression {expr!r}: {name} field {field!r} {detail}"
+    return f"Invalid cron expression {expr!r}: {reason}"
+
+
+def _strip_expression(message: str, expr: str) -> str:
+    # croniter prefixes most messages with "[<expression>] ".
+    prefix = f"[{expr}] "
+    message = message.strip()
+    return message[len(prefix):] if message.startswith(prefix) else message
+
+
+def _field_name(position: int, seconds_first: bool) -> str:
+    return _FIELD_NAMES[_SECONDS_FIRST_ORDER[position] if seconds_first else position]
+
+
+# --- small helpers ------------------------------------------------------------
+
+
+def _micros(moment: datetime) -> int:
+    delta = moment - _EPOCH
+    return (delta.days * 86_400 + delta.seconds) * 1_000_000 + delta.microseconds
+
+
+def _is_aware(moment: datetime) -> bool:
+    return isinstance(moment, datetime) and moment.utcoffset() is not None
+
+
+def _require_aware(name: str, moment: datetime) -> None:
+    if not _is_aware(moment):
+        raise ValueError(f"{name} must be a timezone-aware datetime, got {moment!r}")
+
+
+def _require_count(name: str, value: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"{name} must be a whole number >= 0, got {value!r}")

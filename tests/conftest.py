@@ -1,0 +1,87 @@
+"""Shared fixtures for the whole suite."""
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import redis
+from django.conf import settings
+from django.db import connection
+
+# --- services (test tooling; see tests/services.py and tests/suite.py) -------
+# Other fixtures go below this section, not inside it.
+
+_TESTS_DIR = Path(__file__).parent
+#: directory under tests/ -> marker applied to every test collected there
+_DIRECTORY_MARKERS = {"integration": "integration", "acceptance": "acceptance"}
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """Refuse to run when the database is not the one tests.suite asked for."""
+    # tests.suite sets the label; if DATABASE_URL got lost on the way (a
+    # wrapper script, a stray .env), the "PostgreSQL run" would quietly test
+    # SQLite and pass. Fail the whole session instead.
+    label = os.environ.get("SCHEDULER_TEST_DB_LABEL")
+    if label and connection.vendor != label:
+        raise pytest.UsageError(
+            f"SCHEDULER_TEST_DB_LABEL={label} but the configured database is "
+            f"{connection.vendor} ({settings.DATABASES['default']['ENGINE']}); "
+            "is DATABASE_URL set for this run?"
+        )
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark tests by directory, so `-m "not integration"` needs no decorators."""
+    for item in items:
+        try:
+            top = item.path.relative_to(_TESTS_DIR).parts[0]
+        except ValueError:  # collected from outside tests/
+            continue
+        if top in _DIRECTORY_MARKERS:
+            item.add_marker(_DIRECTORY_MARKERS[top])
+
+
+@pytest.fixture(scope="session")
+def redis_url() -> str:
+    """Return the Redis URL the app uses, after proving the server answers."""
+    url: str = settings.REDIS_URL
+    client = redis.Redis.from_url(url, socket_connect_timeout=2, socket_timeout=2)
+    error: Exception | None = None
+    try:
+        client.ping()
+    except (redis.RedisError, OSError) as exc:
+        error = exc  # failed outside the handler, so no chained tracebacks
+    finally:
+        client.close()
+    if error is not None:
+        # Fail, never skip (STYLE.md section 7): a skipped integration test
+        # looks green on CI while proving nothing.
+        pytest.fail(
+            f"Redis is not reachable at {url}; run the suite with `make test` "
+            f"(which starts one) or set REDIS_URL. ({error})",
+            pytrace=False,
+        )
+    return url
+
+
+@pytest.fixture
+def redis_client(redis_url: str) -> Iterator[redis.Redis]:
+    """Yield a client on an empty Redis database, emptied again afterwards."""
+    client = redis.Redis.from_url(redis_url, socket_connect_timeout=2, socket_timeout=5)
+    client.flushdb()
+    try:
+        yield client
+    finally:
+        client.flushdb()
+        client.close()
+
+
+@pytest.fixture
+def db_vendor() -> str:
+    """Return the database vendor under test: "sqlite" or "postgresql"."""
+    return connection.vendor
+
+
+# --- end of services section -------------------------------------------------

@@ -1,0 +1,112 @@
+"""Run the whole pytest suite on SQLite and on PostgreSQL, against real services.
+
+Usage: ``python -m tests.suite [pytest args...]`` (what ``make test`` runs).
+"""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import xml.etree.ElementTree as ET
+from dataclasses import dataclass
+from pathlib import Path
+
+import redis
+
+from tests.services import ServiceError, postgres_cluster, redis_server
+
+ROOT = Path(__file__).resolve().parent.parent
+NO_TESTS_COLLECTED = 5  #: pytest's exit code when nothing was collected
+
+
+@dataclass(frozen=True)
+class RunResult:
+    """Outcome of one pytest run, from its exit code and JUnit XML report."""
+
+    label: str
+    exit_code: int
+    passed: int = 0
+    failed: int = 0
+    errors: int = 0
+    skipped: int = 0
+
+    @property
+    def ok(self) -> bool:
+        # Exit 0 alone is not enough: a run that collected or passed nothing
+        # (wrong testpaths, everything skipped) must not look green.
+        return self.exit_code == 0 and self.passed > 0
+
+
+def parse_junit(label: str, exit_code: int, path: Path) -> RunResult:
+    """Sum the counts of every <testsuite> in a pytest JUnit XML file."""
+    try:
+        root = ET.parse(path).getroot()
+    except (OSError, ET.ParseError):
+        return RunResult(label, exit_code)  # pytest died before writing it
+    suites = [root] if root.tag == "testsuite" else root.findall("testsuite")
+    total = {key: sum(int(s.get(key, 0)) for s in suites)
+             for key in ("tests", "failures", "errors", "skipped")}
+    passed = total["tests"] - total["failures"] - total["errors"] - total["skipped"]
+    return RunResult(label, exit_code, passed, total["failures"], total["errors"], total["skipped"])
+
+
+def banner(text: str) -> None:
+    line = "=" * 78
+    print(f"\n{line}\n== {text}\n{line}", flush=True)
+
+
+def run_pytest(label: str, env: dict[str, str], args: list[str], workdir: Path) -> RunResult:
+    """Run pytest in a subprocess with env; return its parsed outcome."""
+    junit = workdir / f"junit-{label}.xml"
+    banner(f"pytest on {label} ({env.get('DATABASE_URL', 'sqlite file in ' + env['VAR_DIR'])})")
+    cmd = [sys.executable, "-m", "pytest", *args, f"--junitxml={junit}"]
+    code = subprocess.run(cmd, cwd=ROOT, env=env, check=False).returncode
+    return parse_junit(label, code, junit)
+
+
+def summary(results: list[RunResult]) -> str:
+    row = "{:<12}{:>6}{:>8}{:>8}{:>8}{:>9}  {}".format
+    header = row("database", "exit", "passed", "failed", "errors", "skipped", "result")
+    rows = [row(r.label, r.exit_code, r.passed, r.failed, r.errors, r.skipped,
+                "ok" if r.ok else "FAILED" + (" (no test passed)" if r.passed == 0 else ""))
+            for r in results]
+    return "\n".join([header, "-" * len(header), *rows])
+
+
+def main(args: list[str]) -> int:
+    """Start Redis and PostgreSQL, run pytest on SQLite then PostgreSQL, report both."""
+    # SIGTERM (CI cancel) becomes SystemExit so the services' teardown runs.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
+    base = {k: v for k, v in os.environ.items()
+            # Anything here would point the tests at someone else's services.
+            if k not in {"DATABASE_URL", "REDIS_URL", "CELERY_BROKER_URL", "VAR_DIR"}}
+    results: list[RunResult] = []
+    try:
+        with (tempfile.TemporaryDirectory(prefix="scheduler-suite-") as tmp,
+              redis_server() as redis_url, postgres_cluster() as database_url):
+            workdir = Path(tmp)
+            runs = {"sqlite": None, "postgresql": database_url}
+            for label, url in runs.items():
+                var_dir = workdir / f"var-{label}"  # keeps tests off the dev var/db.sqlite3
+                env = {**base, "REDIS_URL": redis_url, "DJANGO_DEBUG": "1", "VAR_DIR": str(var_dir),
+                       "SCHEDULER_TEST_DB_LABEL": label}
+                if url is not None:
+                    env["DATABASE_URL"] = url
+                results.append(run_pytest(label, env, args, workdir))
+                with redis.Redis.from_url(redis_url) as client:
+                    client.flushall()  # the next run starts from an empty broker
+    except ServiceError as exc:
+        print(f"\ntests.suite: cannot start test services: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:  # services were stopped by the context managers
+        print("\ntests.suite: interrupted", file=sys.stderr)
+        return 130
+    banner("summary")
+    print(summary(results), flush=True)
+    return 0 if results and all(r.ok for r in results) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
