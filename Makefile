@@ -16,7 +16,7 @@ $(VENV)/.installed: $(REQUIREMENTS)
 	  if ! command -v "$$py" >/dev/null 2>&1; then \
 	    py=python3; \
 	    "$$py" -c 'import sys; sys.exit(sys.version_info[:2] != (3, 11))' 2>/dev/null \
-	      || { echo "error: Python 3.11 is required: neither $(PYTHON) nor a python3 3.11 found" >&2; exit 1; }; \
+	      || { echo "error: need Python 3.11: no $(PYTHON), python3 is not 3.11" >&2; exit 1; }; \
 	  fi; \
 	  echo "creating $(VENV) with $$py"; \
 	  "$$py" -m venv $(VENV); \

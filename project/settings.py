@@ -130,6 +130,20 @@ CELERY_TIMEZONE = "UTC"
 CELERY_ENABLE_UTC = True
 CELERY_BEAT_SCHEDULER = "scheduler.beat:LeaderScheduler"
 
+# SCHEDULER_* settings (defaults in scheduler/conf.py) may also come from the
+# environment, e.g. SCHEDULER_LEASE_TTL_SECONDS=10.
+from scheduler.conf import Defaults as _SchedulerDefaults  # noqa: E402 -- needs BASE_DIR on sys.path only
+
+for _name, _default in vars(_SchedulerDefaults).items():
+    _raw = os.environ.get(f"SCHEDULER_{_name}")
+    if _name.isupper() and _raw:
+        try:
+            globals()[f"SCHEDULER_{_name}"] = type(_default)(_raw)
+        except ValueError:
+            raise ImproperlyConfigured(
+                f"SCHEDULER_{_name}={_raw!r} is not a valid {type(_default).__name__}"
+            ) from None
+
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,

@@ -95,6 +95,9 @@ class LeaderScheduler(Scheduler):
             # Drop the broken connection so the next tick reconnects.
             connection.close()
             return settings.FOLLOWER_RETRY_SECONDS
+        except Exception:  # noqa: BLE001 -- the loop boundary: one bad tick must not kill beat
+            logger.exception("beat tick failed; trying again", extra={"action": "tick_failed"})
+            return settings.FOLLOWER_RETRY_SECONDS
 
     def close(self) -> None:
         """Release the lease on shutdown so a follower takes over at once."""
@@ -124,7 +127,7 @@ class LeaderScheduler(Scheduler):
 
     @property
     def info(self) -> str:
-        return f"    . lease -> {self.lease_name} (instance {self.instance_id})"
+        return f"    . lease -> {self.lease_name} (ttl {settings.LEASE_TTL_SECONDS}s, renew {settings.LEASE_RENEW_SECONDS}s)"
 
     # --- one tick ---------------------------------------------------------------
 

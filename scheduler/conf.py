@@ -15,13 +15,13 @@ class Defaults:
     #: Name of the lease row the beat replicas compete for.
     LEASE_NAME: str = "beat"
     #: How long a lease is valid after each acquire or renew.
-    LEASE_TTL_SECONDS: float = 10
+    LEASE_TTL_SECONDS: float = 10.0
     #: How often the leader renews its lease.
-    LEASE_RENEW_SECONDS: float = 2
+    LEASE_RENEW_SECONDS: float = 2.0
     #: How often a follower tries to take the lease.
-    FOLLOWER_RETRY_SECONDS: float = 1
+    FOLLOWER_RETRY_SECONDS: float = 1.0
     #: Longest the beat sleeps between ticks.
-    MAX_INTERVAL_SECONDS: float = 1
+    MAX_INTERVAL_SECONDS: float = 1.0
     #: Due schedules read per query by the leader.
     DISPATCH_BATCH_SIZE: int = 500
     #: Default catch-up window for new schedules: older slots are recorded as missed.

@@ -210,7 +210,7 @@ def current(name: str) -> LeaseState:
         )
         row = cursor.fetchone()
         if row is None:
-            cursor.execute(f"SELECT {now}")
+            cursor.execute(f"SELECT {now}", [])
             (db_now,) = cursor.fetchone()
             return LeaseState(name, "", 0, None, None, None, _as_datetime(db_now))
     holder, token, acquired_at, renewed_at, expires_at, db_now = row
@@ -228,7 +228,7 @@ def current(name: str) -> LeaseState:
 def db_now() -> datetime:
     """Return the database server's clock."""
     with connection.cursor() as cursor:
-        cursor.execute(f"SELECT {_now_sql()}")
+        cursor.execute(f"SELECT {_now_sql()}", [])
         return _as_datetime(cursor.fetchone()[0])
 
 

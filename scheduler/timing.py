@@ -401,19 +401,25 @@ def _explain(expr: str, fields: list[str], seconds_first: bool, exc: CroniterErr
             name = _field_name(position, seconds_first)
             index = _SECONDS_FIRST_ORDER[position] if seconds_first else position
             detail = _strip_expression(str(field_exc), " ".join(probe))
-            if "out of range" in detail:
+            if "out of range" in detail or "out of bands" in detail:
                 detail = f"is out of range {_FIELD_RANGES[index]}"
             else:
-                detail = f"is invalid ({detail})"
+                detail = f"is not valid: {detail}" if detail else "is not valid"
             return f"Invalid cron expression {expr!r}: {name} field {field!r} {detail}"
-    return f"Invalid cron expression {expr!r}: {reason}"
+    return f"Invalid cron expression {expr!r}: {reason or 'not valid'}"
 
 
 def _strip_expression(message: str, expr: str) -> str:
-    # croniter prefixes most messages with "[<expression>] ".
-    prefix = f"[{expr}] "
+    # croniter words its messages around the whole expression and its own
+    # field numbers ("[*/0 * * * *] step '0' in field 0 is not acceptable");
+    # keep only the part that says what is wrong.
     message = message.strip()
-    return message[len(prefix):] if message.startswith(prefix) else message
+    prefix = f"[{expr}]"
+    if message.startswith(prefix):
+        message = message[len(prefix):]
+    message = re.sub(r" in field \d+", "", message)
+    message = re.sub(r"^\s*is not acceptable\s*[.,]?\s*", "", message)
+    return message.strip()
 
 
 def _field_name(position: int, seconds_first: bool) -> str:

@@ -1,0 +1,54 @@
+"""Fixtures that run real beat and worker processes against the test database."""
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from urllib.parse import quote
+
+import pytest
+from django.db import connection
+
+from tests.processes import CeleryProcess, beat_argv, worker_argv
+
+
+def _database_url() -> str:
+    """Return a DATABASE_URL for the test database pytest-django created."""
+    params = connection.settings_dict
+    if connection.vendor == "sqlite":
+        return f"sqlite:///{params['NAME']}"
+    user = quote(params.get("USER") or "")
+    password = f":{quote(params['PASSWORD'])}" if params.get("PASSWORD") else ""
+    return f"postgres://{user}{password}@{params['HOST']}:{params['PORT']}/{params['NAME']}"
+
+
+@pytest.fixture
+def process_env(transactional_db: None, redis_url: str) -> dict[str, str]:
+    env = {key: value for key, value in os.environ.items() if not key.startswith("SCHEDULER_")}
+    env.update(
+        DATABASE_URL=_database_url(),
+        REDIS_URL=redis_url,
+        DJANGO_DEBUG="1",
+        PYTHONUNBUFFERED="1",
+    )
+    return env
+
+
+@pytest.fixture
+def celery_processes(
+    process_env: dict[str, str], tmp_path: Path, redis_client: object
+) -> Iterator[Callable[..., CeleryProcess]]:
+    """Return ``start(kind, name, **settings)``; every process is stopped afterwards."""
+    started: list[CeleryProcess] = []
+
+    def start(kind: str, name: str, **settings: object) -> CeleryProcess:
+        env = dict(process_env)
+        env.update({f"SCHEDULER_{key.upper()}": str(value) for key, value in settings.items()})
+        argv = beat_argv() if kind == "beat" else worker_argv(name)
+        process = CeleryProcess(name, argv, env, tmp_path / f"{name}.log").start()
+        started.append(process)
+        return process
+
+    yield start
+    for process in started:
+        process.stop()

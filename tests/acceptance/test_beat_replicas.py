@@ -1,0 +1,217 @@
+"""Real ``celery beat`` replicas and a real worker: exactly once per slot, fast failover, fencing."""
+from __future__ import annotations
+
+import signal
+import subprocess
+import time
+from collections import Counter
+from collections.abc import Callable
+from datetime import timedelta
+
+import pytest
+import redis
+from django.db import connection
+
+from scheduler import leases
+from scheduler.models import Execution, Lease, Schedule
+from tests import tasks as test_tasks
+from tests.processes import CeleryProcess, wait_until
+from tests.services import free_port, find_redis_server
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+Start = Callable[..., CeleryProcess]
+
+
+def make_schedules(count: int, *, every: int = 1) -> list[Schedule]:
+    schedules = []
+    for index in range(count):
+        schedule = Schedule(name=f"every-{every}s-{index}", task="tests.record", interval=every, kwargs={"label": f"s{index}"})
+        schedule.full_clean()
+        schedule.save()
+        schedules.append(schedule)
+    return schedules
+
+
+def leader_process(processes: list[CeleryProcess], timeout: float = 20.0) -> CeleryProcess:
+    """Return the process whose instance id holds the lease (the id embeds the pid)."""
+
+    def find() -> CeleryProcess | None:
+        state = leases.current("beat")
+        if not state.is_held:
+            return None
+        pid = int(state.holder.rsplit("-", 2)[1])
+        return next((p for p in processes if p.pid == pid), None)
+
+    leader = wait_until(find, timeout=timeout)
+    assert leader, "no beat replica became leader in time"
+    return leader  # type: ignore[return-value]
+
+
+def assert_every_slot_once(schedules: list[Schedule], *, every: int = 1) -> None:
+    """Each schedule's executions cover a contiguous run of slots, one row each."""
+    for schedule in schedules:
+        slots = list(Execution.objects.filter(schedule=schedule).order_by("scheduled_for").values_list("scheduled_for", flat=True))
+        assert slots, f"{schedule.name} never fired"
+        expected = [slots[0] + timedelta(seconds=every * i) for i in range(len(slots))]
+        assert slots == expected, f"{schedule.name}: slots are not contiguous: {slots}"
+        assert len(set(slots)) == len(slots)
+
+
+def wait_for_runs(client: redis.Redis, *, timeout: float = 30.0) -> list[dict]:
+    """Wait until every queued execution has run once; return the side-effect log."""
+    def done() -> bool:
+        expected = Execution.objects.exclude(status=Execution.Status.MISSED).count()
+        return len(test_tasks.runs(client)) >= expected and not Execution.objects.filter(
+            status=Execution.Status.PENDING
+        ).exists()
+
+    wait_until(done, timeout=timeout, interval=0.2)
+    return test_tasks.runs(client)
+
+
+def assert_each_ran_once(runs: list[dict]) -> None:
+    task_ids = set(
+        Execution.objects.exclude(status=Execution.Status.MISSED).values_list("celery_task_id", flat=True)
+    )
+    counts = Counter(run["task_id"] for run in runs)
+    doubled = {task_id: n for task_id, n in counts.items() if n > 1}
+    assert not doubled, f"executions ran more than once: {doubled}"
+    assert set(counts) == task_ids, (
+        f"{len(task_ids - set(counts))} executions never ran, {len(set(counts) - task_ids)} unknown runs"
+    )
+
+
+def test_three_replicas__every_slot_fires_exactly_once(celery_processes: Start, redis_client: redis.Redis) -> None:
+    # Given five every-second schedules, three beat replicas and a worker
+    schedules = make_schedules(5)
+    worker = celery_processes("worker", "worker1")
+    beats = [celery_processes("beat", f"beat{i}") for i in range(3)]
+    worker.wait_for_log(r"ready\.", timeout=30)
+
+    # When they run for 20 seconds
+    time.sleep(20)
+    for beat in beats:
+        beat.stop()
+
+    # Then every slot has exactly one execution, and each ran exactly once
+    assert_every_slot_once(schedules)
+    assert Execution.objects.filter(schedule=schedules[0]).count() >= 15
+    assert_each_ran_once(wait_for_runs(redis_client))
+    assert all(beat.popen.returncode is not None for beat in beats)
+
+
+@pytest.mark.parametrize("kill_signal", [signal.SIGKILL, signal.SIGTERM], ids=["sigkill", "sigterm"])
+def test_leader_killed__follower_takes_over_without_losing_a_slot(
+    celery_processes: Start, redis_client: redis.Redis, kill_signal: int
+) -> None:
+    # Given two every-second schedules and three replicas, one of them leading
+    schedules = make_schedules(2)
+    worker = celery_processes("worker", "worker1")
+    beats = [celery_processes("beat", f"beat{i}") for i in range(3)]
+    leader = leader_process(beats)
+    old_token = leases.current("beat").token
+    assert wait_until(lambda: Execution.objects.filter(lease_token=old_token).count() >= 4, timeout=15)
+
+    # When the leader is killed
+    killed_at = time.time()
+    leader.send(kill_signal)
+    leader.popen.wait(15)
+
+    # Then another replica leads and dispatches again, quickly
+    def new_token_execution() -> Execution | None:
+        return Execution.objects.exclude(lease_token=old_token).order_by("created_at").first()
+
+    first = wait_until(new_token_execution, timeout=20)
+    assert first, "no replica took over"
+    gap = first.created_at.timestamp() - killed_at
+    ttl = 10.0
+    if kill_signal == signal.SIGTERM:
+        limit = 1.5  # released lease; followers retry every second
+    elif connection.vendor == "postgresql":
+        limit = 1.5  # advisory lock frees when the process dies
+    else:
+        limit = ttl + 1.5
+    assert gap <= limit, f"first dispatch after the kill took {gap:.2f}s (limit {limit}s)"
+
+    # ... and no slot was lost or doubled across the failover
+    time.sleep(3)
+    for beat in beats:
+        beat.stop()
+    worker.wait_for_log(r"ready\.", timeout=30)
+    assert_every_slot_once(schedules)
+    assert_each_ran_once(wait_for_runs(redis_client))
+
+
+def test_paused_leader__commits_nothing_after_losing_the_lease(celery_processes: Start) -> None:
+    # Given two replicas with a short lease, one leading
+    schedules = make_schedules(2)
+    settings = {"lease_ttl_seconds": 3, "lease_renew_seconds": 1}
+    beats = [celery_processes("beat", f"beat{i}", **settings) for i in range(2)]
+    leader = leader_process(beats)
+    old_token = leases.current("beat").token
+    assert wait_until(lambda: Execution.objects.filter(lease_token=old_token).exists(), timeout=10)
+
+    # When the leader is frozen for longer than the TTL, then resumed
+    leader.send(signal.SIGSTOP)
+    frozen_count = None
+    try:
+        new_leader = wait_until(lambda: leases.current("beat").token > old_token, timeout=20)
+        assert new_leader, "the follower did not take over from a frozen leader"
+        frozen_count = Execution.objects.filter(lease_token=old_token).count()
+    finally:
+        leader.send(signal.SIGCONT)
+
+    # Then it steps down and never commits under its old token again
+    leader.wait_for_log(r"leadership lost by .*token %d" % old_token, timeout=10)
+    time.sleep(2)
+    assert Execution.objects.filter(lease_token=old_token).count() == frozen_count
+    assert leader.alive(), "the old leader must stand by, not exit"
+    assert leases.current("beat").token > old_token
+    assert_every_slot_once(schedules)
+
+
+def test_broker_outage__pending_rows_sent_once_when_it_returns(
+    celery_processes: Start, process_env: dict[str, str], redis_client: redis.Redis, tmp_path
+) -> None:
+    # Given a beat and a worker on a broker of their own (the side-effect log
+    # stays on the suite's Redis so it survives the broker restart)
+    port = free_port()
+    broker = [find_redis_server(), "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
+    broker_proc = subprocess.Popen(broker, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    broker_url = f"redis://127.0.0.1:{port}/0"
+    process_env.update(REDIS_URL=broker_url, TEST_RUNS_REDIS_URL=process_env["REDIS_URL"])
+    try:
+        assert wait_until(lambda: _pings(broker_url), timeout=10)
+        schedules = make_schedules(2)
+        beat = celery_processes("beat", "beat0")
+        worker = celery_processes("worker", "worker1")
+        worker.wait_for_log(r"ready\.", timeout=30)
+        time.sleep(2)
+
+        # When the broker is down for 5 seconds
+        broker_proc.kill()
+        broker_proc.wait(5)
+        time.sleep(5)
+        stuck = Execution.objects.filter(status=Execution.Status.PENDING).count()
+        broker_proc = subprocess.Popen(broker, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        assert wait_until(lambda: _pings(broker_url), timeout=10)
+        time.sleep(4)
+        beat.stop()
+
+        # Then beat survived, rows stayed pending meanwhile, and all ran exactly once
+        assert beat.popen.returncode is not None
+        assert "broker unreachable" in beat.log()
+        assert stuck >= 3, "slots due during the outage should wait as pending rows"
+        assert_every_slot_once(schedules)
+        assert_each_ran_once(wait_for_runs(redis_client, timeout=40))
+    finally:
+        broker_proc.kill()
+        broker_proc.wait(5)
+
+
+def _pings(url: str) -> bool:
+    try:
+        return bool(redis.Redis.from_url(url, socket_connect_timeout=0.5).ping())
+    except redis.RedisError:
+        return False

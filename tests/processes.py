@@ -1,0 +1,103 @@
+"""Start, signal and watch real ``celery`` processes from tests (bounded waits only)."""
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+CELERY = str(Path(sys.executable).with_name("celery"))
+
+
+class CeleryProcess:
+    """One ``celery -A project ...`` child process whose output goes to a log file."""
+
+    def __init__(self, name: str, argv: list[str], env: dict[str, str], log_path: Path) -> None:
+        self.name = name
+        self.argv = argv
+        self.env = env
+        self.log_path = log_path
+        self.popen: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> CeleryProcess:
+        log = self.log_path.open("ab")
+        self.popen = subprocess.Popen(
+            self.argv, env=self.env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        )
+        log.close()
+        return self
+
+    @property
+    def pid(self) -> int:
+        assert self.popen is not None
+        return self.popen.pid
+
+    def alive(self) -> bool:
+        return self.popen is not None and self.popen.poll() is None
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+    def send(self, sig: int) -> None:
+        """Signal the process itself (SIGSTOP/SIGCONT/SIGTERM), not its pool children."""
+        if self.alive():
+            os.kill(self.pid, sig)
+
+    def kill_group(self, sig: int = signal.SIGKILL) -> None:
+        """Signal the whole process group (a worker and its pool children)."""
+        if self.popen is not None:
+            try:
+                os.killpg(self.pid, sig)
+            except ProcessLookupError:
+                pass
+
+    def stop(self, timeout: float = 15.0) -> None:
+        """Ask politely (SIGTERM), then SIGKILL the group after ``timeout``."""
+        if self.popen is None:
+            return
+        if self.alive():
+            self.send(signal.SIGCONT)
+            self.send(signal.SIGTERM)
+            try:
+                self.popen.wait(timeout)
+            except subprocess.TimeoutExpired:
+                pass
+        self.kill_group(signal.SIGKILL)
+        try:
+            self.popen.wait(5)
+        except subprocess.TimeoutExpired:
+            pass
+
+    def wait_for_log(self, pattern: str, timeout: float = 20.0) -> re.Match[str]:
+        """Wait until the log matches ``pattern``; fail with the log tail otherwise."""
+        found = wait_until(lambda: re.search(pattern, self.log()), timeout=timeout)
+        if not found:
+            raise AssertionError(f"{self.name}: no {pattern!r} within {timeout}s; log tail:\n{self.log()[-3000:]}")
+        return found
+
+
+def wait_until(predicate: Callable[[], object], *, timeout: float, interval: float = 0.05) -> object:
+    """Poll ``predicate`` until it returns something truthy or ``timeout`` passes."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value or time.monotonic() >= deadline:
+            return value
+        time.sleep(interval)
+
+
+def beat_argv() -> list[str]:
+    return [CELERY, "-A", "project", "beat", "-l", "info", "--pidfile="]
+
+
+def worker_argv(name: str, concurrency: int = 2) -> list[str]:
+    return [
+        CELERY, "-A", "project", "worker", "-l", "info", "-P", "prefork", "-c", str(concurrency),
+        "-n", f"{name}@%h", "--include", "tests.tasks", "--without-gossip", "--without-mingle",
+        "--without-heartbeat",
+    ]
