@@ -85,7 +85,7 @@ def _now_plus_sql() -> str:
 def _seconds_param(seconds: float) -> float | str:
     if connection.vendor == "postgresql":
         return float(seconds)
-    return f"+{float(seconds)} seconds"
+    return f"+{float(seconds):.6f} seconds"
 
 
 def _as_datetime(value: datetime | str | None) -> datetime | None:

@@ -85,3 +85,14 @@ def db_vendor() -> str:
 
 
 # --- end of services section -------------------------------------------------
+
+
+# --- processes -----------------------------------------------------------------
+
+
+@pytest.fixture
+def process_database_url(transactional_db: None) -> str:
+    """Return a DATABASE_URL for child processes; commits are visible to them."""
+    from tests.processes import test_database_url
+
+    return test_database_url()

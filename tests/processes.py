@@ -9,6 +9,9 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from urllib.parse import quote
+
+from django.db import connection
 
 ROOT = Path(__file__).resolve().parent.parent
 CELERY = str(Path(sys.executable).with_name("celery"))
@@ -101,3 +104,13 @@ def worker_argv(name: str, concurrency: int = 2) -> list[str]:
         "-n", f"{name}@%h", "--include", "tests.tasks", "--without-gossip", "--without-mingle",
         "--without-heartbeat",
     ]
+
+
+def test_database_url() -> str:
+    """Return a DATABASE_URL that points child processes at the test database."""
+    params = connection.settings_dict
+    if connection.vendor == "sqlite":
+        return f"sqlite:///{params['NAME']}"
+    user = quote(params.get("USER") or "")
+    password = f":{quote(params['PASSWORD'])}" if params.get("PASSWORD") else ""
+    return f"postgres://{user}{password}@{params['HOST']}:{params['PORT']}/{params['NAME']}"

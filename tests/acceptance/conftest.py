@@ -4,29 +4,16 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from urllib.parse import quote
 
 import pytest
-from django.db import connection
-
 from tests.processes import CeleryProcess, beat_argv, worker_argv
 
 
-def _database_url() -> str:
-    """Return a DATABASE_URL for the test database pytest-django created."""
-    params = connection.settings_dict
-    if connection.vendor == "sqlite":
-        return f"sqlite:///{params['NAME']}"
-    user = quote(params.get("USER") or "")
-    password = f":{quote(params['PASSWORD'])}" if params.get("PASSWORD") else ""
-    return f"postgres://{user}{password}@{params['HOST']}:{params['PORT']}/{params['NAME']}"
-
-
 @pytest.fixture
-def process_env(transactional_db: None, redis_url: str) -> dict[str, str]:
+def process_env(process_database_url: str, redis_url: str) -> dict[str, str]:
     env = {key: value for key, value in os.environ.items() if not key.startswith("SCHEDULER_")}
     env.update(
-        DATABASE_URL=_database_url(),
+        DATABASE_URL=process_database_url,
         REDIS_URL=redis_url,
         DJANGO_DEBUG="1",
         PYTHONUNBUFFERED="1",
