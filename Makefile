@@ -3,7 +3,7 @@ PYTHON ?= python3.11
 VENV := .venv
 REQUIREMENTS := $(wildcard requirements*.txt)
 
-.PHONY: venv test
+.PHONY: venv test run
 
 venv: $(VENV)/.installed
 
@@ -28,4 +28,10 @@ $(VENV)/.installed: $(REQUIREMENTS)
 test: venv
 	$(VENV)/bin/python -m tests.suite $(PYTEST_ARGS)
 
-# run: (added by another engineer: web + worker + beat for local development)
+# Local demo: admin on http://127.0.0.1:8000/admin/, one worker, two beat replicas.
+run: export DJANGO_DEBUG ?= 1
+run: venv
+	$(VENV)/bin/python manage.py migrate --noinput
+	PYTHON=$(VENV)/bin/python bin/ensure-redis
+	$(VENV)/bin/python manage.py demo
+	$(VENV)/bin/honcho start -f Procfile

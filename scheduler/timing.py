@@ -282,7 +282,7 @@ def _cron_slots(timing: Timing, *, after: datetime, upper: datetime | None) -> I
             held.extend(instants)
             continue
         if held:
-            instants = sorted(held) + instants
+            instants = held + instants
             held = []
         for instant in instants:
             # The `last` check collapses duplicates; with the ordering above

@@ -105,53 +105,74 @@ def _range_of(low: int, high: int) -> st.SearchStrategy[str]:
 
 
 MINUTES = st.one_of(
-    st.sampled_from(["*", "0", "30", "*/5", "*/7", "*/15", "*/30"]),
+    st.sampled_from(["*", "0", "30", "*/5", "*/7", "*/15", "*/30", "0,45", "10-40/10"]),
     st.integers(0, 59).map(str),
     _list_of(0, 59),
     _range_of(0, 59),
 )
 EVERY_HOUR = st.sampled_from(["*", "*/1", "0-23"])
+#: the local hours the zones below change their clocks in
+DST_HOURS = st.sampled_from(["1", "2", "3", "1-3", "1,2", "2,3", "0-4/2"])
 HOURS = st.one_of(
     EVERY_HOUR,
-    # The hours the zones above change their clocks in, to hit gaps and folds.
-    st.sampled_from(["1", "2", "3", "1-3", "2,3", "0-4/2", "*/2"]),
+    DST_HOURS,
+    st.sampled_from(["*/2", "*/3", "*/6", "9-17"]),
     st.integers(0, 23).map(str),
     _list_of(0, 23),
     _range_of(0, 23),
 )
-DAYS = st.sampled_from(["*", "*", "*", "*", "1", "15", "28", "1-15", "*/2"])
-MONTHS = st.sampled_from(["*", "*", "*", "*", "3", "10", "3,10", "4,10,11", "*/3"])
-WEEKDAYS = st.sampled_from(["*", "*", "*", "*", "0", "1-5", "0,6", "5"])
+# Mostly "*", and otherwise often matching the Sundays in March, April,
+# October and November that the zones below change their clocks on.
+DAYS = st.sampled_from(["*"] * 6 + ["1", "15", "1-15", "*/2", "8-14", "28"])
+MONTHS = st.sampled_from(["*"] * 6 + ["3,10", "4,10,11", "3,4,10,11", "*/3", "1", "6-9"])
+WEEKDAYS = st.sampled_from(["*"] * 6 + ["0", "1-5", "0,6", "0-3", "5", "sat,sun"])
 SECONDS = st.sampled_from(["0", "5", "*/10", "*/15", "0,30"])
-
-FIVE_FIELDS = st.tuples(MINUTES, HOURS, DAYS, MONTHS, WEEKDAYS).map(" ".join)
-FIVE_FIELDS_EVERY_HOUR = st.tuples(MINUTES, EVERY_HOUR, DAYS, MONTHS, WEEKDAYS).map(" ".join)
-SIX_FIELDS = st.tuples(SECONDS, MINUTES, HOURS, DAYS, MONTHS, WEEKDAYS).map(" ".join)
-CRONS = st.one_of(FIVE_FIELDS, FIVE_FIELDS, SIX_FIELDS)
 GAPS = st.sampled_from(["shift", "skip"])
 FOLDS = st.sampled_from(["first", "last", "both"])
+DST_ZONES = ("Europe/Berlin", "America/New_York", "Australia/Lord_Howe")
 
 
-@st.composite
-def moments(draw: st.DrawFn, zone: str) -> datetime:
-    """Draw an instant in 2020-2030, mostly within hours of one of zone's transitions."""
-    near = transitions(zone)
-    if near and draw(st.integers(0, 3)):
-        base = draw(st.sampled_from(near))
-        return base + timedelta(seconds=draw(st.integers(-5 * 3600, 2 * 3600)))
-    seconds = draw(st.integers(0, int((LAST - FIRST).total_seconds())))
-    return FIRST + timedelta(seconds=seconds, microseconds=draw(st.sampled_from([0, 0, 1, 500_000])))
+def crons(*, six: bool | None, hours: st.SearchStrategy[str], anyday: bool) -> st.SearchStrategy[str]:
+    """Return expressions in 5 fields, 6 (seconds first), or either when six is None."""
+    star = st.just("*")
+    days = (star, star, star) if anyday else (DAYS, MONTHS, WEEKDAYS)
+    five = st.tuples(MINUTES, hours, *days).map(" ".join)
+    with_seconds = st.tuples(SECONDS, MINUTES, hours, *days).map(" ".join)
+    if six is None:
+        return st.sampled_from([False, False, True]).flatmap(lambda pick: with_seconds if pick else five)
+    return with_seconds if six else five
 
 
 @st.composite
 def cron_cases(
-    draw: st.DrawFn, crons: st.SearchStrategy[str] = CRONS, gaps: st.SearchStrategy[str] = GAPS
+    draw: st.DrawFn,
+    *,
+    six: bool | None = None,
+    hourly: bool = False,
+    gaps: st.SearchStrategy[str] = GAPS,
 ) -> tuple[Timing, datetime, datetime]:
-    zone = draw(st.sampled_from(ZONES))
-    timing = Timing(cron=draw(crons), timezone=zone, dst_gap=draw(gaps), dst_fold=draw(FOLDS))
-    since = draw(moments(zone))
-    until = since + timedelta(minutes=draw(st.integers(1, 12 * 60) | st.integers(1, 3 * 24 * 60)))
-    return timing, since, until
+    """Draw a cron timing and a window, two times in three starting just before a DST change."""
+    if draw(st.sampled_from([True, True, False])):
+        zone = draw(st.sampled_from(DST_ZONES))
+        transition = draw(st.sampled_from(transitions(zone)))
+        since = transition - timedelta(seconds=draw(st.integers(0, 5 * 3600)))
+        hours = EVERY_HOUR if hourly else st.one_of(DST_HOURS, EVERY_HOUR, HOURS)
+        expr = draw(crons(six=six, hours=hours, anyday=draw(st.booleans())))
+    else:
+        zone = draw(st.sampled_from(ZONES))
+        seconds = draw(st.integers(0, int((LAST - FIRST).total_seconds())))
+        since = FIRST + timedelta(seconds=seconds, microseconds=draw(st.sampled_from([0, 1, 500_000])))
+        expr = draw(crons(six=six, hours=EVERY_HOUR if hourly else HOURS, anyday=False))
+    timing = Timing(cron=expr, timezone=zone, dst_gap=draw(gaps), dst_fold=draw(FOLDS))
+    minutes = draw(st.sampled_from([6 * 60, 12 * 60, 3 * 24 * 60]) | st.integers(1, 3 * 24 * 60))
+    return timing, since, since + timedelta(minutes=minutes)
+
+
+@st.composite
+def instants(draw: st.DrawFn) -> datetime:
+    """Draw an instant in 2020-2030 to the microsecond."""
+    seconds = draw(st.integers(0, int((LAST - FIRST).total_seconds())))
+    return FIRST + timedelta(seconds=seconds, microseconds=draw(st.integers(0, 999_999)))
 
 
 # --- cron properties ------------------------------------------------------------
@@ -220,7 +241,7 @@ def brute_force(timing: Timing, *, since: datetime, until: datetime) -> list[dat
 
 
 @PROPERTY
-@given(cron_cases(crons=FIVE_FIELDS))
+@given(cron_cases(six=False))
 def test_slots_between__skip_and_both_give_every_matching_real_minute(
     case: tuple[Timing, datetime, datetime],
 ) -> None:
@@ -234,7 +255,7 @@ def test_slots_between__skip_and_both_give_every_matching_real_minute(
 
 
 @PROPERTY
-@given(cron_cases(crons=FIVE_FIELDS_EVERY_HOUR))
+@given(cron_cases(six=False, hourly=True))
 def test_slots_between__every_hour_expression_ignores_dst_policies(
     case: tuple[Timing, datetime, datetime],
 ) -> None:
@@ -276,8 +297,8 @@ INTERVALS = st.one_of(st.integers(1, 120), st.sampled_from([3600, 86_400, 7 * 86
 @given(
     INTERVALS,
     st.sampled_from(ZONES),
-    st.none() | moments("Europe/Berlin"),
-    moments("Europe/Berlin"),
+    st.none() | instants(),
+    instants(),
     st.integers(1, 10**6),
 )
 def test_slots_between__interval_slots_lie_exactly_on_anchor_grid(

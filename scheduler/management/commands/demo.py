@@ -1,0 +1,46 @@
+"""Create the local admin login and the demo schedules (used by ``make run``)."""
+from __future__ import annotations
+
+import secrets
+from pathlib import Path
+from typing import Any
+
+from django.conf import settings
+from django.contrib.auth import get_user_model
+from django.core.management.base import BaseCommand, CommandParser
+
+from scheduler.models import Schedule
+
+DEMO_SCHEDULES = (
+    {"name": "demo: echo every 5 seconds", "task": "scheduler.echo", "interval": 5, "args": ["hello"]},
+    {"name": "demo: sleep every minute", "task": "scheduler.sleep", "cron": "* * * * *", "kwargs": {"seconds": 2}},
+)
+
+
+class Command(BaseCommand):
+    help = "Create an admin login (password kept in var/admin-password.txt) and two demo schedules."
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument("--username", default="admin")
+
+    def handle(self, *args: Any, username: str, **options: Any) -> None:
+        password_file = Path(settings.VAR_DIR) / "admin-password.txt"
+        User = get_user_model()
+        user = User.objects.filter(username=username).first()
+        if user is None or not password_file.exists():
+            password = secrets.token_urlsafe(9)
+            user = user or User(username=username, is_staff=True, is_superuser=True)
+            user.set_password(password)
+            user.save()
+            password_file.parent.mkdir(parents=True, exist_ok=True)
+            password_file.write_text(password + "\n")
+        password = password_file.read_text().strip()
+        for values in DEMO_SCHEDULES:
+            if not Schedule.objects.filter(name=values["name"]).exists():
+                schedule = Schedule(**values)
+                schedule.full_clean()
+                schedule.save()
+        self.stdout.write(
+            f"Admin: http://127.0.0.1:8000/admin/  login {username} / {password}\n"
+            f"Demo schedules: {', '.join(v['name'] for v in DEMO_SCHEDULES)}"
+        )
