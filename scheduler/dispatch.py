@@ -131,7 +131,11 @@ def publish_pending(app: Celery, *, limit: int | None = None) -> int:
         return 0
     sent: list[int] = []
     try:
-        with app.producer_or_acquire() as producer:
+        with app.connection_for_write() as conn:
+            # One attempt, no retry loop: kombu would otherwise block the beat
+            # for many seconds per outage; the rows simply stay pending.
+            conn.ensure_connection(max_retries=0)
+            producer = conn.Producer()
             for row in pending:
                 options: dict[str, Any] = {
                     "task_id": row["celery_task_id"] or None,

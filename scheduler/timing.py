@@ -48,6 +48,11 @@ _TICK = timedelta(microseconds=1)  # the resolution of datetime
 #: no zone's UTC offset comes close to a day, so a wall time more than a day
 #: past a bound cannot map to an instant at or before it
 _OFFSET_BOUND = timedelta(days=1)
+#: give up when a cron schedule has no slot for this long, as croniter does
+#: (its max_years_between_matches is 50): walking year by year through wall
+#: times that are all skipped (02:30 on the last Sunday of March in Berlin,
+#: with dst_gap="skip") would otherwise run until year 9999
+_MAX_SILENCE = timedelta(days=50 * 366)
 
 DST_GAP_POLICIES = ("shift", "skip")
 DST_FOLD_POLICIES = ("first", "last", "both")
@@ -73,31 +78,36 @@ class Timing:
     message that names the problem.
     """
 
-    #: 5 fields (min hour dom mon dow) or 6 with seconds first (sec min hour dom mon dow)
+    #: 5 fields (min hour dom mon dow), or 6 with seconds first (sec min hour dom mon dow)
     cron: str | None = None
-    interval: int | None = None  # seconds, > 0, anchored on start_at or the Unix epoch
-    run_at: datetime | None = None  #: one-off, aware
-    timezone: str = "UTC"  #: IANA name; cron wall times are read in this zone
-    start_at: datetime | None = None  #: aware; no slot before it (inclusive)
-    end_at: datetime | None = None  #: aware; no slot after it (inclusive)
-    max_runs: int | None = None  #: total runs allowed, counting earlier ones
-    dst_gap: str = "shift"  #: one of DST_GAP_POLICIES
-    dst_fold: str = "first"  #: one of DST_FOLD_POLICIES
+    #: seconds, > 0; slots are start_at (or the Unix epoch) + k * interval
+    interval: int | None = None
+    #: the one slot of a one-off, aware
+    run_at: datetime | None = None
+    #: IANA name; cron wall times are read in this zone
+    timezone: str = "UTC"
+    #: aware; no slot before it (inclusive)
+    start_at: datetime | None = None
+    #: aware; no slot after it (inclusive)
+    end_at: datetime | None = None
+    #: total runs allowed, earlier ones included
+    max_runs: int | None = None
+    #: what a nonexistent wall time does: one of DST_GAP_POLICIES
+    dst_gap: str = "shift"
+    #: what an ambiguous wall time does: one of DST_FOLD_POLICIES
+    dst_fold: str = "first"
 
     def __post_init__(self) -> None:
-        kinds = [
-            name
-            for name, value in (("cron", self.cron), ("interval", self.interval), ("run_at", self.run_at))
-            if value is not None
-        ]
+        given = (("cron", self.cron), ("interval", self.interval), ("run_at", self.run_at))
+        kinds = [name for name, value in given if value is not None]
         if len(kinds) != 1:
             got = " and ".join(kinds) if kinds else "none"
-            raise ScheduleInvalid(f"Exactly one of cron, interval or run_at must be set, got {got}")
+            raise ScheduleInvalid(
+                f"Exactly one of cron, interval or run_at must be set, got {got}"
+            )
         if self.cron is not None:
             validate_cron(self.cron)
-        if self.interval is not None and (
-            isinstance(self.interval, bool) or not isinstance(self.interval, int) or self.interval <= 0
-        ):
+        if self.interval is not None and (not _is_count(self.interval) or self.interval == 0):
             raise ScheduleInvalid(
                 f"Interval must be a positive whole number of seconds, got {self.interval!r}"
             )
@@ -111,14 +121,14 @@ class Timing:
                 f"start_at ({self.start_at.isoformat()}) must not be after end_at "
                 f"({self.end_at.isoformat()})"
             )
-        if self.max_runs is not None and (
-            isinstance(self.max_runs, bool) or not isinstance(self.max_runs, int) or self.max_runs < 0
-        ):
+        if self.max_runs is not None and not _is_count(self.max_runs):
             raise ScheduleInvalid(f"max_runs must be a whole number >= 0, got {self.max_runs!r}")
         if self.dst_gap not in DST_GAP_POLICIES:
             raise ScheduleInvalid(f"dst_gap must be 'shift' or 'skip', got {self.dst_gap!r}")
         if self.dst_fold not in DST_FOLD_POLICIES:
-            raise ScheduleInvalid(f"dst_fold must be 'first', 'last' or 'both', got {self.dst_fold!r}")
+            raise ScheduleInvalid(
+                f"dst_fold must be 'first', 'last' or 'both', got {self.dst_fold!r}"
+            )
 
 
 def validate_cron(expr: str) -> None:
@@ -139,7 +149,9 @@ def validate_timezone(name: str) -> None:
     if name == "localtime":
         # A symlink to the host's zone, not an IANA name: two hosts would
         # disagree on when the schedule fires.
-        raise ScheduleInvalid("Unknown timezone 'localtime'; use an IANA name such as 'Europe/Berlin'")
+        raise ScheduleInvalid(
+            "Unknown timezone 'localtime'; use an IANA name such as 'Europe/Berlin'"
+        )
     try:
         ZoneInfo(name)
     except (ZoneInfoNotFoundError, ValueError) as exc:
@@ -229,7 +241,9 @@ def _slots(
         yield slot
 
 
-def _interval_slots(timing: Timing, *, after: datetime, upper: datetime | None) -> Iterator[datetime]:
+def _interval_slots(
+    timing: Timing, *, after: datetime, upper: datetime | None
+) -> Iterator[datetime]:
     assert timing.interval is not None
     # Integer microseconds, not float seconds, so slot k is exactly
     # anchor + k * interval however far from the anchor it lies.
@@ -245,7 +259,9 @@ def _interval_slots(timing: Timing, *, after: datetime, upper: datetime | None) 
         k += 1
 
 
-def _cron_slots(timing: Timing, *, after: datetime, upper: datetime | None) -> Iterator[datetime]:
+def _cron_slots(
+    timing: Timing, *, after: datetime, upper: datetime | None
+) -> Iterator[datetime]:
     assert timing.cron is not None
     cron = _parse_cron(timing.cron)
     tz = ZoneInfo(timing.timezone)
@@ -254,17 +270,22 @@ def _cron_slots(timing: Timing, *, after: datetime, upper: datetime | None) -> I
     fold = "both" if every_hour else timing.dst_fold
 
     # Wall-clock order is real-time order except among the ambiguous wall
-    # times of one fold: Berlin's 02:30 first occurrence comes after 02:00
-    # second occurrence in wall order but before it in real time. So the
+    # times of one fold: 02:30 (first occurrence, CEST) follows 02:00 (second
+    # occurrence, CET) in wall order but precedes it in real time. So the
     # instants of ambiguous wall times are held back and sorted, and released
-    # at the next unambiguous wall time, whose instants cannot precede them.
+    # at the next unambiguous wall time, whose instants cannot precede them
+    # (true as long as a zone's transitions are further apart than a fold is
+    # wide, which tzdata bears out). This needs no fixed lookahead, so
+    # next_slot for an every-minute job costs one or two croniter steps.
     wall_after = after.astimezone(tz).replace(tzinfo=None)
     # If `after` falls in a fold, wall times earlier than its own (down to
     # the start of the fold) have second occurrences after it.
     start = wall_after - _fold_width(wall_after, tz)
     stop_wall = None if upper is None else upper.replace(tzinfo=None) + _OFFSET_BOUND
 
-    walls = copy.copy(cron.prototype)  # the prototype is shared; copies are cheap
+    # croniter objects carry their position, so each search steps its own
+    # shallow copy of the cached, shared prototype.
+    walls = copy.copy(cron.prototype)
     walls.set_current(start - _TICK, force=True)  # get_next is strict; admit `start`
     held: list[datetime] = []
     last: datetime | None = None
@@ -277,12 +298,14 @@ def _cron_slots(timing: Timing, *, after: datetime, upper: datetime | None) -> I
             break  # ran past year 9999
         if stop_wall is not None and wall > stop_wall:
             break
+        if wall - _OFFSET_BOUND > _naive_plus((last or after), _MAX_SILENCE):
+            break
         instants, ambiguous = _instants_at(wall, tz, gap=gap, fold=fold)
         if ambiguous:
             held.extend(instants)
             continue
         if held:
-            instants = held + instants
+            instants = sorted(held) + instants
             held = []
         for instant in instants:
             # The `last` check collapses duplicates; with the ordering above
@@ -296,7 +319,9 @@ def _cron_slots(timing: Timing, *, after: datetime, upper: datetime | None) -> I
             yield instant
 
 
-def _instants_at(wall: datetime, tz: ZoneInfo, *, gap: str, fold: str) -> tuple[list[datetime], bool]:
+def _instants_at(
+    wall: datetime, tz: ZoneInfo, *, gap: str, fold: str
+) -> tuple[list[datetime], bool]:
     """Return the instants a wall time maps to, and whether it is ambiguous."""
     first = wall.replace(tzinfo=tz, fold=0)
     second = wall.replace(tzinfo=tz, fold=1)
@@ -312,7 +337,9 @@ def _instants_at(wall: datetime, tz: ZoneInfo, *, gap: str, fold: str) -> tuple[
             return [], False
         return [_transition(wall, tz, before=offset_first)], False
     # Ambiguous: fold=0 is the earlier instant (PEP 495), fold=1 the later.
-    earlier, later = sorted(((wall - offset_first).replace(tzinfo=UTC), (wall - offset_second).replace(tzinfo=UTC)))
+    earlier, later = sorted(
+        (wall - offset).replace(tzinfo=UTC) for offset in (offset_first, offset_second)
+    )
     if fold == "first":
         return [earlier], True
     if fold == "last":
@@ -385,7 +412,7 @@ def _parse_cron(expr: str) -> _Cron:
             second_at_beginning=seconds_first,
         )
     except CroniterError as exc:
-        raise ScheduleInvalid(_explain(expr, fields, seconds_first, exc)) from None
+        raise ScheduleInvalid(_explain(expr, fields, seconds_first, exc)) from exc
     return _Cron(prototype=prototype, every_hour=prototype.expanded[_HOUR] == ["*"])
 
 
@@ -429,6 +456,13 @@ def _field_name(position: int, seconds_first: bool) -> str:
 # --- small helpers ------------------------------------------------------------
 
 
+def _naive_plus(moment: datetime, delta: timedelta) -> datetime:
+    try:
+        return moment.replace(tzinfo=None) + delta
+    except OverflowError:
+        return datetime.max
+
+
 def _micros(moment: datetime) -> int:
     delta = moment - _EPOCH
     return (delta.days * 86_400 + delta.seconds) * 1_000_000 + delta.microseconds
@@ -443,6 +477,11 @@ def _require_aware(name: str, moment: datetime) -> None:
         raise ValueError(f"{name} must be a timezone-aware datetime, got {moment!r}")
 
 
+def _is_count(value: object) -> bool:
+    # bool is an int subclass, but True is no number of seconds or runs.
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
 def _require_count(name: str, value: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+    if not _is_count(value):
         raise ValueError(f"{name} must be a whole number >= 0, got {value!r}")

@@ -56,9 +56,18 @@ def test_validate_cron__accepts_five_and_six_field_expressions(expr: str) -> Non
     [
         ("* * *", "Cron expression must have 5 or 6 fields, got 3"),
         ("* * * * * * *", "Cron expression must have 5 or 6 fields, got 7"),
-        ("61 * * * *", "Invalid cron expression '61 * * * *': minute field '61' is out of range 0-59"),
-        ("0 24 * * *", "Invalid cron expression '0 24 * * *': hour field '24' is out of range 0-23"),
-        ("0 0 * * 8", "Invalid cron expression '0 0 * * 8': day-of-week field '8' is out of range 0-7"),
+        (
+            "61 * * * *",
+            "Invalid cron expression '61 * * * *': minute field '61' is out of range 0-59",
+        ),
+        (
+            "0 24 * * *",
+            "Invalid cron expression '0 24 * * *': hour field '24' is out of range 0-23",
+        ),
+        (
+            "0 0 * * 8",
+            "Invalid cron expression '0 0 * * 8': day-of-week field '8' is out of range 0-7",
+        ),
         (
             "61 * * * * *",
             "Invalid cron expression '61 * * * * *': second field '61' is out of range 0-59",
@@ -99,7 +108,9 @@ def test_validate_cron__accepts_expression_that_never_matches() -> None:
 # --- validate_timezone ---------------------------------------------------------
 
 
-@pytest.mark.parametrize("name", ["UTC", "Europe/Berlin", "America/New_York", "Australia/Lord_Howe"])
+@pytest.mark.parametrize(
+    "name", ["UTC", "Europe/Berlin", "America/New_York", "Australia/Lord_Howe"]
+)
 def test_validate_timezone__accepts_iana_names(name: str) -> None:
     validate_timezone(name)
 
@@ -219,9 +230,20 @@ def test_cron__half_hour_gap_shifts_to_transition_in_lord_howe() -> None:
 @pytest.mark.parametrize(
     ("zone", "cron", "day", "earlier", "later"),
     [
-        ("Europe/Berlin", "30 2 * * *", date(2025, 10, 26), utc(2025, 10, 26, 0, 30), utc(2025, 10, 26, 1, 30)),
-        ("America/New_York", "30 1 * * *", date(2025, 11, 2), utc(2025, 11, 2, 5, 30), utc(2025, 11, 2, 6, 30)),
-        ("Australia/Lord_Howe", "45 1 * * *", date(2025, 4, 6), utc(2025, 4, 5, 14, 45), utc(2025, 4, 5, 15, 15)),
+        # zone, daily wall time, fall-back day, its earlier and later instants
+        (
+            "Europe/Berlin", "30 2 * * *", date(2025, 10, 26),
+            utc(2025, 10, 26, 0, 30), utc(2025, 10, 26, 1, 30),
+        ),
+        (
+            "America/New_York", "30 1 * * *", date(2025, 11, 2),
+            utc(2025, 11, 2, 5, 30), utc(2025, 11, 2, 6, 30),
+        ),
+        (
+            # Lord Howe falls back half an hour, from 02:00 +11:00 to 01:30 +10:30.
+            "Australia/Lord_Howe", "45 1 * * *", date(2025, 4, 6),
+            utc(2025, 4, 5, 14, 45), utc(2025, 4, 5, 15, 15),
+        ),
     ],
 )
 @pytest.mark.parametrize("policy", ["first", "last", "both"])
@@ -256,7 +278,11 @@ def test_cron__fold_slots_are_ordered_in_real_time_not_wall_time() -> None:
 
 @pytest.mark.parametrize(
     ("policy", "expected"),
-    [("both", utc(2025, 10, 26, 1, 15)), ("last", utc(2025, 10, 26, 1, 15)), ("first", utc(2025, 10, 27, 1, 15))],
+    [
+        ("both", utc(2025, 10, 26, 1, 15)),
+        ("last", utc(2025, 10, 26, 1, 15)),
+        ("first", utc(2025, 10, 27, 1, 15)),  # the first 02:15 is already past
+    ],
 )
 def test_next_slot__after_inside_fold_finds_second_occurrence_of_earlier_wall_time(
     policy: str, expected: datetime
@@ -274,10 +300,11 @@ def test_next_slot__after_inside_fold_finds_second_occurrence_of_earlier_wall_ti
 # --- cron: hourly across DST -----------------------------------------------------
 
 
+@pytest.mark.parametrize("cron", ["0 * * * *", "0 */1 * * *", "0 0-23 * * *", "@hourly"])
 @pytest.mark.parametrize(("gap", "fold"), [("shift", "first"), ("skip", "last"), ("shift", "both")])
-def test_cron__hourly_runs_every_real_hour_across_fall_back(gap: str, fold: str) -> None:
-    # Given an hourly job, whatever its DST policies
-    timing = Timing(cron="0 * * * *", timezone="Europe/Berlin", dst_gap=gap, dst_fold=fold)
+def test_cron__hourly_runs_every_real_hour_across_fall_back(cron: str, gap: str, fold: str) -> None:
+    # Given an hourly job, however its hour field is spelt and whatever its DST policies
+    timing = Timing(cron=cron, timezone="Europe/Berlin", dst_gap=gap, dst_fold=fold)
 
     # When the slots of Berlin's 25-hour fall-back day are computed
     slots = slots_on_local_day(timing, date(2025, 10, 26))
@@ -354,6 +381,18 @@ def test_cron__never_matching_expression_has_no_next_slot() -> None:
     assert slots_between(timing, since=utc(2025, 1, 1), until=utc(2030, 1, 1)) == []
 
 
+def test_cron__wall_time_that_never_exists_with_skip_has_no_next_slot() -> None:
+    # Given 02:30 on the last Sunday of March, which never exists in Berlin
+    timing = Timing(cron="30 2 * 3 L0", timezone="Europe/Berlin", dst_gap="skip")
+
+    # Then the search gives up (after 50 silent years) instead of running to year 9999
+    assert next_slot(timing, after=utc(2025, 1, 1)) is None
+    # ... while with shift it runs at each year's transition
+    shifting = Timing(cron="30 2 * 3 L0", timezone="Europe/Berlin")
+    assert next_slot(shifting, after=utc(2025, 1, 1)) == utc(2025, 3, 30, 1, 0)
+    assert next_slot(shifting, after=utc(2025, 3, 30, 1, 0)) == utc(2026, 3, 29, 1, 0)
+
+
 # --- interval --------------------------------------------------------------------
 
 
@@ -362,8 +401,9 @@ def test_interval__slots_share_one_grid_whatever_after_is() -> None:
     timing = Timing(interval=7)
 
     # When two processes ask from different instants
-    first = slots_between(timing, since=utc(2025, 6, 1, 12, 0, 0), until=utc(2025, 6, 1, 12, 1), limit=3)
-    second = slots_between(timing, since=utc(2025, 6, 1, 12, 0, 5), until=utc(2025, 6, 1, 12, 1), limit=3)
+    until = utc(2025, 6, 1, 12, 1)
+    first = slots_between(timing, since=utc(2025, 6, 1, 12, 0, 0), until=until, limit=3)
+    second = slots_between(timing, since=utc(2025, 6, 1, 12, 0, 5), until=until, limit=3)
 
     # Then their slots lie on the same grid
     assert all((slot - EPOCH) % timedelta(seconds=7) == timedelta(0) for slot in first + second)
