@@ -9,9 +9,9 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
 from project.celery import app
-from scheduler import leases
+from scheduler import leases, signals
 from scheduler.beat import LeaderScheduler
-from scheduler.models import Execution, Schedule
+from scheduler.models import Execution, Instance, Schedule
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -58,3 +58,50 @@ def test_tick_query_count__same_for_10_and_10000_schedules(redis_url: str) -> No
 
     # Then it took the same number of queries
     assert counts[10] == counts[10_000], counts
+
+
+def test_leadership__signals_heartbeat_and_fenced_dispatch(redis_url: str) -> None:
+    events: list[tuple[str, int, str]] = []
+
+    def on_acquired(sender: object, instance_id: str, token: int, **kwargs: object) -> None:
+        events.append(("acquired", token, ""))
+
+    def on_lost(sender: object, instance_id: str, token: int, reason: str, **kwargs: object) -> None:
+        events.append(("lost", token, reason))
+
+    signals.leadership_acquired.connect(on_acquired)
+    signals.leadership_lost.connect(on_lost)
+    scheduler = LeaderScheduler(app, lazy=True)
+    usurper_lock = leases.AdvisoryLock("beat")
+    try:
+        # Given a replica that became leader and wrote its heartbeat
+        scheduler.tick()
+        token = scheduler.lease.token
+        assert events == [("acquired", token, "")]
+        assert Instance.objects.get(instance_id=scheduler.instance_id).is_leader is True
+
+        # When another instance takes the lease over and a schedule comes due
+        leases.acquire("beat", "usurper", ttl=10, force=True)
+        Schedule.objects.create(name="due", task="scheduler.echo", interval=60)
+        Schedule.objects.update(next_run_at=leases.db_now().replace(second=0, microsecond=0))
+        scheduler._last_renew = time.monotonic()  # it does not renew first: only the fence can stop it
+        scheduler.tick()
+
+        # Then it commits nothing, steps down and says so
+        assert not Execution.objects.exists()
+        assert scheduler.lease is None
+        assert events[-1] == ("lost", token, "lost")
+        if connection.vendor == "postgresql":
+            # A live leader holds the advisory lock too (it takes it as soon
+            # as the stepped-down replica frees it); without it, a follower
+            # would take the lease over by force.
+            assert usurper_lock.try_acquire()
+        scheduler.tick()  # as a follower: heartbeat without leadership
+        assert scheduler.lease is None
+        assert Instance.objects.get(instance_id=scheduler.instance_id).is_leader is False
+    finally:
+        scheduler.close()
+        usurper_lock.close()
+        signals.leadership_acquired.disconnect(on_acquired)
+        signals.leadership_lost.disconnect(on_lost)
+    assert not Instance.objects.filter(instance_id=scheduler.instance_id).exists()
