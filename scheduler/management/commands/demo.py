@@ -1,6 +1,7 @@
 """Create the local admin login and the demo schedules (used by ``make run``)."""
 from __future__ import annotations
 
+import os
 import secrets
 from pathlib import Path
 from typing import Any
@@ -41,6 +42,6 @@ class Command(BaseCommand):
                 schedule.full_clean()
                 schedule.save()
         self.stdout.write(
-            f"Admin: http://127.0.0.1:8000/admin/  login {username} / {password}\n"
+            f"Admin: http://127.0.0.1:{os.environ.get('WEB_PORT', '8000')}/admin/  login {username} / {password}\n"
             f"Demo schedules: {', '.join(v['name'] for v in DEMO_SCHEDULES)}"
         )
