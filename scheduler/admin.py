@@ -9,20 +9,24 @@ from django.http import HttpRequest
 from scheduler.models import Execution, Instance, Lease, Schedule
 
 
+#: Written by the beat and the workers; shown, never edited by hand.
+RUNNING_STATE_FIELDS = (
+    "next_run_at",
+    "last_run_at",
+    "total_runs",
+    "consecutive_failures",
+    "last_error",
+    "created_at",
+    "updated_at",
+)
+
+
 @admin.register(Schedule)
 class ScheduleAdmin(admin.ModelAdmin):
     list_display = ("name", "task", "cron", "interval", "run_at", "timezone", "next_run_at", "enabled")
     list_filter = ("enabled", "queue", "tenant")
     search_fields = ("name", "task", "description")
-    readonly_fields = (
-        "next_run_at",
-        "last_run_at",
-        "total_runs",
-        "consecutive_failures",
-        "last_error",
-        "created_at",
-        "updated_at",
-    )
+    readonly_fields = RUNNING_STATE_FIELDS
     show_full_result_count = False
     fieldsets = (
         (None, {"fields": ("name", "task", "args", "kwargs", "queue", "priority", "description", "tenant")}),
@@ -44,22 +48,7 @@ class ScheduleAdmin(admin.ModelAdmin):
                 )
             },
         ),
-        (
-            "State",
-            {
-                "fields": (
-                    "enabled",
-                    "paused_reason",
-                    "next_run_at",
-                    "last_run_at",
-                    "total_runs",
-                    "consecutive_failures",
-                    "last_error",
-                    "created_at",
-                    "updated_at",
-                )
-            },
-        ),
+        ("State", {"fields": ("enabled", "paused_reason", *RUNNING_STATE_FIELDS)}),
     )
 
 

@@ -17,6 +17,7 @@ from django.db import transaction
 
 from scheduler import leases, policies
 from scheduler.conf import settings
+from scheduler.exceptions import ScheduleInvalid
 from scheduler.models import Execution, Schedule
 
 if TYPE_CHECKING:
@@ -84,14 +85,21 @@ def dispatch_due(lease: leases.LeaseHandle, *, batch_size: int | None = None) ->
         report = DispatchReport(db_now=now, schedules=len(due))
         rows: list[Execution] = []
         for schedule in due:
-            plan = policies.plan_due(
-                schedule.timing,
-                next_run_at=schedule.next_run_at,
-                now=now,
-                catchup_window=schedule.catchup_window,
-                misfire=schedule.misfire,
-                runs_so_far=schedule.total_runs,
-            )
+            try:
+                plan = policies.plan_due(
+                    schedule.timing,
+                    next_run_at=schedule.next_run_at,
+                    now=now,
+                    catchup_window=schedule.catchup_window,
+                    misfire=schedule.misfire,
+                    runs_so_far=schedule.total_runs,
+                )
+            except ScheduleInvalid as exc:
+                # One broken schedule (e.g. a zone gone from tzdata) must not
+                # block the others: pause it with the reason and move on.
+                logger.error("schedule %s paused: %s", schedule.name, exc, extra={"action": "schedule_invalid"})
+                schedule.paused_reason = f"Invalid timing: {exc}"
+                continue
             for slot in plan.missed:
                 rows.append(_execution_for(schedule, slot, token=lease.token, status=Execution.Status.MISSED, now=now))
             for slot in plan.run:
@@ -110,7 +118,7 @@ def dispatch_due(lease: leases.LeaseHandle, *, batch_size: int | None = None) ->
             schedule.next_run_at = plan.next_run_at
         Execution.objects.bulk_create(rows, ignore_conflicts=True, batch_size=1000)
         if due:
-            Schedule.objects.bulk_update(due, ["next_run_at"], batch_size=1000)
+            Schedule.objects.bulk_update(due, ["next_run_at", "paused_reason"], batch_size=1000)
         report.created = len(rows) - report.missed
     return report
 

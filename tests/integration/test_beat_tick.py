@@ -9,7 +9,7 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
 from project.celery import app
-from scheduler import leases, signals
+from scheduler import dispatch, leases, signals
 from scheduler.beat import LeaderScheduler
 from scheduler.models import Execution, Instance, Schedule
 
@@ -105,3 +105,22 @@ def test_leadership__signals_heartbeat_and_fenced_dispatch(redis_url: str) -> No
         signals.leadership_acquired.disconnect(on_acquired)
         signals.leadership_lost.disconnect(on_lost)
     assert not Instance.objects.filter(instance_id=scheduler.instance_id).exists()
+
+
+def test_dispatch__a_broken_schedule_is_paused_and_the_others_still_fire() -> None:
+    # Given two due schedules, one of whose zone no longer exists
+    good = Schedule.objects.create(name="good", task="scheduler.echo", interval=60)
+    bad = Schedule.objects.create(name="bad", task="scheduler.echo", interval=60)
+    minute = leases.db_now().replace(second=0, microsecond=0)
+    Schedule.objects.update(next_run_at=minute)
+    Schedule.objects.filter(pk=bad.pk).update(timezone="Gone/Away")
+    lease = leases.acquire("beat", "me", ttl=10)
+
+    # When the leader dispatches
+    report = dispatch.dispatch_due(lease)
+
+    # Then the good one fired and the bad one is paused with the reason
+    assert report.fired == [("good", minute)]
+    bad.refresh_from_db()
+    assert "Gone/Away" in bad.paused_reason
+    assert Execution.objects.filter(schedule=good).count() == 1
