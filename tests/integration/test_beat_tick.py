@@ -5,13 +5,14 @@ import time
 from datetime import timedelta
 
 import pytest
-from django.db import connection
+from django.db import connection, connections
 from django.test.utils import CaptureQueriesContext
 
 from project.celery import app
 from scheduler import dispatch, leases, signals
 from scheduler.beat import LeaderScheduler
 from scheduler.models import Execution, Instance, Schedule
+from scheduler.settings_schedules import sync_beat_schedule
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -124,3 +125,54 @@ def test_dispatch__a_broken_schedule_is_paused_and_the_others_still_fire() -> No
     bad.refresh_from_db()
     assert "Gone/Away" in bad.paused_reason
     assert Execution.objects.filter(schedule=good).count() == 1
+
+
+def test_settings_beat_schedule__upserted_at_startup() -> None:
+    from celery.schedules import crontab
+
+    # Given Celery's own beat_schedule setting with an interval and a crontab entry
+    beat_schedule = {
+        "every ten": {"task": "scheduler.echo", "schedule": 10.0, "args": (1,)},
+        "nightly": {"task": "scheduler.echo", "schedule": crontab(minute="30", hour="2"), "options": {"queue": "q"}},
+        "broken": {"task": "scheduler.echo"},
+    }
+    # When synced twice (a second replica starting)
+    assert sync_beat_schedule(beat_schedule) == ["every ten", "nightly"]
+    Schedule.objects.filter(name="every ten").update(enabled=False)
+    sync_beat_schedule(beat_schedule)
+
+    # Then one row each, runtime state kept, the bad entry ignored
+    every = Schedule.objects.get(name="every ten")
+    nightly = Schedule.objects.get(name="nightly")
+    assert (every.interval, every.args, every.enabled) == (10, [1], False)
+    assert (nightly.cron, nightly.queue) == ("30 2 * * *", "q")
+    assert not Schedule.objects.filter(name="broken").exists()
+
+
+def test_database_outage__leader_steps_down_and_recovers(redis_url: str) -> None:
+    scheduler = LeaderScheduler(app, lazy=True)
+    try:
+        scheduler.tick()
+        assert scheduler.lease is not None
+        # When the database drops the beat's connection
+        if connection.vendor == "postgresql":
+            with connection.cursor() as cursor:
+                cursor.execute("SELECT pg_backend_pid()")
+                (pid,) = cursor.fetchone()
+            killer = connections["default"].__class__(connection.settings_dict, alias="killer")
+            try:
+                with killer.cursor() as cursor:
+                    cursor.execute("SELECT pg_terminate_backend(%s)", [pid])
+            finally:
+                killer.close()
+        else:
+            connection.connection.close()  # the driver connection dies under Django
+        delay = scheduler.tick()
+        # Then it stops leading (it cannot prove its lease) without raising
+        assert scheduler.lease is None
+        assert delay > 0
+        # ... and leads again once the database answers
+        scheduler.tick()
+        assert scheduler.lease is not None
+    finally:
+        scheduler.close()
