@@ -40,7 +40,6 @@ class DispatchReport:
 
     db_now: datetime
     schedules: int = 0
-    created: int = 0
     missed: int = 0
     missed_not_recorded: int = 0
     #: (schedule name, slot) of every fire committed to run, for logging.
@@ -119,7 +118,6 @@ def dispatch_due(lease: leases.LeaseHandle, *, batch_size: int | None = None) ->
         Execution.objects.bulk_create(rows, ignore_conflicts=True, batch_size=1000)
         if due:
             Schedule.objects.bulk_update(due, ["next_run_at", "paused_reason"], batch_size=1000)
-        report.created = len(rows) - report.missed
     return report
 
 
