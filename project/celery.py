@@ -7,6 +7,7 @@ from celery import Celery
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "project.settings")
 
-app = Celery("project")
+# Every task runs under the execution guard (claim once, time limits, retries).
+app = Celery("project", task_cls="scheduler.worker:ExecutionTask")
 app.config_from_object("django.conf:settings", namespace="CELERY")
 app.autodiscover_tasks()

@@ -1,0 +1,22 @@
+"""A Celery task platform for Django with a leader-gated beat.
+
+The public API is ``scheduler.submit(...)`` and ``scheduler.current_execution()``.
+They are resolved on first use so that importing this package loads no
+models before Django's app registry is ready.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+_PUBLIC = {
+    "submit": "scheduler.dispatch",
+    "current_execution": "scheduler.worker",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _PUBLIC:
+        raise AttributeError(f"module 'scheduler' has no attribute {name!r}")
+    from importlib import import_module
+
+    return getattr(import_module(_PUBLIC[name]), name)

@@ -26,6 +26,15 @@ class Defaults:
     DISPATCH_BATCH_SIZE: int = 500
     #: Default catch-up window for new schedules: older slots are recorded as missed.
     DEFAULT_CATCHUP_WINDOW_SECONDS: int = 300
+    #: How long a worker's claim on a running execution lasts without renewal;
+    #: after that the execution may be claimed again (its worker is presumed dead).
+    EXECUTION_LEASE_SECONDS: float = 30.0
+    #: How often each worker process renews the leases of the executions it runs.
+    EXECUTION_RENEW_SECONDS: float = 10.0
+    #: Seconds between a task's soft time limit (its ``timeout``) and the hard kill.
+    TIMEOUT_GRACE_SECONDS: float = 10.0
+    #: Longest delay between two retry attempts, whatever the backoff says.
+    RETRY_BACKOFF_MAX_SECONDS: float = 3600.0
 
 
 class Settings:

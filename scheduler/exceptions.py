@@ -19,3 +19,7 @@ class LeaseLost(SchedulerError):
 
 class LeaseNotHeld(SchedulerError):
     """This instance does not hold the lease."""
+
+
+class SubmissionInvalid(SchedulerError):
+    """The submission was refused: unknown task or malformed arguments."""

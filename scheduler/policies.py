@@ -92,3 +92,15 @@ def plan_due(
     else:
         following = timing.next_slot(spec, after=now, runs_so_far=runs_after)
     return FirePlan(tuple(live), tuple(missed), missed_not_recorded, following)
+
+
+def retry_delay(attempt: int, *, base: float, cap: float, spread: float) -> float:
+    """Return the seconds to wait before the attempt after ``attempt`` (1 = the first run).
+
+    Exponential: ``base * 2 ** (attempt - 1)``, plus up to half of that again
+    as jitter (``spread`` in [0, 1), random in production) so that executions
+    failing together do not retry in lockstep. Each delay is longer than the
+    one before it, whatever the jitter; none is longer than ``cap``.
+    """
+    step = base * 2 ** (attempt - 1)
+    return min(step * (1 + spread / 2), cap)

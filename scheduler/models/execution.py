@@ -1,7 +1,26 @@
 """Execution: one row per (schedule, slot) or per ad-hoc submission."""
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from django.db import models
+from django.db.models import Q
+from django.db.models.functions import Now
+
+if TYPE_CHECKING:
+    from django_celery_results.models import TaskResult
+
+
+class ExecutionQuerySet(models.QuerySet):
+    def claimable(self) -> ExecutionQuerySet:
+        """Return executions a worker may start now (database clock).
+
+        Waiting ones, and running ones whose worker stopped renewing their
+        execution lease (it died, or froze past the lease).
+        """
+        waiting = Q(status__in=[Execution.Status.PENDING, Execution.Status.QUEUED, Execution.Status.RETRYING])
+        abandoned = Q(status=Execution.Status.RUNNING, lease_expires_at__lt=Now())
+        return self.filter(waiting | abandoned)
 
 
 class Execution(models.Model):
@@ -28,6 +47,9 @@ class Execution(models.Model):
         LOST = "lost", "lost"
         #: Failed, waiting for its next attempt.
         RETRYING = "retrying", "retrying"
+
+    #: Message header that carries the execution id from the sender to the worker.
+    MESSAGE_HEADER = "execution_id"
 
     #: States an execution never leaves.
     FINAL_STATUSES = frozenset(
@@ -57,7 +79,14 @@ class Execution(models.Model):
     queue = models.CharField(max_length=200, blank=True, default="")
     scheduled_for = models.DateTimeField()
     status = models.CharField(max_length=20, choices=Status.choices, default=Status.PENDING)
+    #: The attempt running now or that ran last; 1 for the first run.
     attempt = models.PositiveIntegerField(default=1)
+    #: Seconds before the soft time limit; copied from the schedule or the submission.
+    timeout = models.PositiveIntegerField(null=True, blank=True, help_text="Seconds; empty means no time limit.")
+    #: Attempts allowed after the first one fails.
+    max_retries = models.PositiveIntegerField(default=0)
+    #: Seconds; base of the exponential backoff between attempts.
+    retry_backoff = models.PositiveIntegerField(default=1)
     celery_task_id = models.CharField(max_length=255, blank=True, default="", db_index=True)
     #: Hostname / instance id of the worker that claimed it.
     worker = models.CharField(max_length=255, blank=True, default="")
@@ -74,6 +103,8 @@ class Execution(models.Model):
     tenant = models.CharField(max_length=100, blank=True, default="")
     created_at = models.DateTimeField(auto_now_add=True)
 
+    objects = ExecutionQuerySet.as_manager()
+
     class Meta:
         ordering = ("-scheduled_for", "-id")
         indexes = [
@@ -84,6 +115,15 @@ class Execution(models.Model):
 
     def __str__(self) -> str:
         return f"{self.task} @ {self.scheduled_for:%Y-%m-%d %H:%M:%S} [{self.status}]"
+
+    @property
+    def task_result(self) -> TaskResult | None:
+        """Return the django-celery-results row of this execution's Celery task, if stored."""
+        from django_celery_results.models import TaskResult
+
+        if not self.celery_task_id:
+            return None
+        return TaskResult.objects.filter(task_id=self.celery_task_id).first()
 
     @property
     def duration_seconds(self) -> float | None:

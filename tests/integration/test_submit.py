@@ -1,0 +1,77 @@
+"""scheduler.submit(): validation before any write, one row per idempotency key."""
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import timedelta
+from typing import Any
+
+import pytest
+
+import scheduler
+from scheduler import leases
+from scheduler.exceptions import SubmissionInvalid
+from scheduler.models import Execution
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.mark.parametrize(
+    ("call", "message"),
+    [
+        (dict(task="no.such.task"), "Unknown task 'no.such.task'"),
+        (dict(task="scheduler.echo", args="abc"), "args must be a list or tuple"),
+        (dict(task="scheduler.echo", kwargs=[1]), "kwargs must be a dict"),
+        (dict(task="scheduler.echo", kwargs={1: "a"}), "kwargs must be a dict with string keys"),
+        (dict(task="scheduler.echo", args=[object()]), "must be JSON-serialisable"),
+        (dict(task="scheduler.echo", timeout=0), "timeout must be a positive whole number"),
+        (dict(task="scheduler.echo", timeout=-5), "timeout must be a positive whole number"),
+        (dict(task="scheduler.echo", countdown=-1), "countdown must not be negative"),
+        (dict(task="scheduler.echo", max_retries=-1), "max_retries must be a non-negative integer"),
+        (dict(task="scheduler.echo", idempotency_key=""), "idempotency_key must be 1 to 255"),
+        (dict(task="scheduler.echo", idempotency_key="k" * 256), "idempotency_key must be 1 to 255"),
+    ],
+)
+def test_submit__bad_input_refused_before_anything_is_written(
+    call: dict[str, Any], message: str, django_capture_on_commit_callbacks: Callable[..., Any]
+) -> None:
+    with django_capture_on_commit_callbacks() as callbacks, pytest.raises(SubmissionInvalid, match=message):
+        scheduler.submit(**call)
+    assert Execution.objects.count() == 0
+    assert callbacks == []
+
+
+def test_submit__records_a_pending_execution_and_sends_it_on_commit(
+    django_capture_on_commit_callbacks: Callable[..., Any],
+) -> None:
+    with django_capture_on_commit_callbacks() as callbacks:
+        execution = scheduler.submit(
+            "scheduler.echo", args=[1], kwargs={"a": 2}, timeout=30, queue="reports", max_retries=2, retry_backoff=5
+        )
+    assert len(callbacks) == 1
+    execution.refresh_from_db()
+    assert (execution.status, execution.task, execution.args, execution.kwargs) == ("pending", "scheduler.echo", [1], {"a": 2})
+    assert (execution.timeout, execution.queue, execution.max_retries, execution.retry_backoff) == (30, "reports", 2, 5)
+    assert execution.schedule is None and execution.celery_task_id
+    assert execution.idempotency_key.startswith("submit:")
+
+
+def test_submit__same_key_returns_the_existing_execution_and_sends_nothing(
+    django_capture_on_commit_callbacks: Callable[..., Any],
+) -> None:
+    with django_capture_on_commit_callbacks() as first:
+        execution = scheduler.submit("scheduler.echo", idempotency_key="invoice-7")
+    with django_capture_on_commit_callbacks() as second:
+        again = scheduler.submit("scheduler.echo", args=[99], idempotency_key="invoice-7")
+    assert again.pk == execution.pk and again.args == []
+    assert (len(first), len(second)) == (1, 0)
+    assert Execution.objects.count() == 1
+
+
+def test_submit__countdown_schedules_it_later() -> None:
+    before = leases.db_now()
+    execution = scheduler.submit("scheduler.echo", countdown=60)
+    assert execution.scheduled_for >= before + timedelta(seconds=60)
+
+
+def test_current_execution__none_outside_a_task() -> None:
+    assert scheduler.current_execution() is None
