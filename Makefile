@@ -3,7 +3,7 @@ PYTHON ?= python3.11
 VENV := .venv
 REQUIREMENTS := $(wildcard requirements*.txt)
 
-.PHONY: venv test run
+.PHONY: venv test run bench
 
 venv: $(VENV)/.installed
 
@@ -27,6 +27,10 @@ $(VENV)/.installed: $(REQUIREMENTS)
 # Starts its own redis-server and PostgreSQL cluster; see tests/suite.py.
 test: venv
 	$(VENV)/bin/python -m tests.suite $(PYTEST_ARGS)
+
+# Benchmarks (each starts its own PostgreSQL and Redis); results in bench/results/.
+bench: venv
+	$(VENV)/bin/python -m bench.worker_overhead
 
 # Local demo: admin on http://127.0.0.1:8000/admin/, one worker, two beat replicas.
 run: export DJANGO_DEBUG ?= 1

@@ -14,11 +14,11 @@ import os
 import secrets
 import socket
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import datetime
 
 from django.db import DatabaseError, connection, transaction
-from django.utils.dateparse import parse_datetime
 
+from scheduler import dbclock
 from scheduler.exceptions import LeaseLost
 from scheduler.models import Lease
 
@@ -64,44 +64,6 @@ def new_instance_id() -> str:
     return f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(3)}"
 
 
-# --- SQL fragments for the database clock ------------------------------------------
-
-
-def _now_sql() -> str:
-    if connection.vendor == "postgresql":
-        # statement_timestamp(), not now(): inside a transaction now() is the
-        # time the transaction began, which would make a lease look younger.
-        return "statement_timestamp()"
-    return "strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now')"
-
-
-def _now_plus_sql() -> str:
-    """SQL for "database now + N seconds"; takes the parameter from ``_seconds_param``."""
-    if connection.vendor == "postgresql":
-        return "statement_timestamp() + make_interval(secs => %s)"
-    return "strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now', %s)"
-
-
-def _seconds_param(seconds: float) -> float | str:
-    if connection.vendor == "postgresql":
-        return float(seconds)
-    return f"+{float(seconds):.6f} seconds"
-
-
-def _as_datetime(value: datetime | str | None) -> datetime | None:
-    """Return an aware UTC datetime from what the driver returned (SQLite gives text)."""
-    if value is None:
-        return None
-    if isinstance(value, str):
-        parsed = parse_datetime(value)
-        if parsed is None:
-            raise ValueError(f"Unparseable timestamp from the database: {value!r}")
-        value = parsed
-    if value.tzinfo is None:
-        value = value.replace(tzinfo=timezone.utc)
-    return value.astimezone(timezone.utc)
-
-
 def _ensure_row(name: str) -> None:
     Lease.objects.bulk_create([Lease(name=name)], ignore_conflicts=True)
 
@@ -117,7 +79,7 @@ def acquire(name: str, holder: str, *, ttl: float, force: bool = False) -> Lease
     Return the handle, or ``None`` when someone else holds it.
     """
     _ensure_row(name)
-    now, plus = _now_sql(), _now_plus_sql()
+    now, plus = dbclock.now_sql(), dbclock.now_plus_sql()
     sql = (
         f"UPDATE scheduler_lease SET holder = %s, token = token + 1, "
         f"acquired_at = {now}, renewed_at = {now}, expires_at = {plus} "
@@ -125,7 +87,7 @@ def acquire(name: str, holder: str, *, ttl: float, force: bool = False) -> Lease
         f"OR expires_at < {now} OR %s) "
         f"RETURNING token, expires_at, {now}"
     )
-    params = [holder, _seconds_param(ttl), name, holder, force]
+    params = [holder, dbclock.seconds_param(ttl), name, holder, force]
     try:
         with transaction.atomic(), connection.cursor() as cursor:
             if connection.vendor == "postgresql":
@@ -141,7 +103,7 @@ def acquire(name: str, holder: str, *, ttl: float, force: bool = False) -> Lease
     if row is None:
         return None
     token, expires_at, db_now = row
-    return LeaseHandle(name, holder, int(token), _as_datetime(expires_at), _as_datetime(db_now))
+    return LeaseHandle(name, holder, int(token), dbclock.as_datetime(expires_at), dbclock.as_datetime(db_now))
 
 
 def renew(handle: LeaseHandle, *, ttl: float) -> LeaseHandle:
@@ -149,19 +111,19 @@ def renew(handle: LeaseHandle, *, ttl: float) -> LeaseHandle:
 
     Raise ``LeaseLost`` when the lease expired or was taken over.
     """
-    now, plus = _now_sql(), _now_plus_sql()
+    now, plus = dbclock.now_sql(), dbclock.now_plus_sql()
     sql = (
         f"UPDATE scheduler_lease SET renewed_at = {now}, expires_at = {plus} "
         f"WHERE name = %s AND holder = %s AND token = %s AND expires_at > {now} "
         f"RETURNING expires_at, {now}"
     )
     with connection.cursor() as cursor:
-        cursor.execute(sql, [_seconds_param(ttl), handle.name, handle.holder, handle.token])
+        cursor.execute(sql, [dbclock.seconds_param(ttl), handle.name, handle.holder, handle.token])
         row = cursor.fetchone()
     if row is None:
         raise LeaseLost()
     expires_at, db_now = row
-    return LeaseHandle(handle.name, handle.holder, handle.token, _as_datetime(expires_at), _as_datetime(db_now))
+    return LeaseHandle(handle.name, handle.holder, handle.token, dbclock.as_datetime(expires_at), dbclock.as_datetime(db_now))
 
 
 def release(handle: LeaseHandle) -> bool:
@@ -185,7 +147,7 @@ def assert_held(handle: LeaseHandle) -> datetime:
     """
     if not connection.in_atomic_block:
         raise RuntimeError("assert_held() must run inside transaction.atomic()")
-    now = _now_sql()
+    now = dbclock.now_sql()
     lock = " FOR UPDATE" if connection.features.has_select_for_update else ""
     with connection.cursor() as cursor:
         cursor.execute(
@@ -196,12 +158,12 @@ def assert_held(handle: LeaseHandle) -> datetime:
         row = cursor.fetchone()
     if row is None:
         raise LeaseLost()
-    return _as_datetime(row[0])
+    return dbclock.as_datetime(row[0])
 
 
 def current(name: str) -> LeaseState:
     """Return the lease's row and the database clock, read in one query."""
-    now = _now_sql()
+    now = dbclock.now_sql()
     with connection.cursor() as cursor:
         cursor.execute(
             f"SELECT holder, token, acquired_at, renewed_at, expires_at, {now} "
@@ -212,24 +174,24 @@ def current(name: str) -> LeaseState:
         if row is None:
             cursor.execute(f"SELECT {now}", [])
             (db_now,) = cursor.fetchone()
-            return LeaseState(name, "", 0, None, None, None, _as_datetime(db_now))
+            return LeaseState(name, "", 0, None, None, None, dbclock.as_datetime(db_now))
     holder, token, acquired_at, renewed_at, expires_at, db_now = row
     return LeaseState(
         name,
         holder,
         int(token),
-        _as_datetime(acquired_at),
-        _as_datetime(renewed_at),
-        _as_datetime(expires_at),
-        _as_datetime(db_now),
+        dbclock.as_datetime(acquired_at),
+        dbclock.as_datetime(renewed_at),
+        dbclock.as_datetime(expires_at),
+        dbclock.as_datetime(db_now),
     )
 
 
 def db_now() -> datetime:
     """Return the database server's clock."""
     with connection.cursor() as cursor:
-        cursor.execute(f"SELECT {_now_sql()}", [])
-        return _as_datetime(cursor.fetchone()[0])
+        cursor.execute(f"SELECT {dbclock.now_sql()}", [])
+        return dbclock.as_datetime(cursor.fetchone()[0])
 
 
 class AdvisoryLock:

@@ -29,6 +29,7 @@ import os
 import random
 import threading
 import traceback
+from contextlib import nullcontext
 from datetime import timedelta
 from typing import Any
 
@@ -36,10 +37,10 @@ from celery import Task, current_task
 from celery.exceptions import Ignore, Retry, SoftTimeLimitExceeded, TimeLimitExceeded, WorkerLostError
 from celery.worker.request import Request
 from django.db import DatabaseError, close_old_connections, transaction
-from django.db.models import Case, DateTimeField, ExpressionWrapper, F, PositiveIntegerField, QuerySet, When
+from django.db.models import DateTimeField, ExpressionWrapper, F
 from django.db.models.functions import Now
 
-from scheduler import clock, policies
+from scheduler import clock, dbclock, policies
 from scheduler.conf import settings
 from scheduler.models import Execution, Schedule
 
@@ -124,24 +125,48 @@ _renewer = _LeaseRenewer()
 # --- the guard -------------------------------------------------------------------------
 
 
+def _claim(column: str, value: int | str, *, worker: str, task_id: str) -> Execution | None:
+    """Move the execution to ``running`` for ``worker`` in one conditional UPDATE; return it.
+
+    Same condition as ``Execution.objects.claimable()``, on the database
+    clock. A running row claimed again belongs to a dead worker, so the
+    claim counts a new attempt. ``None`` means nothing was claimable.
+    """
+    assert column in {"id", "idempotency_key"}
+    now, plus = dbclock.now_sql(), dbclock.now_plus_sql()
+    status = Execution.Status
+    sql = (
+        f"UPDATE scheduler_execution SET status = %s, worker = %s, celery_task_id = %s, "
+        f"started_at = {now}, finished_at = NULL, lease_expires_at = {plus}, "
+        f"attempt = CASE WHEN status = %s THEN attempt + 1 ELSE attempt END "
+        f"WHERE {column} = %s AND (status IN (%s, %s, %s) OR (status = %s AND lease_expires_at < {now})) "
+        f"RETURNING *"
+    )
+    params = [
+        status.RUNNING, worker, task_id, dbclock.seconds_param(settings.EXECUTION_LEASE_SECONDS), status.RUNNING,
+        value, status.PENDING, status.QUEUED, status.RETRYING, status.RUNNING,
+    ]
+    return next(iter(Execution.objects.raw(sql, params)), None)
+
+
 def _finish(
-    executions: QuerySet[Execution],
+    execution: Execution,
     *,
     status: str,
     result: Any = None,
     error: str = "",
     traceback_text: str = "",
 ) -> bool:
-    """Record a final outcome for the running execution in ``executions``; update its schedule.
+    """Record the final outcome of ``execution`` as claimed; update its schedule's counters.
 
-    Returns False (and writes nothing) when the execution is no longer
-    running under that claim, e.g. another worker took it over.
+    Returns False (and writes nothing) when the claim no longer holds, e.g.
+    another worker took the execution over after this one's lease expired.
     """
-    with transaction.atomic():
-        execution = executions.filter(status=Execution.Status.RUNNING).select_for_update().first()
-        if execution is None:
-            return False
-        Execution.objects.filter(pk=execution.pk).update(
+    # One statement when there is no schedule to update: the common ad-hoc path stays cheap.
+    with transaction.atomic() if execution.schedule_id is not None else nullcontext():
+        finished = Execution.objects.filter(
+            pk=execution.pk, worker=execution.worker, status=Execution.Status.RUNNING
+        ).update(
             status=status,
             finished_at=Now(),
             lease_expires_at=None,
@@ -149,9 +174,14 @@ def _finish(
             error=error,
             traceback=traceback_text,
         )
-        if execution.schedule_id is not None:
+        if finished and execution.schedule_id is not None:
             _count_run(execution, status=status, error=error)
-    return True
+    if not finished:
+        logger.warning(
+            "execution %s was taken over by another worker; its outcome here (%s) is not recorded",
+            execution.pk, status, extra={"action": "claim_lost", "execution_id": execution.pk},
+        )
+    return bool(finished)
 
 
 def _count_run(execution: Execution, *, status: str, error: str) -> None:
@@ -189,41 +219,32 @@ class ExecutionTask(Task):
 
     def before_start(self, task_id: str, args: Any, kwargs: Any) -> None:
         """Claim this message's execution, or refuse a duplicate delivery with ``Ignore``."""
-        execution_id = (self.request.headers or {}).get(Execution.MESSAGE_HEADER) or self._record_ad_hoc(task_id, args, kwargs)
-        worker = self._worker_identity()
-        with transaction.atomic():
-            claimed = Execution.objects.claimable().filter(pk=execution_id).update(
-                status=Execution.Status.RUNNING,
-                worker=worker,
-                celery_task_id=task_id,
-                started_at=Now(),
-                finished_at=None,
-                lease_expires_at=_db_now_plus(settings.EXECUTION_LEASE_SECONDS),
-                # A running row claimed again means its worker died: a new attempt.
-                attempt=Case(
-                    When(status=Execution.Status.RUNNING, then=F("attempt") + 1),
-                    default=F("attempt"),
-                    output_field=PositiveIntegerField(),
-                ),
-            )
-            execution = Execution.objects.filter(pk=execution_id).first() if claimed else None
+        execution_id = (self.request.headers or {}).get(Execution.MESSAGE_HEADER)
+        if execution_id is not None:
+            execution = _claim("id", execution_id, worker=self._worker_identity(), task_id=task_id)
+        else:
+            key = self._record_ad_hoc(task_id, args, kwargs)
+            execution = _claim("idempotency_key", key, worker=self._worker_identity(), task_id=task_id)
         if execution is None:
             logger.warning(
                 "duplicate delivery of execution %s (task %s, celery id %s): not run",
-                execution_id, self.name, task_id,
+                execution_id or f"celery:{task_id}", self.name, task_id,
                 extra={"action": "duplicate_delivery", "execution_id": execution_id},
             )
             raise Ignore()
         if execution.attempt > execution.max_retries + 1:
             reason = f"Worker lost during attempt {execution.attempt - 1}; no retries left"
-            _finish(Execution.objects.filter(pk=execution.pk, worker=worker), status=Execution.Status.FAILED, error=reason)
-            logger.error("execution %s failed: %s", execution.pk, reason, extra={"action": "execution_failed", "execution_id": execution.pk})
+            _finish(execution, status=Execution.Status.FAILED, error=reason)
+            logger.error(
+                "execution %s failed: %s", execution.pk, reason,
+                extra={"action": "execution_failed", "execution_id": execution.pk},
+            )
             raise Ignore()
         setattr(self.request, _REQUEST_ATTR, execution)
         _renewer.hold(execution.pk)
 
-    def _record_ad_hoc(self, task_id: str, args: Any, kwargs: Any) -> int:
-        """Record a plain Celery call as an Execution keyed by its task id; return its id."""
+    def _record_ad_hoc(self, task_id: str, args: Any, kwargs: Any) -> str:
+        """Record a plain Celery call as an Execution keyed by its task id; return the key."""
         key = f"celery:{task_id}"
         limits = self.request.timelimit or (None, None)
         Execution.objects.bulk_create(
@@ -242,7 +263,7 @@ class ExecutionTask(Task):
             ],
             ignore_conflicts=True,
         )
-        return Execution.objects.filter(idempotency_key=key).values_list("pk", flat=True).get()
+        return key
 
     def _worker_identity(self) -> str:
         return f"{self.request.hostname}:{os.getpid()}"
@@ -254,14 +275,13 @@ class ExecutionTask(Task):
         if execution is None:
             # Called directly as a function (or in eager mode): nothing to guard.
             return super().__call__(*args, **kwargs)
-        claim = Execution.objects.filter(pk=execution.pk, worker=execution.worker)
         try:
             value = self.run(*args, **kwargs)
         except Retry:
             raise
         except SoftTimeLimitExceeded as exc:
             reason = f"Soft time limit of {execution.timeout}s exceeded"
-            _finish(claim, status=Execution.Status.TIMED_OUT, error=reason, traceback_text=traceback.format_exc())
+            _finish(execution, status=Execution.Status.TIMED_OUT, error=reason, traceback_text=traceback.format_exc())
             raise SoftTimeLimitExceeded(reason) from exc
         except Exception as exc:
             if execution.attempt <= execution.max_retries:
@@ -272,11 +292,11 @@ class ExecutionTask(Task):
                     spread=random.random(),
                 )
                 raise self.retry(exc=exc, countdown=delay, max_retries=execution.max_retries) from exc
-            _finish(claim, status=Execution.Status.FAILED, error=_error_text(exc), traceback_text=traceback.format_exc())
+            _finish(execution, status=Execution.Status.FAILED, error=_error_text(exc), traceback_text=traceback.format_exc())
             raise
         finally:
             _renewer.drop(execution.pk)
-        _finish(claim, status=Execution.Status.SUCCEEDED, result=_result_summary(value))
+        _finish(execution, status=Execution.Status.SUCCEEDED, result=_result_summary(value))
         return value
 
     def retry(self, *args: Any, exc: BaseException | None = None, **kwargs: Any) -> Retry:
@@ -312,12 +332,14 @@ class ExecutionTask(Task):
     def on_failure(self, exc: BaseException, task_id: str, args: Any, kwargs: Any, einfo: Any) -> None:
         """Record a hard time limit, which Celery reports here from the worker's main process."""
         if isinstance(exc, TimeLimitExceeded):
-            limit = exc.args[0] if exc.args else "?"
-            _finish(
-                Execution.objects.filter(celery_task_id=task_id),
-                status=Execution.Status.TIMED_OUT,
-                error=f"Hard time limit of {limit}s exceeded; the worker process was killed",
-            )
+            execution = Execution.objects.filter(celery_task_id=task_id, status=Execution.Status.RUNNING).first()
+            if execution is not None:
+                limit = exc.args[0] if exc.args else "?"
+                _finish(
+                    execution,
+                    status=Execution.Status.TIMED_OUT,
+                    error=f"Hard time limit of {limit}s exceeded; the worker process was killed",
+                )
 
 
 class GuardedRequest(Request):
