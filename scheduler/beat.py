@@ -141,6 +141,12 @@ class LeaderScheduler(Scheduler):
         except LeaseLost:
             self._step_down("lost")
             return 0.0
+        self._revoke(report.cancelled_task_ids)
+        for name, reason in report.completed:
+            logger.info(
+                "schedule %s turned itself off: %s", name, reason,
+                extra={"action": "schedule_completed", "schedule": name, "instance_id": self.instance_id},
+            )
         for name, slot in report.fired:
             logger.info(
                 "dispatch %s slot %s (token %s)", name, slot.isoformat(), lease.token,
@@ -167,6 +173,17 @@ class LeaderScheduler(Scheduler):
             logger.info("broker reachable again", extra={"action": "broker_available"})
             self._broker_down = False
         return sent >= settings.DISPATCH_BATCH_SIZE
+
+    def _revoke(self, task_ids: list[str]) -> None:
+        """Stop executions cancelled by ``overlap=cancel_previous`` (already recorded ``cancelled``)."""
+        if not task_ids:
+            return
+        try:
+            self.app.control.revoke(task_ids, terminate=True)
+        except (BrokerError, OSError, ConnectionError) as exc:
+            # Recorded cancelled all the same: a worker that still gets the
+            # message refuses it, because a cancelled execution cannot be claimed.
+            logger.warning("could not revoke %s: %s", task_ids, exc, extra={"action": "revoke_failed"})
 
     def _seconds_until_next_work(self, db_now: Any) -> float:
         next_due = (

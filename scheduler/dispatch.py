@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from celery import current_app
 from django.db import IntegrityError, transaction
+from django.db.models import Count, Exists, F, OuterRef, Q
 from kombu.exceptions import OperationalError as BrokerError
 
 from scheduler import leases, policies
@@ -42,14 +43,20 @@ class DispatchReport:
     schedules: int = 0
     missed: int = 0
     missed_not_recorded: int = 0
+    skipped: int = 0
     #: (schedule name, slot) of every fire committed to run, for logging.
     fired: list[tuple[str, datetime]] = field(default_factory=list)
+    #: Celery task ids of executions cancelled by ``overlap=cancel_previous``;
+    #: the caller revokes them once the transaction has committed.
+    cancelled_task_ids: list[str] = field(default_factory=list)
+    #: (schedule name, reason) of schedules that turned themselves off.
+    completed: list[tuple[str, str]] = field(default_factory=list)
 
 
 def _execution_for(
-    schedule: Schedule, slot: datetime, *, token: int, status: str, now: datetime
+    schedule: Schedule, slot: datetime, *, token: int, status: str, now: datetime, held: bool = False
 ) -> Execution:
-    missed = status == Execution.Status.MISSED
+    sent = status == Execution.Status.PENDING
     return Execution(
         idempotency_key=idempotency_key(schedule, slot),
         schedule=schedule,
@@ -60,14 +67,68 @@ def _execution_for(
         tenant=schedule.tenant,
         scheduled_for=slot,
         status=status,
+        held=held,
         timeout=schedule.timeout,
         max_retries=schedule.max_retries,
         retry_backoff=schedule.retry_backoff,
         lease_token=token,
         # Chosen before sending so a re-publish after a crash reuses the id.
-        celery_task_id="" if missed else str(uuid.uuid4()),
-        finished_at=now if missed else None,
+        celery_task_id=str(uuid.uuid4()) if sent else "",
+        finished_at=None if sent else now,
     )
+
+
+def _in_flight(schedules: list[Schedule]) -> dict[int, tuple[int, int]]:
+    """Return {schedule id: (executions in flight, of which held)} for non-``allow`` schedules."""
+    ids = [s.pk for s in schedules if s.overlap != Schedule.Overlap.ALLOW]
+    if not ids:
+        return {}
+    rows = (
+        Execution.objects.filter(schedule_id__in=ids, status__in=Execution.ACTIVE_STATUSES)
+        .values("schedule_id")
+        .annotate(total=Count("id"), held=Count("id", filter=Q(held=True)))
+    )
+    return {row["schedule_id"]: (row["total"], row["held"]) for row in rows}
+
+
+def _runs_used(schedules: list[Schedule]) -> dict[int, int]:
+    """Return {schedule id: slots sent so far} for schedules with ``max_runs`` or ``run_at``."""
+    ids = [s.pk for s in schedules if s.max_runs or s.run_at]
+    if not ids:
+        return {}
+    rows = (
+        Execution.objects.filter(schedule_id__in=ids)
+        .exclude(status__in=[Execution.Status.MISSED, Execution.Status.SKIPPED])
+        .values("schedule_id")
+        .annotate(total=Count("id"))
+    )
+    return {row["schedule_id"]: row["total"] for row in rows}
+
+
+def _cancel_in_flight(schedule_ids: list[int], *, now: datetime) -> list[str]:
+    """Record the in-flight executions of these schedules ``cancelled``; return their Celery ids."""
+    if not schedule_ids:
+        return []
+    in_flight = Execution.objects.filter(schedule_id__in=schedule_ids, status__in=Execution.ACTIVE_STATUSES)
+    task_ids = [task_id for task_id in in_flight.values_list("celery_task_id", flat=True) if task_id]
+    in_flight.update(
+        status=Execution.Status.CANCELLED,
+        held=False,
+        finished_at=now,
+        lease_expires_at=None,
+        error="Cancelled by overlap=cancel_previous: a newer slot started",
+    )
+    return task_ids
+
+
+def _completion_reason(schedule: Schedule, *, runs_used: int) -> str:
+    if schedule.run_at is not None:
+        return f"One-off: its slot at {schedule.run_at.isoformat()} has been dispatched"
+    if schedule.max_runs and runs_used >= schedule.max_runs:
+        return f"Used all {schedule.max_runs} runs (max_runs)"
+    if schedule.end_at is not None:
+        return f"Past its end at {schedule.end_at.isoformat()}"
+    return "No more slots"
 
 
 def dispatch_due(lease: leases.LeaseHandle, *, batch_size: int | None = None) -> DispatchReport:
@@ -76,7 +137,10 @@ def dispatch_due(lease: leases.LeaseHandle, *, batch_size: int | None = None) ->
     Runs in one transaction that first locks the lease row and checks that
     ``lease`` still holds it; raises ``LeaseLost`` otherwise, and then
     nothing is written. Conflicting idempotency keys are ignored, so a slot
-    that already has an execution is never recorded twice.
+    that already has an execution is never recorded twice. The catch-up
+    window, misfire and overlap policies decide which slots are sent and
+    which are recorded ``missed`` or ``skipped``; a schedule with no slots
+    left turns itself off with a reason.
     """
     batch_size = batch_size or settings.DISPATCH_BATCH_SIZE
     with transaction.atomic():
@@ -85,7 +149,9 @@ def dispatch_due(lease: leases.LeaseHandle, *, batch_size: int | None = None) ->
             Schedule.objects.due(now=now).select_for_update(skip_locked=True)[:batch_size]
         )
         report = DispatchReport(db_now=now, schedules=len(due))
+        in_flight, runs_used = _in_flight(due), _runs_used(due)
         rows: list[Execution] = []
+        to_cancel: list[int] = []
         for schedule in due:
             try:
                 plan = policies.plan_due(
@@ -94,7 +160,7 @@ def dispatch_due(lease: leases.LeaseHandle, *, batch_size: int | None = None) ->
                     now=now,
                     catchup_window=schedule.catchup_window,
                     misfire=schedule.misfire,
-                    runs_so_far=schedule.total_runs,
+                    runs_so_far=runs_used.get(schedule.pk, 0),
                 )
             except ScheduleInvalid as exc:
                 # One broken schedule (e.g. a zone gone from tzdata) must not
@@ -102,13 +168,27 @@ def dispatch_due(lease: leases.LeaseHandle, *, batch_size: int | None = None) ->
                 logger.error("schedule %s paused: %s", schedule.name, exc, extra={"action": "schedule_invalid"})
                 schedule.paused_reason = f"Invalid timing: {exc}"
                 continue
+            flying, held = in_flight.get(schedule.pk, (0, 0))
+            overlap = policies.plan_overlap(schedule.overlap, plan.run, in_flight=flying, buffered=held)
+            if overlap.cancel_in_flight:
+                to_cancel.append(schedule.pk)
             for slot in plan.missed:
                 rows.append(_execution_for(schedule, slot, token=lease.token, status=Execution.Status.MISSED, now=now))
-            for slot in plan.run:
+            for slot in overlap.skipped:
+                rows.append(_execution_for(schedule, slot, token=lease.token, status=Execution.Status.SKIPPED, now=now))
+            for slot in overlap.run:
                 rows.append(_execution_for(schedule, slot, token=lease.token, status=Execution.Status.PENDING, now=now))
                 report.fired.append((schedule.name, slot))
+            if overlap.buffered is not None:
+                rows.append(
+                    _execution_for(
+                        schedule, overlap.buffered, token=lease.token, status=Execution.Status.PENDING, now=now, held=True
+                    )
+                )
             report.missed += len(plan.missed)
             report.missed_not_recorded += plan.missed_not_recorded
+            report.skipped += len(overlap.skipped)
+            schedule.total_missed += len(plan.missed) + plan.missed_not_recorded
             if plan.missed or plan.missed_not_recorded:
                 logger.warning(
                     "schedule %s: %d slot(s) older than its catch-up window (%ss) or skipped by "
@@ -118,9 +198,19 @@ def dispatch_due(lease: leases.LeaseHandle, *, batch_size: int | None = None) ->
                     extra={"action": "slots_missed", "schedule": schedule.name},
                 )
             schedule.next_run_at = plan.next_run_at
+            if plan.next_run_at is None:
+                used = runs_used.get(schedule.pk, 0) + len(overlap.run) + (overlap.buffered is not None)
+                schedule.enabled = False
+                schedule.disabled_reason = _completion_reason(schedule, runs_used=used)
+                report.completed.append((schedule.name, schedule.disabled_reason))
+        report.cancelled_task_ids = _cancel_in_flight(to_cancel, now=now)
         Execution.objects.bulk_create(rows, ignore_conflicts=True, batch_size=1000)
         if due:
-            Schedule.objects.bulk_update(due, ["next_run_at", "paused_reason"], batch_size=1000)
+            Schedule.objects.bulk_update(
+                due,
+                ["next_run_at", "paused_reason", "enabled", "disabled_reason", "total_missed"],
+                batch_size=1000,
+            )
     return report
 
 
@@ -140,7 +230,10 @@ def time_limits(timeout: int | None) -> dict[str, float]:
 
 
 def publish(app: Celery, rows: list[dict[str, Any]], *, now: datetime) -> list[int]:
-    """Send one message per execution row (``_MESSAGE_FIELDS``); return the ids sent.
+    """Send one message per execution row; return the ids sent.
+
+    A row has the ``_MESSAGE_FIELDS``, and ``schedule_id`` and ``jitter``
+    when it belongs to a schedule with jitter.
 
     Sending stops at the first broker error, which propagates; the ids sent
     so far are marked ``queued`` either way. Sending an execution twice is
@@ -164,8 +257,11 @@ def publish(app: Celery, rows: list[dict[str, Any]], *, now: datetime) -> list[i
                 }
                 if row["queue"]:
                     options["queue"] = row["queue"]
-                if row["scheduled_for"] > now:
-                    options["eta"] = row["scheduled_for"]
+                start_at = row["scheduled_for"] + timedelta(
+                    seconds=policies.jitter_offset(row.get("schedule_id") or 0, row["scheduled_for"], row.get("jitter"))
+                )
+                if start_at > now:
+                    options["eta"] = start_at
                 app.send_task(row["task"], args=row["args"], kwargs=row["kwargs"], **options)
                 sent.append(row["id"])
     finally:
@@ -176,17 +272,33 @@ def publish(app: Celery, rows: list[dict[str, Any]], *, now: datetime) -> list[i
     return sent
 
 
+def release_buffered() -> int:
+    """Let ``buffer_one`` rows go once their schedule has nothing else in flight; return how many."""
+    others_in_flight = Execution.objects.filter(
+        schedule_id=OuterRef("schedule_id"), status__in=Execution.ACTIVE_STATUSES, held=False
+    )
+    return (
+        Execution.objects.filter(held=True, status=Execution.Status.PENDING)
+        .exclude(Exists(others_in_flight))
+        .update(held=False)
+    )
+
+
 def publish_pending(app: Celery, *, limit: int | None = None) -> int:
     """Send ``pending`` executions to the broker and mark them ``queued``.
 
-    Returns how many were sent. A broker error stops the pass and leaves the
-    remaining rows ``pending`` for the next one; the caller decides whether to log.
+    Buffered rows whose schedule went idle are released first; rows still
+    held are not sent. A schedule's ``jitter`` delays its message by a
+    per-slot amount (``policies.jitter_offset``). Returns how many were
+    sent. A broker error stops the pass and leaves the remaining rows
+    ``pending`` for the next one; the caller decides whether to log.
     """
     limit = limit or settings.DISPATCH_BATCH_SIZE
+    release_buffered()
     pending = list(
-        Execution.objects.filter(status=Execution.Status.PENDING)
+        Execution.objects.filter(status=Execution.Status.PENDING, held=False)
         .order_by("created_at", "id")
-        .values(*_MESSAGE_FIELDS)[:limit]
+        .values(*_MESSAGE_FIELDS, "schedule_id", jitter=F("schedule__jitter"))[:limit]
     )
     if not pending:
         return 0

@@ -1,4 +1,4 @@
-"""Which due slots of a schedule run and which are recorded as missed (pure).
+"""Scheduling policies as pure functions: catch-up, misfire, overlap, jitter, retry backoff.
 
 Given where a schedule stands (``next_run_at``) and the database clock, the
 leader expands the slots that came due since, splits them by the catch-up
@@ -6,6 +6,8 @@ window and the misfire policy, and says where ``next_run_at`` moves to.
 """
 from __future__ import annotations
 
+import hashlib
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
@@ -104,3 +106,53 @@ def retry_delay(attempt: int, *, base: float, cap: float, spread: float) -> floa
     """
     step = base * 2 ** (attempt - 1)
     return min(step * (1 + spread / 2), cap)
+
+
+@dataclass(frozen=True)
+class OverlapPlan:
+    """What the overlap policy makes of one schedule's slots due in one tick."""
+
+    #: Slots to send now.
+    run: tuple[datetime, ...]
+    #: A slot recorded ``pending`` but held back until nothing else is in flight.
+    buffered: datetime | None
+    #: Slots recorded ``skipped``.
+    skipped: tuple[datetime, ...]
+    #: Whether the executions in flight are to be cancelled first.
+    cancel_in_flight: bool = False
+
+
+def plan_overlap(policy: str, slots: Sequence[datetime], *, in_flight: int, buffered: int) -> OverlapPlan:
+    """Apply an overlap policy to ``slots`` (oldest first) given what is already in flight.
+
+    ``in_flight`` counts the schedule's unfinished executions (``buffered``
+    of them held back by ``buffer_one``). A slot sent in this tick counts as
+    in flight for the slots after it.
+    """
+    slots = tuple(slots)
+    if not slots or policy == "allow":
+        return OverlapPlan(run=slots, buffered=None, skipped=())
+    if policy == "cancel_previous":
+        return OverlapPlan(run=slots[-1:], buffered=None, skipped=slots[:-1], cancel_in_flight=in_flight > 0)
+    if in_flight:
+        run, waiting = (), slots
+    else:
+        run, waiting = slots[:1], slots[1:]
+    if policy == "buffer_one" and waiting and not buffered:
+        return OverlapPlan(run=run, buffered=waiting[0], skipped=waiting[1:])
+    if policy in ("skip", "buffer_one"):
+        return OverlapPlan(run=run, buffered=None, skipped=waiting)
+    raise ValueError(f"Unknown overlap policy: {policy!r}")
+
+
+def jitter_offset(schedule_id: int, slot: datetime, jitter: int | None) -> float:
+    """Return the delay in [0, ``jitter``) seconds for this (schedule, slot).
+
+    Derived from a hash of both, so every leader computes the same delay for
+    a slot and the delays of many schedules spread evenly.
+    """
+    if not jitter:
+        return 0.0
+    digest = hashlib.sha256(f"{schedule_id}:{slot.isoformat()}".encode()).digest()
+    fraction = int.from_bytes(digest[:8], "big") / 2**64
+    return round(fraction * jitter, 3)

@@ -51,6 +51,10 @@ class Execution(models.Model):
     #: Message header that carries the execution id from the sender to the worker.
     MESSAGE_HEADER = "execution_id"
 
+    #: States in which an execution of a schedule counts as in flight for the
+    #: overlap policies (``lost`` does not: its worker is gone).
+    ACTIVE_STATUSES = frozenset({Status.PENDING, Status.QUEUED, Status.RUNNING, Status.RETRYING})
+
     #: States an execution never leaves.
     FINAL_STATUSES = frozenset(
         {
@@ -88,6 +92,9 @@ class Execution(models.Model):
     #: Seconds; base of the exponential backoff between attempts.
     retry_backoff = models.PositiveIntegerField(default=1)
     celery_task_id = models.CharField(max_length=255, blank=True, default="", db_index=True)
+    #: Buffered by ``overlap=buffer_one``: kept ``pending`` and not sent until
+    #: the schedule has nothing else in flight.
+    held = models.BooleanField(default=False)
     #: Hostname / instance id of the worker that claimed it.
     worker = models.CharField(max_length=255, blank=True, default="")
     #: Fencing token of the beat lease this execution was committed under.
@@ -111,6 +118,8 @@ class Execution(models.Model):
             models.Index(fields=["schedule", "-scheduled_for"], name="execution_schedule_slot"),
             models.Index(fields=["-scheduled_for", "-id"], name="execution_recent"),
             models.Index(fields=["status", "created_at"], name="execution_status_created"),
+            # The leader looks for buffered rows every tick; there are few.
+            models.Index(fields=["schedule"], name="execution_held", condition=Q(held=True)),
         ]
 
     def __str__(self) -> str:

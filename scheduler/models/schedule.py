@@ -133,10 +133,16 @@ class Schedule(models.Model):
 
     # State.
     enabled = models.BooleanField(default=True)
+    #: Why the schedule turned itself off: its one-off ran, it used its
+    #: ``max_runs``, or it passed its ``end_at``. Cleared when it is enabled again.
+    disabled_reason = models.TextField(blank=True, default="", editable=False)
     paused_reason = models.TextField(blank=True, default="")
     next_run_at = models.DateTimeField(null=True, blank=True, editable=False)
     last_run_at = models.DateTimeField(null=True, blank=True, editable=False)
     total_runs = models.PositiveIntegerField(default=0, editable=False)
+    #: Slots not run because they were older than the catch-up window or
+    #: dropped by the misfire policy, whether or not each got a ``missed`` row.
+    total_missed = models.PositiveIntegerField(default=0, editable=False)
     consecutive_failures = models.PositiveIntegerField(default=0, editable=False)
     last_error = models.TextField(blank=True, default="", editable=False)
     created_at = models.DateTimeField(auto_now_add=True)
@@ -217,11 +223,35 @@ class Schedule(models.Model):
             return self.run_at if self.total_runs == 0 else None
         return self.next_slot_after(now)
 
+    def next_fire_times(self, count: int, *, after: datetime) -> list[datetime]:
+        """Return up to ``count`` slots after ``after`` (aware UTC), ignoring enabled/paused."""
+        if self.run_at is not None:
+            return [self.run_at] if self.run_at > after else []
+        times: list[datetime] = []
+        slot = self.next_slot_after(after)
+        while slot is not None and len(times) < count:
+            times.append(slot)
+            slot = timing.next_slot(self.timing, after=slot, runs_so_far=self.total_runs + len(times))
+        return times
+
+    def pause(self, reason: str) -> None:
+        """Stop firing, keeping history; slots that fall in the pause are not owed later."""
+        self.paused_reason = reason.strip() or "Paused"
+        self.save()
+
+    def resume(self) -> None:
+        """Fire again from the next slot after now; reset the circuit breaker's count."""
+        self.paused_reason = ""
+        self.consecutive_failures = 0
+        self.save()
+
     def _timing_state(self) -> tuple[Any, ...]:
         return tuple(getattr(self, field, None) for field in TIMING_FIELDS)
 
     def save(self, *args: Any, **kwargs: Any) -> None:
         """Save, recomputing ``next_run_at`` when the row is new or its timing changed."""
+        if self.enabled and self.disabled_reason:
+            self.disabled_reason = ""  # enabled again by hand
         if self._state.adding or self._timing_state() != self._saved_timing_state:
             self.next_run_at = self.compute_next_run_at(now=clock.now())
             update_fields = kwargs.get("update_fields")

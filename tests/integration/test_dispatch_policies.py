@@ -1,0 +1,210 @@
+"""dispatch_due and publish_pending against the real database: overlap, limits, completion, pause."""
+from __future__ import annotations
+
+from collections.abc import Iterator
+from datetime import datetime, timedelta
+
+import pytest
+
+from scheduler import dispatch, leases
+from scheduler.models import Execution, Schedule
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+Status = Execution.Status
+
+
+@pytest.fixture
+def lease() -> Iterator[leases.LeaseHandle]:
+    handle = leases.acquire("beat", "test-leader", ttl=60)
+    assert handle is not None
+    yield handle
+    leases.release(handle)
+
+
+def schedule(name: str, **fields: object) -> Schedule:
+    fields.setdefault("task", "scheduler.echo")
+    if not {"cron", "run_at"} & fields.keys():
+        fields.setdefault("interval", 10)
+    created = Schedule(name=name, **fields)
+    created.full_clean()
+    created.save()
+    return created
+
+
+def due_at(target: Schedule, slot: datetime) -> None:
+    Schedule.objects.filter(pk=target.pk).update(next_run_at=slot)
+
+
+def last_slot(every: int = 10) -> datetime:
+    """The latest interval slot at or before the database clock."""
+    now = leases.db_now()
+    return now - timedelta(seconds=now.timestamp() % every)
+
+
+def statuses(target: Schedule) -> list[str]:
+    return list(Execution.objects.filter(schedule=target).order_by("scheduled_for").values_list("status", flat=True))
+
+
+def in_flight(target: Schedule, status: str = Status.RUNNING) -> Execution:
+    return Execution.objects.create(
+        idempotency_key=f"earlier:{target.pk}:{status}", schedule=target, task=target.task,
+        scheduled_for=leases.db_now() - timedelta(minutes=5), status=status, celery_task_id=f"celery-{status}",
+    )
+
+
+@pytest.mark.parametrize(
+    ("policy", "expected", "cancelled"),
+    [
+        ("allow", [Status.RUNNING, Status.PENDING], []),
+        ("skip", [Status.RUNNING, Status.SKIPPED], []),
+        ("buffer_one", [Status.RUNNING, Status.PENDING], []),
+        ("cancel_previous", [Status.CANCELLED, Status.PENDING], ["celery-running"]),
+    ],
+)
+def test_overlap__due_slot_while_one_runs(
+    lease: leases.LeaseHandle, policy: str, expected: list[str], cancelled: list[str]
+) -> None:
+    # Given a schedule with one execution running
+    target = schedule("s", overlap=policy)
+    in_flight(target)
+    due_at(target, last_slot())
+    # When its next slot is dispatched
+    report = dispatch.dispatch_due(lease)
+    # Then the policy decided
+    assert statuses(target) == expected
+    assert report.cancelled_task_ids == cancelled
+    held = Execution.objects.filter(schedule=target, held=True).count()
+    assert held == (1 if policy == "buffer_one" else 0)
+
+
+def test_buffer_one__held_until_the_running_one_ends_then_sent(lease: leases.LeaseHandle, redis_url: str) -> None:
+    from project.celery import app
+
+    target = schedule("s", overlap="buffer_one")
+    running = in_flight(target)
+    due_at(target, last_slot())
+    dispatch.dispatch_due(lease)
+    # While one runs, the buffered row is not sent
+    assert dispatch.publish_pending(app) == 0
+    # When the running one ends, the buffered one goes out on the next pass
+    Execution.objects.filter(pk=running.pk).update(status=Status.SUCCEEDED)
+    assert dispatch.publish_pending(app) == 1
+    assert statuses(target) == [Status.SUCCEEDED, Status.QUEUED]
+
+
+def test_buffer_one__a_second_waiting_slot_is_skipped(lease: leases.LeaseHandle) -> None:
+    target = schedule("s", overlap="buffer_one", interval=10)
+    in_flight(target)
+    first = last_slot()
+    due_at(target, first - timedelta(seconds=10))
+    dispatch.dispatch_due(lease)
+    assert statuses(target) == [Status.RUNNING, Status.PENDING, Status.SKIPPED]
+
+
+def test_cancelled_execution__cannot_be_claimed(lease: leases.LeaseHandle) -> None:
+    target = schedule("s", overlap="cancel_previous")
+    running = in_flight(target, Status.QUEUED)
+    due_at(target, last_slot())
+    dispatch.dispatch_due(lease)
+    running.refresh_from_db()
+    assert running.status == Status.CANCELLED and running.finished_at is not None
+    assert "cancel_previous" in running.error
+    assert not Execution.objects.claimable().filter(pk=running.pk).exists()
+
+
+def test_max_runs__disables_itself_after_its_last_run(lease: leases.LeaseHandle) -> None:
+    # Given a schedule allowed 3 runs that already sent 2 (a missed slot does not count)
+    target = schedule("s", max_runs=3)
+    for n, status in enumerate([Status.SUCCEEDED, Status.MISSED, Status.SUCCEEDED]):
+        Execution.objects.create(
+            idempotency_key=f"k{n}", schedule=target, task=target.task, status=status,
+            scheduled_for=leases.db_now() - timedelta(minutes=10 - n),
+        )
+    due_at(target, last_slot())
+    # When its next slot fires
+    report = dispatch.dispatch_due(lease)
+    # Then that was the last one: it is off, with the reason
+    target.refresh_from_db()
+    assert len(report.fired) == 1
+    assert (target.enabled, target.next_run_at) == (False, None)
+    assert target.disabled_reason == "Used all 3 runs (max_runs)"
+    assert report.completed == [("s", "Used all 3 runs (max_runs)")]
+
+
+def test_one_off__runs_once_then_disabled(lease: leases.LeaseHandle) -> None:
+    run_at = leases.db_now() - timedelta(seconds=1)
+    target = schedule("once", run_at=run_at)
+    assert target.next_run_at == run_at
+    dispatch.dispatch_due(lease)
+    target.refresh_from_db()
+    assert statuses(target) == [Status.PENDING]
+    assert not target.enabled and target.disabled_reason.startswith("One-off: its slot at")
+    # Enabled again by hand: the reason goes, and the same slot cannot run twice
+    target.enabled = True
+    target.save()
+    assert target.disabled_reason == ""
+    dispatch.dispatch_due(lease)
+    assert statuses(target) == [Status.PENDING]
+
+
+def test_end_at__disables_itself_when_no_slot_is_left(lease: leases.LeaseHandle) -> None:
+    slot = last_slot()
+    target = schedule("ending", end_at=slot + timedelta(seconds=5))
+    due_at(target, slot)
+    dispatch.dispatch_due(lease)
+    target.refresh_from_db()
+    assert not target.enabled and target.disabled_reason.startswith("Past its end at")
+
+
+def test_missed_slots__counted_on_the_schedule(lease: leases.LeaseHandle) -> None:
+    target = schedule("late", interval=1, catchup_window=5)
+    due_at(target, last_slot(1) - timedelta(seconds=60))
+    report = dispatch.dispatch_due(lease)
+    target.refresh_from_db()
+    assert target.total_missed == report.missed + report.missed_not_recorded >= 54
+    assert Execution.objects.filter(schedule=target, status=Status.MISSED).count() == report.missed
+
+
+def test_pause_and_resume__keep_history_and_owe_nothing_for_the_pause(lease: leases.LeaseHandle) -> None:
+    # Given a schedule with history, paused
+    target = schedule("p", interval=1)
+    in_flight(target, Status.SUCCEEDED)
+    target.consecutive_failures = 2
+    target.pause("maintenance window")
+    assert (target.next_run_at, target.paused_reason) == (None, "maintenance window")
+    # While paused nothing is due
+    assert dispatch.dispatch_due(lease).schedules == 0
+    # When resumed, it continues from the next slot after now: no burst, no missed rows
+    before = leases.db_now()
+    target.resume()
+    target.refresh_from_db()
+    assert target.next_run_at > before - timedelta(seconds=1)
+    assert (target.paused_reason, target.consecutive_failures) == ("", 0)
+    assert Execution.objects.filter(schedule=target).count() == 1
+    report = dispatch.dispatch_due(lease)
+    assert report.missed == report.missed_not_recorded == 0
+
+
+def test_jitter__message_delayed_by_the_slots_offset(lease: leases.LeaseHandle, redis_url: str) -> None:
+    from project.celery import app
+    from scheduler.policies import jitter_offset
+
+    # A day of jitter: the offset is all but surely later than the slot's few seconds of lateness.
+    target = schedule("j", interval=10, jitter=86_400)
+    slot = last_slot()
+    due_at(target, slot)
+    dispatch.dispatch_due(lease)
+    sent: list[dict] = []
+    original = app.send_task
+
+    def record(name: str, **options: object) -> object:
+        sent.append(options)
+        return original(name, **options)
+
+    app.send_task = record  # type: ignore[method-assign]
+    try:
+        assert dispatch.publish_pending(app) == 1
+    finally:
+        del app.send_task
+    assert sent[0]["eta"] == slot + timedelta(seconds=jitter_offset(target.pk, slot, 86_400))
