@@ -2,11 +2,18 @@
 from __future__ import annotations
 
 from typing import Any
+from zoneinfo import ZoneInfo
 
 from django.contrib import admin
 from django.http import HttpRequest
+from django.utils.html import format_html, format_html_join
 
+from scheduler import clock
+from scheduler.exceptions import ScheduleInvalid
 from scheduler.models import Execution, Instance, Lease, Schedule
+
+#: How many upcoming slots the schedule page previews.
+PREVIEW_COUNT = 5
 
 
 #: Written by the beat and the workers; shown, never edited by hand.
@@ -14,6 +21,8 @@ RUNNING_STATE_FIELDS = (
     "next_run_at",
     "last_run_at",
     "total_runs",
+    "total_missed",
+    "disabled_reason",
     "consecutive_failures",
     "last_error",
     "created_at",
@@ -26,11 +35,14 @@ class ScheduleAdmin(admin.ModelAdmin):
     list_display = ("name", "task", "cron", "interval", "run_at", "timezone", "next_run_at", "enabled")
     list_filter = ("enabled", "queue", "tenant")
     search_fields = ("name", "task", "description")
-    readonly_fields = RUNNING_STATE_FIELDS
+    readonly_fields = ("next_fire_times", *RUNNING_STATE_FIELDS)
     show_full_result_count = False
     fieldsets = (
         (None, {"fields": ("name", "task", "args", "kwargs", "queue", "priority", "description", "tenant")}),
-        ("Timing", {"fields": ("cron", "interval", "run_at", "timezone", "start_at", "end_at", "max_runs")}),
+        (
+            "Timing",
+            {"fields": ("cron", "interval", "run_at", "timezone", "start_at", "end_at", "max_runs", "next_fire_times")},
+        ),
         (
             "Policies",
             {
@@ -50,6 +62,31 @@ class ScheduleAdmin(admin.ModelAdmin):
         ),
         ("State", {"fields": ("enabled", "paused_reason", *RUNNING_STATE_FIELDS)}),
     )
+
+
+    @admin.display(description="Next fire times")
+    def next_fire_times(self, schedule: Schedule) -> str:
+        """The next slots in the schedule's zone (with its DST abbreviation) and in UTC."""
+        if schedule.pk is None:
+            return "Shown once the schedule is saved."
+        try:
+            times = schedule.next_fire_times(PREVIEW_COUNT, after=clock.now())
+            zone = ZoneInfo(schedule.timezone)
+        except (ScheduleInvalid, ValueError, KeyError) as exc:
+            return f"Invalid timing: {exc}"
+        if not times:
+            return "No upcoming slots."
+        return format_html(
+            "<ol>{}</ol>",
+            format_html_join(
+                "",
+                "<li>{} <span class='quiet'>({} UTC)</span></li>",
+                (
+                    (t.astimezone(zone).strftime("%a %Y-%m-%d %H:%M:%S %Z"), t.strftime("%Y-%m-%d %H:%M:%S"))
+                    for t in times
+                ),
+            ),
+        )
 
 
 class ReadOnlyAdmin(admin.ModelAdmin):

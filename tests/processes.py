@@ -98,7 +98,7 @@ def beat_argv() -> list[str]:
     return [CELERY, "-A", "project", "beat", "-l", "info", "--pidfile="]
 
 
-def worker_argv(name: str, concurrency: int = 2, queues: str | None = None) -> list[str]:
+def worker_argv(name: str, *, concurrency: int = 2, queues: str | None = None) -> list[str]:
     return [
         CELERY, "-A", "project", "worker", "-l", "info", "-P", "prefork", "-c", str(concurrency),
         "-n", f"{name}@%h", "--include", "tests.tasks", "--without-gossip", "--without-mingle",

@@ -25,13 +25,15 @@ def process_env(process_database_url: str, redis_url: str) -> dict[str, str]:
 def celery_processes(
     process_env: dict[str, str], tmp_path: Path, redis_client: object
 ) -> Iterator[Callable[..., CeleryProcess]]:
-    """Return ``start(kind, name, queues=None, **settings)``; every process is stopped afterwards."""
+    """Return ``start(kind, name, queues=None, concurrency=2, **settings)``; all are stopped afterwards."""
     started: list[CeleryProcess] = []
 
-    def start(kind: str, name: str, *, queues: str | None = None, **settings: object) -> CeleryProcess:
+    def start(
+        kind: str, name: str, *, queues: str | None = None, concurrency: int = 2, **settings: object
+    ) -> CeleryProcess:
         env = dict(process_env)
         env.update({f"SCHEDULER_{key.upper()}": str(value) for key, value in settings.items()})
-        argv = beat_argv() if kind == "beat" else worker_argv(name, queues=queues)
+        argv = beat_argv() if kind == "beat" else worker_argv(name, concurrency=concurrency, queues=queues)
         process = CeleryProcess(name, argv, env, tmp_path / f"{name}.log").start()
         started.append(process)
         return process
