@@ -35,6 +35,14 @@ class Defaults:
     TIMEOUT_GRACE_SECONDS: float = 10.0
     #: Longest delay between two retry attempts, whatever the backoff says.
     RETRY_BACKOFF_MAX_SECONDS: float = 3600.0
+    #: How often the leader runs reconcile; 0 turns that off.
+    RECONCILE_INTERVAL_SECONDS: float = 60.0
+    #: ``pending`` executions older than this are published by reconcile.
+    RECONCILE_PENDING_AFTER_SECONDS: float = 60.0
+    #: ``queued`` executions not claimed this long after being sent are re-published.
+    RECONCILE_QUEUED_AFTER_SECONDS: float = 600.0
+    #: Instances not seen for this long are removed from the registry.
+    RECONCILE_INSTANCE_STALE_SECONDS: float = 3600.0
 
 
 class Settings:

@@ -77,6 +77,10 @@ class Execution(models.Model):
         on_delete=models.SET_NULL,
         related_name="executions",
     )
+    #: The execution this one re-runs (``executions retry``), if any.
+    retry_of = models.ForeignKey(
+        "self", null=True, blank=True, on_delete=models.SET_NULL, related_name="retries"
+    )
     task = models.CharField(max_length=255)
     args = models.JSONField(default=list, blank=True)
     kwargs = models.JSONField(default=dict, blank=True)

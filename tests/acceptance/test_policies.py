@@ -113,12 +113,12 @@ def test_downtime__misfire_policies_and_catchup_window_exactly(celery_processes:
     first.popen.wait(15)
     old_token = leases.current("beat").token
     time.sleep(10)  # the downtime itself: real time during which no beat runs
-    celery_processes("beat", "beat2")
-    assert wait_until(lambda: leases.current("beat").token > old_token, timeout=20)
+    second = celery_processes("beat", "beat2")
+    assert wait_until(lambda: leases.current("beat").token > old_token, timeout=20), second.log()[-3000:]
     assert wait_until(
         lambda: all(Execution.objects.filter(schedule=t, lease_token__gt=old_token).count() >= 16 for t in targets.values()),
         timeout=40,
-    )
+    ), ({t.misfire: len(rows(t)) for t in targets.values()}, second.log()[-3000:])
     for policy, target in targets.items():
         executions = rows(target)
         # Then every slot has exactly one row, none lost in the downtime

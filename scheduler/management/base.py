@@ -1,0 +1,154 @@
+"""What every scheduler command shares: one-line errors, ``--json`` output, argument parsers.
+
+Commands stay thin: they parse arguments with the helpers below, call the
+domain (models, ``dispatch``, ``reconcile``, ``backfill``) and print what it
+returns. Any refusal becomes a ``CommandError`` with one line a human can act
+on; Django prints it and exits with status 1. Argument errors exit with 2.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import re
+from datetime import datetime, timedelta, timezone
+from typing import Any, NoReturn
+
+from django.core.exceptions import ValidationError
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.core.serializers.json import DjangoJSONEncoder
+from django.db import DatabaseError
+from django.utils.dateparse import parse_datetime
+from kombu.exceptions import OperationalError as BrokerError
+
+#: ``30d``, ``12h``, ``90m``, ``45s``, ``2w`` (a number and one unit).
+_DURATION = re.compile(r"^\s*(\d+)\s*([smhdw])\s*$")
+_UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+
+
+class OneLineParser(CommandParser):
+    """An argument parser whose errors are one line on stderr (exit 2), not a usage dump."""
+
+    def error(self, message: str) -> NoReturn:
+        if getattr(self, "called_from_command_line", False):
+            self.exit(2, f"{self.prog}: error: {message}\n")
+        raise CommandError(f"Error: {message}")
+
+
+class SchedulerCommand(BaseCommand):
+    """Base of the scheduler's commands: ``--json``, one-line errors, infrastructure errors wrapped."""
+
+    #: Commands that write get ``--dry-run``.
+    writes = False
+
+    def create_parser(self, prog_name: str, subcommand: str, **kwargs: Any) -> CommandParser:
+        kwargs.setdefault("formatter_class", _ExamplesFormatter)
+        parser = super().create_parser(prog_name, subcommand, **kwargs)
+        # Django builds a CommandParser with no hook for the class; the
+        # subclass only changes error(), and sub-parsers inherit it.
+        parser.__class__ = OneLineParser
+        return parser
+
+    def add_common_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument("--json", action="store_true", help="print machine-readable JSON instead of text")
+        if self.writes:
+            parser.add_argument("--dry-run", action="store_true", help="show what would change; change nothing")
+
+    def execute(self, *args: Any, **options: Any) -> Any:
+        try:
+            return super().execute(*args, **options)
+        except ValidationError as exc:
+            raise CommandError(validation_message(exc)) from None
+        except DatabaseError as exc:
+            raise CommandError(f"database error: {_first_line(exc)}") from None
+        except (BrokerError, ConnectionError) as exc:
+            raise CommandError(f"broker unreachable: {_first_line(exc)}") from None
+
+    def emit(self, data: Any, *, as_json: bool, text: str | list[str] = "") -> None:
+        """Print ``data`` as JSON, or ``text`` (a string or lines) for humans."""
+        if as_json:
+            self.stdout.write(json.dumps(data, cls=DjangoJSONEncoder, indent=2, sort_keys=True))
+        elif isinstance(text, list):
+            for line in text:
+                self.stdout.write(line)
+        elif text:
+            self.stdout.write(text)
+
+
+class _ExamplesFormatter(argparse.RawDescriptionHelpFormatter):
+    """Keep the line breaks of ``help`` texts, so the examples in them stay readable."""
+
+
+def validation_message(exc: ValidationError) -> str:
+    """Flatten a model ValidationError to one line: ``field: message; other: message``."""
+    if hasattr(exc, "message_dict"):
+        parts = []
+        for field, messages in exc.message_dict.items():
+            label = "" if field == "__all__" else f"{field}: "
+            parts.append(label + " ".join(messages))
+        return "; ".join(parts)
+    return " ".join(exc.messages)
+
+
+def parse_iso(value: str, *, name: str = "date") -> datetime:
+    """Parse an ISO-8601 date or datetime; naive values are UTC. Raise CommandError otherwise."""
+    text = value.strip()
+    parsed = parse_datetime(text)
+    if parsed is None:
+        try:
+            parsed = datetime.fromisoformat(text)
+        except ValueError:
+            raise CommandError(f"{name} {value!r} is not an ISO-8601 date or time, e.g. 2026-03-29T02:30:00Z") from None
+    if parsed.tzinfo is None:
+        parsed = parsed.replace(tzinfo=timezone.utc)
+    return parsed.astimezone(timezone.utc)
+
+
+def parse_duration(value: str, *, name: str = "duration") -> timedelta:
+    """Parse ``30d``, ``12h``, ``90m``, ``45s`` or ``2w``. Raise CommandError otherwise."""
+    match = _DURATION.match(value)
+    if not match:
+        raise CommandError(f"{name} {value!r} is not a duration like 30d, 12h, 90m or 45s")
+    return timedelta(seconds=int(match[1]) * _UNIT_SECONDS[match[2]])
+
+
+def parse_json(value: str, *, name: str, kind: type) -> Any:
+    """Parse a JSON argument that must be a ``list`` or a ``dict``. Raise CommandError otherwise."""
+    try:
+        parsed = json.loads(value)
+    except json.JSONDecodeError as exc:
+        raise CommandError(f"{name} is not valid JSON: {exc.msg} at position {exc.pos}") from None
+    if not isinstance(parsed, kind):
+        expected = "a JSON list, e.g. [1, \"two\"]" if kind is list else "a JSON object, e.g. {\"key\": 1}"
+        raise CommandError(f"{name} must be {expected}")
+    return parsed
+
+
+def non_negative_int(value: str) -> int:
+    """argparse type: an integer >= 0 (the parser reports a one-line error otherwise)."""
+    try:
+        number = int(value)
+    except ValueError:
+        raise _argument_error(f"{value!r} is not a whole number") from None
+    if number < 0:
+        raise _argument_error(f"{value} is negative; expected 0 or more")
+    return number
+
+
+def positive_number(value: str) -> float:
+    """argparse type: a number > 0."""
+    try:
+        number = float(value)
+    except ValueError:
+        raise _argument_error(f"{value!r} is not a number") from None
+    if number <= 0:
+        raise _argument_error(f"{value} must be greater than 0")
+    return number
+
+
+def _argument_error(message: str) -> Exception:
+    return argparse.ArgumentTypeError(message)
+
+
+def _first_line(exc: BaseException) -> str:
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+
