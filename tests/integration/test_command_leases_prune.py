@@ -1,0 +1,143 @@
+"""``leases`` and ``prune_executions`` commands: output, and bad input that changes nothing."""
+from __future__ import annotations
+
+import io
+import json
+import os
+import subprocess
+import sys
+from datetime import timedelta
+
+import pytest
+from django.core.management import call_command
+from django.core.management.base import CommandError
+from django.db.models.functions import Now
+
+from scheduler import leases
+from scheduler.models import Execution, Instance, Lease, Schedule
+from tests import processes
+
+Status = Execution.Status
+
+
+def run(*args: str) -> str:
+    out = io.StringIO()
+    call_command(*args, stdout=out, stderr=io.StringIO())
+    return out.getvalue()
+
+
+def refused(*args: str) -> str:
+    with pytest.raises(CommandError) as caught:
+        run(*args)
+    message = str(caught.value)
+    assert "\n" not in message and caught.value.returncode == 1
+    return message
+
+
+@pytest.mark.django_db
+def test_leases__no_leader_yet() -> None:
+    output = run("leases")
+    assert "no lease has ever been taken" in output
+    assert json.loads(run("leases", "--json"))["leases"] == []
+
+
+@pytest.mark.django_db
+def test_leases__shows_holder_token_expiry_and_heartbeats() -> None:
+    # Given a leader with a heartbeat and a follower
+    handle = leases.acquire("beat", "host-1-aaa", ttl=10)
+    assert handle is not None
+    for instance_id, leader in (("host-1-aaa", True), ("host-2-bbb", False)):
+        Instance.objects.create(
+            instance_id=instance_id, role="beat", hostname="host", pid=1, started_at=Now(), last_seen=Now(), is_leader=leader
+        )
+    # When shown
+    data = json.loads(run("leases", "--json"))
+    text = run("leases")
+    # Then
+    (lease,) = data["leases"]
+    assert (lease["held"], lease["holder"], lease["token"]) == (True, "host-1-aaa", handle.token)
+    assert 0 < lease["seconds_left"] <= 10
+    assert lease["leader_heartbeat_age_seconds"] is not None
+    assert [row["instance_id"] for row in data["instances"]] == ["host-1-aaa", "host-2-bbb"]
+    assert f"held by host-1-aaa (token {handle.token})" in text
+    assert "leader  host-1-aaa" in text
+
+
+@pytest.mark.django_db
+def test_leases__expired_lease_reads_not_held() -> None:
+    assert leases.acquire("beat", "gone-1-aaa", ttl=10) is not None
+    Lease.objects.filter(name="beat").update(expires_at=leases.db_now() - timedelta(seconds=5))
+    assert "NOT HELD" in run("leases")
+
+
+def _execution(key: str, *, status: str, age_days: float, schedule: Schedule | None = None, slot_age: float | None = None) -> Execution:
+    now = leases.db_now()
+    return Execution.objects.create(
+        idempotency_key=key, schedule=schedule, task="scheduler.echo", status=status,
+        scheduled_for=now - timedelta(days=slot_age if slot_age is not None else age_days),
+        finished_at=None if status in Execution.ACTIVE_STATUSES else now - timedelta(days=age_days),
+    )
+
+
+@pytest.fixture
+def history(db: None) -> Schedule:
+    schedule = Schedule.objects.create(name="s", task="scheduler.echo", interval=60)
+    for n in range(5):
+        _execution(f"old-{n}", status=Status.SUCCEEDED, age_days=40 + n, schedule=schedule)
+    _execution("old-failed", status=Status.FAILED, age_days=50, schedule=schedule)
+    _execution("old-running", status=Status.RUNNING, age_days=0, slot_age=60, schedule=schedule)
+    _execution("recent", status=Status.SUCCEEDED, age_days=1, schedule=schedule)
+    _execution("adhoc-old", status=Status.SUCCEEDED, age_days=45)
+    return schedule
+
+
+def test_prune__deletes_old_finished_only(history: Schedule) -> None:
+    output = run("prune_executions", "--older-than", "30d")
+    assert output.startswith("deleted 7 execution(s)")
+    assert set(Execution.objects.values_list("idempotency_key", flat=True)) == {"old-running", "recent"}
+
+
+def test_prune__dry_run_changes_nothing(history: Schedule) -> None:
+    data = json.loads(run("prune_executions", "--older-than", "30d", "--dry-run", "--json"))
+    assert (data["matched"], data["deleted"], data["dry_run"]) == (7, 0, True)
+    assert Execution.objects.count() == 9
+
+
+def test_prune__keep_last_keeps_each_schedules_newest(history: Schedule) -> None:
+    run("prune_executions", "--older-than", "30d", "--keep-last", "3")
+    # the schedule's newest three by slot are kept, and the one in flight is never pruned
+    kept = set(Execution.objects.values_list("idempotency_key", flat=True))
+    assert kept == {"recent", "old-0", "old-1", "old-running"}
+
+
+def test_prune__status_filter(history: Schedule) -> None:
+    run("prune_executions", "--older-than", "30d", "--status", "failed")
+    assert not Execution.objects.filter(idempotency_key="old-failed").exists()
+    assert Execution.objects.count() == 8
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--older-than", "thirty days"], "is not a duration like 30d"),
+        (["--older-than", "0d"], "must be longer than 0"),
+        (["--older-than", "30d", "--keep-last", "-1"], "-1 is negative"),
+        (["--older-than", "30d", "--status", "running"], "invalid choice: 'running'"),
+        ([], "the following arguments are required: --older-than"),
+    ],
+)
+def test_prune__bad_input_refused_and_nothing_deleted(history: Schedule, args: list[str], message: str) -> None:
+    assert message in refused("prune_executions", *args)
+    assert Execution.objects.count() == 9
+
+
+@pytest.mark.django_db(transaction=True)
+def test_prune__command_line_errors_are_one_line_without_traceback(redis_url: str) -> None:
+    env = {**os.environ, "DATABASE_URL": processes.test_database_url(), "REDIS_URL": redis_url, "DJANGO_DEBUG": "1"}
+    for args, code in ((["--older-than", "soon"], 1), (["--keep-last", "x", "--older-than", "1d"], 2)):
+        result = subprocess.run(
+            [sys.executable, "manage.py", "prune_executions", *args], cwd=processes.ROOT, env=env, capture_output=True, text=True, timeout=60
+        )
+        assert result.returncode == code, result.stderr
+        assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+        assert "Traceback" not in result.stderr
