@@ -211,6 +211,7 @@ class LeaderScheduler(Scheduler):
                     self.lease = leases.renew(self.lease, ttl=ttl)
                     self._last_renew = time.monotonic()
                 except LeaseLost:
+                    leases.record_renew_failure(self.lease_name)
                     self._step_down("lost")
             if self.lease is not None:
                 if self._advisory is not None:

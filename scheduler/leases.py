@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from django.db import DatabaseError, connection, transaction
+from django.db.models import F
 
 from scheduler import dbclock
 from scheduler.exceptions import LeaseLost
@@ -124,6 +125,11 @@ def renew(handle: LeaseHandle, *, ttl: float) -> LeaseHandle:
         raise LeaseLost()
     expires_at, db_now = row
     return LeaseHandle(handle.name, handle.holder, handle.token, dbclock.as_datetime(expires_at), dbclock.as_datetime(db_now))
+
+
+def record_renew_failure(name: str) -> None:
+    """Count a refused renewal on the lease row (exported as a metric)."""
+    Lease.objects.filter(name=name).update(renew_failures=F("renew_failures") + 1)
 
 
 def release(handle: LeaseHandle) -> bool:

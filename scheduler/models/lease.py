@@ -19,6 +19,8 @@ class Lease(models.Model):
     acquired_at = models.DateTimeField(null=True, blank=True)
     renewed_at = models.DateTimeField(null=True, blank=True)
     expires_at = models.DateTimeField(null=True, blank=True)
+    #: Renewals refused because the holder had lost the lease (a metric).
+    renew_failures = models.PositiveIntegerField(default=0)
 
     class Meta:
         verbose_name = "lease"

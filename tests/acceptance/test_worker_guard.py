@@ -14,7 +14,7 @@ from django.db import close_old_connections, connection
 import scheduler
 from project.celery import app
 from scheduler import dispatch, leases
-from scheduler.models import Execution, Schedule
+from scheduler.models import Execution, Instance, Schedule
 from tests import tasks as test_tasks
 from tests.processes import CeleryProcess, wait_until
 
@@ -63,6 +63,8 @@ def test_execution_published_three_times__runs_once(celery_processes: Start, red
     # Then it ran once, both extra copies were refused and logged
     done = wait_final(execution)
     assert wait_until(lambda: duplicates_logged(worker) == 2, timeout=10), worker.log()[-3000:]
+    # (and the worker keeps a heartbeat row in the instance registry)
+    assert Instance.objects.filter(role=Instance.Role.WORKER).exists()
     assert done.status == Execution.Status.SUCCEEDED
     assert [run["execution_id"] for run in test_tasks.runs(redis_client)] == [execution.pk]
     assert done.result == "thrice"

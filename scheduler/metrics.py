@@ -1,0 +1,102 @@
+"""``/metrics``: Prometheus text exposition, read from the database at scrape time.
+
+Beat replicas and workers are separate processes; the database is what they
+share, so every metric here is derived from it when Prometheus scrapes,
+with queries that use indexes and a bounded window (``WINDOW``).
+"""
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterator
+from datetime import timedelta
+
+from django.http import HttpRequest, HttpResponse
+from django.views.decorators.cache import never_cache
+from django.views.decorators.http import require_GET
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeHistogramMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector, CollectorRegistry
+
+from scheduler import leases
+from scheduler.models import Execution, Instance, Lease, Schedule
+
+#: Executions recorded within this window are counted and their lag measured.
+WINDOW = timedelta(hours=1)
+#: At most this many recent executions feed the lag histogram per scrape.
+LAG_SAMPLE = 10_000
+#: Upper bounds (seconds) of the dispatch lag buckets.
+LAG_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+#: An instance counts as alive when seen within this many seconds.
+ALIVE_WITHIN = timedelta(seconds=30)
+
+
+class DatabaseCollector(Collector):
+    """Collects the scheduler's metrics from its tables."""
+
+    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily | GaugeHistogramMetricFamily]:
+        now = leases.db_now()
+        since = now - WINDOW
+
+        executions = GaugeMetricFamily(
+            "scheduler_executions", "Executions recorded in the last hour, by status and task.", labels=["status", "task"]
+        )
+        rows = Counter(
+            Execution.objects.filter(status__in=Execution.Status.values, created_at__gte=since)
+            .values_list("status", "task")
+        )
+        for (status, task), count in sorted(rows.items()):
+            executions.add_metric([status, task], count)
+        yield executions
+
+        yield self._dispatch_lag(since)
+
+        changes = CounterMetricFamily(
+            "scheduler_leader_changes", "Leadership acquisitions (the lease's fencing token).", labels=["lease"]
+        )
+        failures = CounterMetricFamily(
+            "scheduler_lease_renew_failures", "Renewals refused because the lease was lost.", labels=["lease"]
+        )
+        for name, token, renew_failures in Lease.objects.values_list("name", "token", "renew_failures"):
+            changes.add_metric([name], token)
+            failures.add_metric([name], renew_failures)
+        yield changes
+        yield failures
+
+        yield GaugeMetricFamily(
+            "scheduler_due_backlog", "Active schedules whose next slot is due now.", value=Schedule.objects.due(now=now).count()
+        )
+
+        instances = GaugeMetricFamily(
+            "scheduler_instances", "Instances seen in the last 30 seconds, by role.", labels=["role", "leader"]
+        )
+        alive = Counter(Instance.objects.filter(last_seen__gte=now - ALIVE_WITHIN).values_list("role", "is_leader"))
+        for role in Instance.Role.values:
+            for leader in (True, False):
+                instances.add_metric([role, str(leader).lower()], alive.get((role, leader), 0))
+        yield instances
+
+    def _dispatch_lag(self, since: object) -> GaugeHistogramMetricFamily:
+        pairs = (
+            Execution.objects.filter(enqueued_at__gte=since, status__in=Execution.Status.values)
+            .order_by("-enqueued_at")
+            .values_list("enqueued_at", "scheduled_for")[:LAG_SAMPLE]
+        )
+        lags = [max((enqueued - slot).total_seconds(), 0.0) for enqueued, slot in pairs]
+        buckets = [(str(bound), sum(lag <= bound for lag in lags)) for bound in LAG_BUCKETS]
+        buckets.append(("+Inf", len(lags)))
+        return GaugeHistogramMetricFamily(
+            "scheduler_dispatch_lag_seconds",
+            "Seconds from a slot to its message being sent, over executions sent in the last hour.",
+            buckets=buckets,
+            gsum_value=sum(lags),
+        )
+
+
+_registry = CollectorRegistry(auto_describe=False)
+_registry.register(DatabaseCollector())
+
+
+@never_cache
+@require_GET
+def metrics(request: HttpRequest) -> HttpResponse:
+    return HttpResponse(generate_latest(_registry), content_type=CONTENT_TYPE_LATEST)

@@ -1,0 +1,157 @@
+"""/healthz, /readyz and /metrics against the real database and Redis."""
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from datetime import timedelta
+
+import pytest
+from django.db.models.functions import Now
+from django.test import Client
+
+from scheduler import leases
+from scheduler.conf import settings as scheduler_settings
+from scheduler.models import Execution, Instance, Lease, Schedule
+from tests import processes
+from tests.services import free_port
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def leader() -> Iterator[leases.LeaseHandle]:
+    handle = leases.acquire(scheduler_settings.LEASE_NAME, "host-1-abc", ttl=10)
+    assert handle is not None
+    yield handle
+
+
+def test_healthz__alive(client: Client) -> None:
+    response = client.get("/healthz")
+    assert (response.status_code, response.json()) == (200, {"status": "alive"})
+
+
+def test_readyz__ready_with_database_broker_and_a_fresh_leader(client: Client, redis_url: str, leader: leases.LeaseHandle) -> None:
+    response = client.get("/readyz")
+    body = response.json()
+    assert response.status_code == 200, body
+    assert body["status"] == "ready" and body["failed"] == []
+    assert "host-1-abc renewed" in body["checks"]["leader"]["detail"]
+
+
+def test_readyz__no_leader_is_503_naming_the_leader_check(client: Client, redis_url: str) -> None:
+    response = client.get("/readyz")
+    assert response.status_code == 503
+    body = response.json()
+    assert body["failed"] == ["leader"]
+    assert "no beat replica holds the lease" in body["checks"]["leader"]["detail"]
+
+
+def test_readyz__stale_leader_is_503(client: Client, redis_url: str, leader: leases.LeaseHandle) -> None:
+    # Given a lease still valid but not renewed for longer than 2x the renew interval
+    Lease.objects.filter(name=leader.name).update(renewed_at=leases.db_now() - timedelta(seconds=30))
+    body = client.get("/readyz").json()
+    assert body["failed"] == ["leader"] and "last renewed" in body["checks"]["leader"]["detail"]
+
+
+def _serve(env_overrides: dict[str, str]) -> tuple[subprocess.Popen[bytes], int]:
+    """Serve the project's WSGI app in a child process with a changed environment."""
+    port = free_port()
+    env = {**os.environ, "DJANGO_DEBUG": "1", "DATABASE_URL": processes.test_database_url(), **env_overrides}
+    code = (
+        "import sys; from wsgiref.simple_server import make_server; from project.wsgi import application; "
+        f"make_server('127.0.0.1', {port}, application).serve_forever()"
+    )
+    server = subprocess.Popen([sys.executable, "-c", code], cwd=processes.ROOT, env=env, stderr=subprocess.DEVNULL)
+    return server, port
+
+
+def _get(port: int, path: str) -> tuple[int, dict]:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=10) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read())
+    except (urllib.error.URLError, ConnectionError):
+        return 0, {}
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize(
+    ("broken", "failed"),
+    [("database", ["database", "leader"]), ("broker", ["broker"])],
+)
+def test_readyz__unreachable_service_is_503_naming_it(redis_url: str, broken: str, failed: list[str]) -> None:
+    # Given a web process whose database (or broker) does not answer, and a live leader
+    assert leases.acquire(scheduler_settings.LEASE_NAME, "host-1-abc", ttl=30) is not None
+    dead = f"127.0.0.1:{free_port()}"
+    overrides = {"REDIS_URL": redis_url}
+    if broken == "database":
+        overrides["DATABASE_URL"] = f"postgres://nobody@{dead}/nothing"
+    else:
+        overrides["REDIS_URL"] = f"redis://{dead}/0"
+    server, port = _serve(overrides)
+    try:
+        found = processes.wait_until(lambda: _get(port, "/readyz")[0], timeout=20)
+        assert found, "the web process never answered"
+        status, body = _get(port, "/readyz")
+        alive, _ = _get(port, "/healthz")
+    finally:
+        server.terminate()
+        server.wait(10)
+    # Then it is not ready, says which check failed, and is still alive
+    assert status == 503, body
+    assert body["failed"] == failed
+    assert "unreachable" in body["checks"][broken]["detail"]
+    assert alive == 200
+
+
+def _metrics(client: Client) -> str:
+    response = client.get("/metrics")
+    assert response.status_code == 200
+    assert response["Content-Type"].startswith("text/plain")
+    return response.content.decode()
+
+
+def _value(text: str, sample: str) -> float:
+    match = re.search(rf"^{re.escape(sample)} (\S+)$", text, re.MULTILINE)
+    assert match, f"{sample} not in:\n{text}"
+    return float(match[1])
+
+
+def test_metrics__names_present_and_values_follow_executions(client: Client, leader: leases.LeaseHandle) -> None:
+    before = _metrics(client)
+    for name in (
+        "scheduler_executions", "scheduler_dispatch_lag_seconds", "scheduler_leader_changes_total",
+        "scheduler_lease_renew_failures_total", "scheduler_due_backlog", "scheduler_instances",
+    ):
+        assert f"# TYPE {name} " in before
+    assert _value(before, 'scheduler_leader_changes_total{lease="beat"}') == leader.token
+    assert 'scheduler_executions{status="succeeded",task="scheduler.echo"}' not in before
+
+    # When executions are recorded, sent and finished, a schedule is due and a worker beats
+    now = leases.db_now()
+    for n, lag in enumerate((0.02, 0.3, 4.0)):
+        Execution.objects.create(
+            idempotency_key=f"m{n}", task="scheduler.echo", status=Execution.Status.SUCCEEDED,
+            scheduled_for=now - timedelta(seconds=10), enqueued_at=now - timedelta(seconds=10 - lag),
+        )
+    Schedule.objects.create(name="due", task="scheduler.echo", interval=60)
+    Schedule.objects.filter(name="due").update(next_run_at=now - timedelta(seconds=1))
+    Instance.objects.create(instance_id="w-1", role="worker", hostname="h", pid=1, started_at=Now(), last_seen=Now())
+    leases.record_renew_failure(leader.name)
+    after = _metrics(client)
+
+    # Then the values changed accordingly
+    assert _value(after, 'scheduler_executions{status="succeeded",task="scheduler.echo"}') == 3
+    assert _value(after, 'scheduler_dispatch_lag_seconds_bucket{le="0.05"}') == 1
+    assert _value(after, 'scheduler_dispatch_lag_seconds_bucket{le="0.5"}') == 2
+    assert _value(after, 'scheduler_dispatch_lag_seconds_bucket{le="+Inf"}') == 3
+    assert _value(after, "scheduler_due_backlog") == 1
+    assert _value(after, 'scheduler_instances{leader="false",role="worker"}') == 1
+    assert _value(after, 'scheduler_lease_renew_failures_total{lease="beat"}') == 1
