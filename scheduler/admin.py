@@ -1,25 +1,40 @@
-"""Django admin for schedules, executions, leases and instances."""
+"""Django admin for schedules, executions and the cluster (leases and instances).
+
+Lists stay fast at millions of rows: indexed default orderings, no full
+result counts, raw-id widgets for foreign keys, and columns that read only
+the row itself (``last_status`` is kept on the schedule for that reason).
+Actions call the same domain functions as the management commands.
+"""
 from __future__ import annotations
 
 from typing import Any
 from zoneinfo import ZoneInfo
 
 from django.contrib import admin
-from django.http import HttpRequest
+from django.db.models import QuerySet
+from django.http import HttpRequest, HttpResponse
+from django.urls import reverse
+from django.utils import timezone
 from django.utils.html import format_html, format_html_join
+from django.utils.safestring import mark_safe
+from django.utils.timesince import timesince, timeuntil
+from django.utils.translation import ngettext
 
-from scheduler import clock
+from scheduler import clock, leases, timing
+from scheduler.conf import settings
 from scheduler.exceptions import ScheduleInvalid
 from scheduler.models import Execution, Instance, Lease, Schedule
 
 #: How many upcoming slots the schedule page previews.
 PREVIEW_COUNT = 5
-
+#: How many recent executions the schedule page lists.
+RECENT_EXECUTIONS = 20
 
 #: Written by the beat and the workers; shown, never edited by hand.
 RUNNING_STATE_FIELDS = (
     "next_run_at",
     "last_run_at",
+    "last_status",
     "total_runs",
     "total_missed",
     "disabled_reason",
@@ -29,14 +44,70 @@ RUNNING_STATE_FIELDS = (
     "updated_at",
 )
 
+_STATUS_COLOURS = {
+    Execution.Status.SUCCEEDED: "#2e7d32",
+    Execution.Status.FAILED: "#c62828",
+    Execution.Status.TIMED_OUT: "#c62828",
+    Execution.Status.LOST: "#c62828",
+    Execution.Status.CANCELLED: "#6d4c41",
+    Execution.Status.MISSED: "#ef6c00",
+    Execution.Status.SKIPPED: "#757575",
+}
+
+
+def status_badge(status: str) -> str:
+    if not status:
+        return "—"
+    colour = _STATUS_COLOURS.get(status, "#1565c0")
+    return format_html('<strong style="color:{}">{}</strong>', colour, status)
+
+
+def when(moment: Any) -> str:
+    """A time as "in 3 minutes" / "5 minutes ago", with the absolute UTC time under it."""
+    if moment is None:
+        return "—"
+    now = timezone.now()
+    relative = f"in {timeuntil(moment, now)}" if moment > now else f"{timesince(moment, now)} ago"
+    return format_html('{}<br><span class="quiet">{}</span>', relative, f"{moment:%Y-%m-%d %H:%M:%S} UTC")
+
+
+class LastStatusFilter(admin.SimpleListFilter):
+    title = "last run status"
+    parameter_name = "last_status"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        return [(status, status) for status in sorted(Execution.FINAL_STATUSES)]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Schedule]) -> QuerySet[Schedule]:
+        return queryset.filter(last_status=self.value()) if self.value() else queryset
+
+
+class StateFilter(admin.SimpleListFilter):
+    title = "state"
+    parameter_name = "state"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        return [("active", "active"), ("paused", "paused"), ("disabled", "disabled")]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Schedule]) -> QuerySet[Schedule]:
+        if self.value() == "active":
+            return queryset.filter(enabled=True, paused_reason="")
+        if self.value() == "paused":
+            return queryset.exclude(paused_reason="")
+        if self.value() == "disabled":
+            return queryset.filter(enabled=False)
+        return queryset
+
 
 @admin.register(Schedule)
 class ScheduleAdmin(admin.ModelAdmin):
-    list_display = ("name", "task", "cron", "interval", "run_at", "timezone", "next_run_at", "enabled")
-    list_filter = ("enabled", "queue", "tenant")
+    list_display = ("name", "task", "timing_text", "timezone", "next_run", "last_run", "state")
+    list_filter = (StateFilter, LastStatusFilter, "enabled", "queue", "tenant", "task")
     search_fields = ("name", "task", "description")
-    readonly_fields = ("next_fire_times", *RUNNING_STATE_FIELDS)
+    readonly_fields = ("next_fire_times", "recent_executions", *RUNNING_STATE_FIELDS)
     show_full_result_count = False
+    list_per_page = 50
+    actions = ("enable", "disable", "pause", "resume")
     fieldsets = (
         (None, {"fields": ("name", "task", "args", "kwargs", "queue", "priority", "description", "tenant")}),
         (
@@ -61,8 +132,37 @@ class ScheduleAdmin(admin.ModelAdmin):
             },
         ),
         ("State", {"fields": ("enabled", "paused_reason", *RUNNING_STATE_FIELDS)}),
+        ("Recent executions", {"fields": ("recent_executions",)}),
     )
 
+    # --- columns -------------------------------------------------------------------
+
+    @admin.display(description="timing")
+    def timing_text(self, schedule: Schedule) -> str:
+        try:
+            return timing.describe(schedule.timing)
+        except ScheduleInvalid as exc:
+            return f"invalid: {exc}"
+
+    @admin.display(description="next run", ordering="next_run_at")
+    def next_run(self, schedule: Schedule) -> str:
+        return when(schedule.next_run_at)
+
+    @admin.display(description="last run", ordering="last_run_at")
+    def last_run(self, schedule: Schedule) -> str:
+        if schedule.last_run_at is None:
+            return "—"
+        return format_html("{} {}", status_badge(schedule.last_status), when(schedule.last_run_at))
+
+    @admin.display(description="state")
+    def state(self, schedule: Schedule) -> str:
+        if not schedule.enabled:
+            return format_html('<span title="{}">⏹ disabled</span>', schedule.disabled_reason)
+        if schedule.is_paused:
+            return format_html('<span title="{}" style="color:#ef6c00">⏸ paused</span>', schedule.paused_reason)
+        return mark_safe('<span style="color:#2e7d32">▶ active</span>')
+
+    # --- change page ---------------------------------------------------------------
 
     @admin.display(description="Next fire times")
     def next_fire_times(self, schedule: Schedule) -> str:
@@ -88,6 +188,65 @@ class ScheduleAdmin(admin.ModelAdmin):
             ),
         )
 
+    @admin.display(description="Last executions")
+    def recent_executions(self, schedule: Schedule) -> str:
+        if schedule.pk is None:
+            return "—"
+        recent = Execution.objects.filter(schedule=schedule).order_by("-scheduled_for", "-id")[:RECENT_EXECUTIONS]
+        rows = [
+            (
+                reverse("admin:scheduler_execution_change", args=[execution.pk]),
+                f"{execution.scheduled_for:%Y-%m-%d %H:%M:%S}",
+                status_badge(execution.status),
+                execution.attempt,
+                f"{execution.duration_seconds:.2f}s" if execution.duration_seconds is not None else "",
+                execution.error[:120],
+            )
+            for execution in recent
+        ]
+        if not rows:
+            return "No executions yet."
+        return format_html(
+            "<table><thead><tr><th>slot (UTC)</th><th>status</th><th>attempt</th><th>duration</th><th>error</th></tr>"
+            "</thead><tbody>{}</tbody></table>",
+            format_html_join(
+                "", '<tr><td><a href="{}">{}</a></td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>', rows
+            ),
+        )
+
+    # --- actions -------------------------------------------------------------------
+
+    def _each(self, request: HttpRequest, queryset: QuerySet[Schedule], change: Any, verb: str) -> None:
+        count = 0
+        for schedule in queryset:
+            change(schedule)
+            count += 1
+        self.message_user(request, ngettext("%(n)d schedule %(verb)s.", "%(n)d schedules %(verb)s.", count) % {"n": count, "verb": verb})
+
+    @admin.action(description="Enable selected schedules", permissions=["change"])
+    def enable(self, request: HttpRequest, queryset: QuerySet[Schedule]) -> None:
+        def change(schedule: Schedule) -> None:
+            schedule.enabled = True
+            schedule.save()
+
+        self._each(request, queryset, change, "enabled")
+
+    @admin.action(description="Disable selected schedules", permissions=["change"])
+    def disable(self, request: HttpRequest, queryset: QuerySet[Schedule]) -> None:
+        def change(schedule: Schedule) -> None:
+            schedule.enabled = False
+            schedule.save()
+
+        self._each(request, queryset, change, "disabled")
+
+    @admin.action(description="Pause selected schedules", permissions=["change"])
+    def pause(self, request: HttpRequest, queryset: QuerySet[Schedule]) -> None:
+        self._each(request, queryset, lambda s: s.pause(f"Paused by {request.user} in the admin"), "paused")
+
+    @admin.action(description="Resume selected schedules", permissions=["change"])
+    def resume(self, request: HttpRequest, queryset: QuerySet[Schedule]) -> None:
+        self._each(request, queryset, lambda s: s.resume(), "resumed")
+
 
 class ReadOnlyAdmin(admin.ModelAdmin):
     """Rows written by machines: viewable, never edited by hand."""
@@ -103,18 +262,77 @@ class ReadOnlyAdmin(admin.ModelAdmin):
 
 @admin.register(Execution)
 class ExecutionAdmin(ReadOnlyAdmin):
-    list_display = ("id", "task", "schedule", "scheduled_for", "status", "attempt", "worker")
-    list_filter = ("status",)
-    search_fields = ("idempotency_key", "celery_task_id", "task")
-    raw_id_fields = ("schedule",)
+    list_display = ("id", "task", "schedule", "scheduled_for", "status_text", "attempt", "duration", "worker")
+    list_filter = ("status", ("scheduled_for", admin.DateFieldListFilter))
+    search_fields = ("=idempotency_key", "=celery_task_id", "task")
+    raw_id_fields = ("schedule", "retry_of")
+    list_select_related = ("schedule",)
+    list_per_page = 50
+    readonly_fields = ("task_result_link", "traceback_text")
+    exclude = ("traceback",)
+
+    @admin.display(description="status", ordering="status")
+    def status_text(self, execution: Execution) -> str:
+        return status_badge(execution.status)
+
+    @admin.display(description="duration")
+    def duration(self, execution: Execution) -> str:
+        seconds = execution.duration_seconds
+        return "—" if seconds is None else f"{seconds:.2f}s"
+
+    @admin.display(description="task result")
+    def task_result_link(self, execution: Execution) -> str:
+        result = execution.task_result
+        if result is None:
+            return "—"
+        url = reverse("admin:django_celery_results_taskresult_change", args=[result.pk])
+        return format_html('<a href="{}">{} ({})</a>', url, result.task_id, result.status)
+
+    @admin.display(description="traceback")
+    def traceback_text(self, execution: Execution) -> str:
+        if not execution.traceback:
+            return "—"
+        return format_html('<pre style="white-space:pre-wrap">{}</pre>', execution.traceback)
 
 
 @admin.register(Lease)
 class LeaseAdmin(ReadOnlyAdmin):
+    """The cluster page: who leads, since when, and every replica's and worker's heartbeat."""
+
     list_display = ("name", "holder", "token", "acquired_at", "renewed_at", "expires_at")
+    change_list_template = "admin/scheduler/lease/cluster.html"
+
+    def changelist_view(self, request: HttpRequest, extra_context: dict[str, Any] | None = None) -> HttpResponse:
+        return super().changelist_view(request, extra_context={**(extra_context or {}), **cluster_context()})
+
+
+def cluster_context() -> dict[str, Any]:
+    """Leases with seconds left, instances with heartbeat ages, and a warning when nobody leads."""
+    limit = 2 * settings.LEASE_RENEW_SECONDS
+    state = leases.current(settings.LEASE_NAME)
+    now = state.db_now
+    renewed_age = (now - state.renewed_at).total_seconds() if state.renewed_at else None
+    instances = [
+        {"instance": instance, "age": (now - instance.last_seen).total_seconds()}
+        for instance in Instance.objects.order_by("role", "-is_leader", "instance_id")
+    ]
+    if not state.is_held:
+        warning = "No beat replica holds the lease: nothing is being dispatched."
+    elif renewed_age is not None and renewed_age > limit:
+        warning = f"The leader last renewed {renewed_age:.1f}s ago (limit {limit:.1f}s): it may be stuck."
+    else:
+        warning = ""
+    return {
+        "lease": state,
+        "renewed_age": renewed_age,
+        "instances": instances,
+        "cluster_warning": warning,
+        "db_now": now,
+    }
 
 
 @admin.register(Instance)
 class InstanceAdmin(ReadOnlyAdmin):
     list_display = ("instance_id", "role", "hostname", "pid", "last_seen", "is_leader")
     list_filter = ("role", "is_leader")
+

@@ -35,6 +35,7 @@ from datetime import datetime, timedelta
 from datetime import timezone as dt_timezone
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
+import cron_descriptor
 from croniter import CroniterBadDateError, CroniterError, croniter
 
 from scheduler.exceptions import ScheduleInvalid
@@ -129,6 +130,21 @@ class Timing:
             raise ScheduleInvalid(
                 f"dst_fold must be 'first', 'last' or 'both', got {self.dst_fold!r}"
             )
+
+
+def describe(timing: Timing) -> str:
+    """Return the timing in words: "Every 5 minutes (UTC)", "every 30 seconds", "once at ..."."""
+    if timing.run_at is not None:
+        return f"once at {timing.run_at.astimezone(ZoneInfo(timing.timezone)):%Y-%m-%d %H:%M:%S %Z}"
+    if timing.interval is not None:
+        return f"every {timing.interval} second{'s' if timing.interval != 1 else ''}"
+    options = cron_descriptor.Options()
+    options.use_24hour_time_format = True
+    try:
+        words = cron_descriptor.get_description(timing.cron, options)
+    except Exception:  # noqa: BLE001 -- a description is cosmetic; the expression itself is valid
+        words = timing.cron
+    return f"{words} ({timing.timezone})"
 
 
 def validate_cron(expr: str) -> None:

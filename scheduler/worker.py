@@ -190,6 +190,7 @@ def _count_run(execution: Execution, *, status: str, error: str) -> None:
     if schedule is None:
         return
     schedule.last_run_at = execution.started_at
+    schedule.last_status = status
     schedule.total_runs += 1
     if status == Execution.Status.SUCCEEDED:
         schedule.consecutive_failures = 0
@@ -204,7 +205,9 @@ def _count_run(execution: Execution, *, status: str, error: str) -> None:
                 extra={"action": "schedule_paused", "schedule": schedule.name},
             )
     schedule.save(
-        update_fields=["last_run_at", "total_runs", "consecutive_failures", "last_error", "paused_reason", "updated_at"]
+        update_fields=[
+            "last_run_at", "last_status", "total_runs", "consecutive_failures", "last_error", "paused_reason", "updated_at"
+        ]
     )
 
 

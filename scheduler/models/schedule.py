@@ -139,6 +139,8 @@ class Schedule(models.Model):
     paused_reason = models.TextField(blank=True, default="")
     next_run_at = models.DateTimeField(null=True, blank=True, editable=False)
     last_run_at = models.DateTimeField(null=True, blank=True, editable=False)
+    #: Final status of the last run (kept here so the admin can filter on it cheaply).
+    last_status = models.CharField(max_length=20, blank=True, default="", editable=False, db_index=True)
     total_runs = models.PositiveIntegerField(default=0, editable=False)
     #: Slots not run because they were older than the catch-up window or
     #: dropped by the misfire policy, whether or not each got a ``missed`` row.

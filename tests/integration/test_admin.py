@@ -1,0 +1,190 @@
+"""Admin pages, filters and actions through Django's test client."""
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from django.contrib.auth import get_user_model
+from django.db.models.functions import Now
+from django.test import Client
+
+from scheduler import leases
+from scheduler.models import Execution, Instance, Lease, Schedule
+
+pytestmark = pytest.mark.django_db
+
+Status = Execution.Status
+
+
+@pytest.fixture
+def staff() -> Client:
+    client = Client()
+    client.force_login(get_user_model().objects.create_superuser("root", "root@example.invalid", "pw"))
+    return client
+
+
+@pytest.fixture
+def schedules() -> dict[str, Schedule]:
+    made = {
+        "cron": Schedule(name="nightly", task="scheduler.echo", cron="30 2 * * *", timezone="Europe/Berlin", queue="q1"),
+        "interval": Schedule(name="often", task="scheduler.sleep", interval=5, tenant="acme"),
+        "paused": Schedule(name="held", task="scheduler.echo", interval=60, paused_reason="maintenance"),
+        "off": Schedule(name="off", task="scheduler.echo", interval=60, enabled=False),
+    }
+    for schedule in made.values():
+        schedule.full_clean()
+        schedule.save()
+    Schedule.objects.filter(pk=made["interval"].pk).update(last_status=Status.FAILED, last_run_at=leases.db_now())
+    return made
+
+
+def names(response: object) -> list[str]:
+    return sorted(schedule.name for schedule in response.context["cl"].result_list)  # type: ignore[attr-defined]
+
+
+def test_schedule_list__columns(staff: Client, schedules: dict[str, Schedule]) -> None:
+    response = staff.get("/admin/scheduler/schedule/")
+    page = response.content.decode()
+    assert response.status_code == 200
+    assert "At 02:30 (Europe/Berlin)" in page
+    assert "every 5 seconds" in page
+    assert "▶ active" in page and "⏸ paused" in page and "⏹ disabled" in page
+    assert ">failed<" in page
+    assert "in " in page  # relative next run
+
+
+@pytest.mark.parametrize(
+    ("query", "expected"),
+    [
+        ("state=active", ["nightly", "often"]),
+        ("state=paused", ["held"]),
+        ("state=disabled", ["off"]),
+        ("last_status=failed", ["often"]),
+        ("enabled__exact=0", ["off"]),
+        ("queue=q1", ["nightly"]),
+        ("tenant=acme", ["often"]),
+        ("task=scheduler.sleep", ["often"]),
+        ("q=nigh", ["nightly"]),
+    ],
+)
+def test_schedule_list__filters_and_search(staff: Client, schedules: dict[str, Schedule], query: str, expected: list[str]) -> None:
+    response = staff.get(f"/admin/scheduler/schedule/?{query}")
+    assert response.status_code == 200
+    assert names(response) == expected
+
+
+def test_schedule_change__next_fire_times_and_last_executions(staff: Client, schedules: dict[str, Schedule]) -> None:
+    schedule = schedules["interval"]
+    for n in range(25):
+        Execution.objects.create(
+            idempotency_key=f"k{n}", schedule=schedule, task=schedule.task, status=Status.SUCCEEDED,
+            scheduled_for=leases.db_now() - timedelta(minutes=n), error="boom" if n == 0 else "",
+        )
+    page = staff.get(f"/admin/scheduler/schedule/{schedule.pk}/change/").content.decode()
+    assert page.count("UTC)</span></li>") == 5
+    assert page.count("/admin/scheduler/execution/") >= 20
+    assert page.count(">succeeded<") == 20
+    assert "boom" in page
+
+
+@pytest.mark.parametrize(
+    ("action", "check"),
+    [
+        ("disable", lambda s: not s.enabled and s.next_run_at is None),
+        ("pause", lambda s: s.paused_reason.startswith("Paused by root") and s.next_run_at is None),
+    ],
+)
+def test_schedule_actions__disable_and_pause(staff: Client, schedules: dict[str, Schedule], action: str, check: object) -> None:
+    target = schedules["cron"]
+    response = staff.post("/admin/scheduler/schedule/", {"action": action, "_selected_action": [target.pk]}, follow=True)
+    assert response.status_code == 200
+    target.refresh_from_db()
+    assert check(target)  # type: ignore[operator]
+    assert "1 schedule" in response.content.decode()
+
+
+def test_schedule_actions__enable_and_resume(staff: Client, schedules: dict[str, Schedule]) -> None:
+    off, held = schedules["off"], schedules["paused"]
+    staff.post("/admin/scheduler/schedule/", {"action": "enable", "_selected_action": [off.pk]})
+    staff.post("/admin/scheduler/schedule/", {"action": "resume", "_selected_action": [held.pk]})
+    off.refresh_from_db()
+    held.refresh_from_db()
+    assert off.enabled and off.next_run_at is not None
+    assert held.paused_reason == "" and held.next_run_at is not None
+
+
+@pytest.fixture
+def executions(schedules: dict[str, Schedule]) -> list[Execution]:
+    now = leases.db_now()
+    return [
+        Execution.objects.create(
+            idempotency_key="ok", schedule=schedules["interval"], task="scheduler.sleep", status=Status.SUCCEEDED,
+            scheduled_for=now, started_at=now, finished_at=now + timedelta(seconds=2), celery_task_id="t-ok",
+        ),
+        Execution.objects.create(
+            idempotency_key="bad", task="scheduler.echo", status=Status.FAILED, scheduled_for=now - timedelta(days=3),
+            error="RuntimeError: boom", traceback="Traceback (most recent call last):\n  <line>\nRuntimeError: boom",
+        ),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("query", "expected"),
+    [
+        ("", ["bad", "ok"]),
+        ("status__exact=failed", ["bad"]),
+        ("schedule__id__exact={schedule}", ["ok"]),
+        ("scheduled_for__gte={today}T00:00:00%2B00:00", ["ok"]),
+        ("q=bad", ["bad"]),
+    ],
+)
+def test_execution_list__filters(staff: Client, executions: list[Execution], schedules: dict[str, Schedule], query: str, expected: list[str]) -> None:
+    today = leases.db_now().date().isoformat()
+    response = staff.get("/admin/scheduler/execution/?" + query.format(schedule=schedules["interval"].pk, today=today))
+    assert response.status_code == 200
+    assert sorted(e.idempotency_key for e in response.context["cl"].result_list) == expected
+    assert "2.00s" in response.content.decode() or "ok" not in expected
+
+
+def test_execution_change__read_only_with_preformatted_traceback(staff: Client, executions: list[Execution]) -> None:
+    failed = executions[1]
+    response = staff.get(f"/admin/scheduler/execution/{failed.pk}/change/")
+    page = response.content.decode()
+    assert response.status_code == 200
+    assert "<pre" in page and "RuntimeError: boom" in page
+    assert 'name="_save"' not in page
+    assert staff.post(f"/admin/scheduler/execution/{failed.pk}/change/", {}).status_code == 403
+
+
+def test_execution_change__links_to_the_task_result(staff: Client, executions: list[Execution]) -> None:
+    from django_celery_results.models import TaskResult
+
+    TaskResult.objects.create(task_id="t-ok", status="SUCCESS")
+    page = staff.get(f"/admin/scheduler/execution/{executions[0].pk}/change/").content.decode()
+    assert "/admin/django_celery_results/taskresult/" in page and "t-ok (SUCCESS)" in page
+
+
+def test_cluster_page__leader_token_expiry_and_heartbeats(staff: Client) -> None:
+    handle = leases.acquire("beat", "host-1-abc", ttl=10)
+    assert handle is not None
+    Instance.objects.create(instance_id="host-1-abc", role="beat", hostname="h", pid=1, started_at=Now(), last_seen=Now(), is_leader=True)
+    Instance.objects.create(instance_id="w@h-2", role="worker", hostname="h", pid=2, started_at=Now(), last_seen=Now())
+    page = staff.get("/admin/scheduler/lease/").content.decode()
+    assert 'id="cluster-leader">host-1-abc<' in page
+    assert f"<td>{handle.token}</td>" in page
+    assert "w@h-2" in page and "cluster-warning" not in page
+
+
+def test_cluster_page__warns_when_no_leader_renewed_in_time(staff: Client) -> None:
+    assert "No beat replica holds the lease" in staff.get("/admin/scheduler/lease/").content.decode()
+    handle = leases.acquire("beat", "host-1-abc", ttl=60)
+    assert handle is not None
+    Lease.objects.filter(name="beat").update(renewed_at=leases.db_now() - timedelta(seconds=30))
+    page = staff.get("/admin/scheduler/lease/").content.decode()
+    assert 'id="cluster-warning"' in page and "may be stuck" in page
+
+
+def test_instance_list(staff: Client) -> None:
+    Instance.objects.create(instance_id="w@h-2", role="worker", hostname="h", pid=2, started_at=Now(), last_seen=Now())
+    response = staff.get("/admin/scheduler/instance/?role__exact=worker")
+    assert response.status_code == 200 and "w@h-2" in response.content.decode()
