@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 from zoneinfo import ZoneInfo
 
+from django import forms
 from django.contrib import admin
 from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse
@@ -20,7 +21,7 @@ from django.utils.safestring import mark_safe
 from django.utils.timesince import timesince, timeuntil
 from django.utils.translation import ngettext
 
-from scheduler import clock, leases, timing
+from scheduler import clock, dispatch, leases, timing
 from scheduler.conf import settings
 from scheduler.exceptions import ScheduleInvalid
 from scheduler.models import Execution, Instance, Lease, Schedule
@@ -99,8 +100,24 @@ class StateFilter(admin.SimpleListFilter):
         return queryset
 
 
+class ScheduleForm(forms.ModelForm):
+    class Meta:
+        model = Schedule
+        fields = "__all__"
+
+    def clean_task(self) -> str:
+        name = self.cleaned_data["task"].strip()
+        if not dispatch.is_task_registered(name):
+            raise forms.ValidationError(
+                "Unknown task %(name)s: no task with that name is registered with the Celery app.",
+                params={"name": name},
+            )
+        return name
+
+
 @admin.register(Schedule)
 class ScheduleAdmin(admin.ModelAdmin):
+    form = ScheduleForm
     list_display = ("name", "task", "timing_text", "timezone", "next_run", "last_run", "state")
     list_filter = (StateFilter, LastStatusFilter, "enabled", "queue", "tenant", "task")
     search_fields = ("name", "task", "description")

@@ -327,7 +327,7 @@ def submit(
     """
     app = app or current_app
     name = task if isinstance(task, str) else task.name
-    if not _is_registered(app, name):
+    if not is_task_registered(name, app=app):
         raise SubmissionInvalid(f"Unknown task {name!r}: no task with that name is registered.")
     args, kwargs = _checked_arguments(args, kwargs)
     if timeout is not None and (not isinstance(timeout, int) or timeout <= 0):
@@ -377,7 +377,9 @@ def submit(
     return execution
 
 
-def _is_registered(app: Celery, name: str) -> bool:
+def is_task_registered(name: str, *, app: Celery | None = None) -> bool:
+    """Return whether a task of that name is registered with the Celery app."""
+    app = app or current_app
     if name not in app.tasks:
         # Outside a worker, apps' tasks modules are imported on demand only.
         app.loader.import_default_modules()

@@ -130,6 +130,7 @@ def _form_data(**overrides: object) -> dict[str, object]:
 
 ADMIN_BAD_INPUT = [
     ("invalid cron", {"cron": "61 * * * *"}, "61 * * * *"),
+    ("unknown task", {"interval": "5", "task": "no.such.task"}, "Unknown task no.such.task"),
     ("unknown timezone", {"interval": "5", "timezone": "Mars/Olympus"}, "Mars/Olympus"),
     ("no timing", {}, "exactly one of"),
     ("two timings", {"cron": "* * * * *", "interval": "5"}, "exactly one of"),
