@@ -144,14 +144,25 @@ for _name, _default in vars(_SchedulerDefaults).items():
                 f"SCHEDULER_{_name}={_raw!r} is not a valid {type(_default).__name__}"
             ) from None
 
+# SCHEDULER_LOG_FORMAT=json writes the scheduler's logs as JSON lines; every
+# record carries the instance id, lease token, execution id and schedule in
+# scope (scheduler/logs.py).
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
+    "filters": {
+        "context": {"()": "scheduler.logs.ContextFilter"},
+    },
     "formatters": {
         "plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"},
+        "json": {"()": "scheduler.logs.JsonFormatter"},
     },
     "handlers": {
-        "console": {"class": "logging.StreamHandler", "formatter": "plain"},
+        "console": {
+            "class": "logging.StreamHandler",
+            "formatter": "json" if os.environ.get("SCHEDULER_LOG_FORMAT", "").lower() == "json" else "plain",
+            "filters": ["context"],
+        },
     },
     "loggers": {
         "scheduler": {

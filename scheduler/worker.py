@@ -40,7 +40,7 @@ from django.db import DatabaseError, close_old_connections, transaction
 from django.db.models import DateTimeField, ExpressionWrapper, F
 from django.db.models.functions import Now
 
-from scheduler import clock, dbclock, policies
+from scheduler import clock, dbclock, logs, policies
 from scheduler.conf import settings
 from scheduler.models import Execution, Schedule
 
@@ -244,6 +244,7 @@ class ExecutionTask(Task):
             )
             raise Ignore()
         setattr(self.request, _REQUEST_ATTR, execution)
+        logs.bind(execution_id=execution.pk, schedule=execution.schedule_id)
         _renewer.hold(execution.pk)
 
     def _record_ad_hoc(self, task_id: str, args: Any, kwargs: Any) -> str:
@@ -299,6 +300,7 @@ class ExecutionTask(Task):
             raise
         finally:
             _renewer.drop(execution.pk)
+            logs.unbind("execution_id", "schedule")
         _finish(execution, status=Execution.Status.SUCCEEDED, result=_result_summary(value))
         return value
 
