@@ -17,6 +17,7 @@ from django.core.exceptions import ValidationError
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.core.serializers.json import DjangoJSONEncoder
 from django.db import DatabaseError
+from django.db.models import Model
 from django.utils.dateparse import parse_datetime
 from kombu.exceptions import OperationalError as BrokerError
 
@@ -42,11 +43,14 @@ class SchedulerCommand(BaseCommand):
 
     def create_parser(self, prog_name: str, subcommand: str, **kwargs: Any) -> CommandParser:
         kwargs.setdefault("formatter_class", _ExamplesFormatter)
-        parser = super().create_parser(prog_name, subcommand, **kwargs)
-        # Django builds a CommandParser with no hook for the class; the
-        # subclass only changes error(), and sub-parsers inherit it.
+        return super().create_parser(prog_name, subcommand, **kwargs)
+
+    def add_base_argument(self, parser: CommandParser, *args: Any, **kwargs: Any) -> None:
+        # Django builds a plain CommandParser with no hook for its class; this
+        # runs before add_arguments(), so sub-parsers made there inherit the
+        # one-line errors too (argparse gives them the parent's class).
         parser.__class__ = OneLineParser
-        return parser
+        super().add_base_argument(parser, *args, **kwargs)
 
     def add_common_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("--json", action="store_true", help="print machine-readable JSON instead of text")
@@ -152,3 +156,24 @@ def _argument_error(message: str) -> Exception:
 def _first_line(exc: BaseException) -> str:
     return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
 
+
+def model_fields(instance: Model) -> dict[str, Any]:
+    """Return every stored field of ``instance`` by attribute name (for ``show --json``)."""
+    return {field.attname: getattr(instance, field.attname) for field in instance._meta.concrete_fields}
+
+
+def text_table(headers: tuple[str, ...], rows: list[tuple[str, ...]]) -> list[str]:
+    """Return aligned text lines for a header row and data rows."""
+    widths = [max(len(row[i]) for row in (headers, *rows)) for i in range(len(headers))]
+    return ["  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip() for row in (headers, *rows)]
+
+
+def text_value(value: Any) -> str:
+    """Return one field value as text: ISO-8601 times, JSON for lists and objects, ``-`` for none."""
+    if value is None:
+        return "-"
+    if isinstance(value, datetime):
+        return value.isoformat()
+    if isinstance(value, (list, dict)):
+        return json.dumps(value)
+    return str(value)

@@ -1,0 +1,205 @@
+"""Admin at scale: list, filter, search and change pages with 1M schedules and 10M executions.
+
+Loads the rows into the benchmark's own PostgreSQL with ``generate_series``
+(server side, so loading takes minutes, not hours), runs ``VACUUM ANALYZE``,
+then renders each admin page through Django's test client as a logged-in
+superuser and reports the median of several renders.
+
+Run: ``python -m bench.admin_scale [--schedules 1000000] [--executions 10000000] [--repeat 5]``.
+Writes ``bench/results/admin_scale.json``.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from bench.common import ROOT, django_env, migrate, table, write_results
+
+GOAL_SECONDS = 1.0
+
+
+def _insert_generated(model: Any, count: int, expressions: dict[str, str]) -> None:
+    """INSERT ``count`` rows built by ``generate_series`` (``g`` = 1..count).
+
+    Columns not in ``expressions`` get the field's Python default as a parameter.
+    """
+    from django.db import connection
+
+    columns, values, params = [], [], []
+    for field in model._meta.concrete_fields:
+        if field.primary_key:
+            continue
+        columns.append(connection.ops.quote_name(field.column))
+        if field.attname in expressions:
+            values.append(expressions[field.attname].replace("%", "%%"))  # literal % (modulo) in SQL
+            continue
+        default = field.get_default()
+        if field.get_internal_type() == "JSONField":
+            values.append("%s::jsonb")
+            params.append(json.dumps(default))
+        else:
+            values.append("%s")
+            params.append(default)
+    sql = (
+        f"INSERT INTO {model._meta.db_table} ({', '.join(columns)}) "
+        f"SELECT {', '.join(values)} FROM generate_series(1, {int(count)}) AS g"
+    )
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+
+
+def _load(schedules: int, executions: int) -> dict[str, float]:
+    from django.db import connection
+
+    from scheduler.models import Execution, Schedule
+
+    timings = {}
+    started = time.monotonic()
+    _insert_generated(
+        Schedule,
+        schedules,
+        {
+            "name": "'schedule-' || g",
+            "task": "'app.task_' || (g % 50)",
+            "interval": "60 + (g % 600)",
+            "queue": "'queue-' || (g % 5)",
+            "tenant": "'tenant-' || (g % 100)",
+            "enabled": "(g % 10 <> 0)",
+            "next_run_at": "now() + make_interval(secs => g % 3600)",
+            "last_run_at": "now() - make_interval(secs => g % 3600)",
+            "last_status": "(ARRAY['succeeded','failed','timed_out'])[1 + g % 3]",
+            "created_at": "now()",
+            "updated_at": "now()",
+        },
+    )
+    timings["load_schedules_seconds"] = time.monotonic() - started
+    started = time.monotonic()
+    _insert_generated(
+        Execution,
+        executions,
+        {
+            "idempotency_key": "'bench:' || g",
+            "schedule_id": f"(SELECT min(id) FROM scheduler_schedule) + (g % {schedules})",
+            "task": "'app.task_' || (g % 50)",
+            "scheduled_for": "now() - make_interval(secs => g)",
+            "status": "(ARRAY['succeeded','succeeded','succeeded','failed','missed','skipped'])[1 + g % 6]",
+            "celery_task_id": "md5(g::text)",
+            "started_at": "now() - make_interval(secs => g)",
+            "finished_at": "now() - make_interval(secs => g) + interval '1 second'",
+            "created_at": "now() - make_interval(secs => g)",
+        },
+    )
+    timings["load_executions_seconds"] = time.monotonic() - started
+    with connection.cursor() as cursor:
+        cursor.execute("VACUUM ANALYZE")
+    return timings
+
+
+def _measure(repeat: int) -> list[dict[str, Any]]:
+    from django.contrib.auth import get_user_model
+    from django.db import connection, reset_queries
+    from django.test import Client
+    from django.test.utils import CaptureQueriesContext
+
+    from scheduler.models import Execution, Schedule
+
+    client = Client()
+    client.force_login(get_user_model().objects.create_superuser("bench", "bench@example.invalid", "pw"))
+    schedule = Schedule.objects.order_by("id")[Schedule.objects.count() // 2]
+    execution = Execution.objects.filter(schedule=schedule).order_by("-scheduled_for").first() or Execution.objects.first()
+    pages = {
+        "schedule list": "/admin/scheduler/schedule/",
+        "schedule list, page 100": "/admin/scheduler/schedule/?p=100",
+        "schedule list, sorted by next run": "/admin/scheduler/schedule/?o=4",
+        "schedule filter: state=paused": "/admin/scheduler/schedule/?state=paused",
+        "schedule filter: last status=failed": "/admin/scheduler/schedule/?last_status=failed",
+        "schedule filter: task": "/admin/scheduler/schedule/?task=app.task_7",
+        "schedule search: name": f"/admin/scheduler/schedule/?q={schedule.name}",
+        "schedule change page": f"/admin/scheduler/schedule/{schedule.pk}/change/",
+        "execution list": "/admin/scheduler/execution/",
+        "execution filter: status=failed": "/admin/scheduler/execution/?status__exact=failed",
+        "execution filter: schedule": f"/admin/scheduler/execution/?schedule__id__exact={schedule.pk}",
+        "execution filter: past 7 days": "/admin/scheduler/execution/?scheduled_for__gte="
+        + time.strftime("%Y-%m-%dT00:00:00%%2B00:00", time.gmtime(time.time() - 7 * 86400)),
+        "execution search: idempotency key": f"/admin/scheduler/execution/?q=bench:{execution.idempotency_key.split(':')[-1] if execution else 1}",
+        "execution change page": f"/admin/scheduler/execution/{execution.pk}/change/",
+        "cluster page": "/admin/scheduler/lease/",
+    }
+    results = []
+    for label, url in pages.items():
+        samples = []
+        status = 0
+        queries = 0
+        for _ in range(repeat):
+            reset_queries()
+            with CaptureQueriesContext(connection) as captured:
+                started = time.perf_counter()
+                response = client.get(url)
+                samples.append(time.perf_counter() - started)
+            status, queries = response.status_code, len(captured)
+        results.append(
+            {"page": label, "url": url, "status": status, "queries": queries,
+             "median_seconds": statistics.median(samples), "max_seconds": max(samples), "samples": samples}
+        )
+        print(f"  {label}: {statistics.median(samples):.3f}s", flush=True)
+    return results
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--schedules", type=int, default=1_000_000)
+    parser.add_argument("--executions", type=int, default=10_000_000)
+    parser.add_argument("--repeat", type=int, default=5, help="renders per page (median reported)")
+    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if min(args.schedules, args.executions, args.repeat) < 1:
+        parser.error("--schedules, --executions and --repeat must be at least 1")
+
+    if args.child:
+        import django
+
+        django.setup()
+        loading = _load(args.schedules, args.executions)
+        print(json.dumps({"loading": loading, "pages": _measure(args.repeat)}), flush=True)
+        return 0
+
+    from tests.services import postgres_cluster
+
+    with tempfile.TemporaryDirectory(prefix="bench-") as tmp, postgres_cluster() as pg_url:
+        env = django_env(pg_url, "redis://127.0.0.1:1/0", Path(tmp))  # the admin never touches the broker
+        env["ALLOWED_HOSTS"] = "testserver"
+        migrate(env)
+        print(f"loading {args.schedules:,} schedules and {args.executions:,} executions into PostgreSQL...", flush=True)
+        child = subprocess.run(
+            [sys.executable, "-m", "bench.admin_scale", "--child", f"--schedules={args.schedules}",
+             f"--executions={args.executions}", f"--repeat={args.repeat}"],
+            cwd=ROOT, env=env, stdout=subprocess.PIPE, text=True, check=True,
+        )
+    result = json.loads(child.stdout.strip().splitlines()[-1])
+    rows = [[p["page"], p["status"], p["queries"], p["median_seconds"], p["max_seconds"]] for p in result["pages"]]
+    print()
+    print(table(["page", "status", "queries", "median s", "max s"], rows))
+    slowest = max(p["median_seconds"] for p in result["pages"])
+    if any(p["status"] != 200 for p in result["pages"]):
+        print("\nsome pages did not answer 200; see the status column")
+    print(f"\nloaded in {result['loading']['load_schedules_seconds']:.0f}s + {result['loading']['load_executions_seconds']:.0f}s; "
+          f"goal: every page well under {GOAL_SECONDS:.0f}s; slowest median {slowest:.3f}s -> "
+          f"{'met' if slowest < GOAL_SECONDS and all(p['status'] == 200 for p in result['pages']) else 'NOT met'}")
+    path = write_results(
+        "admin_scale",
+        {"schedules": args.schedules, "executions": args.executions, "database": "PostgreSQL 15 (benchmark cluster, fsync off)",
+         "goal_seconds": GOAL_SECONDS, "slowest_median_seconds": slowest, **result},
+    )
+    print(f"wrote {path.relative_to(ROOT)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

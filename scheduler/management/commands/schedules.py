@@ -1,0 +1,335 @@
+"""``manage.py schedules``: list, inspect, create, change, pause, delete and fire schedules."""
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+from zoneinfo import ZoneInfo
+
+from django.core.management.base import CommandError, CommandParser
+from django.db import transaction
+
+from project.celery import app
+from scheduler import clock, operations
+from scheduler.exceptions import SchedulerError
+from scheduler.management.base import (
+    SchedulerCommand,
+    model_fields,
+    parse_iso,
+    parse_json,
+    text_table,
+    text_value,
+)
+from scheduler.models import Schedule
+
+#: Options of ``create`` and ``update`` that set one model field each: flag, field, argparse keywords.
+FIELD_OPTIONS: tuple[tuple[str, str, dict[str, Any]], ...] = (
+    ("--task", "task", {"metavar": "NAME", "help": "dotted name of a registered Celery task"}),
+    ("--args", "args", {"metavar": "JSON", "help": "positional arguments, a JSON list"}),
+    ("--kwargs", "kwargs", {"metavar": "JSON", "help": "keyword arguments, a JSON object"}),
+    ("--queue", "queue", {"help": "Celery queue; empty for the default one"}),
+    ("--timezone", "timezone", {"metavar": "TZ", "help": "IANA zone the cron is read in (default UTC)"}),
+    ("--start", "start_at", {"metavar": "ISO", "help": "no slot before this time"}),
+    ("--end", "end_at", {"metavar": "ISO", "help": "no slot after this time"}),
+    ("--max-runs", "max_runs", {"type": int, "metavar": "N", "help": "turn off after N runs"}),
+    ("--timeout", "timeout", {"type": int, "metavar": "S", "help": "soft time limit per execution, seconds"}),
+    ("--overlap", "overlap", {"choices": Schedule.Overlap.values, "help": "when a run is still in flight"}),
+    ("--misfire", "misfire", {"choices": Schedule.Misfire.values, "help": "which late slots run"}),
+    ("--catchup-window", "catchup_window", {"type": int, "metavar": "S", "help": "older slots are missed"}),
+    ("--jitter", "jitter", {"type": int, "metavar": "S", "help": "spread sends over up to S seconds"}),
+    ("--dst-gap", "dst_gap", {"choices": Schedule.DstGap.values, "help": "local times that do not exist"}),
+    ("--dst-fold", "dst_fold", {"choices": Schedule.DstFold.values, "help": "local times that occur twice"}),
+    ("--max-retries", "max_retries", {"type": int, "metavar": "N", "help": "attempts after a failure"}),
+    ("--retry-backoff", "retry_backoff", {"type": int, "metavar": "S", "help": "base delay between attempts"}),
+    ("--pause-after-failures", "pause_after_failures", {"type": int, "metavar": "N", "help": "circuit breaker"}),
+    ("--priority", "priority", {"type": int, "metavar": "N", "help": "message priority"}),
+    ("--description", "description", {"metavar": "TEXT", "help": "free text for operators"}),
+    ("--tenant", "tenant", {"metavar": "NAME", "help": "owner of the schedule"}),
+)
+#: Options given as text and parsed in handle(), where a bad value is a one-line CommandError.
+VALUE_PARSERS: dict[str, Callable[[str], Any]] = {
+    "args": lambda value: parse_json(value, name="--args", kind=list),
+    "kwargs": lambda value: parse_json(value, name="--kwargs", kind=dict),
+    "start_at": lambda value: parse_iso(value, name="--start"),
+    "end_at": lambda value: parse_iso(value, name="--end"),
+    "run_at": lambda value: parse_iso(value, name="--at"),
+}
+#: Destinations that differ from the field name: Django's own ``args`` option would swallow ``--args``.
+OPTION_DESTS = {"args": "task_args", "kwargs": "task_kwargs"}
+TIMING_OPTIONS = ("cron", "interval", "run_at")
+MAX_FIRE_TIMES = 1000
+
+
+class Command(SchedulerCommand):
+    help = """Manage schedules: list, inspect, create, change, pause, delete and fire them.
+
+examples:
+  manage.py schedules list
+  manage.py schedules create nightly --task scheduler.echo --cron "0 2 * * *" --timezone Europe/Berlin
+  manage.py schedules update nightly --every 3600
+  manage.py schedules pause nightly --reason "maintenance until Monday"
+  manage.py schedules run-now nightly
+  manage.py schedules next nightly -n 10
+Run "manage.py schedules ACTION --help" for the options of each action."""
+    writes = True
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        # Sub-parsers need the one-line errors too; the base gives them to the top
+        # parser only after add_arguments() has run, so they would not inherit them.
+        subs = parser.add_subparsers(dest="action", required=True, metavar="ACTION")
+
+        def action(name: str, summary: str, examples: str, *, writes: bool = True) -> CommandParser:
+            sub = subs.add_parser(
+                name, help=summary, description=f"{summary}\n\nexamples:\n{examples}",
+                formatter_class=parser.formatter_class,
+            )
+            if name != "list":
+                sub.add_argument("name", metavar="NAME", help="the schedule's name")
+            if writes:
+                self.add_common_arguments(sub)
+            else:
+                sub.add_argument("--json", action="store_true", help="print machine-readable JSON instead of text")
+            return sub
+
+        action("list", "List every schedule with its timing, state and next run.",
+               "  manage.py schedules list\n  manage.py schedules list --json", writes=False)
+        action("show", "Show every field of one schedule.",
+               "  manage.py schedules show nightly --json", writes=False)
+        create = action(
+            "create", "Create a schedule; it is validated like in the admin and nothing is saved on error.",
+            '  manage.py schedules create nightly --task scheduler.echo --cron "0 2 * * *" --timezone Europe/Berlin\n'
+            "  manage.py schedules create poll --task scheduler.echo --every 30 --args '[1, \"two\"]' --overlap skip\n"
+            "  manage.py schedules create once --task scheduler.echo --at 2026-03-29T02:30:00Z --dry-run",
+        )
+        _add_field_options(create, creating=True)
+        create.add_argument("--disabled", action="store_true", help="create it turned off")
+        update = action(
+            "update", "Change the given fields; --cron, --every or --at replaces the timing.",
+            "  manage.py schedules update nightly --cron \"30 3 * * *\"\n"
+            "  manage.py schedules update nightly --queue reports --timeout 600 --dry-run",
+        )
+        _add_field_options(update, creating=False)
+        action("enable", "Turn a schedule on; it fires from its next slot after now.",
+               "  manage.py schedules enable nightly")
+        action("disable", "Turn a schedule off, keeping its history.", "  manage.py schedules disable nightly")
+        pause = action("pause", "Pause a schedule with a reason; slots during the pause are not owed later.",
+                       '  manage.py schedules pause nightly --reason "vendor outage"')
+        pause.add_argument("--reason", default="", metavar="TEXT", help="why it is paused (default: Paused)")
+        action("resume", "Resume a paused schedule from its next slot; reset its failure count.",
+               "  manage.py schedules resume nightly")
+        action("delete", "Delete a schedule; its executions keep their history.",
+               "  manage.py schedules delete nightly --dry-run")
+        action("run-now", "Run a schedule's task once now, outside its timing.",
+               "  manage.py schedules run-now nightly")
+        upcoming = action("next", "Print the next fire times in the schedule's zone and in UTC.",
+                          "  manage.py schedules next nightly -n 10", writes=False)
+        upcoming.add_argument("-n", "--count", type=_fire_count, default=5, metavar="N",
+                              help=f"how many (1 to {MAX_FIRE_TIMES}, default 5)")
+
+    def handle(self, *args: Any, action: str, **options: Any) -> None:
+        try:
+            getattr(self, "_" + action.replace("-", "_"))(**options)
+        except SchedulerError as exc:
+            raise CommandError(str(exc)) from None
+
+    # --- reading ---------------------------------------------------------------------
+
+    def _list(self, *, json: bool, **options: Any) -> None:
+        schedules = list(Schedule.objects.all())
+        rows = [
+            {
+                "name": s.name, "task": s.task, "timing": timing_text(s), "timezone": s.timezone,
+                "enabled": s.enabled, "paused_reason": s.paused_reason, "next_run_at": s.next_run_at,
+            }
+            for s in schedules
+        ]
+        headers = ("NAME", "TASK", "TIMING", "TIMEZONE", "STATE", "NEXT RUN")
+        cells = [
+            (s.name, s.task, timing_text(s), s.timezone, state_text(s), text_value(s.next_run_at)) for s in schedules
+        ]
+        self.emit(rows, as_json=json, text=text_table(headers, cells) if schedules else "No schedules.")
+
+    def _show(self, name: str, *, json: bool, **options: Any) -> None:
+        schedule = _get(name)
+        data = model_fields(schedule)
+        lines = [f"{key:<22} {text_value(value)}" for key, value in data.items()]
+        lines += [f"{'timing':<22} {timing_text(schedule)}", f"{'state':<22} {state_text(schedule)}"]
+        self.emit(data, as_json=json, text=lines)
+
+    def _next(self, name: str, *, json: bool, count: int, **options: Any) -> None:
+        schedule = _get(name)
+        times = schedule.next_fire_times(count, after=clock.now())
+        zone = ZoneInfo(schedule.timezone)
+        data = [{"local": t.astimezone(zone), "utc": t} for t in times]
+        lines = [f"{t.astimezone(zone):%a %Y-%m-%d %H:%M:%S %Z}  ({t:%Y-%m-%d %H:%M:%S} UTC)" for t in times]
+        if not times:
+            lines = ["No upcoming slots."]
+        if not schedule.enabled or schedule.is_paused:
+            lines.append(f"Note: the schedule is {state_text(schedule)}; it does not fire until turned on.")
+        self.emit(data, as_json=json, text=lines)
+
+    # --- writing ---------------------------------------------------------------------
+
+    def _create(self, name: str, *, json: bool, dry_run: bool, disabled: bool, **options: Any) -> None:
+        schedule = Schedule(name=name, enabled=not disabled, **_changes(options))
+        operations.validate_schedule(schedule, app=app)
+        if dry_run:
+            schedule.next_run_at = schedule.compute_next_run_at(now=clock.now())
+        else:
+            schedule.save()
+        self._report(schedule, "Would create" if dry_run else "Created", json=json, dry_run=dry_run)
+
+    def _update(self, name: str, *, json: bool, dry_run: bool, **options: Any) -> None:
+        schedule = _get(name)
+        changes = _changes(options)
+        if not changes:
+            raise CommandError("Nothing to change: give at least one option, e.g. --cron or --queue.")
+        for field, value in changes.items():
+            setattr(schedule, field, value)
+        operations.validate_schedule(schedule, app=app)
+        with _rolled_back_if(dry_run):
+            schedule.save()
+        self._report(schedule, "Would update" if dry_run else "Updated", json=json, dry_run=dry_run)
+
+    def _enable(self, name: str, **options: Any) -> None:
+        self._change_state(name, "enable", lambda schedule: _set_enabled(schedule, True), **options)
+
+    def _disable(self, name: str, **options: Any) -> None:
+        self._change_state(name, "disable", lambda schedule: _set_enabled(schedule, False), **options)
+
+    def _pause(self, name: str, *, reason: str, **options: Any) -> None:
+        self._change_state(name, "pause", lambda schedule: schedule.pause(reason), **options)
+
+    def _resume(self, name: str, **options: Any) -> None:
+        self._change_state(name, "resume", Schedule.resume, **options)
+
+    def _change_state(
+        self, name: str, verb: str, change: Callable[[Schedule], None], *, json: bool, dry_run: bool, **options: Any
+    ) -> None:
+        schedule = _get(name)
+        with _rolled_back_if(dry_run):
+            change(schedule)
+        self._report(schedule, f"Would {verb}" if dry_run else f"{verb.capitalize()}d", json=json, dry_run=dry_run)
+
+    def _delete(self, name: str, *, json: bool, dry_run: bool, **options: Any) -> None:
+        schedule = _get(name)
+        data = model_fields(schedule)
+        kept = schedule.executions.count()
+        with _rolled_back_if(dry_run):
+            schedule.delete()
+        verb = "Would delete" if dry_run else "Deleted"
+        self.emit(
+            {"dry_run": dry_run, "schedule": data, "executions_kept": kept},
+            as_json=json,
+            text=f"{verb} schedule {name!r}; its {kept} execution(s) keep their history.",
+        )
+
+    def _run_now(self, name: str, *, json: bool, dry_run: bool, **options: Any) -> None:
+        schedule = _get(name)
+        if dry_run:
+            operations.ensure_task(app, schedule.task)
+            self.emit(
+                {"dry_run": True, "schedule": schedule.name, "task": schedule.task},
+                as_json=json,
+                text=f"Would run schedule {name!r} now (task {schedule.task}).",
+            )
+            return
+        result = operations.run_now(schedule, app=app)
+        execution = result.execution
+        text = (
+            f"Execution {execution.pk} of schedule {name!r} {execution.status} "
+            f"(celery id {execution.celery_task_id})."
+        )
+        if result.broker_error:
+            text = (
+                f"Execution {execution.pk} of schedule {name!r} recorded but still pending: the broker is "
+                f"unreachable ({result.broker_error}); the beat leader will send it."
+            )
+        self.emit(
+            {"dry_run": False, "execution": model_fields(execution), "broker_error": result.broker_error},
+            as_json=json,
+            text=text,
+        )
+
+    def _report(self, schedule: Schedule, verb: str, *, json: bool, dry_run: bool) -> None:
+        text = (
+            f"{verb} schedule {schedule.name!r}: {timing_text(schedule)} ({schedule.timezone}), "
+            f"{state_text(schedule)}, next run {text_value(schedule.next_run_at)}."
+        )
+        self.emit({"dry_run": dry_run, "schedule": model_fields(schedule)}, as_json=json, text=text)
+
+
+def timing_text(schedule: Schedule) -> str:
+    """Return the schedule's timing in words: ``cron 0 2 * * *``, ``every 30s`` or ``once at ...``."""
+    if schedule.cron:
+        return f"cron {schedule.cron}"
+    if schedule.interval is not None:
+        return f"every {schedule.interval}s"
+    if schedule.run_at is not None:
+        return f"once at {text_value(schedule.run_at)}"
+    return "no timing"
+
+
+def state_text(schedule: Schedule) -> str:
+    """Return ``enabled``, ``paused (reason)`` or ``disabled`` (with the reason it turned itself off)."""
+    if not schedule.enabled:
+        return f"disabled ({schedule.disabled_reason})" if schedule.disabled_reason else "disabled"
+    if schedule.is_paused:
+        return f"paused ({schedule.paused_reason})"
+    return "enabled"
+
+
+def _add_field_options(parser: CommandParser, *, creating: bool) -> None:
+    timing = parser.add_mutually_exclusive_group(required=creating)
+    timing.add_argument("--cron", metavar="EXPR", help='5 fields, or 6 with seconds first: "*/10 * * * * *"')
+    timing.add_argument("--every", dest="interval", type=int, metavar="SECONDS", help="fixed interval")
+    timing.add_argument("--at", dest="run_at", metavar="ISO", help="run once at this time")
+    for flag, field, keywords in FIELD_OPTIONS:
+        dest = OPTION_DESTS.get(field, field)
+        parser.add_argument(flag, dest=dest, required=creating and field == "task", **keywords)
+
+
+def _get(name: str) -> Schedule:
+    schedule = Schedule.objects.filter(name=name).first()
+    if schedule is None:
+        raise CommandError(f"No schedule named {name!r}")
+    return schedule
+
+
+def _changes(options: dict[str, Any]) -> dict[str, Any]:
+    """Return {field: value} for the field options given on the command line, parsed."""
+    fields = (*TIMING_OPTIONS, *(field for _, field, _ in FIELD_OPTIONS))
+    given = {field: options.get(OPTION_DESTS.get(field, field)) for field in fields}
+    changes = {field: value for field, value in given.items() if value is not None}
+    if any(field in changes for field in TIMING_OPTIONS):
+        # One timing replaces the others: a schedule has exactly one.
+        changes = {"cron": "", "interval": None, "run_at": None, **changes}
+    for field, parse in VALUE_PARSERS.items():
+        if changes.get(field) is not None:
+            changes[field] = parse(changes[field])
+    return changes
+
+
+def _set_enabled(schedule: Schedule, enabled: bool) -> None:
+    schedule.enabled = enabled
+    schedule.save()
+
+
+@contextmanager
+def _rolled_back_if(dry_run: bool) -> Iterator[None]:
+    """Run the block in a transaction, rolled back for a dry run so the output shows the outcome."""
+    with transaction.atomic():
+        yield
+        transaction.set_rollback(dry_run)
+
+
+def _fire_count(value: str) -> int:
+    """argparse type: how many fire times to print, 1 to ``MAX_FIRE_TIMES``."""
+    try:
+        count = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a whole number") from None
+    if not 1 <= count <= MAX_FIRE_TIMES:
+        raise argparse.ArgumentTypeError(f"{value} is out of range; expected 1 to {MAX_FIRE_TIMES}")
+    return count

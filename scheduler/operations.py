@@ -1,0 +1,186 @@
+"""Operator actions on schedules and executions: validate, run now, retry, cancel.
+
+The management commands and the admin call these, so an action means the
+same wherever it is taken. Each one checks before it writes, writes in one
+transaction, and talks to the broker only once that transaction has
+committed: a broker outage leaves a ``pending`` row that the beat leader
+sends later, or a ``cancelled`` row that no worker will claim.
+"""
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from django.core.exceptions import ValidationError
+from django.db import transaction
+from django.db.models.functions import Now
+from kombu.exceptions import OperationalError as BrokerError
+
+from scheduler import dispatch, leases
+from scheduler.exceptions import SchedulerError
+from scheduler.models import Execution, Schedule
+
+if TYPE_CHECKING:
+    from celery import Celery
+
+#: Executions an operator may run again: finished ones, and ones whose worker died.
+RETRYABLE_STATUSES = Execution.FINAL_STATUSES | {Execution.Status.LOST}
+#: Executions an operator may cancel: not finished yet.
+CANCELLABLE_STATUSES = Execution.ACTIVE_STATUSES
+CANCEL_ERROR = "Cancelled by an operator"
+
+
+class ActionRefused(SchedulerError):
+    """The action cannot be taken: its task is unknown, or the execution is in the wrong state."""
+
+
+@dataclass
+class ActionResult:
+    """The execution an action wrote, and how its broker step went after the commit.
+
+    Not frozen, unlike other reports: the broker step runs on commit and
+    fills ``broker_error`` in then (at once when called outside a transaction).
+    """
+
+    execution: Execution
+    #: Why the message (or the revoke) could not reach the broker; empty when it did.
+    broker_error: str = ""
+
+
+def ensure_task(app: Celery, name: str) -> None:
+    """Raise ``ActionRefused`` unless ``name`` is a task of ``app``."""
+    if not dispatch.is_task_registered(name, app=app):
+        raise ActionRefused(f"Unknown task {name!r}: no task with that name is registered.")
+
+
+def validate_schedule(schedule: Schedule, *, app: Celery) -> None:
+    """Run the model's validation and check that the task exists; raise one ValidationError with every problem."""
+    errors: dict[str, list[ValidationError]] = {}
+    try:
+        schedule.full_clean()
+    except ValidationError as exc:
+        errors = exc.update_error_dict(errors)
+    if schedule.task:
+        try:
+            ensure_task(app, schedule.task)
+        except ActionRefused as exc:
+            errors.setdefault("task", []).append(ValidationError(str(exc)))
+    if errors:
+        raise ValidationError(errors)
+
+
+def run_now(schedule: Schedule, *, app: Celery) -> ActionResult:
+    """Record an execution of ``schedule`` for now, outside its timing, and send it after commit."""
+    ensure_task(app, schedule.task)
+    execution = Execution(
+        idempotency_key=f"schedule:{schedule.pk}:manual:{uuid.uuid4()}",
+        schedule=schedule,
+        task=schedule.task,
+        args=schedule.args,
+        kwargs=schedule.kwargs,
+        queue=schedule.queue,
+        tenant=schedule.tenant,
+        timeout=schedule.timeout,
+        max_retries=schedule.max_retries,
+        retry_backoff=schedule.retry_backoff,
+        scheduled_for=leases.db_now(),
+        celery_task_id=str(uuid.uuid4()),
+    )
+    return _record_and_send(execution, app=app)
+
+
+def ensure_retryable(execution: Execution) -> None:
+    """Raise ``ActionRefused`` unless ``execution`` has finished (or its worker was lost)."""
+    if execution.status not in RETRYABLE_STATUSES:
+        raise ActionRefused(
+            f"Execution {execution.pk} is {execution.status}; only finished or lost executions can be retried."
+        )
+
+
+def retry_execution(execution: Execution, *, app: Celery) -> ActionResult:
+    """Record a new execution that re-runs ``execution`` now, as attempt 1, and send it after commit."""
+    ensure_retryable(execution)
+    ensure_task(app, execution.task)
+    retry = Execution(
+        idempotency_key=f"retry:{execution.pk}:{uuid.uuid4()}",
+        retry_of=execution,
+        schedule_id=execution.schedule_id,
+        task=execution.task,
+        args=execution.args,
+        kwargs=execution.kwargs,
+        queue=execution.queue,
+        tenant=execution.tenant,
+        timeout=execution.timeout,
+        max_retries=execution.max_retries,
+        retry_backoff=execution.retry_backoff,
+        scheduled_for=leases.db_now(),
+        celery_task_id=str(uuid.uuid4()),
+    )
+    return _record_and_send(retry, app=app)
+
+
+def ensure_cancellable(execution: Execution) -> None:
+    """Raise ``ActionRefused`` unless ``execution`` is still waiting or running."""
+    if execution.status not in CANCELLABLE_STATUSES:
+        raise ActionRefused(
+            f"Execution {execution.pk} is {execution.status}; only pending, queued, running or retrying "
+            "executions can be cancelled."
+        )
+
+
+def cancel_execution(execution: Execution, *, app: Celery) -> ActionResult:
+    """Record ``execution`` cancelled, then revoke its Celery task (terminating it) after commit.
+
+    The update only applies while the row is still cancellable, so a worker
+    that finishes it at the same moment wins cleanly and the action is
+    refused. A revoke that cannot reach the broker leaves the row cancelled:
+    workers never claim a cancelled execution.
+    """
+    ensure_cancellable(execution)
+    with transaction.atomic():
+        cancelled = Execution.objects.filter(pk=execution.pk, status__in=CANCELLABLE_STATUSES).update(
+            status=Execution.Status.CANCELLED,
+            held=False,
+            finished_at=Now(),
+            lease_expires_at=None,
+            error=CANCEL_ERROR,
+        )
+        execution.refresh_from_db()
+        if not cancelled:
+            raise ActionRefused(f"Execution {execution.pk} became {execution.status} meanwhile; not cancelled.")
+        result = ActionResult(execution)
+        if execution.celery_task_id:
+            transaction.on_commit(lambda: _revoke(app, execution.celery_task_id, result))
+    return result
+
+
+def _record_and_send(execution: Execution, *, app: Celery) -> ActionResult:
+    result = ActionResult(execution)
+    execution.save(force_insert=True)
+    transaction.on_commit(lambda: _publish(app, result))
+    return result
+
+
+def _publish(app: Celery, result: ActionResult) -> None:
+    execution = result.execution
+    row = {field: getattr(execution, field) for field in dispatch._MESSAGE_FIELDS}
+    try:
+        dispatch.publish(app, [row], now=leases.db_now())
+    except (BrokerError, OSError) as exc:
+        result.broker_error = _first_line(exc)  # the row stays pending; the beat leader sends it
+    execution.refresh_from_db()
+
+
+def _revoke(app: Celery, task_id: str, result: ActionResult) -> None:
+    try:
+        with app.connection_for_write() as conn:
+            # One attempt: kombu's own retry loop would hold an operator for seconds.
+            conn.ensure_connection(max_retries=0)
+            app.control.revoke(task_id, terminate=True, connection=conn)
+    except (BrokerError, OSError) as exc:
+        result.broker_error = _first_line(exc)
+
+
+def _first_line(exc: BaseException) -> str:
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
