@@ -11,7 +11,8 @@ from typing import Any
 from zoneinfo import ZoneInfo
 
 from django import forms
-from django.contrib import admin
+from django.contrib import admin, messages
+from django.db import transaction
 from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse
 from django.urls import reverse
@@ -21,7 +22,7 @@ from django.utils.safestring import mark_safe
 from django.utils.timesince import timesince, timeuntil
 from django.utils.translation import ngettext
 
-from scheduler import clock, dispatch, leases, timing
+from scheduler import clock, dispatch, leases, operations, timing
 from scheduler.conf import settings
 from scheduler.exceptions import ScheduleInvalid
 from scheduler.models import Execution, Instance, Lease, Schedule
@@ -124,7 +125,7 @@ class ScheduleAdmin(admin.ModelAdmin):
     readonly_fields = ("next_fire_times", "recent_executions", *RUNNING_STATE_FIELDS)
     show_full_result_count = False
     list_per_page = 50
-    actions = ("enable", "disable", "pause", "resume")
+    actions = ("run_now", "enable", "disable", "pause", "resume")
     fieldsets = (
         (None, {"fields": ("name", "task", "args", "kwargs", "queue", "priority", "description", "tenant")}),
         (
@@ -240,6 +241,26 @@ class ScheduleAdmin(admin.ModelAdmin):
             count += 1
         self.message_user(request, ngettext("%(n)d schedule %(verb)s.", "%(n)d schedules %(verb)s.", count) % {"n": count, "verb": verb})
 
+    @admin.action(description="Run selected schedules now", permissions=["change"])
+    def run_now(self, request: HttpRequest, queryset: QuerySet[Schedule]) -> None:
+        from project.celery import app
+
+        sent, problems = 0, []
+        for schedule in queryset:
+            try:
+                with transaction.atomic():
+                    result = operations.run_now(schedule, app=app)
+            except operations.ActionRefused as exc:
+                problems.append(str(exc))
+                continue
+            sent += 1
+            if result.broker_error:
+                problems.append(f"{schedule.name}: recorded, not sent yet ({result.broker_error}); the beat leader will send it")
+        if sent:
+            self.message_user(request, ngettext("%(n)d execution started.", "%(n)d executions started.", sent) % {"n": sent})
+        for problem in problems:
+            self.message_user(request, problem, level=messages.WARNING)
+
     @admin.action(description="Enable selected schedules", permissions=["change"])
     def enable(self, request: HttpRequest, queryset: QuerySet[Schedule]) -> None:
         def change(schedule: Schedule) -> None:
@@ -287,6 +308,41 @@ class ExecutionAdmin(ReadOnlyAdmin):
     list_per_page = 50
     readonly_fields = ("task_result_link", "traceback_text")
     exclude = ("traceback",)
+
+    actions = ("retry", "cancel")
+
+    def has_retry_permission(self, request: HttpRequest) -> bool:
+        # Executions are machine-written; whoever may change schedules may act on them.
+        return request.user.has_perm("scheduler.change_schedule")
+
+    has_cancel_permission = has_retry_permission
+
+    @admin.action(description="Retry selected executions (as new executions)", permissions=["retry"])
+    def retry(self, request: HttpRequest, queryset: QuerySet[Execution]) -> None:
+        from project.celery import app
+
+        self._apply(request, queryset, lambda e: operations.retry_execution(e, app=app), "retried")
+
+    @admin.action(description="Cancel selected executions", permissions=["cancel"])
+    def cancel(self, request: HttpRequest, queryset: QuerySet[Execution]) -> None:
+        from project.celery import app
+
+        self._apply(request, queryset, lambda e: operations.cancel_execution(e, app=app), "cancelled")
+
+    def _apply(self, request: HttpRequest, queryset: QuerySet[Execution], action: Any, verb: str) -> None:
+        done = 0
+        for execution in queryset:
+            try:
+                with transaction.atomic():
+                    result = action(execution)
+            except operations.ActionRefused as exc:
+                self.message_user(request, str(exc), level=messages.WARNING)
+                continue
+            done += 1
+            if result.broker_error:
+                self.message_user(request, f"execution {execution.pk}: broker unreachable ({result.broker_error})", level=messages.WARNING)
+        if done:
+            self.message_user(request, ngettext("%(n)d execution %(verb)s.", "%(n)d executions %(verb)s.", done) % {"n": done, "verb": verb})
 
     @admin.display(description="status", ordering="status")
     def status_text(self, execution: Execution) -> str:

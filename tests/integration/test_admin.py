@@ -188,3 +188,28 @@ def test_instance_list(staff: Client) -> None:
     Instance.objects.create(instance_id="w@h-2", role="worker", hostname="h", pid=2, started_at=Now(), last_seen=Now())
     response = staff.get("/admin/scheduler/instance/?role__exact=worker")
     assert response.status_code == 200 and "w@h-2" in response.content.decode()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_schedule_action__run_now_sends_an_execution(staff: Client, schedules: dict[str, Schedule], redis_url: str) -> None:
+    target = schedules["interval"]
+    response = staff.post("/admin/scheduler/schedule/", {"action": "run_now", "_selected_action": [target.pk]}, follow=True)
+    assert "1 execution started." in response.content.decode()
+    (execution,) = Execution.objects.filter(schedule=target)
+    assert execution.status == Status.QUEUED and ":manual:" in execution.idempotency_key
+
+
+@pytest.mark.django_db(transaction=True)
+def test_execution_actions__retry_finished_and_cancel_running(staff: Client, executions: list[Execution], redis_url: str) -> None:
+    finished = executions[1]
+    running = Execution.objects.create(
+        idempotency_key="run", task="scheduler.echo", status=Status.RUNNING, scheduled_for=leases.db_now(), celery_task_id="t-run"
+    )
+    staff.post("/admin/scheduler/execution/", {"action": "retry", "_selected_action": [finished.pk]})
+    response = staff.post("/admin/scheduler/execution/", {"action": "cancel", "_selected_action": [running.pk, finished.pk]}, follow=True)
+    page = response.content.decode()
+    retry = Execution.objects.get(retry_of=finished)
+    assert retry.status == Status.QUEUED
+    running.refresh_from_db()
+    assert running.status == Status.CANCELLED and running.error == "Cancelled by an operator"
+    assert "1 execution cancelled." in page and "only pending, queued, running or retrying" in page
