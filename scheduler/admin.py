@@ -297,6 +297,10 @@ class ReadOnlyAdmin(admin.ModelAdmin):
     def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False
 
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        # History and leases are removed by prune_executions and reconcile, not by hand.
+        return False
+
 
 @admin.register(Execution)
 class ExecutionAdmin(ReadOnlyAdmin):
@@ -376,7 +380,8 @@ class LeaseAdmin(ReadOnlyAdmin):
     change_list_template = "admin/scheduler/lease/cluster.html"
 
     def changelist_view(self, request: HttpRequest, extra_context: dict[str, Any] | None = None) -> HttpResponse:
-        return super().changelist_view(request, extra_context={**(extra_context or {}), **cluster_context()})
+        context = {"title": "Cluster: leases and instances", **(extra_context or {}), **cluster_context()}
+        return super().changelist_view(request, extra_context=context)
 
 
 def cluster_context() -> dict[str, Any]:
