@@ -12,6 +12,7 @@ from zoneinfo import ZoneInfo
 
 from django import forms
 from django.contrib import admin, messages
+from django.core.exceptions import PermissionDenied
 from django.db import transaction
 from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse
@@ -101,6 +102,16 @@ class StateFilter(admin.SimpleListFilter):
         return queryset
 
 
+class ActionsNeedPermission:
+    """Answer 403 to an action the user may not run, instead of Django's silent "no action"."""
+
+    def changelist_view(self, request: HttpRequest, extra_context: dict[str, Any] | None = None) -> HttpResponse:
+        action = request.POST.get("action") if request.method == "POST" else None
+        if action and action not in self.get_actions(request):  # type: ignore[attr-defined]
+            raise PermissionDenied(f"You may not run {action!r}.")
+        return super().changelist_view(request, extra_context)  # type: ignore[misc]
+
+
 class ScheduleForm(forms.ModelForm):
     class Meta:
         model = Schedule
@@ -117,7 +128,7 @@ class ScheduleForm(forms.ModelForm):
 
 
 @admin.register(Schedule)
-class ScheduleAdmin(admin.ModelAdmin):
+class ScheduleAdmin(ActionsNeedPermission, admin.ModelAdmin):
     form = ScheduleForm
     list_display = ("name", "task", "timing_text", "timezone", "next_run", "last_run", "state")
     list_filter = (StateFilter, LastStatusFilter, "enabled", "queue", "tenant", "task")
@@ -303,7 +314,7 @@ class ReadOnlyAdmin(admin.ModelAdmin):
 
 
 @admin.register(Execution)
-class ExecutionAdmin(ReadOnlyAdmin):
+class ExecutionAdmin(ActionsNeedPermission, ReadOnlyAdmin):
     list_display = ("id", "task", "schedule", "scheduled_for", "status_text", "attempt", "duration", "worker")
     list_filter = ("status", ("scheduled_for", admin.DateFieldListFilter))
     search_fields = ("=idempotency_key", "=celery_task_id", "task")

@@ -10,4 +10,11 @@ class SchedulerConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        from scheduler import receivers  # noqa: F401 -- connects the Celery signal receivers
+        from django.db.models.signals import post_migrate
+
+        # Imported for their side effects: registering checks and signal receivers.
+        from scheduler import checks, receivers  # noqa: F401
+        from scheduler.permissions import ensure_groups
+
+        # After every app's post_migrate (the permissions exist by then).
+        post_migrate.connect(ensure_groups, dispatch_uid="scheduler.ensure_groups")

@@ -291,3 +291,22 @@ def test_circuit_breaker__pauses_the_schedule_after_three_failures(celery_proces
     failed = Execution.objects.filter(schedule=schedule, status=Execution.Status.FAILED).count()
     assert failed >= 3
     assert not wait_until(lambda: Execution.objects.filter(schedule=schedule).count() > count, timeout=3)
+
+
+def test_pickled_message__refused_by_the_worker(celery_processes: Start, redis_client: redis.Redis) -> None:
+    # Given a worker (JSON only) and a message serialized with pickle, as an attacker with broker access would send
+    worker = celery_processes("worker", "w1")
+    worker.wait_for_log(r"ready\.")
+    with app.producer_or_acquire() as producer:
+        producer.publish(
+            {"args": [], "kwargs": {"label": "pickled"}, "embed": {}},
+            serializer="pickle",
+            routing_key="celery",
+            exchange="",
+            headers={"task": "tests.record", "id": "pickled-1", "lang": "py"},
+        )
+    # Then the worker refuses to deserialize it and nothing runs
+    worker.wait_for_log(r"untrusted content of type pickle")
+    execution = scheduler.submit("tests.record", kwargs={"label": "after"})
+    assert wait_final(execution).status == Execution.Status.SUCCEEDED
+    assert [run["label"] for run in test_tasks.runs(redis_client)] == ["after"]

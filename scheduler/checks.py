@@ -1,0 +1,77 @@
+"""Django system checks that catch scheduler misconfiguration at startup, not in production.
+
+Ids never change once released: ``scheduler.E001`` ... for errors.
+"""
+from __future__ import annotations
+
+from typing import Any
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+from django.conf import settings as django_settings
+from django.core.checks import Error, register
+
+from scheduler.conf import settings
+
+#: The beat scheduler every replica must run: anything else fires without the lease.
+LEADER_SCHEDULER = "scheduler.beat:LeaderScheduler"
+
+
+@register()
+def check_lease_timing(app_configs: Any = None, **kwargs: Any) -> list[Error]:
+    """The lease must outlive at least two missed renewals, or a healthy leader loses it."""
+    ttl, renew = settings.LEASE_TTL_SECONDS, settings.LEASE_RENEW_SECONDS
+    if renew <= 0 or ttl <= 2 * renew:
+        return [
+            Error(
+                f"SCHEDULER_LEASE_TTL_SECONDS ({ttl}) must be greater than twice "
+                f"SCHEDULER_LEASE_RENEW_SECONDS ({renew}).",
+                hint="With the defaults, TTL 10 s and renewals every 2 s, a leader may miss four renewals.",
+                id="scheduler.E001",
+            )
+        ]
+    return []
+
+
+@register()
+def check_beat_scheduler(app_configs: Any = None, **kwargs: Any) -> list[Error]:
+    configured = getattr(django_settings, "CELERY_BEAT_SCHEDULER", None)
+    if configured != LEADER_SCHEDULER:
+        return [
+            Error(
+                f"CELERY_BEAT_SCHEDULER is {configured!r}; it must be {LEADER_SCHEDULER!r}.",
+                hint="Any other beat scheduler sends tasks without holding the lease, so replicas fire twice.",
+                id="scheduler.E002",
+            )
+        ]
+    return []
+
+
+@register()
+def check_broker(app_configs: Any = None, **kwargs: Any) -> list[Error]:
+    if not getattr(django_settings, "CELERY_BROKER_URL", None):
+        return [
+            Error(
+                "CELERY_BROKER_URL is not set.",
+                hint="Set REDIS_URL (or CELERY_BROKER_URL) in the environment.",
+                id="scheduler.E003",
+            )
+        ]
+    return []
+
+
+@register()
+def check_time_zones(app_configs: Any = None, **kwargs: Any) -> list[Error]:
+    errors = []
+    for name in ("TIME_ZONE", "CELERY_TIMEZONE"):
+        value = getattr(django_settings, name, None)
+        if value is None:
+            continue
+        try:
+            ZoneInfo(value)
+        except (ZoneInfoNotFoundError, ValueError):
+            errors.append(Error(f"{name} {value!r} is not an IANA time zone.", id="scheduler.E004"))
+    if not django_settings.USE_TZ:
+        errors.append(
+            Error("USE_TZ is off; schedules, leases and executions need aware datetimes.", id="scheduler.E005")
+        )
+    return errors

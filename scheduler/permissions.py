@@ -1,0 +1,37 @@
+"""The two operator groups, kept in step with the models after every ``migrate``.
+
+- **schedule operator**: manages schedules and runs the actions (run now,
+  pause, resume, backfill, retry and cancel executions); sees everything else.
+- **viewer**: sees schedules, executions, leases, instances and task results;
+  changes nothing.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+OPERATOR_GROUP = "schedule operator"
+VIEWER_GROUP = "viewer"
+
+#: (app label, model) pairs both groups may view.
+_VISIBLE = (
+    ("scheduler", "schedule"),
+    ("scheduler", "execution"),
+    ("scheduler", "lease"),
+    ("scheduler", "instance"),
+    ("django_celery_results", "taskresult"),
+)
+
+
+def ensure_groups(**kwargs: Any) -> None:
+    """Create or update both groups (a ``post_migrate`` receiver; idempotent)."""
+    from django.contrib.auth.models import Group, Permission
+
+    view = [f"view_{model}" for _, model in _VISIBLE]
+    manage = ["add_schedule", "change_schedule", "delete_schedule"]
+    permissions = {p.codename: p for p in Permission.objects.filter(codename__in=[*view, *manage])}
+    if len(permissions) < len(view) + len(manage):
+        return  # permissions not created yet (first migrate of a partial app set)
+    viewer, _ = Group.objects.get_or_create(name=VIEWER_GROUP)
+    viewer.permissions.set([permissions[c] for c in view])
+    operator, _ = Group.objects.get_or_create(name=OPERATOR_GROUP)
+    operator.permissions.set([permissions[c] for c in (*view, *manage)])
