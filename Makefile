@@ -3,7 +3,7 @@ PYTHON ?= python3.11
 VENV := .venv
 REQUIREMENTS := $(wildcard requirements*.txt)
 
-.PHONY: venv test run bench
+.PHONY: venv test run bench chaos
 
 venv: $(VENV)/.installed
 
@@ -27,6 +27,11 @@ $(VENV)/.installed: $(REQUIREMENTS)
 # Starts its own redis-server and PostgreSQL cluster; see tests/suite.py.
 test: venv
 	$(VENV)/bin/python -m tests.suite $(PYTEST_ARGS)
+
+# The fault-injection soak alone, on PostgreSQL: make chaos DURATION=600
+DURATION ?= 600
+chaos: venv
+	SCHEDULER_SUITE_DATABASES=postgresql CHAOS_DURATION=$(DURATION) $(VENV)/bin/python -m tests.suite tests/chaos -s
 
 # Benchmarks (each starts its own PostgreSQL and Redis); results in bench/results/.
 bench: venv

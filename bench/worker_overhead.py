@@ -77,7 +77,7 @@ def _measure_database(tasks: int, rounds: int) -> dict[str, Any]:
                     )
                     if connection.vendor != "postgresql":  # bulk_create returns ids on PostgreSQL only
                         rows = list(Execution.objects.all())
-                    dispatch.publish(app, [{f: getattr(r, f) for f in dispatch._MESSAGE_FIELDS} for r in rows], now=leases.db_now())
+                    dispatch.publish(app, [dispatch.message_row(r) for r in rows], now=leases.db_now())
                 else:
                     name = "bench.noop_plain" if kind == "plain" else "bench.noop"
                     with app.producer_or_acquire() as producer:

@@ -161,6 +161,10 @@ CELERY_ACCEPT_CONTENT = ["json"]
 CELERY_TIMEZONE = "UTC"
 CELERY_ENABLE_UTC = True
 CELERY_BEAT_SCHEDULER = "scheduler.beat:LeaderScheduler"
+# On a lost broker connection, stop the tasks in flight instead of acking them
+# later on a dead connection (which leaves the worker unable to consume). The
+# messages come back, and the execution guard makes re-running them safe.
+CELERY_WORKER_CANCEL_LONG_RUNNING_TASKS_ON_CONNECTION_LOSS = True
 
 # SCHEDULER_* settings (defaults in scheduler/conf.py) may also come from the
 # environment, e.g. SCHEDULER_LEASE_TTL_SECONDS=10.

@@ -16,6 +16,9 @@ from django.core.exceptions import PermissionDenied
 from django.db import transaction
 from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse
+from django.shortcuts import get_object_or_404, redirect
+from django.template.response import TemplateResponse
+from django.urls import path
 from django.urls import reverse
 from django.utils import timezone
 from django.utils.html import format_html, format_html_join
@@ -23,9 +26,9 @@ from django.utils.safestring import mark_safe
 from django.utils.timesince import timesince, timeuntil
 from django.utils.translation import ngettext
 
-from scheduler import clock, dispatch, leases, operations, timing
+from scheduler import backfill, clock, dispatch, leases, operations, timing
 from scheduler.conf import settings
-from scheduler.exceptions import ScheduleInvalid
+from scheduler.exceptions import BackfillRefused, ScheduleInvalid
 from scheduler.models import Execution, Instance, Lease, Schedule
 
 #: How many upcoming slots the schedule page previews.
@@ -112,6 +115,11 @@ class ActionsNeedPermission:
         return super().changelist_view(request, extra_context)  # type: ignore[misc]
 
 
+class BackfillForm(forms.Form):
+    start = forms.DateTimeField(help_text="UTC, e.g. 2026-03-01 00:00:00")
+    end = forms.DateTimeField(help_text="UTC; not in the future")
+
+
 class ScheduleForm(forms.ModelForm):
     class Meta:
         model = Schedule
@@ -133,7 +141,7 @@ class ScheduleAdmin(ActionsNeedPermission, admin.ModelAdmin):
     list_display = ("name", "task", "timing_text", "timezone", "next_run", "last_run", "state")
     list_filter = (StateFilter, LastStatusFilter, "enabled", "queue", "tenant", "task")
     search_fields = ("name", "task", "description")
-    readonly_fields = ("next_fire_times", "recent_executions", *RUNNING_STATE_FIELDS)
+    readonly_fields = ("next_fire_times", "recent_executions", "backfill_link", *RUNNING_STATE_FIELDS)
     show_full_result_count = False
     list_per_page = 50
     actions = ("run_now", "enable", "disable", "pause", "resume")
@@ -161,7 +169,7 @@ class ScheduleAdmin(ActionsNeedPermission, admin.ModelAdmin):
             },
         ),
         ("State", {"fields": ("enabled", "paused_reason", *RUNNING_STATE_FIELDS)}),
-        ("Recent executions", {"fields": ("recent_executions",)}),
+        ("Recent executions", {"fields": ("recent_executions", "backfill_link")}),
     )
 
     # --- columns -------------------------------------------------------------------
@@ -242,6 +250,56 @@ class ScheduleAdmin(ActionsNeedPermission, admin.ModelAdmin):
                 "", '<tr><td><a href="{}">{}</a></td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>', rows
             ),
         )
+
+    @admin.display(description="Backfill")
+    def backfill_link(self, schedule: Schedule) -> str:
+        if schedule.pk is None:
+            return "—"
+        url = reverse("admin:scheduler_schedule_backfill", args=[schedule.pk])
+        return format_html('<a href="{}">Backfill a range of past slots…</a>', url)
+
+    def get_urls(self) -> list[Any]:
+        view = self.admin_site.admin_view(self.backfill_view)
+        return [path("<int:pk>/backfill/", view, name="scheduler_schedule_backfill"), *super().get_urls()]
+
+    def backfill_view(self, request: HttpRequest, pk: int) -> HttpResponse:
+        """Range → preview (what would be recorded) → confirm; a bad range is a form error."""
+        schedule = get_object_or_404(Schedule, pk=pk)
+        if not self.has_change_permission(request, schedule):
+            raise PermissionDenied("You may not backfill this schedule.")
+        form = BackfillForm(request.POST or None)
+        preview = None
+        if request.method == "POST" and form.is_valid():
+            from project.celery import app
+
+            confirm = "confirm" in request.POST
+            try:
+                report = backfill.backfill(
+                    schedule, start=form.cleaned_data["start"], end=form.cleaned_data["end"],
+                    now=leases.db_now(), dry_run=not confirm, app=app,
+                )
+            except BackfillRefused as exc:
+                form.add_error(None, str(exc))
+            else:
+                if confirm:
+                    self.message_user(
+                        request,
+                        f"Backfill of {schedule.name}: {report.created} execution(s) recorded, "
+                        f"{report.already_present} slot(s) already had one, {report.published} sent.",
+                    )
+                    return redirect("admin:scheduler_schedule_change", schedule.pk)
+                preview = report
+        context = {
+            **self.admin_site.each_context(request),
+            "title": f"Backfill {schedule.name}",
+            "schedule": schedule,
+            "form": form,
+            "preview": preview,
+            "preview_slots": preview.slots[:20] if preview else (),
+            "new_slots": sum(1 for slot in preview.slots if slot.execution_id is None) if preview else 0,
+            "opts": self.model._meta,
+        }
+        return TemplateResponse(request, "admin/scheduler/schedule/backfill.html", context)
 
     # --- actions -------------------------------------------------------------------
 

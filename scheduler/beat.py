@@ -21,7 +21,7 @@ from django.db.backends.signals import connection_created
 from django.db.models.functions import Now
 from kombu.exceptions import OperationalError as BrokerError
 
-from scheduler import dispatch, leases, signals
+from scheduler import dispatch, leases, logs, reconcile, signals
 from scheduler.conf import settings
 from scheduler.exceptions import LeaseLost
 from scheduler.models import Instance, Schedule
@@ -57,11 +57,13 @@ class LeaderScheduler(Scheduler):
         self._last_renew = 0.0  # monotonic
         self._last_heartbeat = 0.0  # monotonic
         self._broker_down = False
+        self._last_reconcile = time.monotonic()  # the first pass runs one interval after start
         super().__init__(app, *args, **kwargs)
 
     # --- Celery's scheduler contract ------------------------------------------
 
     def setup_schedule(self) -> None:
+        logs.bind(instance_id=self.instance_id)
         connection_created.connect(_limit_idle_transactions, dispatch_uid="scheduler.beat.idle_tx")
         close_old_connections()
         try:
@@ -153,6 +155,7 @@ class LeaderScheduler(Scheduler):
                 extra={"action": "dispatched", "schedule": name, "instance_id": self.instance_id, "token": lease.token},
             )
         more_pending = self._publish()
+        self._reconcile(report.db_now)
         if more_pending or report.schedules >= settings.DISPATCH_BATCH_SIZE:
             return 0.0
         return self._seconds_until_next_work(report.db_now)
@@ -173,6 +176,23 @@ class LeaderScheduler(Scheduler):
             logger.info("broker reachable again", extra={"action": "broker_available"})
             self._broker_down = False
         return sent >= settings.DISPATCH_BATCH_SIZE
+
+    def _reconcile(self, db_now: Any) -> None:
+        """Run a reconcile pass every ``RECONCILE_INTERVAL_SECONDS``; a failing pass never stops the beat."""
+        interval = settings.RECONCILE_INTERVAL_SECONDS
+        if not interval or time.monotonic() - self._last_reconcile < interval:
+            return
+        self._last_reconcile = time.monotonic()
+        try:
+            report = reconcile.reconcile(now=db_now, app=self.app)
+        except Exception:  # noqa: BLE001 -- reconcile is housekeeping: log it, keep dispatching
+            logger.exception("reconcile failed; trying again in %ss", interval, extra={"action": "reconcile_failed"})
+            return
+        if report.changes or report.publish_error:
+            logger.info(
+                "reconcile: %s%s", report.summary(), f"; {report.publish_error}" if report.publish_error else "",
+                extra={"action": "reconciled", "instance_id": self.instance_id, "counts": report.counts},
+            )
 
     def _revoke(self, task_ids: list[str]) -> None:
         """Stop executions cancelled by ``overlap=cancel_previous`` (already recorded ``cancelled``)."""
@@ -229,6 +249,7 @@ class LeaderScheduler(Scheduler):
         if lease is None:
             return None
         self.lease = lease
+        logs.bind(token=lease.token)
         self._last_renew = time.monotonic()
         self._last_heartbeat = 0.0  # publish is_leader at once
         logger.info(
@@ -243,6 +264,7 @@ class LeaderScheduler(Scheduler):
         if self.lease is None:
             return
         token, self.lease = self.lease.token, None
+        logs.unbind("token")
         if self._advisory is not None:
             self._advisory.release()
         logger.warning(

@@ -53,9 +53,14 @@ class DispatchReport:
     completed: list[tuple[str, str]] = field(default_factory=list)
 
 
-def _execution_for(
-    schedule: Schedule, slot: datetime, *, token: int, status: str, now: datetime, held: bool = False
+def execution_for(
+    schedule: Schedule, slot: datetime, *, status: str, now: datetime, token: int | None = None, held: bool = False
 ) -> Execution:
+    """Return an unsaved Execution of ``schedule`` for ``slot`` (``token``: the beat lease it is under).
+
+    A ``pending`` one gets its Celery task id now, so a re-send reuses it;
+    any other status is final and finished at ``now``.
+    """
     sent = status == Execution.Status.PENDING
     return Execution(
         idempotency_key=idempotency_key(schedule, slot),
@@ -173,15 +178,15 @@ def dispatch_due(lease: leases.LeaseHandle, *, batch_size: int | None = None) ->
             if overlap.cancel_in_flight:
                 to_cancel.append(schedule.pk)
             for slot in plan.missed:
-                rows.append(_execution_for(schedule, slot, token=lease.token, status=Execution.Status.MISSED, now=now))
+                rows.append(execution_for(schedule, slot, token=lease.token, status=Execution.Status.MISSED, now=now))
             for slot in overlap.skipped:
-                rows.append(_execution_for(schedule, slot, token=lease.token, status=Execution.Status.SKIPPED, now=now))
+                rows.append(execution_for(schedule, slot, token=lease.token, status=Execution.Status.SKIPPED, now=now))
             for slot in overlap.run:
-                rows.append(_execution_for(schedule, slot, token=lease.token, status=Execution.Status.PENDING, now=now))
+                rows.append(execution_for(schedule, slot, token=lease.token, status=Execution.Status.PENDING, now=now))
                 report.fired.append((schedule.name, slot))
             if overlap.buffered is not None:
                 rows.append(
-                    _execution_for(
+                    execution_for(
                         schedule, overlap.buffered, token=lease.token, status=Execution.Status.PENDING, now=now, held=True
                     )
                 )
@@ -215,7 +220,7 @@ def dispatch_due(lease: leases.LeaseHandle, *, batch_size: int | None = None) ->
 
 
 #: Execution columns a message is built from.
-_MESSAGE_FIELDS = ("id", "task", "args", "kwargs", "queue", "celery_task_id", "timeout", "scheduled_for")
+MESSAGE_FIELDS = ("id", "task", "args", "kwargs", "queue", "celery_task_id", "timeout", "scheduled_for")
 
 
 def time_limits(timeout: int | None) -> dict[str, float]:
@@ -229,10 +234,15 @@ def time_limits(timeout: int | None) -> dict[str, float]:
     return {"soft_time_limit": float(timeout), "time_limit": float(timeout) + settings.TIMEOUT_GRACE_SECONDS}
 
 
+def message_row(execution: Execution) -> dict[str, Any]:
+    """Return what ``publish`` needs of one execution."""
+    return {field: getattr(execution, field) for field in MESSAGE_FIELDS}
+
+
 def publish(app: Celery, rows: list[dict[str, Any]], *, now: datetime) -> list[int]:
     """Send one message per execution row; return the ids sent.
 
-    A row has the ``_MESSAGE_FIELDS``, and ``schedule_id`` and ``jitter``
+    A row has the ``MESSAGE_FIELDS`` (see ``message_row``), and ``schedule_id`` and ``jitter``
     when it belongs to a schedule with jitter.
 
     Sending stops at the first broker error, which propagates; the ids sent
@@ -298,7 +308,7 @@ def publish_pending(app: Celery, *, limit: int | None = None) -> int:
     pending = list(
         Execution.objects.filter(status=Execution.Status.PENDING, held=False)
         .order_by("created_at", "id")
-        .values(*_MESSAGE_FIELDS, "schedule_id", jitter=F("schedule__jitter"))[:limit]
+        .values(*MESSAGE_FIELDS, "schedule_id", jitter=F("schedule__jitter"))[:limit]
     )
     if not pending:
         return 0
@@ -361,7 +371,7 @@ def submit(
         if existing is None:  # the conflict was not the key: a real error
             raise
         return existing
-    row = {field: getattr(execution, field) for field in _MESSAGE_FIELDS}
+    row = message_row(execution)
 
     def send() -> None:
         try:

@@ -23,3 +23,7 @@ class LeaseNotHeld(SchedulerError):
 
 class SubmissionInvalid(SchedulerError):
     """The submission was refused: unknown task or malformed arguments."""
+
+
+class BackfillRefused(SchedulerError):
+    """The backfill was refused; nothing was written."""

@@ -164,7 +164,7 @@ def _record_and_send(execution: Execution, *, app: Celery) -> ActionResult:
 
 def _publish(app: Celery, result: ActionResult) -> None:
     execution = result.execution
-    row = {field: getattr(execution, field) for field in dispatch._MESSAGE_FIELDS}
+    row = dispatch.message_row(execution)
     try:
         dispatch.publish(app, [row], now=leases.db_now())
     except (BrokerError, OSError) as exc:

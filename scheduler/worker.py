@@ -175,7 +175,7 @@ def _finish(
             traceback=traceback_text,
         )
         if finished and execution.schedule_id is not None:
-            _count_run(execution, status=status, error=error)
+            count_run(execution, status=status, error=error)
     if not finished:
         logger.warning(
             "execution %s was taken over by another worker; its outcome here (%s) is not recorded",
@@ -184,7 +184,7 @@ def _finish(
     return bool(finished)
 
 
-def _count_run(execution: Execution, *, status: str, error: str) -> None:
+def count_run(execution: Execution, *, status: str, error: str) -> None:
     """Update the schedule's run counters; trip its circuit breaker when due."""
     schedule = Schedule.objects.select_for_update().filter(pk=execution.schedule_id).first()
     if schedule is None:

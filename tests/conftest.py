@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -10,12 +10,14 @@ import redis
 from django.conf import settings
 from django.db import connection
 
+from tests.processes import CeleryProcess, beat_argv, worker_argv
+
 # --- services (test tooling; see tests/services.py and tests/suite.py) -------
 # Other fixtures go below this section, not inside it.
 
 _TESTS_DIR = Path(__file__).parent
 #: directory under tests/ -> marker applied to every test collected there
-_DIRECTORY_MARKERS = {"integration": "integration", "acceptance": "acceptance"}
+_DIRECTORY_MARKERS = {"integration": "integration", "acceptance": "acceptance", "chaos": "chaos"}
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:
@@ -96,3 +98,37 @@ def process_database_url(transactional_db: None) -> str:
     from tests.processes import test_database_url
 
     return test_database_url()
+
+
+@pytest.fixture
+def process_env(process_database_url: str, redis_url: str) -> dict[str, str]:
+    env = {key: value for key, value in os.environ.items() if not key.startswith("SCHEDULER_")}
+    env.update(
+        DATABASE_URL=process_database_url,
+        REDIS_URL=redis_url,
+        DJANGO_DEBUG="1",
+        PYTHONUNBUFFERED="1",
+    )
+    return env
+
+
+@pytest.fixture
+def celery_processes(
+    process_env: dict[str, str], tmp_path: Path, redis_client: object
+) -> Iterator[Callable[..., CeleryProcess]]:
+    """Return ``start(kind, name, queues=None, concurrency=2, **settings)``; all are stopped afterwards."""
+    started: list[CeleryProcess] = []
+
+    def start(
+        kind: str, name: str, *, queues: str | None = None, concurrency: int = 2, **settings: object
+    ) -> CeleryProcess:
+        env = dict(process_env)
+        env.update({f"SCHEDULER_{key.upper()}": str(value) for key, value in settings.items()})
+        argv = beat_argv() if kind == "beat" else worker_argv(name, concurrency=concurrency, queues=queues)
+        process = CeleryProcess(name, argv, env, tmp_path / f"{name}.log").start()
+        started.append(process)
+        return process
+
+    yield start
+    for process in started:
+        process.stop()

@@ -36,11 +36,11 @@ def record(self: Any, label: str = "", seconds: float = 0.0) -> str:
     """Log a start event, optionally sleep, log a stop event and one entry in the run log."""
     client = _client()
     execution = scheduler.current_execution()
-    execution_id = execution.pk if execution else None
-    _event(client, EVENTS_KEY, event="start", label=label, execution_id=execution_id)
+    execution_id, attempt = (execution.pk, execution.attempt) if execution else (None, None)
+    _event(client, EVENTS_KEY, event="start", label=label, execution_id=execution_id, attempt=attempt)
     if seconds:
         time.sleep(seconds)
-    _event(client, EVENTS_KEY, event="stop", label=label, execution_id=execution_id)
+    _event(client, EVENTS_KEY, event="stop", label=label, execution_id=execution_id, attempt=attempt)
     client.rpush(RUNS_KEY, json.dumps({"task_id": self.request.id, "label": label, "execution_id": execution_id}))
     client.close()
     return label

@@ -37,7 +37,7 @@ def wait_final(execution: Execution, *, timeout: float = 30.0) -> Execution:
 
 def publish_again(execution: Execution, *, queue: str | None = None) -> None:
     """Send another message for ``execution``, as a broker redelivery or a re-publish would."""
-    row = {name: getattr(execution, name) for name in dispatch._MESSAGE_FIELDS}
+    row = dispatch.message_row(execution)
     if queue is not None:
         row["queue"] = queue
     dispatch.publish(app, [row], now=leases.db_now())

@@ -213,3 +213,38 @@ def test_execution_actions__retry_finished_and_cancel_running(staff: Client, exe
     running.refresh_from_db()
     assert running.status == Status.CANCELLED and running.error == "Cancelled by an operator"
     assert "1 execution cancelled." in page and "only pending, queued, running or retrying" in page
+
+
+@pytest.mark.django_db(transaction=True)
+def test_backfill_form__preview_then_confirm(staff: Client, redis_url: str) -> None:
+    schedule = Schedule.objects.create(name="hourly", task="scheduler.echo", interval=3600)
+    url = f"/admin/scheduler/schedule/{schedule.pk}/backfill/"
+    now = leases.db_now()
+    start = (now - timedelta(hours=5, minutes=1)).strftime("%Y-%m-%d %H:%M:%S")  # 5 h long: 5 hourly slots
+    end = (now - timedelta(minutes=1)).strftime("%Y-%m-%d %H:%M:%S")
+    assert "Backfill a range" in staff.get(f"/admin/scheduler/schedule/{schedule.pk}/change/").content.decode()
+    # Preview: a count, nothing written
+    preview = staff.post(url, {"start": start, "end": end, "preview": "1"})
+    assert preview.status_code == 200 and 'id="backfill-new-count">5<' in preview.content.decode()
+    assert not Execution.objects.exists()
+    # Confirm: recorded and sent
+    done = staff.post(url, {"start": start, "end": end, "confirm": "1"}, follow=True)
+    assert "5 execution(s) recorded" in done.content.decode()
+    assert Execution.objects.filter(schedule=schedule).count() == 5
+
+
+@pytest.mark.parametrize(
+    ("start", "end", "message"),
+    [
+        ("2026-01-02 00:00:00", "2026-01-01 00:00:00", "end"),
+        ("2026-01-01 00:00:00", "2999-01-01 00:00:00", "future"),
+        ("yesterday", "2026-01-01 00:00:00", "Enter a valid date/time"),
+    ],
+)
+def test_backfill_form__bad_range_shows_the_error_and_writes_nothing(staff: Client, start: str, end: str, message: str) -> None:
+    schedule = Schedule.objects.create(name="hourly", task="scheduler.echo", interval=3600)
+    response = staff.post(f"/admin/scheduler/schedule/{schedule.pk}/backfill/", {"start": start, "end": end, "confirm": "1"})
+    assert response.status_code == 200
+    assert message in response.content.decode()
+    assert 'class="errorlist' in response.content.decode()
+    assert not Execution.objects.exists()

@@ -1,0 +1,187 @@
+"""Backfill: one Execution per past slot of a schedule in a range, sent at a bounded rate.
+
+Each slot gets the key the beat uses (``dispatch.idempotency_key``), so a slot
+that already has an execution (fired by the beat, or by an earlier backfill)
+is left alone, and running the same backfill twice creates nothing. Rows are
+recorded and sent batch by batch: the beat leader publishes every ``pending``
+row it sees, so recording them all up front would let it bypass ``rate``.
+"""
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Any
+
+from celery import current_app
+from django.db import transaction
+from django.db.models import F, QuerySet
+
+from scheduler import dispatch, timing
+from scheduler.exceptions import BackfillRefused, ScheduleInvalid
+from scheduler.models import Execution, Schedule
+
+if TYPE_CHECKING:
+    from celery import Celery
+
+#: Most slots one backfill covers unless the caller allows more.
+DEFAULT_LIMIT = 1000
+#: Slots recorded and sent per batch (fewer under a low ``rate``).
+BATCH_SIZE = 500
+#: Counting the slots of an over-limit range stops here.
+COUNT_CAP = 100_000
+#: ``progress`` is called each time about this many more slots are done.
+PROGRESS_EVERY = 1000
+#: Keys looked up per query.
+_KEYS_PER_QUERY = 1000
+#: Slots exactly at ``start`` count; ``slots_between`` excludes its lower bound.
+_TICK = timedelta(microseconds=1)
+
+
+@dataclass(frozen=True)
+class SlotState:
+    """One slot of the range, and the execution it already had, if any."""
+
+    scheduled_for: datetime
+    execution_id: int | None = None
+    #: Status of that execution; empty when the slot had none.
+    status: str = ""
+
+
+@dataclass(frozen=True)
+class BackfillReport:
+    """What a backfill recorded and sent (with ``dry_run``: what it would record)."""
+
+    schedule: str
+    start: datetime
+    end: datetime
+    dry_run: bool
+    slots: tuple[SlotState, ...]
+    #: Executions this backfill recorded.
+    created: int
+    #: Slots that already had an execution, left alone.
+    already_present: int
+    #: Executions sent to the broker.
+    published: int
+
+
+def message_rows(executions: QuerySet[Execution]) -> list[dict[str, Any]]:
+    """Return ``executions`` as the rows ``dispatch.publish`` sends, with their status."""
+    return list(
+        executions.order_by("scheduled_for", "id").values(
+            *dispatch.MESSAGE_FIELDS, "schedule_id", "status", jitter=F("schedule__jitter")
+        )
+    )
+
+
+def existing(schedule: Schedule, slots: Iterable[datetime]) -> dict[datetime, tuple[int, str]]:
+    """Return {slot: (execution id, status)} for the slots of ``schedule`` that have an execution."""
+    by_key = {dispatch.idempotency_key(schedule, slot): slot for slot in slots}
+    keys = list(by_key)
+    found: dict[datetime, tuple[int, str]] = {}
+    for index in range(0, len(keys), _KEYS_PER_QUERY):
+        rows = Execution.objects.filter(idempotency_key__in=keys[index : index + _KEYS_PER_QUERY])
+        for key, pk, status in rows.values_list("idempotency_key", "id", "status"):
+            found[by_key[key]] = (pk, status)
+    return found
+
+
+def record(schedule: Schedule, slots: Sequence[tuple[datetime, str]], *, now: datetime) -> list[dict[str, Any]]:
+    """Record an execution for each (slot, status) that has none yet; return the rows created.
+
+    Runs under a lock on the schedule row, so two callers recording the same
+    slots at once create each row once and each reports only its own; the
+    unique key stays the last word against anyone else (the beat).
+    """
+    with transaction.atomic():
+        # Recorders of this schedule's slots take turns on its row.
+        list(Schedule.objects.select_for_update().filter(pk=schedule.pk).values_list("pk", flat=True))
+        present = existing(schedule, [slot for slot, _ in slots])
+        rows = [
+            dispatch.execution_for(schedule, slot, status=status, now=now) for slot, status in slots if slot not in present
+        ]
+        Execution.objects.bulk_create(rows, ignore_conflicts=True, batch_size=_KEYS_PER_QUERY)
+        created: list[dict[str, Any]] = []
+        keys = [row.idempotency_key for row in rows]
+        for index in range(0, len(keys), _KEYS_PER_QUERY):
+            created += message_rows(Execution.objects.filter(idempotency_key__in=keys[index : index + _KEYS_PER_QUERY]))
+    return created
+
+
+def slots_in_range(schedule: Schedule, *, start: datetime, end: datetime, now: datetime, limit: int) -> list[datetime]:
+    """Return the slots of ``schedule`` in [``start``, ``end``]; raise ``BackfillRefused`` when that is not allowed.
+
+    Refused: an empty or reversed range, an ``end`` later than ``now`` (only
+    past slots are backfilled; the beat owns the future), an invalid timing,
+    and more than ``limit`` slots (the message says how many there are).
+    """
+    if end <= start:
+        raise BackfillRefused(f"end ({end.isoformat()}) must be after start ({start.isoformat()})")
+    if end > now:
+        raise BackfillRefused(
+            f"end ({end.isoformat()}) is later than now ({now.isoformat()}); only past slots can be backfilled"
+        )
+    try:
+        spec = schedule.timing
+        slots = timing.slots_between(spec, since=start - _TICK, until=end, limit=limit + 1)
+        if len(slots) <= limit:
+            return slots
+        total = len(timing.slots_between(spec, since=start - _TICK, until=end, limit=COUNT_CAP + 1))
+    except ScheduleInvalid as exc:
+        raise BackfillRefused(f"schedule {schedule.name!r} has an invalid timing: {exc}") from None
+    count = f"more than {COUNT_CAP:,}" if total > COUNT_CAP else f"{total:,}"
+    raise BackfillRefused(
+        f"the range holds {count} slots, more than the limit of {limit:,}; narrow the range or raise the limit"
+    )
+
+
+def backfill(
+    schedule: Schedule,
+    *,
+    start: datetime,
+    end: datetime,
+    now: datetime,
+    dry_run: bool = False,
+    limit: int = DEFAULT_LIMIT,
+    rate: float | None = None,
+    progress: Callable[[int, int], None] | None = None,
+    app: Celery | None = None,
+) -> BackfillReport:
+    """Record and send one execution per slot of ``schedule`` in [``start``, ``end``] that has none.
+
+    ``now`` is the database clock. At most ``rate`` executions are sent per
+    second when given; ``progress(done, total)`` is called about every
+    ``PROGRESS_EVERY`` slots. A broker error stops the run: what was recorded
+    stays ``pending`` for the beat leader to send, and running the backfill
+    again carries on with the slots still missing.
+    """
+    slots = slots_in_range(schedule, start=start, end=end, now=now, limit=limit)
+    present = existing(schedule, slots)
+    states = tuple(SlotState(slot, *present.get(slot, (None, ""))) for slot in slots)
+    report = BackfillReport(
+        schedule=schedule.name, start=start, end=end, dry_run=dry_run, slots=states,
+        created=0, already_present=len(present), published=0,
+    )
+    if dry_run:
+        return report
+    app = app or current_app
+    missing = [state.scheduled_for for state in states if state.execution_id is None]
+    batch = BATCH_SIZE if rate is None else max(1, min(BATCH_SIZE, int(rate)))
+    created = published = 0
+    started = time.monotonic()
+    for index in range(0, len(missing), batch):
+        rows = record(schedule, [(slot, Execution.Status.PENDING) for slot in missing[index : index + batch]], now=now)
+        created += len(rows)
+        sent_at = now + timedelta(seconds=time.monotonic() - started)
+        published += len(dispatch.publish(app, rows, now=sent_at))
+        done = min(index + batch, len(missing))
+        if progress and done // PROGRESS_EVERY > index // PROGRESS_EVERY:
+            progress(done, len(missing))
+        if rate and done < len(missing):
+            # Paced on the total so far: each batch waits until the average is back under ``rate``.
+            time.sleep(max(published / rate - (time.monotonic() - started), 0.0))
+    return BackfillReport(
+        schedule=schedule.name, start=start, end=end, dry_run=False, slots=states,
+        created=created, already_present=len(slots) - created, published=published,
+    )

@@ -1,0 +1,362 @@
+"""Reconcile: repair what crashes, lost messages and stray edits leave behind.
+
+One pass recovers executions whose worker died, sends ``pending`` rows that
+nobody sent and re-sends ``queued`` ones that nobody claimed, recomputes a
+schedule's ``next_run_at`` when it is missing or not a slot of its timing,
+drops instances that stopped sending heartbeats, and audits each schedule's
+recent slots for ones without an Execution (recording them with ``repair``).
+Every change is a conditional UPDATE or DELETE, or happens under a row lock,
+so two passes at once (the leader's and an operator's) make each change once.
+Each step looks at a bounded batch, so a pass stays cheap; the next pass
+carries on.
+"""
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from dataclasses import asdict, dataclass
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Any
+
+from celery import current_app
+from django.db import transaction
+from django.db.models import F, Q
+from django.db.models.functions import Now
+from kombu.exceptions import OperationalError as BrokerError
+
+from scheduler import backfill, dispatch, timing
+from scheduler.conf import settings
+from scheduler.exceptions import ScheduleInvalid
+from scheduler.models import Execution, Instance, Schedule
+from scheduler.worker import count_run
+
+if TYPE_CHECKING:
+    from celery import Celery
+
+logger = logging.getLogger(__name__)
+
+Status = Execution.Status
+
+#: Rows each step handles per pass.
+BATCH_SIZE = 1000
+#: Schedules whose ``next_run_at`` is checked and whose slots are audited per pass.
+AUDIT_SCHEDULES = 1000
+#: Slots audited per schedule per pass.
+AUDIT_SLOTS = 1000
+_TICK = timedelta(microseconds=1)
+
+#: Each kind of change, as the summary line counts it.
+KINDS = {
+    "lost_retrying": "lost execution(s) retrying",
+    "lost_failed": "lost execution(s) failed",
+    "published": "old pending execution(s) sent",
+    "republished": "unclaimed queued execution(s) sent again",
+    "next_run_at": "schedule(s) with next_run_at recomputed",
+    "instance_removed": "stale instance(s) removed",
+    "missing_slot": "slot(s) without an execution",
+    "slot_recorded": "missing slot(s) recorded",
+}
+
+
+@dataclass(frozen=True)
+class Change:
+    """One thing a pass changed (or, in a dry run, would change), or one missing slot it found."""
+
+    #: One of ``KINDS``.
+    kind: str
+    detail: str
+    execution_id: int | None = None
+    schedule_id: int | None = None
+
+
+@dataclass(frozen=True)
+class ReconcileReport:
+    """What one reconcile pass did, change by change."""
+
+    #: The database clock the pass ran against.
+    now: datetime
+    dry_run: bool
+    repair: bool
+    changes: tuple[Change, ...]
+    #: Set when the broker refused a send; the pass's remaining sends did not go out.
+    publish_error: str = ""
+
+    @property
+    def counts(self) -> dict[str, int]:
+        """Return {kind: number of changes} for the kinds present."""
+        return dict(Counter(change.kind for change in self.changes))
+
+    def summary(self) -> str:
+        """Return one line counting the changes by kind."""
+        if not self.changes:
+            return "nothing to reconcile"
+        counts = self.counts
+        return ", ".join(f"{counts[kind]} {label}" for kind, label in KINDS.items() if kind in counts)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "counts": self.counts}
+
+
+def reconcile(*, now: datetime, dry_run: bool = False, repair: bool = False, app: Celery | None = None) -> ReconcileReport:
+    """Run one reconcile pass against the database clock ``now``; return what it changed.
+
+    ``dry_run`` computes the same report and changes nothing. ``repair``
+    records the slots the audit finds missing, under each schedule's misfire
+    policy. Sends go out at the end of the pass; a broker error stops them
+    and is reported in ``publish_error`` rather than raised.
+    """
+    lost, to_send = _recover_lost(dry_run=dry_run)
+    pending = _old_pending(now=now)
+    queued = _unclaimed_queued(now=now, dry_run=dry_run)
+    schedules = _schedules_to_check()
+    fixed = _fix_next_run_at(schedules, now=now, dry_run=dry_run)
+    instances = _remove_stale_instances(now=now, dry_run=dry_run)
+    audited, recorded = _audit(schedules, now=now, dry_run=dry_run, repair=repair)
+    publish_error = ""
+    if not dry_run:
+        resend = [change.execution_id for change in pending + queued]
+        sent, publish_error = _send(app or current_app, [*to_send, *recorded, *resend], now=now)
+        pending = [change for change in pending if change.execution_id in sent]
+        queued = [change for change in queued if change.execution_id in sent]
+    changes = (*lost, *pending, *queued, *fixed, *instances, *audited)
+    return ReconcileReport(now=now, dry_run=dry_run, repair=repair, changes=changes, publish_error=publish_error)
+
+
+# --- executions ----------------------------------------------------------------------
+
+
+def _recover_lost(*, dry_run: bool) -> tuple[list[Change], list[int]]:
+    """Mark running executions whose lease expired ``lost``, then retry or fail each lost one.
+
+    Return the changes and the ids to send again. A failure counts on the
+    schedule as a worker-recorded one does (circuit breaker included).
+    """
+    expired = Execution.objects.filter(status=Status.RUNNING, lease_expires_at__lt=Now())
+    if dry_run:
+        lost = Execution.objects.filter(Q(status=Status.LOST) | Q(pk__in=expired.values("pk")))
+    else:
+        ids = list(expired.order_by("id").values_list("id", flat=True)[:BATCH_SIZE])
+        expired.filter(id__in=ids).update(status=Status.LOST, lease_expires_at=None)
+        lost = Execution.objects.filter(status=Status.LOST)
+    changes: list[Change] = []
+    retry: list[int] = []
+    for execution in lost.order_by("id")[:BATCH_SIZE]:
+        attempt = execution.attempt
+        if attempt <= execution.max_retries:
+            change = Change(
+                "lost_retrying", f"Worker lost during attempt {attempt}; retrying as attempt {attempt + 1}",
+                execution.pk, execution.schedule_id,
+            )
+            if not dry_run and not _retry_lost(execution):
+                continue
+            retry.append(execution.pk)
+        else:
+            reason = f"Worker lost during attempt {attempt}; no retries left"
+            change = Change("lost_failed", reason, execution.pk, execution.schedule_id)
+            if not dry_run and not _fail_lost(execution, reason):
+                continue
+        changes.append(change)
+    return changes, retry
+
+
+def _retry_lost(execution: Execution) -> bool:
+    return bool(
+        Execution.objects.filter(pk=execution.pk, status=Status.LOST).update(
+            status=Status.RETRYING, attempt=F("attempt") + 1
+        )
+    )
+
+
+def _fail_lost(execution: Execution, reason: str) -> bool:
+    with transaction.atomic():
+        failed = Execution.objects.filter(pk=execution.pk, status=Status.LOST).update(
+            status=Status.FAILED, finished_at=Now(), error=reason
+        )
+        if failed and execution.schedule_id is not None:
+            count_run(execution, status=Status.FAILED, error=reason)
+    if failed:
+        logger.error(
+            "execution %s failed: %s", execution.pk, reason,
+            extra={"action": "execution_failed", "execution_id": execution.pk},
+        )
+    return bool(failed)
+
+
+def _old_pending(*, now: datetime) -> list[Change]:
+    """Return a change per ``pending`` execution nobody sent in time (sent at the end of the pass)."""
+    cutoff = now - timedelta(seconds=settings.RECONCILE_PENDING_AFTER_SECONDS)
+    old = Execution.objects.filter(status=Status.PENDING, held=False, created_at__lt=cutoff).order_by("created_at", "id")
+    return [
+        Change("published", f"pending since {created_at.isoformat()}; sent", pk, schedule_id)
+        for pk, schedule_id, created_at in old.values_list("id", "schedule_id", "created_at")[:BATCH_SIZE]
+    ]
+
+
+def _unclaimed_queued(*, now: datetime, dry_run: bool) -> list[Change]:
+    """Take the ``queued`` executions no worker claimed in time, to be sent again.
+
+    Their ``enqueued_at`` moves to ``now`` (one conditional UPDATE each), so
+    a concurrent pass does not take them too and the next re-send waits a
+    full threshold. The worker claims each execution once, so a message that
+    was only slow is harmless.
+    """
+    cutoff = now - timedelta(seconds=settings.RECONCILE_QUEUED_AFTER_SECONDS)
+    stale = Execution.objects.filter(status=Status.QUEUED, enqueued_at__lt=cutoff, scheduled_for__lt=cutoff)
+    changes: list[Change] = []
+    for pk, schedule_id, enqueued_at in stale.order_by("enqueued_at", "id").values_list(
+        "id", "schedule_id", "enqueued_at"
+    )[:BATCH_SIZE]:
+        if not dry_run and not stale.filter(pk=pk, enqueued_at=enqueued_at).update(enqueued_at=now):
+            continue
+        changes.append(Change("republished", f"queued since {enqueued_at.isoformat()}, never claimed; sent again", pk, schedule_id))
+    return changes
+
+
+def _send(app: Celery, ids: list[int], *, now: datetime) -> tuple[set[int], str]:
+    """Send the executions ``ids`` that still wait for a worker; return the ids sent and any broker error."""
+    sent: set[int] = set()
+    waiting = Execution.objects.filter(status__in=[Status.PENDING, Status.QUEUED, Status.RETRYING], held=False)
+    for index in range(0, len(ids), BATCH_SIZE):
+        rows = backfill.message_rows(waiting.filter(id__in=ids[index : index + BATCH_SIZE]))
+        try:
+            sent.update(dispatch.publish(app, rows, now=now))
+        except (BrokerError, OSError) as exc:
+            unsent = len(set(ids) - sent)
+            return sent, f"broker unreachable: {exc}; {unsent} execution(s) not sent yet"
+    return sent, ""
+
+
+# --- schedules and instances -----------------------------------------------------------
+
+
+def _schedules_to_check() -> list[Schedule]:
+    """Return active schedules without ``next_run_at``, then those firing soonest (``AUDIT_SCHEDULES`` in all)."""
+    active = Schedule.objects.active()
+    unset = list(active.filter(next_run_at__isnull=True).order_by("id")[:AUDIT_SCHEDULES])
+    soonest = active.filter(next_run_at__isnull=False).order_by("next_run_at", "id")
+    return unset + list(soonest[: AUDIT_SCHEDULES - len(unset)])
+
+
+def _fix_next_run_at(schedules: list[Schedule], *, now: datetime, dry_run: bool) -> list[Change]:
+    """Recompute ``next_run_at`` where it is missing, or is not a slot of the schedule's cron or interval.
+
+    A ``next_run_at`` in the past is left alone: that schedule is simply due.
+    The schedules' ``next_run_at`` is updated in memory too (for the audit).
+    """
+    changes: list[Change] = []
+    for schedule in schedules:
+        current = schedule.next_run_at
+        try:
+            if current is not None and (
+                schedule.run_at is not None or timing.next_slot(schedule.timing, after=current - _TICK) == current
+            ):
+                continue
+            expected = schedule.compute_next_run_at(now=now)
+        except ScheduleInvalid:
+            continue  # the beat pauses it with the reason when it comes due
+        if expected == current:
+            continue
+        if not dry_run:
+            moved = Schedule.objects.active().filter(pk=schedule.pk, next_run_at=current).update(next_run_at=expected)
+            if not moved:
+                continue
+        schedule.next_run_at = expected
+        was = current.isoformat() if current else "unset"
+        now_at = expected.isoformat() if expected else "none (no slots left)"
+        reason = "was unset" if current is None else "was not a slot of its timing"
+        changes.append(Change("next_run_at", f"{schedule.name}: next_run_at {was} -> {now_at} ({reason})", None, schedule.pk))
+    return changes
+
+
+def _remove_stale_instances(*, now: datetime, dry_run: bool) -> list[Change]:
+    cutoff = now - timedelta(seconds=settings.RECONCILE_INSTANCE_STALE_SECONDS)
+    stale = Instance.objects.filter(last_seen__lt=cutoff)
+    changes: list[Change] = []
+    for instance in stale.order_by("last_seen")[:BATCH_SIZE]:
+        if not dry_run and not stale.filter(pk=instance.pk).delete()[0]:
+            continue
+        changes.append(
+            Change("instance_removed", f"{instance.role} {instance.instance_id}, last seen {instance.last_seen.isoformat()}")
+        )
+    return changes
+
+
+# --- audit -------------------------------------------------------------------------------
+
+
+def _audit(schedules: list[Schedule], *, now: datetime, dry_run: bool, repair: bool) -> tuple[list[Change], list[int]]:
+    """Find each schedule's recent slots that have no Execution; with ``repair`` record them.
+
+    The window is the schedule's catch-up window ending at ``now``, cut at
+    its creation and before its ``next_run_at`` (that slot and later ones are
+    the beat's to fire). Schedules are read before their executions, and the
+    beat commits a schedule's rows with its ``next_run_at``, so a slot the
+    beat is firing right now is never taken for a missing one. Return the
+    changes and the ids of recorded executions to send.
+    """
+    expected: list[tuple[Schedule, list[datetime], list[str]]] = []
+    for schedule in schedules:
+        since = max(now - timedelta(seconds=schedule.catchup_window), schedule.created_at)
+        until = now if schedule.next_run_at is None else min(schedule.next_run_at - _TICK, now)
+        if until <= since:
+            continue
+        try:
+            slots = timing.slots_between(schedule.timing, since=since, until=until, limit=AUDIT_SLOTS)
+        except ScheduleInvalid:
+            continue
+        if slots:
+            expected.append((schedule, slots, [dispatch.idempotency_key(schedule, slot) for slot in slots]))
+    present = _present_keys([key for _, _, keys in expected for key in keys])
+    changes: list[Change] = []
+    to_send: list[int] = []
+    for schedule, slots, keys in expected:
+        missing = [slot for slot, key in zip(slots, keys) if key not in present]
+        if not missing:
+            continue
+        if not repair:
+            changes += [
+                Change("missing_slot", f"{schedule.name}: slot {slot.isoformat()} has no execution", None, schedule.pk)
+                for slot in missing
+            ]
+            continue
+        plan = _misfire_plan(schedule.misfire, missing, latest_slot=slots[-1])
+        if dry_run:
+            recorded = [{"id": None, "scheduled_for": slot, "status": status} for slot, status in plan]
+        else:
+            recorded = _record(schedule, plan, now=now)
+        for row in recorded:
+            detail = f"{schedule.name}: slot {row['scheduled_for'].isoformat()} had no execution; recorded {row['status']}"
+            changes.append(Change("slot_recorded", detail, row["id"], schedule.pk))
+        to_send += [row["id"] for row in recorded if row["status"] == Status.PENDING and row["id"] is not None]
+    return changes, to_send
+
+
+def _present_keys(keys: list[str]) -> set[str]:
+    """Return which of ``keys`` an Execution has, ``BATCH_SIZE`` keys per query."""
+    present: set[str] = set()
+    for index in range(0, len(keys), BATCH_SIZE):
+        chunk = keys[index : index + BATCH_SIZE]
+        present.update(Execution.objects.filter(idempotency_key__in=chunk).values_list("idempotency_key", flat=True))
+    return present
+
+
+def _misfire_plan(misfire: str, missing: list[datetime], *, latest_slot: datetime) -> list[tuple[datetime, str]]:
+    """Return (slot, status) for late slots by the misfire policy, as the beat would have.
+
+    ``run_all`` runs them all and ``skip`` none; ``run_once`` runs the latest
+    slot of the window if it is among them (a later one that ran already
+    counts as the one run), the others are ``missed``.
+    """
+    if misfire == Schedule.Misfire.RUN_ALL:
+        return [(slot, Status.PENDING) for slot in missing]
+    runs = {missing[-1]} if misfire == Schedule.Misfire.RUN_ONCE and missing[-1] == latest_slot else set()
+    return [(slot, Status.PENDING if slot in runs else Status.MISSED) for slot in missing]
+
+
+def _record(schedule: Schedule, plan: list[tuple[datetime, str]], *, now: datetime) -> list[dict[str, Any]]:
+    with transaction.atomic():
+        recorded = backfill.record(schedule, plan, now=now)
+        missed = sum(1 for row in recorded if row["status"] == Status.MISSED)
+        if missed:
+            Schedule.objects.filter(pk=schedule.pk).update(total_missed=F("total_missed") + missed)
+    return recorded
