@@ -43,6 +43,9 @@ def names(response: object) -> list[str]:
 
 
 def test_schedule_list__columns(staff: Client, schedules: dict[str, Schedule]) -> None:
+    response = staff.get("/admin/scheduler/schedule/?queue=q1")
+    page = response.content.decode()
+    assert 'name="queue" value="q1"' in page  # the text-box filter keeps its value
     response = staff.get("/admin/scheduler/schedule/")
     page = response.content.decode()
     assert response.status_code == 200
@@ -64,7 +67,9 @@ def test_schedule_list__columns(staff: Client, schedules: dict[str, Schedule]) -
         ("queue=q1", ["nightly"]),
         ("tenant=acme", ["often"]),
         ("task=scheduler.sleep", ["often"]),
-        ("q=nigh", ["nightly"]),
+        ("q=nightly", ["nightly"]),
+        ("q=scheduler.echo", ["held", "nightly", "off"]),
+        ("q=nigh", []),  # exact match only: a substring search would scan every row
     ],
 )
 def test_schedule_list__filters_and_search(staff: Client, schedules: dict[str, Schedule], query: str, expected: list[str]) -> None:
@@ -136,6 +141,7 @@ def executions(schedules: dict[str, Schedule]) -> list[Execution]:
         ("schedule__id__exact={schedule}", ["ok"]),
         ("scheduled_for__gte={today}T00:00:00%2B00:00", ["ok"]),
         ("q=bad", ["bad"]),
+        ("q=t-ok", ["ok"]),
     ],
 )
 def test_execution_list__filters(staff: Client, executions: list[Execution], schedules: dict[str, Schedule], query: str, expected: list[str]) -> None:
