@@ -164,7 +164,8 @@ class Schedule(models.Model):
             ),
             # The admin at a million rows: sort by next run, filter by last
             # status or paused, each an index range instead of a sort of the table.
-            models.Index(fields=["next_run_at", "id"], name="schedule_next_run"),
+            # (the admin breaks ties newest id first)
+            models.Index(fields=["next_run_at", "-id"], name="schedule_next_run"),
             models.Index(fields=["last_status", "name"], name="schedule_last_status"),
             models.Index(fields=["name"], name="schedule_paused", condition=~Q(paused_reason="")),
         ]
