@@ -58,6 +58,8 @@ class LeaderScheduler(Scheduler):
         self._last_heartbeat = 0.0  # monotonic
         self._broker_down = False
         self._last_reconcile = time.monotonic()  # the first pass runs one interval after start
+        self._ticking = False
+        self._interrupted = False
         super().__init__(app, *args, **kwargs)
 
     # --- Celery's scheduler contract ------------------------------------------
@@ -86,6 +88,7 @@ class LeaderScheduler(Scheduler):
 
     def tick(self, *args: Any, **kwargs: Any) -> float:
         """Keep or seek leadership, dispatch what is due; return seconds to sleep."""
+        self._ticking = True
         try:
             return self._tick()
         except DatabaseError:
@@ -100,9 +103,21 @@ class LeaderScheduler(Scheduler):
         except Exception:  # noqa: BLE001 -- the loop boundary: one bad tick must not kill beat
             logger.exception("beat tick failed; trying again", extra={"action": "tick_failed"})
             return settings.FOLLOWER_RETRY_SECONDS
+        finally:
+            self._ticking = False
 
     def close(self) -> None:
         """Release the lease on shutdown so a follower takes over at once."""
+        if self._ticking:
+            # Celery calls this from its SIGTERM handler, here in the middle of
+            # a tick: this thread is inside a database or broker call, and
+            # using its connection now would wait on itself forever. Celery
+            # calls close() again once the tick has unwound; release then, on
+            # a fresh connection.
+            self._interrupted = True
+            return
+        if self._interrupted:
+            connection.close()
         if self.lease is not None:
             token = self.lease.token
             try:
@@ -139,6 +154,7 @@ class LeaderScheduler(Scheduler):
         if lease is None:
             return settings.FOLLOWER_RETRY_SECONDS
         try:
+            dispatch_started = time.monotonic()  # about when the database clock below was read
             report = dispatch.dispatch_due(lease)
         except LeaseLost:
             self._step_down("lost")
@@ -158,7 +174,7 @@ class LeaderScheduler(Scheduler):
         self._reconcile(report.db_now)
         if more_pending or report.schedules >= settings.DISPATCH_BATCH_SIZE:
             return 0.0
-        return self._seconds_until_next_work(report.db_now)
+        return self._seconds_until_next_work(report.db_now, elapsed=time.monotonic() - dispatch_started)
 
     def _publish(self) -> bool:
         """Publish pending executions; return whether a full batch went out (maybe more)."""
@@ -205,7 +221,13 @@ class LeaderScheduler(Scheduler):
             # message refuses it, because a cancelled execution cannot be claimed.
             logger.warning("could not revoke %s: %s", task_ids, exc, extra={"action": "revoke_failed"})
 
-    def _seconds_until_next_work(self, db_now: Any) -> float:
+    def _seconds_until_next_work(self, db_now: Any, *, elapsed: float) -> float:
+        """Seconds until the next slot, renewal or loop bound, counted from now.
+
+        ``db_now`` was read ``elapsed`` seconds ago, before this tick's work:
+        without taking that off, the leader would oversleep every slot by the
+        length of its own tick.
+        """
         next_due = (
             Schedule.objects.active()
             .filter(next_run_at__isnull=False)
@@ -215,7 +237,7 @@ class LeaderScheduler(Scheduler):
         )
         candidates = [self.max_interval, self._seconds_until_renew()]
         if next_due is not None:
-            candidates.append((next_due - db_now).total_seconds())
+            candidates.append((next_due - db_now).total_seconds() - elapsed)
         return max(min(candidates), 0.0)
 
     def _seconds_until_renew(self) -> float:

@@ -157,6 +157,7 @@ def dispatch_due(lease: leases.LeaseHandle, *, batch_size: int | None = None) ->
         in_flight, runs_used = _in_flight(due), _runs_used(due)
         rows: list[Execution] = []
         to_cancel: list[int] = []
+        changed: list[Schedule] = []  # schedules with more than next_run_at to write
         for schedule in due:
             try:
                 plan = policies.plan_due(
@@ -172,6 +173,7 @@ def dispatch_due(lease: leases.LeaseHandle, *, batch_size: int | None = None) ->
                 # block the others: pause it with the reason and move on.
                 logger.error("schedule %s paused: %s", schedule.name, exc, extra={"action": "schedule_invalid"})
                 schedule.paused_reason = f"Invalid timing: {exc}"
+                changed.append(schedule)
                 continue
             flying, held = in_flight.get(schedule.pk, (0, 0))
             overlap = policies.plan_overlap(schedule.overlap, plan.run, in_flight=flying, buffered=held)
@@ -193,7 +195,9 @@ def dispatch_due(lease: leases.LeaseHandle, *, batch_size: int | None = None) ->
             report.missed += len(plan.missed)
             report.missed_not_recorded += plan.missed_not_recorded
             report.skipped += len(overlap.skipped)
-            schedule.total_missed += len(plan.missed) + plan.missed_not_recorded
+            if plan.missed or plan.missed_not_recorded:
+                schedule.total_missed += len(plan.missed) + plan.missed_not_recorded
+                changed.append(schedule)
             if plan.missed or plan.missed_not_recorded:
                 logger.warning(
                     "schedule %s: %d slot(s) older than its catch-up window (%ss) or skipped by "
@@ -206,15 +210,18 @@ def dispatch_due(lease: leases.LeaseHandle, *, batch_size: int | None = None) ->
             if plan.next_run_at is None:
                 used = runs_used.get(schedule.pk, 0) + len(overlap.run) + (overlap.buffered is not None)
                 schedule.enabled = False
+                changed.append(schedule)
                 schedule.disabled_reason = _completion_reason(schedule, runs_used=used)
                 report.completed.append((schedule.name, schedule.disabled_reason))
         report.cancelled_task_ids = _cancel_in_flight(to_cancel, now=now)
         Execution.objects.bulk_create(rows, ignore_conflicts=True, batch_size=1000)
         if due:
+            # Every due schedule moves on; the other fields change for a few only,
+            # and bulk_update's cost grows with rows times fields.
+            Schedule.objects.bulk_update(due, ["next_run_at"], batch_size=1000)
+        if changed:
             Schedule.objects.bulk_update(
-                due,
-                ["next_run_at", "paused_reason", "enabled", "disabled_reason", "total_missed"],
-                batch_size=1000,
+                set(changed), ["paused_reason", "enabled", "disabled_reason", "total_missed"], batch_size=1000
             )
     return report
 
