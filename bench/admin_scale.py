@@ -20,39 +20,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.common import ROOT, django_env, migrate, table, write_results
+from bench.common import ROOT, django_env, insert_generated, migrate, table, write_results
 
 GOAL_SECONDS = 1.0
-
-
-def _insert_generated(model: Any, count: int, expressions: dict[str, str]) -> None:
-    """INSERT ``count`` rows built by ``generate_series`` (``g`` = 1..count).
-
-    Columns not in ``expressions`` get the field's Python default as a parameter.
-    """
-    from django.db import connection
-
-    columns, values, params = [], [], []
-    for field in model._meta.concrete_fields:
-        if field.primary_key:
-            continue
-        columns.append(connection.ops.quote_name(field.column))
-        if field.attname in expressions:
-            values.append(expressions[field.attname].replace("%", "%%"))  # literal % (modulo) in SQL
-            continue
-        default = field.get_default()
-        if field.get_internal_type() == "JSONField":
-            values.append("%s::jsonb")
-            params.append(json.dumps(default))
-        else:
-            values.append("%s")
-            params.append(default)
-    sql = (
-        f"INSERT INTO {model._meta.db_table} ({', '.join(columns)}) "
-        f"SELECT {', '.join(values)} FROM generate_series(1, {int(count)}) AS g"
-    )
-    with connection.cursor() as cursor:
-        cursor.execute(sql, params)
 
 
 def _load(schedules: int, executions: int) -> dict[str, float]:
@@ -62,7 +32,7 @@ def _load(schedules: int, executions: int) -> dict[str, float]:
 
     timings = {}
     started = time.monotonic()
-    _insert_generated(
+    insert_generated(
         Schedule,
         schedules,
         {
@@ -81,7 +51,7 @@ def _load(schedules: int, executions: int) -> dict[str, float]:
     )
     timings["load_schedules_seconds"] = time.monotonic() - started
     started = time.monotonic()
-    _insert_generated(
+    insert_generated(
         Execution,
         executions,
         {

@@ -2,8 +2,10 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import platform
+import signal
 import subprocess
 import sys
 from collections.abc import Sequence
@@ -13,6 +15,8 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS_DIR = ROOT / "bench" / "results"
+PEERS_VENV = ROOT / "bench" / ".venv-peers"
+PEERS_REQUIREMENTS = ROOT / "bench" / "requirements-peers.txt"
 
 
 def machine() -> dict[str, Any]:
@@ -35,25 +39,139 @@ def _cpu_model() -> str:
     return platform.processor()
 
 
-def django_env(database_url: str, redis_url: str, var_dir: Path) -> dict[str, str]:
-    """Return the environment for a child process that uses these services."""
+def django_env(database_url: str, redis_url: str, var_dir: Path, *, debug: bool = True) -> dict[str, str]:
+    """Return the environment for a child process that uses these services.
+
+    ``debug=False`` runs the production settings (no query log), as a deployed beat does.
+    """
     env = {key: value for key, value in os.environ.items() if not key.startswith("SCHEDULER_")}
     env.update(
         DATABASE_URL=database_url,
         REDIS_URL=redis_url,
         CELERY_BROKER_URL=redis_url,
-        DJANGO_DEBUG="1",
+        DJANGO_DEBUG="1" if debug else "",
         DJANGO_SETTINGS_MODULE="project.settings",
         VAR_DIR=str(var_dir),
         PYTHONUNBUFFERED="1",
     )
+    if not debug:
+        env.update(SECRET_KEY="bench-only-not-secret", ALLOWED_HOSTS="localhost", SECURE_SSL_REDIRECT="0")
     return env
 
 
-def migrate(env: dict[str, str]) -> None:
-    subprocess.run(
-        [sys.executable, "manage.py", "migrate", "--noinput", "-v", "0"], cwd=ROOT, env=env, check=True
+def migrate(env: dict[str, str], python: str | Path = sys.executable) -> None:
+    subprocess.run([str(python), "manage.py", "migrate", "--noinput", "-v", "0"], cwd=ROOT, env=env, check=True)
+
+
+def peers_python() -> Path:
+    """Return the Python of ``bench/.venv-peers``, (re)installing it when the requirements changed.
+
+    The peers (django-celery-beat, celery-redbeat) never enter the project's
+    environment: they are installed from ``requirements.txt`` plus
+    ``bench/requirements-peers.txt`` into their own virtualenv.
+    """
+    python = PEERS_VENV / "bin" / "python"
+    stamp = PEERS_VENV / "requirements.stamp"
+    wanted = (ROOT / "requirements.txt").read_text() + PEERS_REQUIREMENTS.read_text()
+    if not python.exists() or not stamp.exists() or stamp.read_text() != wanted:
+        print(f"installing the peers into {PEERS_VENV.relative_to(ROOT)} ...", flush=True)
+        subprocess.run([sys.executable, "-m", "venv", str(PEERS_VENV)], check=True)
+        subprocess.run(
+            [str(python), "-m", "pip", "install", "-q", "-r", str(ROOT / "requirements.txt"), "-r", str(PEERS_REQUIREMENTS)],
+            check=True,
+        )
+        stamp.write_text(wanted)
+    return python
+
+
+def insert_generated(model: Any, count: int, expressions: dict[str, str], *, table: str | None = None) -> None:
+    """INSERT ``count`` rows of ``model`` built by ``generate_series`` (``g`` = 1..count), server side.
+
+    Columns not in ``expressions`` get the field's Python default as a
+    parameter. ``table`` inserts into another table of the same shape.
+    """
+    from django.db import connection
+
+    columns, values, params = [], [], []
+    for field in model._meta.concrete_fields:
+        if field.primary_key:
+            continue
+        columns.append(connection.ops.quote_name(field.column))
+        if field.attname in expressions:
+            values.append(expressions[field.attname].replace("%", "%%"))  # literal % (modulo) in SQL
+            continue
+        default = field.get_default()
+        if field.get_internal_type() == "JSONField":
+            values.append("%s::jsonb")
+            params.append(json.dumps(default))
+        else:
+            values.append("%s")
+            params.append(default)
+    sql = (
+        f"INSERT INTO {table or model._meta.db_table} ({', '.join(columns)}) "
+        f"SELECT {', '.join(values)} FROM generate_series(1, {int(count)}) AS g"
     )
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+
+
+def execute_sql(sql: str, params: Sequence[Any] | None = None) -> list[tuple[Any, ...]]:
+    """Run one statement on Django's connection; return its rows (none for a statement without)."""
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        return cursor.fetchall() if cursor.description else []
+
+
+def log_to_file(path: Path) -> None:
+    """Send this process's ``scheduler`` log lines to ``path`` instead of the console."""
+    import logging
+
+    handler = logging.FileHandler(path)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s %(message)s"))
+    logging.getLogger("scheduler").handlers = [handler]
+
+
+# --- measuring a process ----------------------------------------------------------------
+
+
+def cpu_seconds(pid: int) -> float:
+    """Return the user + system CPU seconds a process has used (``/proc/<pid>/stat``)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def peak_rss_mib(pid: int) -> float:
+    """Return a process's peak resident memory so far (``VmHWM``), in MiB."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return math.nan
+
+
+def stop_process(process: subprocess.Popen[Any], timeout: float = 30) -> None:
+    """SIGTERM a process started with ``start_new_session=True``; SIGKILL its group if it lingers."""
+    if process.poll() is None:
+        process.terminate()
+        try:
+            process.wait(timeout)
+            return
+        except subprocess.TimeoutExpired:
+            pass
+    try:
+        os.killpg(process.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    process.wait()
+
+
+def percentile(values: Sequence[float], q: float) -> float | None:
+    """Return the ``q``-th percentile (nearest rank) of ``values``, or None when empty."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, math.ceil(q / 100 * len(ordered)) - 1))]
 
 
 def table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:

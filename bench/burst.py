@@ -1,0 +1,317 @@
+"""Burst: 10,000 schedules due in the same second, until every execution is committed and published.
+
+One real ``celery -A project beat`` (the leader) runs against the benchmark's
+own PostgreSQL and Redis; no worker runs, so every message stays in Redis.
+Once it holds the lease, 10,000 hourly schedules whose first slot is the
+whole second T are inserted (server side, about 2 s before T). From T on,
+this process reads every 20 ms how many Execution rows are committed and how
+many are ``queued``, and the length of the Redis queue. Measured per
+``SCHEDULER_DISPATCH_BATCH_SIZE`` (500, the default, and 2,000):
+
+- committed s: T -> all 10,000 Execution rows committed;
+- published s: T -> all 10,000 messages in Redis and all rows ``queued``;
+- executions/s: 10,000 / published s (goal: >= 5,000 on 2 cores);
+- leader CPU s: user + system CPU of the beat process over the burst, and
+  per execution (steadier than the rate on a shared machine).
+
+The machine's ceilings, measured in the same run against the same services:
+``redis-benchmark -t lpush -n 100000 -q`` (its default 50 connections, and one
+connection as the beat uses), and a bulk ``INSERT ... SELECT generate_series``
+of 10,000 rows into a scratch copy of ``scheduler_execution`` (same columns,
+indexes and constraints; best of 3). The fraction is executions/s over the
+lower of the Redis (50 connections) and PostgreSQL ceilings. For reference,
+Celery's own cost of sending is measured too: ``send_task`` of 10,000
+messages on one producer, as the leader sends them.
+
+When the goal is missed (or with ``--profile``), the same burst is dispatched
+in this process by a ``LeaderScheduler`` under cProfile, and the functions
+with the most own time are reported (cProfile slows Python code down, so the
+profiled rate is lower than the real one).
+
+Run: ``python -m bench.burst [--schedules 10000] [--batch-sizes 500,2000] [--profile]``.
+Writes ``bench/results/burst.json``.
+"""
+from __future__ import annotations
+
+import argparse
+import cProfile
+import json
+import os
+import pstats
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlparse
+
+from bench.common import (
+    ROOT, cpu_seconds, django_env, execute_sql, insert_generated, log_to_file, migrate, peak_rss_mib, stop_process,
+    table, write_results,
+)
+
+GOAL_PER_SECOND = 5000.0
+QUEUE = "celery"
+TASK = "bench.noop"
+POLL_SECONDS = 0.02
+LEAD_SECONDS = 2
+HOTSPOTS = 15
+
+
+# --- inside the child process (Django configured) ----------------------------------------
+
+
+def _reset() -> Any:
+    import redis
+
+    execute_sql("TRUNCATE scheduler_execution, scheduler_schedule, scheduler_instance CASCADE")
+    client = redis.Redis.from_url(os.environ["REDIS_URL"])
+    client.flushdb()
+    return client
+
+
+def _load_burst(count: int, due: str) -> None:
+    """Insert ``count`` hourly schedules whose first slot is ``due`` (an SQL timestamp expression)."""
+    from scheduler.models import Schedule
+
+    insert_generated(
+        Schedule, count,
+        {"name": "'burst-' || g", "task": f"'{TASK}'", "interval": "3600", "start_at": due, "next_run_at": due,
+         "created_at": "now()", "updated_at": "now()"},
+    )
+
+
+def _wait_for_leader(process: subprocess.Popen[Any], timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while not execute_sql("SELECT 1 FROM scheduler_lease WHERE holder <> '' AND expires_at > now()"):
+        if process.poll() is not None or time.monotonic() > deadline:
+            raise SystemExit("the beat did not take the lease")
+        time.sleep(0.05)
+
+
+def _burst(count: int, batch_size: int, timeout: float, log: Path) -> dict[str, Any]:
+    """Time one burst through a real beat process."""
+    client = _reset()
+    celery = str(Path(sys.executable).with_name("celery"))
+    env = {**os.environ, "SCHEDULER_DISPATCH_BATCH_SIZE": str(batch_size)}
+    with log.open("wb") as out:
+        process = subprocess.Popen([celery, "-A", "project", "beat", "-l", "info", "--pidfile="], cwd=ROOT, env=env,
+                                   stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        _wait_for_leader(process)
+        (due,) = execute_sql(f"SELECT date_trunc('second', now()) + interval '{LEAD_SECONDS} seconds'")[0]
+        _load_burst(count, f"'{due.isoformat()}'::timestamptz")
+        start = due.timestamp()
+        time.sleep(max(start - time.time(), 0))
+        cpu0 = cpu_seconds(process.pid)
+        committed = published = None
+        while published is None and time.time() < start + timeout:
+            rows, queued = execute_sql("SELECT count(*), count(*) FILTER (WHERE status = 'queued') FROM scheduler_execution")[0]
+            in_redis = client.llen(QUEUE)
+            now = time.time()
+            if committed is None and rows >= count:
+                committed = now - start
+            if queued >= count and in_redis >= count:
+                published = now - start
+            time.sleep(POLL_SECONDS)
+        cpu = cpu_seconds(process.pid) - cpu0
+        rss = peak_rss_mib(process.pid)
+    finally:
+        stop_process(process)
+    rows, keys = execute_sql("SELECT count(*), count(DISTINCT idempotency_key) FROM scheduler_execution")[0]
+    return {
+        "batch_size": batch_size, "schedules": count, "executions": rows, "duplicates": rows - keys,
+        "committed_seconds": committed, "published_seconds": published,
+        "per_second": count / published if published else None, "leader_cpu_seconds": cpu, "peak_rss_mib": rss,
+    }
+
+
+def _redis_ceiling(*options: str) -> dict[str, Any]:
+    from tests.services import find_redis_server
+
+    binary = shutil.which("redis-benchmark") or str(Path(find_redis_server()).with_name("redis-benchmark"))
+    url = urlparse(os.environ["REDIS_URL"])
+    command = [binary, "-h", url.hostname, "-p", str(url.port), "-t", "lpush", "-n", "100000", "-q", *options]
+    output = subprocess.run(command, capture_output=True, text=True, check=True).stdout
+    rate = float(re.findall(r"LPUSH: ([\d.]+) requests per second", output)[-1])
+    return {"what": f"Redis LPUSH: redis-benchmark -t lpush -n 100000 -q {' '.join(options)}".rstrip(), "per_second": rate}
+
+
+def _insert_ceiling(count: int, repeat: int = 3) -> dict[str, Any]:
+    from scheduler.models import Execution
+
+    execute_sql("DROP TABLE IF EXISTS bench_insert_ceiling")
+    execute_sql("CREATE TABLE bench_insert_ceiling (LIKE scheduler_execution INCLUDING ALL)")
+    best = float("inf")
+    try:
+        for _ in range(repeat):
+            execute_sql("TRUNCATE bench_insert_ceiling")
+            started = time.perf_counter()
+            insert_generated(
+                Execution, count,
+                {"idempotency_key": "'ceiling:' || g", "task": f"'{TASK}'", "scheduled_for": "now()",
+                 "celery_task_id": "gen_random_uuid()::text", "lease_token": "1", "created_at": "now()"},
+                table="bench_insert_ceiling",
+            )
+            best = min(best, time.perf_counter() - started)
+    finally:
+        execute_sql("DROP TABLE bench_insert_ceiling")
+    return {"what": f"PostgreSQL: INSERT ... SELECT generate_series, {count:,} execution rows", "per_second": count / best}
+
+
+def _send_task_ceiling(count: int) -> dict[str, Any]:
+    """Send ``count`` messages the way the leader does (one producer, one ``send_task`` each)."""
+    import uuid
+
+    from project.celery import app
+
+    client = _reset()
+    with app.producer_or_acquire() as producer:
+        started = time.perf_counter()
+        for number in range(count):
+            app.send_task(TASK, args=[], kwargs={}, task_id=str(uuid.uuid4()), headers={"execution_id": number},
+                          producer=producer, retry=False)
+        elapsed = time.perf_counter() - started
+    client.delete(QUEUE)
+    return {"what": f"Celery: send_task on one producer, {count:,} messages", "per_second": count / elapsed}
+
+
+def _where(code: tuple[str, int, str]) -> str:
+    filename, line, name = code
+    for prefix in (f"{ROOT}/.venv/lib/python3.11/site-packages/", f"{ROOT}/"):
+        filename = filename.removeprefix(prefix)
+    return f"{filename}:{line}({name})"
+
+
+def _profile(count: int) -> dict[str, Any]:
+    """Dispatch one burst in process under cProfile; return the top functions by own and by cumulative time."""
+    from project.celery import app
+    from scheduler.beat import LeaderScheduler
+    from scheduler.models import Execution
+
+    _reset()
+    scheduler = LeaderScheduler(app, lazy=True)
+    profiler = cProfile.Profile()
+    try:
+        scheduler.tick()  # takes the lease
+        _load_burst(count, "date_trunc('second', now())")
+        scheduler._last_renew = scheduler._last_heartbeat = time.monotonic()
+        started = time.perf_counter()
+        profiler.enable()
+        while scheduler.tick() == 0.0:
+            pass
+        profiler.disable()
+        elapsed = time.perf_counter() - started
+    finally:
+        scheduler.close()
+    published = Execution.objects.filter(status=Execution.Status.QUEUED).count()
+    stats = pstats.Stats(profiler).stats  # type: ignore[attr-defined]
+    total = sum(tottime for _, _, tottime, _, _ in stats.values())
+
+    def top(index: int) -> list[dict[str, Any]]:
+        ranked = sorted(stats.items(), key=lambda item: item[1][index], reverse=True)[:HOTSPOTS]
+        return [{"function": _where(code), "calls": calls, "own_seconds": own, "cumulative_seconds": cumulative,
+                 "own_share": own / total} for code, (_, calls, own, cumulative, _) in ranked]
+
+    return {"published": published, "seconds": elapsed, "per_second": published / elapsed,
+            "by_own_time": top(2), "by_cumulative_time": top(3)}
+
+
+def _child(count: int, batch_sizes: list[int], timeout: float, profile: bool, logs: Path) -> dict[str, Any]:
+    import django
+
+    django.setup()
+    log_to_file(logs / "in-process.log")
+    runs = []
+    for batch_size in batch_sizes:
+        print(f"burst of {count:,} with batch size {batch_size:,}...", file=sys.stderr, flush=True)
+        runs.append(_burst(count, batch_size, timeout, logs / f"beat-{batch_size}.log"))
+    ceilings = {"redis": _redis_ceiling(), "redis_one_connection": _redis_ceiling("-c", "1"),
+                "insert": _insert_ceiling(count), "send_task": _send_task_ceiling(count)}
+    result: dict[str, Any] = {"runs": runs, "ceilings": ceilings}
+    if profile or any((run["per_second"] or 0) < GOAL_PER_SECOND for run in runs):
+        print("profiling the leader in process...", file=sys.stderr, flush=True)
+        result["profile"] = _profile(count)
+    _reset()
+    return result
+
+
+# --- the orchestrator ---------------------------------------------------------------------
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--schedules", type=int, default=10_000, help="schedules due in the same second (default 10000)")
+    parser.add_argument("--batch-sizes", default="500,2000", help="SCHEDULER_DISPATCH_BATCH_SIZE values, one run each")
+    parser.add_argument("--timeout", type=float, default=300.0, help="seconds a burst may take (default 300)")
+    parser.add_argument("--profile", action="store_true", help="profile the leader even when the goal is met")
+    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--logs", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    try:
+        batch_sizes = [int(size) for size in args.batch_sizes.split(",") if size.strip()]
+    except ValueError:
+        parser.error("--batch-sizes takes comma-separated whole numbers")
+    if args.schedules < 1 or not batch_sizes or min(batch_sizes) < 1 or args.timeout <= 0:
+        parser.error("--schedules, --batch-sizes and --timeout must be positive")
+
+    if args.child:
+        result = _child(args.schedules, batch_sizes, args.timeout, args.profile, Path(args.logs))
+        print(json.dumps(result), flush=True)
+        return 0
+
+    from tests.services import postgres_cluster, redis_server
+
+    started = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="bench-") as tmp, redis_server() as redis_url, postgres_cluster() as pg_url:
+        env = django_env(pg_url, redis_url, Path(tmp), debug=False)
+        migrate(env)
+        child = subprocess.run(
+            [sys.executable, "-m", "bench.burst", "--child", f"--schedules={args.schedules}",
+             f"--batch-sizes={args.batch_sizes}", f"--timeout={args.timeout}", f"--logs={tmp}",
+             *(["--profile"] if args.profile else [])],
+            cwd=ROOT, env=env, stdout=subprocess.PIPE, text=True, check=True,
+        )
+    result = json.loads(child.stdout.strip().splitlines()[-1])
+
+    limit = min(result["ceilings"]["redis"]["per_second"], result["ceilings"]["insert"]["per_second"])
+    rows = []
+    for run in result["runs"]:
+        rate = run["per_second"]
+        rows.append([f"leader (celery beat), batch {run['batch_size']:,}", run["executions"], run["committed_seconds"] or "-",
+                     run["published_seconds"] or "did not finish", rate or "-", run["leader_cpu_seconds"],
+                     run["leader_cpu_seconds"] * 1000 / max(run["executions"], 1), f"{rate / limit:.1%}" if rate else "-"])
+    for ceiling in result["ceilings"].values():
+        rows.append([ceiling["what"], "-", "-", "-", ceiling["per_second"], "-", "-", "-"])
+    print()
+    print(table(["what", "executions", "committed s", "published s", "per second", "leader CPU s", "CPU ms/execution",
+                 "of ceiling"], rows))
+    best = max((run["per_second"] or 0) for run in result["runs"])
+    default = result["runs"][0]
+    print(f"\ngoal: >= {GOAL_PER_SECOND:,.0f} executions/s; batch {default['batch_size']:,}: {default['per_second'] or 0:,.0f}/s, "
+          f"best {best:,.0f}/s -> {'met' if (default['per_second'] or 0) >= GOAL_PER_SECOND else 'NOT met'} "
+          f"(ceiling {limit:,.0f}/s: the lower of Redis LPUSH and the PostgreSQL bulk INSERT)")
+    if profile := result.get("profile"):
+        print(f"\nhotspots (cProfile, in process: {profile['published']:,} published in {profile['seconds']:.2f}s "
+              f"= {profile['per_second']:,.0f}/s under the profiler), by own time:")
+        print(table(["function", "calls", "own s", "share", "cumulative s"],
+                    [[h["function"], h["calls"], h["own_seconds"], f"{h['own_share']:.1%}", h["cumulative_seconds"]]
+                     for h in profile["by_own_time"]]))
+        print("\nby cumulative time:")
+        print(table(["function", "calls", "cumulative s"],
+                    [[h["function"], h["calls"], h["cumulative_seconds"]] for h in profile["by_cumulative_time"]]))
+    print(f"\nran in {time.monotonic() - started:.0f}s")
+    path = write_results("burst", {
+        "database": "PostgreSQL (benchmark cluster, fsync off)", "broker": "Redis (benchmark instance, no worker)",
+        "goal_per_second": GOAL_PER_SECOND, "ceiling_per_second": limit, "met": (default["per_second"] or 0) >= GOAL_PER_SECOND,
+        **result,
+    })
+    print(f"wrote {path.relative_to(ROOT)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,441 @@
+"""Failover gap: how long dispatch stops when the beat leader is killed, and which slots it costs.
+
+Three ``celery -A project beat`` replicas run one every-second schedule
+(``interval=1``) on PostgreSQL and, separately, on SQLite; no worker runs,
+because the leader commits an Execution row for every slot before sending it.
+The leader (the pid in ``leases.current("beat").holder``) is killed with
+SIGKILL, then with SIGTERM, ``--kills`` times each. For each kill:
+
+- gap: ``created_at`` of the first Execution row committed under a newer
+  lease token, minus the moment of the kill (seconds of wall time);
+- after the takeover the killed replica is restarted, so three always run,
+  and the next kill waits for a few seconds of steady state.
+
+After each (database, signal) run, every one-second slot between the run's
+first and last slot must have exactly one row: a slot with two rows is a
+duplicate, a slot with none (or recorded ``missed``/``skipped``) a miss.
+
+Peer: celery-redbeat, two replicas of ``bench.redbeat_app`` in the
+benchmark's own virtualenv ``bench/.venv-peers`` (created on first use from
+``requirements.txt`` and ``bench/requirements-peers.txt``). The leader is the
+replica that logged ``beat: Acquired lock``; sends are timed from its
+``Sending due task`` log lines. Two configurations:
+
+- lock 10 s: ``redbeat_lock_timeout=10`` with ``--max-interval 1`` (the lock
+  must outlive a loop), killed like the project's replicas;
+- default lock: RedBeat's defaults (loop interval 300 s, lock 5 × that). A
+  takeover can take many minutes, so each kill starts a fresh pair of
+  replicas, waits at most ``PEER_DEFAULT_WAIT`` seconds and runs only
+  ``--default-lock-kills`` kills per signal.
+
+RedBeat records nothing per slot, so its slots are inferred from the gaps
+between consecutive sends (all replicas' logs merged, up to the moment the
+replicas are stopped): a gap of n seconds holds n - 1 missed slots, and two
+sends less than half a second apart are a duplicate.
+
+Run: ``python -m bench.failover [--kills 10] [--skip-peers] [--databases postgresql,sqlite]``
+(it starts its own PostgreSQL and Redis). Writes ``bench/results/failover.json``.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import random
+import re
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from bench.common import ROOT, django_env, migrate, peers_python, table, write_results
+from tests.processes import CeleryProcess, beat_argv
+
+SIGNALS = {"SIGKILL": signal.SIGKILL, "SIGTERM": signal.SIGTERM}
+REPLICAS = 3
+PEER_REPLICAS = 2
+#: Lease settings of the project's replicas (its documented defaults).
+LEASE_SETTINGS = {"LEASE_TTL_SECONDS": "10", "LEASE_RENEW_SECONDS": "2", "FOLLOWER_RETRY_SECONDS": "1"}
+TAKEOVER_WAIT = 40.0  # seconds a follower has to dispatch after a kill
+STARTUP_WAIT = 60.0  # seconds a replica has to start
+STEADY_SECONDS = 3.0  # between a takeover (and restart) and the next kill, plus up to 1 s at random
+PEER_LOCK_TIMEOUT = 10  # seconds, the tuned RedBeat configuration
+PEER_DEFAULT_WAIT = 120.0  # seconds a RedBeat standby has to take over with the default lock
+PEER_SEND = re.compile(r"^\[(\d+\.\d+): \w+/[^\]]*\] Scheduler: Sending due task", re.MULTILINE)
+PEER_LOCK = re.compile(r"lock -> `[^`]*` .*\((\d+(?:\.\d+)?)s\)")
+
+
+def _log(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+# --- the kill loop, shared by the project and the peer -------------------------------------
+
+
+class Cluster:
+    """Beat replicas of one implementation: start, find the leader, time the first dispatch."""
+
+    #: Log line a replica writes once it is up and contending for leadership.
+    ready = r"beat: Starting\.\.\."
+
+    def __init__(self, start: Callable[[int], CeleryProcess], size: int) -> None:
+        self._start = start
+        self._started = 0
+        self.replicas = [self.start() for _ in range(size)]
+
+    def start(self) -> CeleryProcess:
+        self._started += 1
+        return self._start(self._started)
+
+    def leader(self) -> tuple[CeleryProcess, Any] | None:
+        """Return (the leading replica, a marker of its term), or None while nobody leads."""
+        raise NotImplementedError
+
+    def steady(self, marker: Any) -> bool:
+        """Return whether the leader of this term has dispatched a few slots already."""
+        raise NotImplementedError
+
+    def first_dispatch_after(self, marker: Any, killed: CeleryProcess, killed_at: float) -> float | None:
+        """Return the Unix time of the first dispatch of a later term, or None."""
+        raise NotImplementedError
+
+    def describe_kill(self, marker: Any) -> dict[str, Any]:
+        return {}
+
+    def stop(self) -> None:
+        for replica in self.replicas:
+            replica.stop()
+
+
+def _wait(predicate: Callable[[], Any], timeout: float, interval: float = 0.05) -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value or time.monotonic() >= deadline:
+            return value
+        time.sleep(interval)
+
+
+def _wait_ready(cluster: Cluster) -> None:
+    for replica in cluster.replicas:
+        if not _wait(lambda r=replica: re.search(cluster.ready, r.log()), STARTUP_WAIT, 0.2):
+            raise SystemExit(f"{replica.name} did not start within {STARTUP_WAIT:.0f}s; log tail:\n{replica.log()[-3000:]}")
+
+
+def kill_leaders(cluster: Cluster, sig: int, kills: int, *, wait: float, rng: random.Random) -> list[dict[str, Any]]:
+    """Kill the leader ``kills`` times with ``sig``; return one sample per kill.
+
+    Each sample has the gap in seconds from the kill to the first dispatch of
+    the next leader (None when nobody dispatched within ``wait``). The killed
+    replica is restarted once the takeover happened (or the wait ran out).
+    """
+    samples = []
+    _wait_ready(cluster)
+    for number in range(kills):
+        found = _wait(cluster.leader, STARTUP_WAIT, 0.1)
+        if not found:
+            raise SystemExit(f"no leader within {STARTUP_WAIT:.0f}s before kill {number + 1}")
+        leader, marker = found
+        if not _wait(lambda: cluster.steady(marker), STARTUP_WAIT, 0.1):
+            raise SystemExit(f"the leader dispatched nothing within {STARTUP_WAIT:.0f}s before kill {number + 1}")
+        time.sleep(rng.uniform(0.0, 1.0))  # kill at a random point of the one-second cycle
+        details = cluster.describe_kill(marker)
+        killed_at = time.time()
+        os.kill(leader.pid, sig)
+        dispatched = _wait(lambda: cluster.first_dispatch_after(marker, leader, killed_at), wait, 0.05)
+        gap = None if dispatched is None else dispatched - killed_at
+        samples.append({"pid": leader.pid, "killed_at": killed_at, "gap_seconds": gap, **details})
+        _log(f"  kill {number + 1}/{kills} ({signal.Signals(sig).name}): "
+             + (f"gap {gap:.2f}s" if gap is not None else f"no takeover within {wait:.0f}s"))
+        leader.stop()
+        index = cluster.replicas.index(leader)
+        cluster.replicas[index] = cluster.start()
+        _wait_ready(cluster)
+        time.sleep(STEADY_SECONDS)
+    return samples
+
+
+def gap_summary(samples: list[dict[str, Any]]) -> dict[str, Any]:
+    gaps = [s["gap_seconds"] for s in samples if s["gap_seconds"] is not None]
+    return {
+        "kills": len(samples),
+        "takeovers": len(gaps),
+        "gap_min_seconds": min(gaps) if gaps else None,
+        "gap_median_seconds": statistics.median(gaps) if gaps else None,
+        "gap_max_seconds": max(gaps) if gaps else None,
+    }
+
+
+# --- the project's beat, inside one database's child process -----------------------------
+
+
+def _measure_database(kills: int, logs: Path) -> list[dict[str, Any]]:
+    """Run the kill loop per signal against this process's DATABASE_URL; return one result per signal."""
+    import django
+
+    django.setup()
+    from django.db import connection
+
+    from scheduler import leases
+    from scheduler.models import Execution, Schedule
+
+    env = {**os.environ, **{f"SCHEDULER_{key}": value for key, value in LEASE_SETTINGS.items()}}
+
+    class ProjectCluster(Cluster):
+        ready = r"beat replica \S+ started"
+
+        def __init__(self, schedule: Schedule, tag: str) -> None:
+            self.schedule = schedule
+            super().__init__(
+                lambda n: CeleryProcess(f"beat{n}", beat_argv(), env, logs / f"{tag}-beat{n}.log").start(), REPLICAS
+            )
+
+        def leader(self) -> tuple[CeleryProcess, int] | None:
+            state = leases.current("beat")
+            if not state.is_held:
+                return None
+            pid = int(state.holder.rsplit("-", 2)[1])
+            leader = next((r for r in self.replicas if r.pid == pid and r.alive()), None)
+            return (leader, state.token) if leader else None
+
+        def rows(self) -> Any:
+            return Execution.objects.filter(schedule=self.schedule)
+
+        def steady(self, token: int) -> bool:
+            return self.rows().filter(lease_token=token).count() >= 3
+
+        def first_dispatch_after(self, token: int, killed: CeleryProcess, killed_at: float) -> float | None:
+            first = self.rows().filter(lease_token__gt=token).order_by("created_at").first()
+            return None if first is None else first.created_at.timestamp()
+
+        def describe_kill(self, token: int) -> dict[str, Any]:
+            return {"token": token}
+
+    rng = random.Random(0)
+    results = []
+    for name, sig in SIGNALS.items():
+        schedule = Schedule(name=f"failover-{name.lower()}", task="bench.noop", interval=1)
+        schedule.full_clean()
+        schedule.save()
+        _log(f"{connection.vendor}, {name}: {REPLICAS} replicas, {kills} kills")
+        cluster = ProjectCluster(schedule, name.lower())
+        try:
+            samples = kill_leaders(cluster, sig, kills, wait=TAKEOVER_WAIT, rng=rng)
+        finally:
+            cluster.stop()
+            Schedule.objects.filter(pk=schedule.pk).update(enabled=False)
+        for sample in samples:
+            newer = cluster.rows().filter(lease_token__gt=sample["token"]).order_by("created_at").first()
+            sample["new_token"] = newer.lease_token if newer else None
+        results.append({
+            "system": connection.vendor, "signal": name, "replicas": REPLICAS, **gap_summary(samples),
+            **_slot_counts(list(cluster.rows().values_list("scheduled_for", "status"))), "samples": samples,
+        })
+    return results
+
+
+def _slot_counts(rows: list[tuple[Any, str]]) -> dict[str, int]:
+    """Count the one-second slots between the first and last row, duplicated and missed ones."""
+    if not rows:
+        return {"slots": 0, "rows": 0, "duplicates": 0, "misses": 0}
+    per_slot = Counter(slot for slot, _ in rows)
+    slots = int((max(per_slot) - min(per_slot)).total_seconds()) + 1
+    not_run = sum(1 for _, status in rows if status in ("missed", "skipped"))
+    return {
+        "slots": slots,
+        "rows": len(rows),
+        "duplicates": sum(count - 1 for count in per_slot.values()),
+        "misses": slots - len(per_slot) + not_run,
+    }
+
+
+# --- the RedBeat peer ----------------------------------------------------------------------
+
+
+class RedBeatCluster(Cluster):
+    """RedBeat replicas; the leader is the live replica whose log says it acquired the lock."""
+
+    #: RedBeat's lock key with its default key prefix.
+    lock_key = "redbeat::lock"
+
+    def __init__(self, celery: Path, redis_url: str, client: Any, logs: Path, tag: str, *, lock_timeout: int | None) -> None:
+        self.client = client
+        env = {key: value for key, value in os.environ.items() if not key.startswith(("SCHEDULER_", "REDBEAT_"))}
+        env.update(REDIS_URL=redis_url, PYTHONUNBUFFERED="1")
+        argv = [str(celery), "-A", "bench.redbeat_app", "beat", "-S", "redbeat.RedBeatScheduler", "-l", "info", "--pidfile="]
+        if lock_timeout is not None:
+            env["REDBEAT_LOCK_TIMEOUT"] = str(lock_timeout)
+            argv += ["--max-interval", "1"]
+        self.started: list[CeleryProcess] = []
+
+        def start(n: int) -> CeleryProcess:
+            process = CeleryProcess(f"redbeat{n}", argv, env, logs / f"{tag}-redbeat{n}.log").start()
+            self.started.append(process)
+            return process
+
+        super().__init__(start, PEER_REPLICAS)
+
+    def leader(self) -> tuple[CeleryProcess, CeleryProcess] | None:
+        leader = next((r for r in self.replicas if r.alive() and "beat: Acquired lock" in r.log()), None)
+        return (leader, leader) if leader else None
+
+    def steady(self, leader: CeleryProcess) -> bool:
+        return len(_sends(leader)) >= 3
+
+    def first_dispatch_after(self, leader: CeleryProcess, killed: CeleryProcess, killed_at: float) -> float | None:
+        later = [t for r in self.replicas if r is not killed for t in _sends(r) if t > killed_at]
+        return min(later) if later else None
+
+    def describe_kill(self, leader: CeleryProcess) -> dict[str, Any]:
+        return {"lock_ttl_left_seconds": self.client.pttl(self.lock_key) / 1000}
+
+    def lock_timeout(self) -> float | None:
+        found = PEER_LOCK.search(self.replicas[0].log())
+        return float(found.group(1)) if found else None
+
+    def sends(self) -> list[float]:
+        return sorted(t for process in self.started for t in _sends(process))
+
+
+def _sends(process: CeleryProcess) -> list[float]:
+    return [float(t) for t in PEER_SEND.findall(process.log())]
+
+
+def _send_counts(sends: list[float], stopped_at: float) -> dict[str, int]:
+    """Infer duplicated and missed one-second slots from send times (see the module docstring)."""
+    if not sends:
+        return {"sends": 0, "duplicates": 0, "misses": 0}
+    steps = [b - a for a, b in zip(sends, sends[1:])]
+    return {
+        "sends": len(sends),
+        "duplicates": sum(1 for step in steps if step < 0.5),
+        "misses": sum(max(0, round(step) - 1) for step in steps) + max(0, int(stopped_at - sends[-1]) - 1),
+    }
+
+
+def _measure_redbeat(celery: Path, redis_url: str, logs: Path, kills: int, default_lock_kills: int) -> list[dict[str, Any]]:
+    """Kill the RedBeat leader with the tuned lock (one cluster per signal) and the default one (fresh per kill)."""
+    import redis
+
+    client = redis.Redis.from_url(redis_url)
+    rng = random.Random(0)
+    results = []
+    for label, lock_timeout, rounds, per_round, wait in (
+        (f"redbeat, lock {PEER_LOCK_TIMEOUT} s", PEER_LOCK_TIMEOUT, 1, kills, TAKEOVER_WAIT),
+        ("redbeat, default lock", None, default_lock_kills, 1, PEER_DEFAULT_WAIT),
+    ):
+        for name, sig in SIGNALS.items() if rounds else ():
+            _log(f"{label}, {name}: {PEER_REPLICAS} replicas, {rounds * per_round} kills")
+            samples: list[dict[str, Any]] = []
+            counts: Counter[str] = Counter(sends=0, duplicates=0, misses=0)
+            lock_seconds = None
+            for round_number in range(rounds):
+                client.flushdb()
+                tag = f"{'tuned' if lock_timeout else 'default'}-{name.lower()}-{round_number}"
+                cluster = RedBeatCluster(celery, redis_url, client, logs, tag, lock_timeout=lock_timeout)
+                try:
+                    samples += kill_leaders(cluster, sig, per_round, wait=wait, rng=rng)
+                finally:
+                    cluster.stop()
+                stopped_at = time.time()
+                counts.update(_send_counts(cluster.sends(), stopped_at))
+                lock_seconds = cluster.lock_timeout()
+            results.append({
+                "system": label, "signal": name, "replicas": PEER_REPLICAS, "lock_timeout_seconds": lock_seconds,
+                "takeover_wait_seconds": wait, **gap_summary(samples), **counts, "samples": samples,
+            })
+    client.close()
+    return results
+
+
+# --- the orchestrator ----------------------------------------------------------------------
+
+
+def _fmt(value: float | None) -> Any:
+    return "-" if value is None else value
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--kills", type=int, default=10, help="kills per signal and system (default 10)")
+    parser.add_argument("--databases", default="postgresql,sqlite", help="comma-separated: postgresql, sqlite")
+    parser.add_argument("--skip-peers", action="store_true", help="do not measure celery-redbeat")
+    parser.add_argument("--default-lock-kills", type=int, default=1,
+                        help=f"kills per signal for RedBeat's default lock, each waiting up to {PEER_DEFAULT_WAIT:.0f}s (default 1)")
+    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--logs", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.kills < 1 or args.default_lock_kills < 0:
+        parser.error("--kills must be at least 1 and --default-lock-kills at least 0")
+    databases = [name.strip() for name in args.databases.split(",") if name.strip()]
+    if set(databases) - {"postgresql", "sqlite"}:
+        parser.error("--databases takes postgresql and/or sqlite")
+
+    if args.child:
+        print(json.dumps(_measure_database(args.kills, Path(args.logs))), flush=True)
+        return 0
+
+    from tests.services import postgres_cluster, redis_server
+
+    started = time.monotonic()
+    celery = None if args.skip_peers else peers_python().with_name("celery")
+    results: list[dict[str, Any]] = []
+    with contextlib.ExitStack() as stack:
+        tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="bench-failover-")))
+        redis_url = stack.enter_context(redis_server())
+        pg_url = stack.enter_context(postgres_cluster()) if "postgresql" in databases else None
+        for database in databases:
+            var_dir = tmp / database
+            url = pg_url if database == "postgresql" else f"sqlite:///{var_dir / 'bench.sqlite3'}"
+            env = django_env(url or "", redis_url, var_dir)
+            migrate(env)
+            child = subprocess.run(
+                [sys.executable, "-m", "bench.failover", "--child", f"--kills={args.kills}", f"--logs={tmp}"],
+                cwd=ROOT, env=env, stdout=subprocess.PIPE, text=True, check=True,
+            )
+            results += json.loads(child.stdout.strip().splitlines()[-1])
+        if celery is not None:
+            peer_redis = redis_url.rsplit("/", 1)[0] + "/1"
+            results += _measure_redbeat(celery, peer_redis, tmp, args.kills, args.default_lock_kills)
+    elapsed = time.monotonic() - started
+
+    rows = []
+    for r in results:
+        rows.append([
+            r["system"], r["signal"], r["kills"], f"{r['takeovers']}/{r['kills']}",
+            _fmt(r["gap_min_seconds"]), _fmt(r["gap_median_seconds"]), _fmt(r["gap_max_seconds"]),
+            r["duplicates"], r["misses"],
+        ])
+    print()
+    print(table(["system", "signal", "kills", "took over", "gap min s", "gap median s", "gap max s", "duplicates", "misses"], rows))
+    for r in results:
+        if r["takeovers"] < r["kills"]:
+            print(f"{r['system']} ({r['signal']}): no takeover within {r.get('takeover_wait_seconds', TAKEOVER_WAIT):.0f}s "
+                  f"in {r['kills'] - r['takeovers']} of {r['kills']} kills"
+                  + (f" (lock timeout {r['lock_timeout_seconds']:.0f}s)" if r.get("lock_timeout_seconds") else ""))
+    print(f"\ntook {elapsed / 60:.1f} min")
+    path = write_results("failover", {
+        "settings": {
+            "project": {"replicas": REPLICAS, **{f"SCHEDULER_{k}": float(v) for k, v in LEASE_SETTINGS.items()},
+                        "schedule_interval_seconds": 1, "takeover_wait_seconds": TAKEOVER_WAIT},
+            "redbeat": {"replicas": PEER_REPLICAS, "tuned_lock_timeout_seconds": PEER_LOCK_TIMEOUT,
+                        "tuned_max_interval_seconds": 1, "default_lock_wait_seconds": PEER_DEFAULT_WAIT,
+                        "default_lock_kills_per_signal": args.default_lock_kills, "skipped": args.skip_peers},
+            "kills_per_signal": args.kills, "steady_seconds_between_kills": STEADY_SECONDS,
+        },
+        "elapsed_seconds": elapsed,
+        "results": results,
+    })
+    print(f"wrote {path.relative_to(ROOT)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
