@@ -35,7 +35,11 @@ chaos: venv
 
 # Benchmarks (each starts its own PostgreSQL and Redis); results in bench/results/.
 bench: venv
+	$(VENV)/bin/python -m bench.failover
+	$(VENV)/bin/python -m bench.scale
+	$(VENV)/bin/python -m bench.burst
 	$(VENV)/bin/python -m bench.worker_overhead
+	$(VENV)/bin/python -m bench.admin_scale
 
 # Local demo: admin on http://127.0.0.1:8000/admin/, one worker, two beat replicas.
 run: export DJANGO_DEBUG ?= 1

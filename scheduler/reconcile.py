@@ -50,7 +50,7 @@ KINDS = {
     "lost_retrying": "lost execution(s) retrying",
     "lost_failed": "lost execution(s) failed",
     "published": "old pending execution(s) sent",
-    "republished": "unclaimed queued execution(s) sent again",
+    "republished": "unclaimed queued or retrying execution(s) sent again",
     "next_run_at": "schedule(s) with next_run_at recomputed",
     "instance_removed": "stale instance(s) removed",
     "missing_slot": "slot(s) without an execution",
@@ -162,7 +162,7 @@ def _recover_lost(*, dry_run: bool) -> tuple[list[Change], list[int]]:
 def _retry_lost(execution: Execution) -> bool:
     return bool(
         Execution.objects.filter(pk=execution.pk, status=Status.LOST).update(
-            status=Status.RETRYING, attempt=F("attempt") + 1
+            status=Status.RETRYING, attempt=F("attempt") + 1, enqueued_at=Now()
         )
     )
 
@@ -193,7 +193,10 @@ def _old_pending(*, now: datetime) -> list[Change]:
 
 
 def _unclaimed_queued(*, now: datetime, dry_run: bool) -> list[Change]:
-    """Take the ``queued`` executions no worker claimed in time, to be sent again.
+    """Take the ``queued`` (and due ``retrying``) executions no worker claimed in time, to be sent again.
+
+    A ``retrying`` row's ``enqueued_at`` is when its retry was due; its
+    message may have been lost with a broker restart or a killed worker.
 
     Their ``enqueued_at`` moves to ``now`` (one conditional UPDATE each), so
     a concurrent pass does not take them too and the next re-send waits a
@@ -201,14 +204,18 @@ def _unclaimed_queued(*, now: datetime, dry_run: bool) -> list[Change]:
     was only slow is harmless.
     """
     cutoff = now - timedelta(seconds=settings.RECONCILE_QUEUED_AFTER_SECONDS)
-    stale = Execution.objects.filter(status=Status.QUEUED, enqueued_at__lt=cutoff, scheduled_for__lt=cutoff)
+    stale = Execution.objects.filter(
+        status__in=[Status.QUEUED, Status.RETRYING], enqueued_at__lt=cutoff, scheduled_for__lt=cutoff
+    )
     changes: list[Change] = []
     for pk, schedule_id, enqueued_at in stale.order_by("enqueued_at", "id").values_list(
         "id", "schedule_id", "enqueued_at"
     )[:BATCH_SIZE]:
         if not dry_run and not stale.filter(pk=pk, enqueued_at=enqueued_at).update(enqueued_at=now):
             continue
-        changes.append(Change("republished", f"queued since {enqueued_at.isoformat()}, never claimed; sent again", pk, schedule_id))
+        changes.append(
+            Change("republished", f"waiting since {enqueued_at.isoformat()}, never claimed; sent again", pk, schedule_id)
+        )
     return changes
 
 

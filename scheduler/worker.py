@@ -317,6 +317,8 @@ class ExecutionTask(Task):
             status=Execution.Status.RETRYING,
             attempt=F("attempt") + 1,
             lease_expires_at=None,
+            # When the retry is due: reconcile sends it again if nobody claims it by then.
+            enqueued_at=_db_now_plus(float(kwargs.get("countdown") or 0)),
             error=_error_text(exc) if exc else "",
             traceback="".join(traceback.format_exception(exc)) if exc else "",
         )
