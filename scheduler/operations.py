@@ -73,20 +73,10 @@ def validate_schedule(schedule: Schedule, *, app: Celery) -> None:
 def run_now(schedule: Schedule, *, app: Celery) -> ActionResult:
     """Record an execution of ``schedule`` for now, outside its timing, and send it after commit."""
     ensure_task(app, schedule.task)
-    execution = Execution(
-        idempotency_key=f"schedule:{schedule.pk}:manual:{uuid.uuid4()}",
-        schedule=schedule,
-        task=schedule.task,
-        args=schedule.args,
-        kwargs=schedule.kwargs,
-        queue=schedule.queue,
-        tenant=schedule.tenant,
-        timeout=schedule.timeout,
-        max_retries=schedule.max_retries,
-        retry_backoff=schedule.retry_backoff,
-        scheduled_for=leases.db_now(),
-        celery_task_id=str(uuid.uuid4()),
-    )
+    now = leases.db_now()
+    execution = dispatch.execution_for(schedule, now, status=Execution.Status.PENDING, now=now)
+    # Its own key: a manual run never takes the slot of a scheduled fire.
+    execution.idempotency_key = f"schedule:{schedule.pk}:manual:{uuid.uuid4()}"
     return _record_and_send(execution, app=app)
 
 
