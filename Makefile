@@ -24,13 +24,18 @@ $(VENV)/.installed: $(REQUIREMENTS)
 	$(VENV)/bin/python -m pip install --quiet --disable-pip-version-check -r requirements-dev.txt
 	touch $@
 
-# Starts its own redis-server and PostgreSQL cluster; see tests/suite.py.
-test: venv
+# Installs the OS packages it needs (bin/ensure-packages), then starts its own
+# redis-server and PostgreSQL cluster; see tests/suite.py.
+test:
+	bin/ensure-packages test
+	$(MAKE) venv
 	$(VENV)/bin/python -m tests.suite $(PYTEST_ARGS)
 
 # The fault-injection soak alone, on PostgreSQL: make chaos DURATION=600
 DURATION ?= 600
-chaos: venv
+chaos:
+	bin/ensure-packages test
+	$(MAKE) venv
 	SCHEDULER_SUITE_DATABASES=postgresql CHAOS_DURATION=$(DURATION) $(VENV)/bin/python -m tests.suite tests/chaos -s
 
 # Benchmarks (each starts its own PostgreSQL and Redis); results in bench/results/.
@@ -43,7 +48,9 @@ bench: venv
 
 # Local demo: admin on http://127.0.0.1:8000/admin/, one worker, two beat replicas.
 run: export DJANGO_DEBUG ?= 1
-run: venv
+run:
+	bin/ensure-packages run
+	$(MAKE) venv
 	$(VENV)/bin/python manage.py migrate --noinput
 	PYTHON=$(VENV)/bin/python bin/ensure-redis
 	$(VENV)/bin/python manage.py demo

@@ -145,6 +145,13 @@ class Schedule(models.Model):
     #: Slots not run because they were older than the catch-up window or
     #: dropped by the misfire policy, whether or not each got a ``missed`` row.
     total_missed = models.PositiveIntegerField(default=0, editable=False)
+    #: Slots the beat committed to run (not missed, skipped, run-now, retry or
+    #: backfill rows); ``max_runs`` and one-off completion count these. Only
+    #: the dispatch transaction changes it, with an ``F()`` update.
+    slots_sent = models.PositiveIntegerField(default=0, editable=False)
+    #: Slots before this instant are not owed: reconcile's audit starts here.
+    #: Moved forward on resume, re-enable and timing edits.
+    owed_since = models.DateTimeField(null=True, blank=True, editable=False)
     consecutive_failures = models.PositiveIntegerField(default=0, editable=False)
     last_error = models.TextField(blank=True, default="", editable=False)
     created_at = models.DateTimeField(auto_now_add=True)
