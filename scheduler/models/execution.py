@@ -85,6 +85,8 @@ class Execution(models.Model):
     args = models.JSONField(default=list, blank=True)
     kwargs = models.JSONField(default=dict, blank=True)
     queue = models.CharField(max_length=200, blank=True, default="")
+    #: Broker message priority (Redis: 0-9, lower runs first); empty sends none.
+    priority = models.PositiveSmallIntegerField(null=True, blank=True)
     scheduled_for = models.DateTimeField()
     status = models.CharField(max_length=20, choices=Status.choices, default=Status.PENDING)
     #: The attempt running now or that ran last; 1 for the first run.

@@ -33,5 +33,10 @@ class Migration(migrations.Migration):
             name="owed_since",
             field=models.DateTimeField(blank=True, editable=False, null=True),
         ),
+        migrations.AddField(
+            model_name="execution",
+            name="priority",
+            field=models.PositiveSmallIntegerField(blank=True, null=True),
+        ),
         migrations.RunPython(backfill_counters, migrations.RunPython.noop),
     ]
