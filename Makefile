@@ -43,6 +43,7 @@ bench: venv
 	$(VENV)/bin/python -m bench.failover
 	$(VENV)/bin/python -m bench.scale
 	$(VENV)/bin/python -m bench.burst
+	$(VENV)/bin/python -m bench.tick_backlog
 	$(VENV)/bin/python -m bench.worker_overhead
 	$(VENV)/bin/python -m bench.admin_scale
 

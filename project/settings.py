@@ -70,6 +70,11 @@ INSTALLED_APPS = [
     "django_celery_results",
     "scheduler",
 ]
+# Tests only (tests/env_defaults.py turns it on): django-celery-beat's real
+# tables for the test of `manage.py import_celery_beat`, which reads them with
+# SQL and never needs the package. Ignored unless debugging.
+if DEBUG and env_bool("TEST_CELERY_BEAT_TABLES"):
+    INSTALLED_APPS.append("django_celery_beat")
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
@@ -174,7 +179,10 @@ for _name, _default in vars(_SchedulerDefaults).items():
     _raw = os.environ.get(f"SCHEDULER_{_name}")
     if _name.isupper() and _raw:
         try:
-            globals()[f"SCHEDULER_{_name}"] = type(_default)(_raw)
+            # bool("0") is True: booleans read like the other switches here.
+            globals()[f"SCHEDULER_{_name}"] = (
+                env_bool(f"SCHEDULER_{_name}") if isinstance(_default, bool) else type(_default)(_raw)
+            )
         except ValueError:
             raise ImproperlyConfigured(
                 f"SCHEDULER_{_name}={_raw!r} is not a valid {type(_default).__name__}"

@@ -29,10 +29,11 @@ from django.utils.safestring import mark_safe
 from django.utils.timesince import timesince, timeuntil
 from django.utils.translation import ngettext
 
-from scheduler import backfill, clock, dispatch, leases, operations, timing
+from scheduler import backfill, clock, dispatch, leases, metrics, operations, timing
 from scheduler.conf import settings
 from scheduler.exceptions import BackfillRefused, ScheduleInvalid
 from scheduler.models import Execution, Instance, Lease, Schedule
+from scheduler.models.schedule import EARLIEST, LATEST
 
 #: How many upcoming slots the schedule page previews.
 PREVIEW_COUNT = 5
@@ -170,6 +171,15 @@ class ActionsNeedPermission:
 class BackfillForm(forms.Form):
     start = forms.DateTimeField(help_text="UTC, e.g. 2026-03-01 00:00:00")
     end = forms.DateTimeField(help_text="UTC; not in the future")
+
+    def clean(self) -> dict[str, Any]:
+        cleaned = super().clean()
+        for field in ("start", "end"):
+            moment = cleaned.get(field)
+            # Slot arithmetic overflows near year 1 (and 9999): the same span as a schedule's own times.
+            if moment is not None and not EARLIEST <= moment < LATEST:
+                self.add_error(field, "Must be from 1970-01-01 to 8999-12-31.")
+        return cleaned
 
 
 class ScheduleForm(forms.ModelForm):
@@ -342,6 +352,14 @@ class ScheduleAdmin(ActionsNeedPermission, admin.ModelAdmin):
                         f"Backfill of {schedule.name}: {report.created} execution(s) recorded, "
                         f"{report.already_present} slot(s) already had one, {report.published} sent.",
                     )
+                    if report.broker_error:
+                        self.message_user(
+                            request,
+                            f"The broker is unreachable ({report.broker_error}): the "
+                            f"{report.created - report.published} execution(s) not sent stay pending; "
+                            "the beat leader sends them once it is back.",
+                            level=messages.WARNING,
+                        )
                     return redirect("admin:scheduler_schedule_change", schedule.pk)
                 preview = report
         context = {
@@ -355,6 +373,11 @@ class ScheduleAdmin(ActionsNeedPermission, admin.ModelAdmin):
             "opts": self.model._meta,
         }
         return TemplateResponse(request, "admin/scheduler/schedule/backfill.html", context)
+
+    def save_model(self, request: HttpRequest, obj: Schedule, form: forms.ModelForm, change: bool) -> None:
+        # Only the fields the operator changed: the leader and the workers write
+        # next_run_at and the counters of this row meanwhile.
+        operations.save_schedule(obj, fields=form.changed_data if change else None, now=leases.db_now())
 
     # --- actions -------------------------------------------------------------------
 
@@ -387,27 +410,20 @@ class ScheduleAdmin(ActionsNeedPermission, admin.ModelAdmin):
 
     @admin.action(description="Enable selected schedules", permissions=["change"])
     def enable(self, request: HttpRequest, queryset: QuerySet[Schedule]) -> None:
-        def change(schedule: Schedule) -> None:
-            schedule.enabled = True
-            schedule.save()
-
-        self._each(request, queryset, change, "enabled")
+        self._each(request, queryset, lambda s: operations.set_enabled(s, True, now=leases.db_now()), "enabled")
 
     @admin.action(description="Disable selected schedules", permissions=["change"])
     def disable(self, request: HttpRequest, queryset: QuerySet[Schedule]) -> None:
-        def change(schedule: Schedule) -> None:
-            schedule.enabled = False
-            schedule.save()
-
-        self._each(request, queryset, change, "disabled")
+        self._each(request, queryset, lambda s: operations.set_enabled(s, False, now=leases.db_now()), "disabled")
 
     @admin.action(description="Pause selected schedules", permissions=["change"])
     def pause(self, request: HttpRequest, queryset: QuerySet[Schedule]) -> None:
-        self._each(request, queryset, lambda s: s.pause(f"Paused by {request.user} in the admin"), "paused")
+        reason = f"Paused by {request.user} in the admin"
+        self._each(request, queryset, lambda s: operations.pause_schedule(s, reason, now=leases.db_now()), "paused")
 
     @admin.action(description="Resume selected schedules", permissions=["change"])
     def resume(self, request: HttpRequest, queryset: QuerySet[Schedule]) -> None:
-        self._each(request, queryset, lambda s: s.resume(), "resumed")
+        self._each(request, queryset, lambda s: operations.resume_schedule(s, now=leases.db_now()), "resumed")
 
 
 class ReadOnlyAdmin(admin.ModelAdmin):
@@ -510,7 +526,11 @@ class LeaseAdmin(ReadOnlyAdmin):
 
 
 def cluster_context() -> dict[str, Any]:
-    """Leases with seconds left, instances with heartbeat ages, and a warning when nobody leads."""
+    """Leases with seconds left, instances with heartbeat ages, and warnings.
+
+    Warned about: nobody leads, the leader is stuck, or a queue's oldest
+    queued execution has waited longer than ``QUEUED_WARNING_SECONDS``.
+    """
     limit = 2 * settings.LEASE_RENEW_SECONDS
     state = leases.current(settings.LEASE_NAME)
     now = state.db_now
@@ -525,11 +545,20 @@ def cluster_context() -> dict[str, Any]:
         warning = f"The leader last renewed {renewed_age:.1f}s ago (limit {limit:.1f}s): it may be stuck."
     else:
         warning = ""
+    # Workers do not record which queues they consume, so this cannot name a
+    # queue with no consumer; a queue nobody claims from shows up by its age.
+    stuck = [
+        {"queue": queue or "(default routing)", "age": age}
+        for queue, age in sorted(metrics.oldest_queued(now=now).items())
+        if age > settings.QUEUED_WARNING_SECONDS
+    ]
     return {
         "lease": state,
         "renewed_age": renewed_age,
         "instances": instances,
         "cluster_warning": warning,
+        "stuck_queues": stuck,
+        "queued_warning_seconds": settings.QUEUED_WARNING_SECONDS,
         "db_now": now,
     }
 

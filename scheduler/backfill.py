@@ -5,6 +5,11 @@ that already has an execution (fired by the beat, or by an earlier backfill)
 is left alone, and running the same backfill twice creates nothing. Rows are
 recorded and sent batch by batch: the beat leader publishes every ``pending``
 row it sees, so recording them all up front would let it bypass ``rate``.
+
+When the broker is unreachable the rows are still recorded, ``pending``, and
+the beat leader sends them once it is back (the outbox). Under a ``rate`` the
+run stops after the batch that failed instead, so the leader cannot send the
+rest faster than asked; running the backfill again records them.
 """
 from __future__ import annotations
 
@@ -17,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 from celery import current_app
 from django.db import transaction
 from django.db.models import F, QuerySet
+from kombu.exceptions import OperationalError as BrokerError
 
 from scheduler import dispatch, timing
 from scheduler.exceptions import BackfillRefused, ScheduleInvalid
@@ -64,6 +70,10 @@ class BackfillReport:
     already_present: int
     #: Executions sent to the broker.
     published: int
+    #: Why sending stopped; the executions recorded but not sent stay ``pending``.
+    broker_error: str = ""
+    #: Slots not recorded because sending failed under a ``rate``.
+    not_recorded: int = 0
 
 
 def message_rows(executions: QuerySet[Execution]) -> list[dict[str, Any]]:
@@ -152,9 +162,9 @@ def backfill(
 
     ``now`` is the database clock. At most ``rate`` executions are sent per
     second when given; ``progress(done, total)`` is called about every
-    ``PROGRESS_EVERY`` slots. A broker error stops the run: what was recorded
-    stays ``pending`` for the beat leader to send, and running the backfill
-    again carries on with the slots still missing.
+    ``PROGRESS_EVERY`` slots. After a broker error nothing more is sent: the
+    rows are recorded ``pending`` for the beat leader to send (under a
+    ``rate``, recording stops after that batch too), and the report says so.
     """
     slots = slots_in_range(schedule, start=start, end=end, now=now, limit=limit)
     present = existing(schedule, slots)
@@ -168,20 +178,28 @@ def backfill(
     app = app or current_app
     missing = [state.scheduled_for for state in states if state.execution_id is None]
     batch = BATCH_SIZE if rate is None else max(1, min(BATCH_SIZE, int(rate)))
-    created = published = 0
+    created = published = done = 0
+    broker_error = ""
     started = time.monotonic()
     for index in range(0, len(missing), batch):
+        if broker_error and rate:
+            break
         rows = record(schedule, [(slot, Execution.Status.PENDING) for slot in missing[index : index + batch]], now=now)
         created += len(rows)
-        sent_at = now + timedelta(seconds=time.monotonic() - started)
-        published += len(dispatch.publish(app, rows, now=sent_at))
         done = min(index + batch, len(missing))
+        if not broker_error:
+            try:
+                published += len(dispatch.publish(app, rows, now=now + timedelta(seconds=time.monotonic() - started)))
+            except (BrokerError, OSError) as exc:
+                broker_error = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
         if progress and done // PROGRESS_EVERY > index // PROGRESS_EVERY:
             progress(done, len(missing))
-        if rate and done < len(missing):
+        if rate and not broker_error and done < len(missing):
             # Paced on the total so far: each batch waits until the average is back under ``rate``.
             time.sleep(max(published / rate - (time.monotonic() - started), 0.0))
+    not_recorded = len(missing) - done
     return BackfillReport(
         schedule=schedule.name, start=start, end=end, dry_run=False, slots=states,
-        created=created, already_present=len(slots) - created, published=published,
+        created=created, already_present=len(slots) - created - not_recorded, published=published,
+        broker_error=broker_error, not_recorded=not_recorded,
     )

@@ -4,13 +4,17 @@ Any number of ``celery -A project beat`` replicas may run. Each tick a replica
 keeps or seeks the database lease; followers dispatch nothing and stand by
 forever (they never exit on losing the lease, unlike RedBeat, sibson/redbeat#230).
 The leader commits due fires under its fencing token (``dispatch.dispatch_due``)
-and publishes them after the commit (``dispatch.publish_pending``).
+and publishes them after the commit (``dispatch.publish_pending``). Its
+periodic reconcile pass runs in a thread of its own, so it never delays a
+tick or a lease renewal.
 """
 from __future__ import annotations
 
+import contextvars
 import logging
 import os
 import socket
+import threading
 import time
 from typing import Any
 
@@ -22,6 +26,7 @@ from django.db.models.functions import Now
 from kombu.exceptions import OperationalError as BrokerError
 
 from scheduler import dispatch, leases, logs, reconcile, signals
+from scheduler.builtin_schedules import ensure_builtin_schedules
 from scheduler.conf import settings
 from scheduler.exceptions import LeaseLost
 from scheduler.models import Instance, Schedule
@@ -58,6 +63,7 @@ class LeaderScheduler(Scheduler):
         self._last_heartbeat = 0.0  # monotonic
         self._broker_down = False
         self._last_reconcile = time.monotonic()  # the first pass runs one interval after start
+        self._reconciler: threading.Thread | None = None
         self._ticking = False
         self._interrupted = False
         super().__init__(app, *args, **kwargs)
@@ -74,6 +80,11 @@ class LeaderScheduler(Scheduler):
                 logger.info("beat_schedule entries synced: %s", ", ".join(synced))
         except DatabaseError:
             logger.exception("could not sync beat_schedule into the database; continuing")
+        try:
+            # After beat_schedule: an entry there that runs a built-in's task replaces it.
+            ensure_builtin_schedules(self.app)
+        except DatabaseError:
+            logger.exception("could not create the built-in schedules; continuing")
         logger.info(
             "beat replica %s started (lease %r, ttl %ss, renew %ss)",
             self.instance_id, self.lease_name, settings.LEASE_TTL_SECONDS, settings.LEASE_RENEW_SECONDS,
@@ -171,8 +182,8 @@ class LeaderScheduler(Scheduler):
                 extra={"action": "dispatched", "schedule": name, "instance_id": self.instance_id, "token": lease.token},
             )
         more_pending = self._publish()
-        self._reconcile(report.db_now)
-        if more_pending or report.schedules >= settings.DISPATCH_BATCH_SIZE:
+        self._start_reconcile(lease)
+        if more_pending or report.more:
             return 0.0
         return self._seconds_until_next_work(report.db_now, elapsed=time.monotonic() - dispatch_started)
 
@@ -193,22 +204,45 @@ class LeaderScheduler(Scheduler):
             self._broker_down = False
         return sent >= settings.DISPATCH_BATCH_SIZE
 
-    def _reconcile(self, db_now: Any) -> None:
-        """Run a reconcile pass every ``RECONCILE_INTERVAL_SECONDS``; a failing pass never stops the beat."""
+    def _start_reconcile(self, lease: leases.LeaseHandle) -> None:
+        """Start a reconcile pass every ``RECONCILE_INTERVAL_SECONDS``, in its own thread, one at a time."""
         interval = settings.RECONCILE_INTERVAL_SECONDS
         if not interval or time.monotonic() - self._last_reconcile < interval:
             return
+        if self._reconciler is not None and self._reconciler.is_alive():
+            return  # the last pass is still running; never two at once
         self._last_reconcile = time.monotonic()
+        # The copied context carries the bound log fields (instance id, token) into the thread.
+        self._reconciler = threading.Thread(
+            target=contextvars.copy_context().run, args=(self._reconcile, lease), name="scheduler-reconcile", daemon=True
+        )
+        self._reconciler.start()
+
+    def _reconcile(self, lease: leases.LeaseHandle) -> None:
+        """One reconcile pass, on this thread's own database connection, while ``lease`` is held.
+
+        A failing pass is logged and the next one runs an interval later.
+        Reconcile's changes are conditional updates that an operator's
+        ``reconcile`` may run concurrently too, so a pass that outlives the
+        lease does no harm; it just does not start without it.
+        """
         try:
-            report = reconcile.reconcile(now=db_now, app=self.app)
+            state = leases.current(lease.name)
+            if not (state.is_held and (state.holder, state.token) == (lease.holder, lease.token)):
+                return
+            report = reconcile.reconcile(now=state.db_now, app=self.app)
+            if report.changes or report.publish_error:
+                logger.info(
+                    "reconcile: %s%s", report.summary(), f"; {report.publish_error}" if report.publish_error else "",
+                    extra={"action": "reconciled", "instance_id": self.instance_id, "counts": report.counts},
+                )
         except Exception:  # noqa: BLE001 -- reconcile is housekeeping: log it, keep dispatching
-            logger.exception("reconcile failed; trying again in %ss", interval, extra={"action": "reconcile_failed"})
-            return
-        if report.changes or report.publish_error:
-            logger.info(
-                "reconcile: %s%s", report.summary(), f"; {report.publish_error}" if report.publish_error else "",
-                extra={"action": "reconciled", "instance_id": self.instance_id, "counts": report.counts},
+            logger.exception(
+                "reconcile failed; trying again in %ss", settings.RECONCILE_INTERVAL_SECONDS,
+                extra={"action": "reconcile_failed"},
             )
+        finally:
+            connection.close()  # this thread's own connection (Django's are per thread)
 
     def _revoke(self, task_ids: list[str]) -> None:
         """Stop executions cancelled by ``overlap=cancel_previous`` (already recorded ``cancelled``)."""

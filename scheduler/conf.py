@@ -43,6 +43,14 @@ class Defaults:
     RECONCILE_QUEUED_AFTER_SECONDS: float = 600.0
     #: Instances not seen for this long are removed from the registry.
     RECONCILE_INSTANCE_STALE_SECONDS: float = 3600.0
+    #: The cluster page warns about a queue whose oldest ``queued`` execution has waited this long.
+    QUEUED_WARNING_SECONDS: float = 300.0
+    #: Create the built-in housekeeping schedules when a beat starts (if missing).
+    BUILTIN_SCHEDULES: bool = True
+    #: The daily prune deletes finished executions older than this many days ...
+    PRUNE_OLDER_THAN_DAYS: int = 30
+    #: ... keeping the newest this many of each schedule whatever their age.
+    PRUNE_KEEP_LAST: int = 100
 
 
 class Settings:

@@ -1,16 +1,18 @@
 """Record due fires as Execution rows under the lease, then publish them (outbox).
 
-The leader first commits what should run, in one transaction that re-checks
-its lease, and only after the commit sends Celery messages. A crash between
-the two leaves ``pending`` rows that whoever leads next publishes; a message
-sent twice is harmless because the worker claims each execution once.
+The leader plans the due slots outside any transaction, then commits them in
+short transactions that each re-check its lease, and only after the commits
+sends Celery messages. A crash between the two leaves ``pending`` rows that
+whoever leads next publishes; a message sent twice is harmless because the
+worker claims each execution once.
 """
 from __future__ import annotations
 
 import json
 import logging
+import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from typing import TYPE_CHECKING, Any
@@ -30,6 +32,17 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
+#: Due schedules whose ``next_run_at`` is older than this are a backlog: each
+#: pass serves the on-time ones first and then as much backlog as fits in
+#: ``PLAN_BUDGET``, so a deep backlog never starves schedules that are on time.
+BACKLOG_AFTER = timedelta(seconds=60)
+#: Work a pass may spend on backlog schedules: slots computed one by one plus
+#: execution rows to write (some 20 to 50 µs each), about half a second.
+PLAN_BUDGET = 8_000
+#: Execution rows one transaction writes at most (it always takes one schedule).
+COMMIT_ROWS = 1_000
+
+
 def idempotency_key(schedule: Schedule, scheduled_for: datetime) -> str:
     """Return the key that makes a (schedule, slot) fire at most once."""
     return f"schedule:{schedule.pk}:{scheduled_for.astimezone(timezone.utc).isoformat()}"
@@ -40,7 +53,10 @@ class DispatchReport:
     """What one dispatch pass committed."""
 
     db_now: datetime
+    #: Due schedules committed (advanced or turned off) by this pass.
     schedules: int = 0
+    #: Whether due schedules were left for the next pass (a full batch, or backlog over budget).
+    more: bool = False
     missed: int = 0
     missed_not_recorded: int = 0
     skipped: int = 0
@@ -51,6 +67,9 @@ class DispatchReport:
     cancelled_task_ids: list[str] = field(default_factory=list)
     #: (schedule name, reason) of schedules that turned themselves off.
     completed: list[tuple[str, str]] = field(default_factory=list)
+    #: Transactions committed, and the longest one (the lease row stays locked that long).
+    transactions: int = 0
+    longest_transaction_seconds: float = 0.0
 
 
 def execution_for(
@@ -69,6 +88,7 @@ def execution_for(
         args=schedule.args,
         kwargs=schedule.kwargs,
         queue=schedule.queue,
+        priority=schedule.priority,
         tenant=schedule.tenant,
         scheduled_for=slot,
         status=status,
@@ -94,20 +114,6 @@ def _in_flight(schedules: list[Schedule]) -> dict[int, tuple[int, int]]:
         .annotate(total=Count("id"), held=Count("id", filter=Q(held=True)))
     )
     return {row["schedule_id"]: (row["total"], row["held"]) for row in rows}
-
-
-def _runs_used(schedules: list[Schedule]) -> dict[int, int]:
-    """Return {schedule id: slots sent so far} for schedules with ``max_runs`` or ``run_at``."""
-    ids = [s.pk for s in schedules if s.max_runs or s.run_at]
-    if not ids:
-        return {}
-    rows = (
-        Execution.objects.filter(schedule_id__in=ids)
-        .exclude(status__in=[Execution.Status.MISSED, Execution.Status.SKIPPED])
-        .values("schedule_id")
-        .annotate(total=Count("id"))
-    )
-    return {row["schedule_id"]: row["total"] for row in rows}
 
 
 def _cancel_in_flight(schedule_ids: list[int], *, now: datetime) -> list[str]:
@@ -136,47 +142,127 @@ def _completion_reason(schedule: Schedule, *, runs_used: int) -> str:
     return "No more slots"
 
 
-def dispatch_due(lease: leases.LeaseHandle, *, batch_size: int | None = None) -> DispatchReport:
-    """Commit Execution rows for every due slot and advance the schedules.
+@dataclass(frozen=True)
+class _Planned:
+    """One due schedule as read outside the transaction, with its plan (``None``: invalid timing)."""
 
-    Runs in one transaction that first locks the lease row and checks that
-    ``lease`` still holds it; raises ``LeaseLost`` otherwise, and then
-    nothing is written. Conflicting idempotency keys are ignored, so a slot
-    that already has an execution is never recorded twice. The catch-up
-    window, misfire and overlap policies decide which slots are sent and
-    which are recorded ``missed`` or ``skipped``; a schedule with no slots
-    left turns itself off with a reason.
+    schedule: Schedule
+    plan: policies.FirePlan | None
+    error: str = ""
+
+
+def dispatch_due(lease: leases.LeaseHandle, *, batch_size: int | None = None) -> DispatchReport:
+    """Commit Execution rows for the due slots and advance the schedules.
+
+    The slots are planned outside any transaction, from due rows read
+    without locks: up to ``batch_size`` schedules that are on time, then the
+    oldest backlog ones while ``PLAN_BUDGET`` lasts. The plans are committed
+    in transactions of at most ``COMMIT_ROWS`` rows, each of which first
+    locks the lease row and checks that ``lease`` still holds it (raising
+    ``LeaseLost`` otherwise, and then that transaction writes nothing), and
+    writes a schedule only if its ``next_run_at`` and ``slots_sent`` are
+    still what it was planned from; one that moved meanwhile (an operator's
+    edit) is left for the next pass. Conflicting idempotency keys are
+    ignored, so a slot that already has an execution is never recorded
+    twice. The catch-up window, misfire, overlap and ``max_runs`` decide
+    which slots are sent and which are recorded ``missed`` or ``skipped``;
+    a schedule with no slots left turns itself off with a reason.
     """
     batch_size = batch_size or settings.DISPATCH_BATCH_SIZE
-    with transaction.atomic():
-        now = leases.assert_held(lease)
-        due = list(
-            Schedule.objects.due(now=now).select_for_update(skip_locked=True)[:batch_size]
+    now = leases.db_now()
+    planned, more = _plan(now=now, batch_size=batch_size)
+    report = DispatchReport(db_now=now, more=more)
+    for chunk in _chunks(planned):
+        started = time.monotonic()
+        _commit(chunk, lease=lease, now=now, report=report)
+        report.transactions += 1
+        report.longest_transaction_seconds = max(report.longest_transaction_seconds, time.monotonic() - started)
+    return report
+
+
+def _plan(*, now: datetime, batch_size: int) -> tuple[list[_Planned], bool]:
+    """Plan the on-time due schedules, then backlog ones within budget; return them and whether more are due."""
+    due = Schedule.objects.due(now=now)
+    on_time = list(due.filter(next_run_at__gte=now - BACKLOG_AFTER)[:batch_size])
+    backlog = list(due.filter(next_run_at__lt=now - BACKLOG_AFTER)[:batch_size])
+    planned = [_plan_one(schedule, now=now) for schedule in on_time]
+    spent = 0
+    for schedule in backlog:
+        if spent >= PLAN_BUDGET:
+            break
+        item = _plan_one(schedule, now=now)
+        spent += 1 if item.plan is None else item.plan.cost + len(item.plan.run) + len(item.plan.missed)
+        planned.append(item)
+    more = len(on_time) == batch_size or len(backlog) == batch_size or len(planned) < len(on_time) + len(backlog)
+    return planned, more
+
+
+def _plan_one(schedule: Schedule, *, now: datetime) -> _Planned:
+    try:
+        plan = policies.plan_due(
+            schedule.timing,
+            next_run_at=schedule.next_run_at,
+            now=now,
+            catchup_window=schedule.catchup_window,
+            misfire=schedule.misfire,
+            runs_so_far=schedule.slots_sent,
         )
-        report = DispatchReport(db_now=now, schedules=len(due))
-        in_flight, runs_used = _in_flight(due), _runs_used(due)
+    except ScheduleInvalid as exc:
+        return _Planned(schedule, None, str(exc))
+    return _Planned(schedule, plan)
+
+
+def _chunks(planned: list[_Planned]) -> Iterator[list[_Planned]]:
+    """Split the plans into groups of about ``COMMIT_ROWS`` execution rows (at least one schedule each)."""
+    chunk: list[_Planned] = []
+    rows = 0
+    for item in planned:
+        size = len(item.plan.run) + len(item.plan.missed) if item.plan is not None else 0
+        if chunk and rows + size > COMMIT_ROWS:
+            yield chunk
+            chunk, rows = [], 0
+        chunk.append(item)
+        rows += size
+    if chunk:
+        yield chunk
+
+
+def _commit(chunk: list[_Planned], *, lease: leases.LeaseHandle, now: datetime, report: DispatchReport) -> None:
+    """Record one chunk of plans in one fenced transaction; skip schedules that moved since they were read."""
+    with transaction.atomic():
+        leases.assert_held(lease)
+        planned_from = {item.schedule.pk: (item.schedule.next_run_at, item.schedule.slots_sent) for item in chunk}
+        # Locks the rows until commit (SQLite's write lock covers it there);
+        # a row a worker holds right now is left for the next pass.
+        unchanged = {
+            pk
+            for pk, next_run_at, slots_sent in Schedule.objects.active()
+            .filter(pk__in=planned_from)
+            .select_for_update(skip_locked=True)
+            .values_list("pk", "next_run_at", "slots_sent")
+            if planned_from[pk] == (next_run_at, slots_sent)
+        }
+        chunk = [item for item in chunk if item.schedule.pk in unchanged]
+        if not chunk:
+            return
+        due = [item.schedule for item in chunk]
+        in_flight = _in_flight(due)
         rows: list[Execution] = []
         to_cancel: list[int] = []
-        changed: list[Schedule] = []  # schedules with more than next_run_at to write
-        for schedule in due:
-            try:
-                plan = policies.plan_due(
-                    schedule.timing,
-                    next_run_at=schedule.next_run_at,
-                    now=now,
-                    catchup_window=schedule.catchup_window,
-                    misfire=schedule.misfire,
-                    runs_so_far=runs_used.get(schedule.pk, 0),
-                )
-            except ScheduleInvalid as exc:
+        changed: list[Schedule] = []  # schedules with more than next_run_at and slots_sent to write
+        for item in chunk:
+            schedule, plan = item.schedule, item.plan
+            if plan is None:
                 # One broken schedule (e.g. a zone gone from tzdata) must not
                 # block the others: pause it with the reason and move on.
-                logger.error("schedule %s paused: %s", schedule.name, exc, extra={"action": "schedule_invalid"})
-                schedule.paused_reason = f"Invalid timing: {exc}"
+                logger.error("schedule %s paused: %s", schedule.name, item.error, extra={"action": "schedule_invalid"})
+                schedule.paused_reason = f"Invalid timing: {item.error}"
+                schedule.slots_sent, schedule.total_missed = F("slots_sent"), F("total_missed")
                 changed.append(schedule)
                 continue
             flying, held = in_flight.get(schedule.pk, (0, 0))
             overlap = policies.plan_overlap(schedule.overlap, plan.run, in_flight=flying, buffered=held)
+            overlap, used_up = policies.cap_runs(overlap, max_runs=schedule.max_runs, sent=schedule.slots_sent)
             if overlap.cancel_in_flight:
                 to_cancel.append(schedule.pk)
             for slot in plan.missed:
@@ -195,10 +281,10 @@ def dispatch_due(lease: leases.LeaseHandle, *, batch_size: int | None = None) ->
             report.missed += len(plan.missed)
             report.missed_not_recorded += plan.missed_not_recorded
             report.skipped += len(overlap.skipped)
+            # Counters move by F() updates, so concurrent increments are never lost.
+            schedule.total_missed = F("total_missed") + len(plan.missed) + plan.missed_not_recorded
             if plan.missed or plan.missed_not_recorded:
-                schedule.total_missed += len(plan.missed) + plan.missed_not_recorded
                 changed.append(schedule)
-            if plan.missed or plan.missed_not_recorded:
                 logger.warning(
                     "schedule %s: %d slot(s) older than its catch-up window (%ss) or skipped by "
                     "misfire=%s recorded as missed, %d more not recorded",
@@ -206,28 +292,31 @@ def dispatch_due(lease: leases.LeaseHandle, *, batch_size: int | None = None) ->
                     plan.missed_not_recorded,
                     extra={"action": "slots_missed", "schedule": schedule.name},
                 )
-            schedule.next_run_at = plan.next_run_at
-            if plan.next_run_at is None:
-                used = runs_used.get(schedule.pk, 0) + len(overlap.run) + (overlap.buffered is not None)
+            sent_now = len(overlap.run) + (overlap.buffered is not None)
+            used = schedule.slots_sent + sent_now
+            schedule.slots_sent = F("slots_sent") + sent_now
+            schedule.next_run_at = None if used_up else plan.next_run_at
+            if schedule.next_run_at is None:
                 schedule.enabled = False
-                changed.append(schedule)
                 schedule.disabled_reason = _completion_reason(schedule, runs_used=used)
+                changed.append(schedule)
                 report.completed.append((schedule.name, schedule.disabled_reason))
-        report.cancelled_task_ids = _cancel_in_flight(to_cancel, now=now)
+        report.schedules += len(due)
+        report.cancelled_task_ids += _cancel_in_flight(to_cancel, now=now)
         Execution.objects.bulk_create(rows, ignore_conflicts=True, batch_size=1000)
-        if due:
-            # Every due schedule moves on; the other fields change for a few only,
-            # and bulk_update's cost grows with rows times fields.
-            Schedule.objects.bulk_update(due, ["next_run_at"], batch_size=1000)
+        # The other fields change for a few schedules only, and bulk_update's
+        # cost grows with rows times fields.
+        Schedule.objects.bulk_update(due, ["next_run_at", "slots_sent"], batch_size=1000)
         if changed:
             Schedule.objects.bulk_update(
                 set(changed), ["paused_reason", "enabled", "disabled_reason", "total_missed"], batch_size=1000
             )
-    return report
 
 
+#: Highest message priority accepted: AMQP's limit (Redis honours 0-9, see ``submit``).
+MAX_PRIORITY = 255
 #: Execution columns a message is built from.
-MESSAGE_FIELDS = ("id", "task", "args", "kwargs", "queue", "celery_task_id", "timeout", "scheduled_for")
+MESSAGE_FIELDS = ("id", "task", "args", "kwargs", "queue", "priority", "celery_task_id", "timeout", "scheduled_for")
 
 
 def time_limits(timeout: int | None) -> dict[str, float]:
@@ -274,6 +363,8 @@ def publish(app: Celery, rows: list[dict[str, Any]], *, now: datetime) -> list[i
                 }
                 if row["queue"]:
                     options["queue"] = row["queue"]
+                if row["priority"] is not None:
+                    options["priority"] = row["priority"]
                 start_at = row["scheduled_for"] + timedelta(
                     seconds=policies.jitter_offset(row.get("schedule_id") or 0, row["scheduled_for"], row.get("jitter"))
                 )
@@ -330,6 +421,7 @@ def submit(
     idempotency_key: str | None = None,
     timeout: int | None = None,
     queue: str | None = None,
+    priority: int | None = None,
     countdown: float | None = None,
     max_retries: int = 0,
     retry_backoff: int = 1,
@@ -341,6 +433,12 @@ def submit(
     nothing; concurrent calls with one key create one row (the database's
     unique constraint decides). Raises ``SubmissionInvalid`` before writing
     anything when the task is unknown or an argument is malformed.
+
+    ``priority`` (0-255, none by default) is sent as the message's priority.
+    Brokers read it differently: Redis honours 0-9 with 0 first (kombu puts
+    higher values in the 9 list, and by default groups them in steps 0, 3,
+    6, 9); RabbitMQ runs higher values first, up to the queue's
+    ``x-max-priority``.
     """
     app = app or current_app
     name = task if isinstance(task, str) else task.name
@@ -351,6 +449,10 @@ def submit(
         raise SubmissionInvalid(f"timeout must be a positive whole number of seconds, got {timeout!r}.")
     if countdown is not None and countdown < 0:
         raise SubmissionInvalid(f"countdown must not be negative, got {countdown!r}.")
+    if priority is not None and (
+        isinstance(priority, bool) or not isinstance(priority, int) or not 0 <= priority <= MAX_PRIORITY
+    ):
+        raise SubmissionInvalid(f"priority must be a whole number from 0 to {MAX_PRIORITY}, got {priority!r}.")
     for label, value in (("max_retries", max_retries), ("retry_backoff", retry_backoff)):
         if not isinstance(value, int) or value < 0:
             raise SubmissionInvalid(f"{label} must be a non-negative integer, got {value!r}.")
@@ -364,6 +466,7 @@ def submit(
         args=args,
         kwargs=kwargs,
         queue=queue or "",
+        priority=priority,
         scheduled_for=now + timedelta(seconds=countdown or 0),
         timeout=timeout,
         max_retries=max_retries,

@@ -27,3 +27,7 @@ class SubmissionInvalid(SchedulerError):
 
 class BackfillRefused(SchedulerError):
     """The backfill was refused; nothing was written."""
+
+
+class PruneRefused(SchedulerError):
+    """The prune was refused: its age or keep-last is not a valid number; nothing was deleted."""

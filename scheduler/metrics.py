@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterator
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 from django.http import HttpRequest, HttpResponse
 from django.views.decorators.cache import never_cache
@@ -28,6 +28,32 @@ LAG_SAMPLE = 10_000
 LAG_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 #: An instance counts as alive when seen within this many seconds.
 ALIVE_WITHIN = timedelta(seconds=30)
+#: At most this many queued executions, oldest first, are read per scrape for their age.
+QUEUED_SAMPLE = 10_000
+
+
+def oldest_queued(*, now: datetime) -> dict[str, float]:
+    """Return {queue: seconds its oldest ``queued`` execution has waited since it was due}.
+
+    "Due" is the later of its slot and its creation (a backfilled slot is
+    due when recorded). Not ``enqueued_at``: reconcile moves that forward
+    on every re-send, which would hide a queue nobody consumes. ``""`` is
+    the queue Celery's routing picks (no queue given).
+
+    Bounded: reads at most the ``QUEUED_SAMPLE`` oldest queued rows, through
+    the ``(status, created_at)`` index. Past that many queued rows, a queue
+    whose every row is younger than those is left out.
+    """
+    rows = (
+        Execution.objects.filter(status=Execution.Status.QUEUED)
+        .order_by("created_at")
+        .values_list("queue", "created_at", "scheduled_for")[:QUEUED_SAMPLE]
+    )
+    ages: dict[str, float] = {}
+    for queue, created_at, scheduled_for in rows:
+        age = max((now - max(created_at, scheduled_for)).total_seconds(), 0.0)
+        ages[queue] = max(ages.get(queue, 0.0), age)
+    return ages
 
 
 class DatabaseCollector(Collector):
@@ -61,6 +87,15 @@ class DatabaseCollector(Collector):
             failures.add_metric([name], renew_failures)
         yield changes
         yield failures
+
+        queued = GaugeMetricFamily(
+            "scheduler_oldest_queued_seconds",
+            'Seconds the oldest queued (sent, unclaimed) execution has waited since due, by queue ("": default routing).',
+            labels=["queue"],
+        )
+        for queue, age in sorted(oldest_queued(now=now).items()):
+            queued.add_metric([queue], age)
+        yield queued
 
         yield GaugeMetricFamily(
             "scheduler_due_backlog", "Active schedules whose next slot is due now.", value=Schedule.objects.due(now=now).count()

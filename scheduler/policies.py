@@ -2,28 +2,30 @@
 
 Given where a schedule stands (``next_run_at``) and the database clock, the
 leader expands the slots that came due since, splits them by the catch-up
-window and the misfire policy, and says where ``next_run_at`` moves to.
+window and the misfire policy, and says where ``next_run_at`` moves to; the
+overlap policy and then ``max_runs`` decide which of the slots to run are sent.
 """
 from __future__ import annotations
 
 import hashlib
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 
 from scheduler import timing
 
 #: Slots exactly at a bound must be included; ``slots_between`` excludes ``since``.
 _EPSILON = timedelta(microseconds=1)
-#: How many overflowing missed slots are counted before we stop counting.
-_MISSED_COUNT_CAP = 100_000
+#: Missed cron slots walked, past the recorded ones, before the rest of the
+#: backlog is counted at their rate (``timing.count_slots``).
+_COUNT_WALK = 100
 
 
 @dataclass(frozen=True)
 class FirePlan:
-    """The outcome of one schedule's due slots in one tick."""
+    """The outcome of one schedule's due slots in one tick, before overlap and ``max_runs``."""
 
-    #: Slots to run now, oldest first.
+    #: Slots the misfire policy runs, oldest first.
     run: tuple[datetime, ...]
     #: Slots to record as ``missed``, oldest first (at most ``max_missed_rows``).
     missed: tuple[datetime, ...]
@@ -31,6 +33,8 @@ class FirePlan:
     missed_not_recorded: int
     #: Where the schedule's ``next_run_at`` moves to; ``None`` means no more slots.
     next_run_at: datetime | None
+    #: Slots computed one by one to make this plan; bounded however far behind.
+    cost: int = 0
 
 
 def plan_due(
@@ -47,29 +51,41 @@ def plan_due(
 ) -> FirePlan:
     """Split the slots in ``[next_run_at, now]`` into those to run and those missed.
 
-    Slots older than ``now - catchup_window`` are missed whatever the policy.
-    Within the window, ``run_all`` runs every slot, ``run_once`` only the
-    latest, and ``skip`` only a slot that is on time (within
-    ``on_time_grace`` seconds). At most ``max_slots`` live slots are handled
-    per call; ``next_run_at`` then points at the first one left, so the next
-    tick carries on where this one stopped.
+    Slots older than ``now - catchup_window`` are missed whatever the policy:
+    the first ``max_missed_rows`` are listed, the rest only counted, and the
+    walk then jumps to the window, so a schedule days behind costs about as
+    much as one an hour behind. Within the window, ``run_all`` runs every
+    slot, ``run_once`` only the latest, and ``skip`` only a slot that is on
+    time (within ``on_time_grace`` seconds). At most ``max_slots`` live
+    slots are handled per call; ``next_run_at`` then points at the first one
+    left, so the next tick carries on where this one stopped.
+
+    ``max_runs`` is not applied here but after the overlap policy
+    (``cap_runs``); ``runs_so_far`` only tells whether a one-off was sent.
     """
+    spec = replace(spec, max_runs=None)
     cutoff = now - timedelta(seconds=catchup_window)
     missed: list[datetime] = []
     missed_not_recorded = 0
+    cost = 0
 
     if next_run_at < cutoff:
-        old = timing.slots_between(
-            spec, since=next_run_at - _EPSILON, until=cutoff - _EPSILON,
-            runs_so_far=runs_so_far, limit=max_missed_rows + _MISSED_COUNT_CAP,
+        old_since, old_until = next_run_at - _EPSILON, cutoff - _EPSILON
+        missed = timing.slots_between(
+            spec, since=old_since, until=old_until, runs_so_far=runs_so_far, limit=max_missed_rows
         )
-        missed = old[:max_missed_rows]
-        missed_not_recorded = len(old) - len(missed)
-        live_since = cutoff - _EPSILON
+        cost += len(missed)
+        if len(missed) == max_missed_rows and spec.run_at is None:
+            missed_not_recorded = timing.count_slots(
+                spec, since=missed[-1] if missed else old_since, until=old_until, walk=_COUNT_WALK
+            )
+            cost += 0 if spec.interval is not None else min(missed_not_recorded, _COUNT_WALK)
+        live_since = old_until
     else:
         live_since = next_run_at - _EPSILON
 
     live = timing.slots_between(spec, since=live_since, until=now, runs_so_far=runs_so_far, limit=max_slots)
+    cost += len(live) + 1  # and the following slot below
     truncated = len(live) == max_slots
     last_handled = live[-1] if live else None
 
@@ -93,7 +109,7 @@ def plan_due(
         following = timing.next_slot(spec, after=last_handled, runs_so_far=runs_after)
     else:
         following = timing.next_slot(spec, after=now, runs_so_far=runs_after)
-    return FirePlan(tuple(live), tuple(missed), missed_not_recorded, following)
+    return FirePlan(tuple(live), tuple(missed), missed_not_recorded, following, cost)
 
 
 def retry_delay(attempt: int, *, base: float, cap: float, spread: float) -> float:
@@ -143,6 +159,31 @@ def plan_overlap(policy: str, slots: Sequence[datetime], *, in_flight: int, buff
     if policy in ("skip", "buffer_one"):
         return OverlapPlan(run=run, buffered=None, skipped=waiting)
     raise ValueError(f"Unknown overlap policy: {policy!r}")
+
+
+def cap_runs(plan: OverlapPlan, *, max_runs: int | None, sent: int) -> tuple[OverlapPlan, bool]:
+    """Keep what fits in ``max_runs`` after ``sent`` runs; return it and whether the runs are used up.
+
+    Applied after the misfire and overlap policies. A slot counts when it is
+    recorded to run (sent now, or held by ``buffer_one``); a skipped or
+    missed one never does. The schedule ends with its last run: slots after
+    that one are dropped, not recorded.
+    """
+    if max_runs is None:
+        return plan, False
+    left = max(max_runs - sent, 0)
+    counted = [*plan.run, *([plan.buffered] if plan.buffered is not None else [])]
+    if len(counted) < left:
+        return plan, False
+    if left == 0:
+        return OverlapPlan(run=(), buffered=None, skipped=()), True
+    last = counted[left - 1]
+    return OverlapPlan(
+        run=tuple(slot for slot in plan.run if slot <= last),
+        buffered=plan.buffered if plan.buffered is not None and plan.buffered <= last else None,
+        skipped=tuple(slot for slot in plan.skipped if slot < last),
+        cancel_in_flight=plan.cancel_in_flight,
+    ), True
 
 
 def jitter_offset(schedule_id: int, slot: datetime, jitter: int | None) -> float:

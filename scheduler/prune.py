@@ -48,7 +48,10 @@ def prune_executions(
 
     ``keep_last`` keeps the newest N executions of each schedule whatever
     their age, so a schedule never loses its whole history; executions
-    without a schedule (ad-hoc) are pruned by age only.
+    without a schedule (ad-hoc) are pruned by age only. Only Execution rows
+    are deleted: a schedule's counters (``total_runs``, ``slots_sent``,
+    ``total_missed``) are kept on the schedule, so what it has used of its
+    ``max_runs`` or one-off never changes with a prune.
     """
     candidates = Execution.objects.filter(prunable(older_than=older_than, statuses=statuses))
     if keep_last:

@@ -1,4 +1,10 @@
-"""Celery signal receivers: a worker's heartbeat in the Instance registry (observe, never veto)."""
+"""Celery signal receivers (observe, never veto): a worker's heartbeat, and messages a worker refused.
+
+A message whose task the worker does not know, or cannot accept, is
+rejected by Celery without a requeue: no worker would ever claim its
+execution, and reconcile would re-send it forever. The receivers below
+record such an execution ``failed`` with the reason instead.
+"""
 from __future__ import annotations
 
 import logging
@@ -8,12 +14,13 @@ import threading
 from typing import Any
 
 from celery import __version__ as celery_version
-from celery.signals import worker_ready, worker_shutdown
+from celery.signals import task_rejected, task_unknown, worker_ready, worker_shutdown
 from django.db import DatabaseError, close_old_connections
 from django.db.models.functions import Now
 
 from scheduler.conf import settings
-from scheduler.models import Instance
+from scheduler.models import Execution, Instance
+from scheduler.worker import fail_unrun
 
 logger = logging.getLogger(__name__)
 
@@ -60,3 +67,49 @@ def stop_heartbeat(sender: Any = None, **kwargs: Any) -> None:
         Instance.objects.filter(instance_id=_instance_id(sender)).delete()
     except DatabaseError:
         pass  # reconcile removes stale instances
+
+
+# --- messages a worker refused --------------------------------------------------------
+# Both signals are sent in the worker's main (consumer) process, after Celery
+# rejected the message. ``message.headers`` is None for a message that is not
+# a task message at all; it then names no execution.
+
+
+@task_unknown.connect(dispatch_uid="scheduler.fail_unknown_task")
+def fail_unknown_task(sender: Any = None, message: Any = None, name: str = "", **kwargs: Any) -> None:
+    # Trade-off: in a cluster whose workers register different tasks, another
+    # worker might know this one. But Celery has already dropped the message
+    # (rejected without requeue), so only reconcile's re-send every
+    # RECONCILE_QUEUED_AFTER_SECONDS could reach such a worker, by luck of
+    # the draw. Failing at once, with the reason, is what the operator needs:
+    # route the task to a queue only its workers consume, then retry it.
+    hostname = getattr(sender, "hostname", None) or socket.gethostname()
+    _fail_refused(message, f"Unknown task: no worker has task {name!r} registered ({hostname} refused the message)")
+
+
+@task_rejected.connect(dispatch_uid="scheduler.fail_rejected_message")
+def fail_rejected_message(
+    sender: Any = None, message: Any = None, exc: BaseException | None = None, **kwargs: Any
+) -> None:
+    hostname = getattr(sender, "hostname", None) or socket.gethostname()
+    detail = f"{type(exc).__name__}: {exc}" if exc is not None else "not a task message"
+    _fail_refused(message, f"The worker {hostname} rejected the message: {detail}")
+
+
+def _fail_refused(message: Any, reason: str) -> None:
+    execution_id = (getattr(message, "headers", None) or {}).get(Execution.MESSAGE_HEADER)
+    if execution_id is None:
+        return  # a plain Celery call: no execution was recorded for it
+    # The main process may have been idle for hours: drop a connection past its age first.
+    close_old_connections()
+    try:
+        failed = fail_unrun(int(execution_id), reason=reason)
+    except (DatabaseError, TypeError, ValueError):
+        # The row stays waiting; reconcile re-sends it and the next refusal records it.
+        logger.exception("could not record execution %s as failed: %s", execution_id, reason)
+        return
+    if failed:
+        logger.error(
+            "execution %s failed: %s", execution_id, reason,
+            extra={"action": "execution_failed", "execution_id": execution_id},
+        )

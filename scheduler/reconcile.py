@@ -4,11 +4,15 @@ One pass recovers executions whose worker died, sends ``pending`` rows that
 nobody sent and re-sends ``queued`` ones that nobody claimed, recomputes a
 schedule's ``next_run_at`` when it is missing or not a slot of its timing,
 drops instances that stopped sending heartbeats, and audits each schedule's
-recent slots for ones without an Execution (recording them with ``repair``).
+owed slots for ones without an Execution (recording them with ``repair``).
 Every change is a conditional UPDATE or DELETE, or happens under a row lock,
 so two passes at once (the leader's and an operator's) make each change once.
 Each step looks at a bounded batch, so a pass stays cheap; the next pass
-carries on.
+carries on. The audit walks the schedules round-robin by id, a budget of
+schedules and of slots per pass, so over successive passes it sees them all.
+
+A pass uses the calling thread's own database connection; a caller that
+runs it on a thread of its own closes that connection when the thread ends.
 """
 from __future__ import annotations
 
@@ -43,6 +47,10 @@ BATCH_SIZE = 1000
 AUDIT_SCHEDULES = 1000
 #: Slots audited per schedule per pass.
 AUDIT_SLOTS = 1000
+#: Slots audited per pass, all schedules together; the pass stops before the schedule that would exceed it.
+AUDIT_SLOTS_PER_PASS = 10_000
+#: Retention of finished executions assumed when ``SCHEDULER_PRUNE_OLDER_THAN_DAYS`` is not defined.
+DEFAULT_RETENTION_DAYS = 30
 _TICK = timedelta(microseconds=1)
 
 #: Each kind of change, as the summary line counts it.
@@ -97,21 +105,37 @@ class ReconcileReport:
         return {**asdict(self), "counts": self.counts}
 
 
+@dataclass
+class _AuditCursor:
+    """Where this process's next audit starts: after the id of the last schedule audited."""
+
+    after_id: int = 0
+
+
+#: Passes on several threads share it: two at once may audit the same
+#: schedules, which is harmless (each change is made once).
+_CURSOR = _AuditCursor()
+
+
 def reconcile(*, now: datetime, dry_run: bool = False, repair: bool = False, app: Celery | None = None) -> ReconcileReport:
     """Run one reconcile pass against the database clock ``now``; return what it changed.
 
     ``dry_run`` computes the same report and changes nothing. ``repair``
     records the slots the audit finds missing, under each schedule's misfire
-    policy. Sends go out at the end of the pass; a broker error stops them
-    and is reported in ``publish_error`` rather than raised.
+    policy. The audit continues where this process's previous pass stopped
+    (a dry run leaves that place as it is). Sends go out at the end of the
+    pass; a broker error stops them and is reported in ``publish_error``
+    rather than raised.
     """
     lost, to_send = _recover_lost(dry_run=dry_run)
     pending = _old_pending(now=now)
     queued = _unclaimed_queued(now=now, dry_run=dry_run)
-    schedules = _schedules_to_check()
-    fixed = _fix_next_run_at(schedules, now=now, dry_run=dry_run)
+    batch = _audit_batch(after_id=_CURSOR.after_id)
+    fixed = _fix_next_run_at(_unset_next_run_at(exclude=batch) + batch, now=now, dry_run=dry_run)
     instances = _remove_stale_instances(now=now, dry_run=dry_run)
-    audited, recorded = _audit(schedules, now=now, dry_run=dry_run, repair=repair)
+    audited, recorded, last_id = _audit(batch, now=now, dry_run=dry_run, repair=repair)
+    if not dry_run and last_id is not None:
+        _CURSOR.after_id = last_id
     publish_error = ""
     if not dry_run:
         resend = [change.execution_id for change in pending + queued]
@@ -236,12 +260,19 @@ def _send(app: Celery, ids: list[int], *, now: datetime) -> tuple[set[int], str]
 # --- schedules and instances -----------------------------------------------------------
 
 
-def _schedules_to_check() -> list[Schedule]:
-    """Return active schedules without ``next_run_at``, then those firing soonest (``AUDIT_SCHEDULES`` in all)."""
-    active = Schedule.objects.active()
-    unset = list(active.filter(next_run_at__isnull=True).order_by("id")[:AUDIT_SCHEDULES])
-    soonest = active.filter(next_run_at__isnull=False).order_by("next_run_at", "id")
-    return unset + list(soonest[: AUDIT_SCHEDULES - len(unset)])
+def _audit_batch(*, after_id: int) -> list[Schedule]:
+    """Return up to ``AUDIT_SCHEDULES`` active schedules by id after ``after_id``, then from the lowest ids."""
+    active = Schedule.objects.active().order_by("id")
+    batch = list(active.filter(id__gt=after_id)[:AUDIT_SCHEDULES])
+    if len(batch) < AUDIT_SCHEDULES:
+        batch += list(active.filter(id__lte=after_id)[: AUDIT_SCHEDULES - len(batch)])
+    return batch
+
+
+def _unset_next_run_at(*, exclude: list[Schedule]) -> list[Schedule]:
+    """Return active schedules without ``next_run_at`` (not among ``exclude``), ``AUDIT_SCHEDULES`` at most."""
+    unset = Schedule.objects.active().filter(next_run_at__isnull=True).exclude(pk__in=[s.pk for s in exclude])
+    return list(unset.order_by("id")[:AUDIT_SCHEDULES])
 
 
 def _fix_next_run_at(schedules: list[Schedule], *, now: datetime, dry_run: bool) -> list[Change]:
@@ -291,26 +322,40 @@ def _remove_stale_instances(*, now: datetime, dry_run: bool) -> list[Change]:
 # --- audit -------------------------------------------------------------------------------
 
 
-def _audit(schedules: list[Schedule], *, now: datetime, dry_run: bool, repair: bool) -> tuple[list[Change], list[int]]:
-    """Find each schedule's recent slots that have no Execution; with ``repair`` record them.
+def _audit(
+    schedules: list[Schedule], *, now: datetime, dry_run: bool, repair: bool
+) -> tuple[list[Change], list[int], int | None]:
+    """Find each schedule's owed slots that have no Execution; with ``repair`` record them.
 
-    The window is the schedule's catch-up window ending at ``now``, cut at
-    its creation and before its ``next_run_at`` (that slot and later ones are
-    the beat's to fire). Schedules are read before their executions, and the
-    beat commits a schedule's rows with its ``next_run_at``, so a slot the
-    beat is firing right now is never taken for a missing one. Return the
-    changes and the ids of recorded executions to send.
+    A slot is owed from the schedule's ``owed_since`` (moved on resume,
+    re-enable and timing edits), within its catch-up window and the
+    retention of finished executions (older rows may have been pruned),
+    and before its ``next_run_at`` (that slot and later ones are the beat's
+    to fire). Schedules are read before their executions, and the beat
+    commits a schedule's rows with its ``next_run_at``, so a slot the beat
+    is firing right now is never taken for a missing one.
+
+    At most ``AUDIT_SLOTS_PER_PASS`` slots are looked at; the audit stops
+    before the first schedule that does not fit. Return the changes, the
+    ids of recorded executions to send and the id of the last schedule
+    audited (``None`` when none was).
     """
     expected: list[tuple[Schedule, list[datetime], list[str]]] = []
+    horizon = now - timedelta(days=_retention_days())
+    budget, last_id = AUDIT_SLOTS_PER_PASS, None
     for schedule in schedules:
-        since = max(now - timedelta(seconds=schedule.catchup_window), schedule.created_at)
+        window_start = now - timedelta(seconds=schedule.catchup_window)
+        since = max(schedule.owed_since or schedule.created_at, window_start, horizon)
         until = now if schedule.next_run_at is None else min(schedule.next_run_at - _TICK, now)
-        if until <= since:
-            continue
+        limit = min(AUDIT_SLOTS, budget)
         try:
-            slots = timing.slots_between(schedule.timing, since=since, until=until, limit=AUDIT_SLOTS)
+            slots = timing.slots_between(schedule.timing, since=since, until=until, limit=limit)
         except ScheduleInvalid:
-            continue
+            slots = []
+        if len(slots) == limit < AUDIT_SLOTS:
+            break  # it may own more slots than this pass has left: the next pass starts with it
+        budget -= len(slots)
+        last_id = schedule.pk
         if slots:
             expected.append((schedule, slots, [dispatch.idempotency_key(schedule, slot) for slot in slots]))
     present = _present_keys([key for _, _, keys in expected for key in keys])
@@ -335,7 +380,12 @@ def _audit(schedules: list[Schedule], *, now: datetime, dry_run: bool, repair: b
             detail = f"{schedule.name}: slot {row['scheduled_for'].isoformat()} had no execution; recorded {row['status']}"
             changes.append(Change("slot_recorded", detail, row["id"], schedule.pk))
         to_send += [row["id"] for row in recorded if row["status"] == Status.PENDING and row["id"] is not None]
-    return changes, to_send
+    return changes, to_send, last_id
+
+
+def _retention_days() -> float:
+    """Return how many days finished executions are kept; an older slot's row may be gone, so it is not audited."""
+    return getattr(settings, "PRUNE_OLDER_THAN_DAYS", DEFAULT_RETENTION_DAYS)
 
 
 def _present_keys(keys: list[str]) -> set[str]:

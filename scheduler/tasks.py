@@ -1,10 +1,44 @@
-"""Small built-in tasks for demos and smoke checks."""
+"""Built-in tasks: housekeeping the built-in schedules run, and small ones for demos and smoke checks."""
 from __future__ import annotations
 
 import time
+from datetime import timedelta
 from typing import Any
 
 from celery import shared_task
+
+from scheduler import leases, prune
+from scheduler.conf import settings
+from scheduler.exceptions import PruneRefused
+
+#: Longest age a prune accepts: beyond it the cutoff would predate year 1.
+MAX_PRUNE_DAYS = 365_000
+
+
+def _count(value: Any, *, name: str, minimum: int, maximum: int | None = None) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum or (maximum and value > maximum):
+        bounds = f"from {minimum} to {maximum}" if maximum else f"at least {minimum}"
+        raise PruneRefused(f"{name} must be a whole number {bounds}, got {value!r}; nothing was deleted.")
+    return value
+
+
+@shared_task(name="scheduler.prune_executions")
+def prune_executions(older_than_days: int | None = None, keep_last: int | None = None) -> dict[str, Any]:
+    """Delete finished executions older than ``older_than_days``, keeping each schedule's newest ``keep_last``.
+
+    The built-in schedule "builtin: prune executions" runs this daily. Each
+    argument, when given (in that schedule's kwargs), wins over its setting,
+    ``SCHEDULER_PRUNE_OLDER_THAN_DAYS`` or ``SCHEDULER_PRUNE_KEEP_LAST``.
+    Age is counted on the database clock, as by the ``prune_executions`` command.
+    """
+    days = _count(
+        settings.PRUNE_OLDER_THAN_DAYS if older_than_days is None else older_than_days,
+        name="older_than_days", minimum=1, maximum=MAX_PRUNE_DAYS,
+    )
+    keep = _count(settings.PRUNE_KEEP_LAST if keep_last is None else keep_last, name="keep_last", minimum=0)
+    cutoff = leases.db_now() - timedelta(days=days)
+    report = prune.prune_executions(older_than=cutoff, keep_last=keep)
+    return {"older_than": cutoff.isoformat(), "keep_last": keep, "deleted": report.deleted}
 
 
 @shared_task(name="scheduler.echo")

@@ -37,7 +37,7 @@ from celery import Task, current_task
 from celery.exceptions import Ignore, Retry, SoftTimeLimitExceeded, TimeLimitExceeded, WorkerLostError
 from celery.worker.request import Request
 from django.db import DatabaseError, close_old_connections, transaction
-from django.db.models import DateTimeField, ExpressionWrapper, F
+from django.db.models import DateTimeField, ExpressionWrapper, F, QuerySet
 from django.db.models.functions import Now
 
 from scheduler import clock, dbclock, logs, policies
@@ -50,6 +50,8 @@ logger = logging.getLogger(__name__)
 _REQUEST_ATTR = "scheduler_execution"
 #: Results longer than this (as JSON) are stored truncated.
 RESULT_SUMMARY_MAX_CHARS = 10_000
+#: Statuses of an execution no worker has started yet.
+_WAITING = (Execution.Status.PENDING, Execution.Status.QUEUED, Execution.Status.RETRYING)
 
 
 def current_execution() -> Execution | None:
@@ -162,11 +164,39 @@ def _finish(
     Returns False (and writes nothing) when the claim no longer holds, e.g.
     another worker took the execution over after this one's lease expired.
     """
+    claim = Execution.objects.filter(pk=execution.pk, worker=execution.worker, status=Execution.Status.RUNNING)
+    finished = _record_outcome(
+        claim, execution, status=status, result=result, error=error, traceback_text=traceback_text
+    )
+    if not finished:
+        logger.warning(
+            "execution %s was taken over by another worker; its outcome here (%s) is not recorded",
+            execution.pk, status, extra={"action": "claim_lost", "execution_id": execution.pk},
+        )
+    return finished
+
+
+def fail_unrun(execution_id: int, *, reason: str) -> bool:
+    """Record a waiting execution ``failed`` with ``reason`` without running it; count it on its schedule.
+
+    Only a ``pending``, ``queued`` or ``retrying`` row changes: one that runs
+    or has finished keeps its status. Returns whether the row changed.
+    """
+    execution = Execution.objects.filter(pk=execution_id).only("pk", "schedule_id", "started_at").first()
+    if execution is None:
+        return False
+    waiting = Execution.objects.filter(pk=execution_id, status__in=_WAITING)
+    return _record_outcome(waiting, execution, status=Execution.Status.FAILED, error=reason)
+
+
+def _record_outcome(
+    rows: QuerySet[Execution], execution: Execution, *, status: str, result: Any = None, error: str = "",
+    traceback_text: str = "",
+) -> bool:
+    """Write the outcome onto ``rows`` (the conditional match on ``execution``); count it when written."""
     # One statement when there is no schedule to update: the common ad-hoc path stays cheap.
     with transaction.atomic() if execution.schedule_id is not None else nullcontext():
-        finished = Execution.objects.filter(
-            pk=execution.pk, worker=execution.worker, status=Execution.Status.RUNNING
-        ).update(
+        finished = rows.update(
             status=status,
             finished_at=Now(),
             lease_expires_at=None,
@@ -176,11 +206,6 @@ def _finish(
         )
         if finished and execution.schedule_id is not None:
             count_run(execution, status=status, error=error)
-    if not finished:
-        logger.warning(
-            "execution %s was taken over by another worker; its outcome here (%s) is not recorded",
-            execution.pk, status, extra={"action": "claim_lost", "execution_id": execution.pk},
-        )
     return bool(finished)
 
 
@@ -189,7 +214,8 @@ def count_run(execution: Execution, *, status: str, error: str) -> None:
     schedule = Schedule.objects.select_for_update().filter(pk=execution.schedule_id).first()
     if schedule is None:
         return
-    schedule.last_run_at = execution.started_at
+    if execution.started_at is not None:  # an execution failed before it started leaves the last run as it was
+        schedule.last_run_at = execution.started_at
     schedule.last_status = status
     schedule.total_runs += 1
     if status == Execution.Status.SUCCEEDED:

@@ -9,30 +9,49 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import re
+from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta, timezone
 from typing import Any, NoReturn
 
 from django.core.exceptions import ValidationError
-from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.core.management.base import BaseCommand, CommandError, CommandParser, SystemCheckError
 from django.core.serializers.json import DjangoJSONEncoder
 from django.db import DatabaseError
 from django.db.models import Model
 from django.utils.dateparse import parse_datetime
 from kombu.exceptions import OperationalError as BrokerError
 
+from scheduler.models.schedule import EARLIEST, LATEST
+
 #: ``30d``, ``12h``, ``90m``, ``45s``, ``2w`` (a number and one unit).
 _DURATION = re.compile(r"^\s*(\d+)\s*([smhdw])\s*$")
 _UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+#: Longest duration accepted: a cutoff further back than this cannot be a date.
+MAX_DURATION_DAYS = 36_500
+#: Largest number a seconds or rate option takes (about 31 years of seconds).
+MAX_NUMBER = 1e9
+#: Largest value of a PostgreSQL ``integer`` and ``bigint`` column.
+INT_MAX = 2_147_483_647
+BIGINT_MAX = 9_223_372_036_854_775_807
 
 
 class OneLineParser(CommandParser):
     """An argument parser whose errors are one line on stderr (exit 2), not a usage dump."""
 
     def error(self, message: str) -> NoReturn:
+        message = one_line(message)
         if getattr(self, "called_from_command_line", False):
             self.exit(2, f"{self.prog}: error: {message}\n")
         raise CommandError(f"Error: {message}")
+
+    def parse_known_args(self, args: Sequence[str] | None = None, namespace: Any = None) -> Any:
+        # A shell cannot pass a NUL, but a caller's list can, and no database
+        # column stores one (PostgreSQL refuses it in any text).
+        if args is not None and any("\x00" in arg for arg in args if isinstance(arg, str)):
+            self.error("arguments cannot contain NUL characters")
+        return super().parse_known_args(args, namespace)
 
 
 class SchedulerCommand(BaseCommand):
@@ -60,8 +79,12 @@ class SchedulerCommand(BaseCommand):
     def execute(self, *args: Any, **options: Any) -> Any:
         try:
             return super().execute(*args, **options)
+        except SystemCheckError:
+            raise  # Django's own report, one problem per line
+        except CommandError as exc:
+            raise CommandError(one_line(str(exc)), returncode=exc.returncode) from None
         except ValidationError as exc:
-            raise CommandError(validation_message(exc)) from None
+            raise CommandError(one_line(validation_message(exc))) from None
         except DatabaseError as exc:
             raise CommandError(f"database error: {_first_line(exc)}") from None
         except (BrokerError, ConnectionError) as exc:
@@ -82,6 +105,11 @@ class _ExamplesFormatter(argparse.RawDescriptionHelpFormatter):
     """Keep the line breaks of ``help`` texts, so the examples in them stay readable."""
 
 
+def one_line(text: str) -> str:
+    """Return ``text`` with line breaks and other unprintable characters escaped, as in a repr."""
+    return "".join(char if char.isprintable() else repr(char)[1:-1] for char in text)
+
+
 def validation_message(exc: ValidationError) -> str:
     """Flatten a model ValidationError to one line: ``field: message; other: message``."""
     if hasattr(exc, "message_dict"):
@@ -94,17 +122,27 @@ def validation_message(exc: ValidationError) -> str:
 
 
 def parse_iso(value: str, *, name: str = "date") -> datetime:
-    """Parse an ISO-8601 date or datetime; naive values are UTC. Raise CommandError otherwise."""
+    """Parse an ISO-8601 date or datetime; naive values are UTC. Raise CommandError otherwise.
+
+    A date that does not exist (``2026-02-30``) is refused, and so is one outside
+    the span schedules may name (``EARLIEST`` to ``LATEST``).
+    """
     text = value.strip()
-    parsed = parse_datetime(text)
-    if parsed is None:
-        try:
-            parsed = datetime.fromisoformat(text)
-        except ValueError:
-            raise CommandError(f"{name} {value!r} is not an ISO-8601 date or time, e.g. 2026-03-29T02:30:00Z") from None
-    if parsed.tzinfo is None:
-        parsed = parsed.replace(tzinfo=timezone.utc)
-    return parsed.astimezone(timezone.utc)
+    try:
+        # parse_datetime returns None for a shape it does not know, and raises
+        # for a known shape with an impossible date.
+        parsed = parse_datetime(text) or datetime.fromisoformat(text)
+        if parsed.tzinfo is None:
+            parsed = parsed.replace(tzinfo=timezone.utc)
+        parsed = parsed.astimezone(timezone.utc)
+    except (ValueError, OverflowError) as exc:
+        # Say why a well-shaped value is wrong (``day is out of range for month``);
+        # for other text the reason would only repeat the value.
+        reason = "" if "isoformat" in str(exc) else f" ({_first_line(exc)})"
+        raise CommandError(f"{name} {value!r} is not an ISO-8601 date or time{reason}, e.g. 2026-03-29T02:30:00Z") from None
+    if not EARLIEST <= parsed < LATEST:
+        raise CommandError(f"{name} {value!r} is out of range; expected a time from 1970-01-01 to 8999-12-31")
+    return parsed
 
 
 def parse_duration(value: str, *, name: str = "duration") -> timedelta:
@@ -112,7 +150,11 @@ def parse_duration(value: str, *, name: str = "duration") -> timedelta:
     match = _DURATION.match(value)
     if not match:
         raise CommandError(f"{name} {value!r} is not a duration like 30d, 12h, 90m or 45s")
-    return timedelta(seconds=int(match[1]) * _UNIT_SECONDS[match[2]])
+    # Thousands of digits would make int() itself refuse; anything that long is out of range.
+    seconds = int(match[1]) * _UNIT_SECONDS[match[2]] if len(match[1]) <= 15 else math.inf
+    if seconds > MAX_DURATION_DAYS * 86400:
+        raise CommandError(f"{name} {value!r} is out of range; expected at most {MAX_DURATION_DAYS}d (100 years)")
+    return timedelta(seconds=seconds)
 
 
 def parse_json(value: str, *, name: str, kind: type) -> Any:
@@ -121,31 +163,47 @@ def parse_json(value: str, *, name: str, kind: type) -> Any:
         parsed = json.loads(value)
     except json.JSONDecodeError as exc:
         raise CommandError(f"{name} is not valid JSON: {exc.msg} at position {exc.pos}") from None
+    except RecursionError:
+        raise CommandError(f"{name} is not valid JSON: nested too deeply") from None
     if not isinstance(parsed, kind):
         expected = "a JSON list, e.g. [1, \"two\"]" if kind is list else "a JSON object, e.g. {\"key\": 1}"
         raise CommandError(f"{name} must be {expected}")
     return parsed
 
 
-def non_negative_int(value: str) -> int:
-    """argparse type: an integer >= 0 (the parser reports a one-line error otherwise)."""
-    try:
-        number = int(value)
-    except ValueError:
-        raise _argument_error(f"{value!r} is not a whole number") from None
-    if number < 0:
-        raise _argument_error(f"{value} is negative; expected 0 or more")
-    return number
+def whole_number(low: int = 0, high: int = INT_MAX) -> Callable[[str], int]:
+    """Return an argparse type: an integer from ``low`` to ``high`` (a one-line error otherwise)."""
+
+    def parse(value: str) -> int:
+        try:
+            number = int(value)
+        except ValueError:
+            raise _argument_error(f"{value!r} is not a whole number") from None
+        if number < 0 and low == 0:
+            raise _argument_error(f"{value} is negative; expected 0 or more")
+        if not low <= number <= high:
+            raise _argument_error(f"{value} is out of range; expected {low} to {high}")
+        return number
+
+    return parse
+
+
+#: argparse type: a count or limit, 0 to the largest ``integer`` a column holds.
+non_negative_int = whole_number(0, INT_MAX)
 
 
 def positive_number(value: str) -> float:
-    """argparse type: a number > 0."""
+    """argparse type: a number > 0 and at most ``MAX_NUMBER`` (no ``inf`` or ``nan``)."""
     try:
         number = float(value)
     except ValueError:
         raise _argument_error(f"{value!r} is not a number") from None
+    if not math.isfinite(number):
+        raise _argument_error(f"{value!r} is not a finite number")
     if number <= 0:
         raise _argument_error(f"{value} must be greater than 0")
+    if number > MAX_NUMBER:
+        raise _argument_error(f"{value} is out of range; expected at most {MAX_NUMBER:.0f}")
     return number
 
 

@@ -5,18 +5,19 @@ from django.db import migrations, models
 
 def backfill_counters(apps, schema_editor):
     """Start ``slots_sent`` from the beat's own rows and ``owed_since`` at creation."""
+    alias = schema_editor.connection.alias
     Schedule = apps.get_model("scheduler", "Schedule")
     Execution = apps.get_model("scheduler", "Execution")
-    for schedule in Schedule.objects.filter(models.Q(max_runs__isnull=False) | models.Q(run_at__isnull=False)):
+    for schedule in Schedule.objects.using(alias).filter(models.Q(max_runs__isnull=False) | models.Q(run_at__isnull=False)):
         # Beat keys are schedule:<id>:<ISO slot>; run-now keys are schedule:<id>:manual:<uuid>.
         sent = (
-            Execution.objects.filter(schedule_id=schedule.pk, idempotency_key__startswith=f"schedule:{schedule.pk}:")
+            Execution.objects.using(alias).filter(schedule_id=schedule.pk, idempotency_key__startswith=f"schedule:{schedule.pk}:")
             .exclude(idempotency_key__startswith=f"schedule:{schedule.pk}:manual:")
             .exclude(status__in=["missed", "skipped"])
             .count()
         )
-        Schedule.objects.filter(pk=schedule.pk).update(slots_sent=sent)
-    Schedule.objects.update(owed_since=models.F("created_at"))
+        Schedule.objects.using(alias).filter(pk=schedule.pk).update(slots_sent=sent)
+    Schedule.objects.using(alias).update(owed_since=models.F("created_at"))
 
 
 class Migration(migrations.Migration):

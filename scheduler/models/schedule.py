@@ -1,12 +1,13 @@
 """Schedule: what should run and when, with its policies and running state."""
 from __future__ import annotations
 
-from datetime import datetime
+import copy
+from datetime import datetime, timezone
 from typing import Any
 
 from django.core.exceptions import NON_FIELD_ERRORS, ValidationError
-from django.core.validators import MinValueValidator
-from django.db import models
+from django.core.validators import MaxValueValidator, MinValueValidator
+from django.db import connection, models, transaction
 from django.db.models import Q
 
 from scheduler import clock, timing
@@ -27,6 +28,24 @@ TIMING_FIELDS = (
     "enabled",
     "paused_reason",
 )
+#: Timing fields whose edit starts the schedule afresh: slots before the edit are no longer owed.
+OWED_FIELDS = ("cron", "interval", "run_at", "timezone", "start_at", "dst_gap", "dst_fold")
+
+#: Largest value of each integer column type on PostgreSQL. SQLite stores more,
+#: so ``clean()`` holds every database to the same bound.
+COLUMN_MAX = {"PositiveIntegerField": 2_147_483_647, "PositiveSmallIntegerField": 32_767}
+
+#: Times a schedule may name: nothing is scheduled before the Unix epoch, and
+#: slot arithmetic near year 9999 overflows.
+EARLIEST = datetime(1970, 1, 1, tzinfo=timezone.utc)
+LATEST = datetime(9000, 1, 1, tzinfo=timezone.utc)
+
+
+def integer_range(field_name: str) -> tuple[int, int]:
+    """Return the lowest and highest value validation accepts for an integer field of Schedule."""
+    field = Schedule._meta.get_field(field_name)
+    lows = [validator.limit_value for validator in field._validators if isinstance(validator, MinValueValidator)]
+    return max([0, *lows]), COLUMN_MAX[field.get_internal_type()]
 
 
 def default_catchup_window() -> int:
@@ -196,7 +215,8 @@ class Schedule(models.Model):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self._saved_timing_state = self._timing_state()
+        #: What the row held when this object was read: ``save`` writes only the differences.
+        self._loaded = self._stored()
 
     def __str__(self) -> str:
         return self.name
@@ -223,8 +243,8 @@ class Schedule(models.Model):
         )
 
     def next_slot_after(self, after: datetime) -> datetime | None:
-        """Return this schedule's first slot strictly after ``after``."""
-        return timing.next_slot(self.timing, after=after, runs_so_far=self.total_runs)
+        """Return this schedule's first slot strictly after ``after`` (``max_runs`` counts the slots sent)."""
+        return timing.next_slot(self.timing, after=after, runs_so_far=self.slots_sent)
 
     def compute_next_run_at(self, *, now: datetime) -> datetime | None:
         """Return the slot the beat should fire next, seen from ``now``.
@@ -235,7 +255,7 @@ class Schedule(models.Model):
         if not self.enabled or self.is_paused:
             return None
         if self.run_at is not None:
-            return self.run_at if self.total_runs == 0 else None
+            return self.run_at if self.slots_sent == 0 else None
         return self.next_slot_after(now)
 
     def next_fire_times(self, count: int, *, after: datetime) -> list[datetime]:
@@ -246,34 +266,95 @@ class Schedule(models.Model):
         slot = self.next_slot_after(after)
         while slot is not None and len(times) < count:
             times.append(slot)
-            slot = timing.next_slot(self.timing, after=slot, runs_so_far=self.total_runs + len(times))
+            slot = timing.next_slot(self.timing, after=slot, runs_so_far=self.slots_sent + len(times))
         return times
 
-    def pause(self, reason: str) -> None:
+    def pause(self, reason: str, *, now: datetime | None = None) -> None:
         """Stop firing, keeping history; slots that fall in the pause are not owed later."""
         self.paused_reason = reason.strip() or "Paused"
-        self.save()
+        self.save(now=now)
 
-    def resume(self) -> None:
-        """Fire again from the next slot after now; reset the circuit breaker's count."""
+    def resume(self, *, now: datetime | None = None) -> None:
+        """Fire again from the next slot after ``now``; reset the circuit breaker's count."""
         self.paused_reason = ""
         self.consecutive_failures = 0
-        self.save()
+        self.save(update_fields={*self.changed_fields(), "consecutive_failures"}, now=now)
 
-    def _timing_state(self) -> tuple[Any, ...]:
-        return tuple(getattr(self, field, None) for field in TIMING_FIELDS)
+    def _stored(self) -> dict[str, Any]:
+        """Return the loaded value of each field present (deferred ones are left out).
 
-    def save(self, *args: Any, **kwargs: Any) -> None:
-        """Save, recomputing ``next_run_at`` when the row is new or its timing changed."""
+        JSON values are copied: an edit in place must still show as a change.
+        """
+        return {
+            field.attname: copy.deepcopy(self.__dict__[field.attname])
+            if isinstance(field, models.JSONField) else self.__dict__[field.attname]
+            for field in self._meta.concrete_fields
+            if field.attname in self.__dict__
+        }
+
+    def changed_fields(self) -> set[str]:
+        """Return the fields set to another value than the one loaded (or last saved)."""
+        return {
+            field.name
+            for field in self._meta.concrete_fields
+            if field.attname in self.__dict__
+            and (field.attname not in self._loaded or self.__dict__[field.attname] != self._loaded[field.attname])
+        }
+
+    def refresh_from_db(self, using: str | None = None, fields: Any = None, from_queryset: Any = None) -> None:
+        super().refresh_from_db(using=using, fields=fields, from_queryset=from_queryset)
+        fresh = self._stored()
+        self._loaded.update(fresh if fields is None else {name: fresh[name] for name in fields if name in fresh})
+
+    def save(self, *args: Any, now: datetime | None = None, **kwargs: Any) -> None:
+        """Insert a new row, or write only the fields that changed since this object was loaded.
+
+        Another process changes a saved schedule all the time (the leader
+        moves ``next_run_at``, workers count runs), so an existing row is
+        never written whole: ``update_fields`` defaults to the fields changed
+        here. A change to the timing or state recomputes ``next_run_at`` from
+        ``now`` under a row lock, with the run counters read fresh; resuming,
+        enabling again and editing the timing move ``owed_since`` to ``now``.
+        """
         if self.enabled and self.disabled_reason:
             self.disabled_reason = ""  # enabled again by hand
-        if self._state.adding or self._timing_state() != self._saved_timing_state:
-            self.next_run_at = self.compute_next_run_at(now=clock.now())
-            update_fields = kwargs.get("update_fields")
-            if update_fields is not None:
-                kwargs["update_fields"] = {*update_fields, "next_run_at"}
-        super().save(*args, **kwargs)
-        self._saved_timing_state = self._timing_state()
+        now = now or clock.now()
+        if self._state.adding:
+            self.owed_since = self.owed_since or now
+            self.next_run_at = self.compute_next_run_at(now=now)
+            super().save(*args, **kwargs)
+        else:
+            changed = self.changed_fields()
+            given = kwargs.pop("update_fields", None)
+            fields = changed if given is None else {*given, *(changed & {"disabled_reason"})}
+            if fields & changed & set(TIMING_FIELDS):
+                with transaction.atomic(using=kwargs.get("using")):
+                    fields |= self._follow_timing_change(fields & changed, now=now)
+                    super().save(*args, update_fields={*fields, "updated_at"}, **kwargs)
+            elif fields:
+                super().save(*args, update_fields={*fields, "updated_at"}, **kwargs)
+        self._loaded = self._stored()
+
+    def _follow_timing_change(self, changed: set[str], *, now: datetime) -> set[str]:
+        """Recompute ``next_run_at`` (and move ``owed_since``) for a timing or state change; return those fields.
+
+        The row is locked first, so the leader (which skips locked rows) and
+        the workers wait, and the ``slots_sent`` the computation reads is current.
+        """
+        locked = type(self).objects.select_for_update().filter(pk=self.pk)
+        sent = locked.values_list("slots_sent", flat=True).first()
+        if sent is not None and "slots_sent" not in changed:
+            self.slots_sent = self._loaded["slots_sent"] = sent
+        self.next_run_at = self.compute_next_run_at(now=now)
+        restarted = (
+            bool(changed & set(OWED_FIELDS))
+            or ("paused_reason" in changed and not self.paused_reason)
+            or ("enabled" in changed and self.enabled)
+        )
+        if restarted:
+            self.owed_since = now
+            return {"next_run_at", "owed_since"}
+        return {"next_run_at"}
 
     # --- validation -----------------------------------------------------------
 
@@ -302,5 +383,25 @@ class Schedule(models.Model):
             add("kwargs", "Keyword arguments must be a JSON object, for example {\"key\": 1}.")
         if self.start_at and self.end_at and self.end_at <= self.start_at:
             add("end_at", "End must be after start.")
+        for field in ("run_at", "start_at", "end_at"):
+            moment = getattr(self, field)
+            if isinstance(moment, datetime) and not EARLIEST <= moment < LATEST:
+                add(field, "Must be from 1970-01-01 to 8999-12-31.")
+        if self.name and not self.name.strip():
+            add("name", "This field cannot be blank.")
+        if self.catchup_window == 0:
+            add(
+                "catchup_window",
+                "Must be at least 1 second: with 0 every slot would be missed. "
+                "To run only slots that are on time, set misfire to skip.",
+            )
+        for field in self._meta.concrete_fields:
+            kind = field.get_internal_type()
+            if kind not in COLUMN_MAX:
+                continue
+            high, value = COLUMN_MAX[kind], getattr(self, field.attname)
+            # Above the database's own range the field's validator already said so.
+            if isinstance(value, int) and high < value <= connection.ops.integer_field_range(kind)[1]:
+                add(field.name, MaxValueValidator(high).message % {"limit_value": high})
         if errors:
             raise ValidationError(errors)

@@ -10,7 +10,6 @@ from datetime import timedelta
 
 import pytest
 import redis
-from django.db import connection
 
 from scheduler import leases
 from scheduler.models import Execution, Lease, Schedule
@@ -89,14 +88,15 @@ def test_three_replicas__every_slot_fires_exactly_once(celery_processes: Start, 
     beats = [celery_processes("beat", f"beat{i}") for i in range(3)]
     worker.wait_for_log(r"ready\.", timeout=30)
 
-    # When they run for 20 seconds
-    time.sleep(20)
+    # When they run until each schedule has fired 15 slots
+    assert wait_until(
+        lambda: all(Execution.objects.filter(schedule=s).count() >= 15 for s in schedules), timeout=60
+    ), "the replicas did not fire 15 slots of every schedule"
     for beat in beats:
         beat.stop()
 
     # Then every slot has exactly one execution, and each ran exactly once
     assert_every_slot_once(schedules)
-    assert Execution.objects.filter(schedule=schedules[0]).count() >= 15
     assert_each_ran_once(wait_for_runs(redis_client))
     assert all(beat.popen.returncode is not None for beat in beats)
 
@@ -110,32 +110,26 @@ def test_leader_killed__follower_takes_over_without_losing_a_slot(
     worker = celery_processes("worker", "worker1")
     beats = [celery_processes("beat", f"beat{i}") for i in range(3)]
     leader = leader_process(beats)
-    old_token = leases.current("beat").token
+    old_token, leader_holder = leases.current("beat").token, leases.current("beat").holder
     assert wait_until(lambda: Execution.objects.filter(lease_token=old_token).count() >= 4, timeout=15)
 
     # When the leader is killed
-    killed_at = time.time()
     leader.send(kill_signal)
     leader.popen.wait(15)
 
-    # Then another replica leads and dispatches again, quickly
+    # Then another replica leads and dispatches again. How fast is measured
+    # by bench/failover.py; here the bound only keeps a broken takeover from
+    # hanging the test (a SIGKILLed leader on SQLite waits out its 10 s TTL).
     def new_token_execution() -> Execution | None:
         return Execution.objects.exclude(lease_token=old_token).order_by("created_at").first()
 
-    first = wait_until(new_token_execution, timeout=20)
+    first = wait_until(new_token_execution, timeout=30)
     assert first, "no replica took over"
-    gap = first.created_at.timestamp() - killed_at
-    ttl = 10.0
-    if kill_signal == signal.SIGTERM:
-        limit = 1.5  # released lease; followers retry every second
-    elif connection.vendor == "postgresql":
-        limit = 1.5  # advisory lock frees when the process dies
-    else:
-        limit = ttl + 1.5
-    assert gap <= limit, f"first dispatch after the kill took {gap:.2f}s (limit {limit}s)"
+    assert leases.current("beat").token > old_token
+    assert leases.current("beat").holder != leader_holder
 
     # ... and no slot was lost or doubled across the failover
-    time.sleep(3)
+    assert wait_until(lambda: Execution.objects.filter(lease_token=first.lease_token).count() >= 3, timeout=15)
     for beat in beats:
         beat.stop()
     worker.wait_for_log(r"ready\.", timeout=30)

@@ -4,7 +4,7 @@ from __future__ import annotations
 import signal
 import time
 from collections.abc import Callable
-from datetime import datetime, timedelta, timezone
+from datetime import date, datetime, timedelta, timezone
 from typing import Any
 
 import pytest
@@ -162,21 +162,38 @@ def test_one_off_max_runs_and_jitter(celery_processes: Start) -> None:
     assert {e.status for e in settled(jittered)} == {Status.SUCCEEDED}
 
 
-def test_dst__real_beat_fires_once_per_intended_local_time_across_both_2026_changes(
+def last_sunday(year: int, month: int) -> date:
+    """Return the last Sunday of ``month`` (the EU's clock-change day)."""
+    day = date(year, month + 1, 1) - timedelta(days=1)
+    return day - timedelta(days=(day.weekday() - 6) % 7)
+
+
+def latest_change(month: int, *, before: datetime) -> datetime:
+    """Return 00:00 UTC of the latest EU clock change in ``month`` whose day has fully passed."""
+    for year in (before.year, before.year - 1):
+        day = datetime.combine(last_sunday(year, month), datetime.min.time(), tzinfo=UTC)
+        if day + timedelta(days=2) < before:
+            return day
+    raise AssertionError("unreachable: last year's change has always passed")
+
+
+def test_dst__real_beat_fires_once_per_intended_local_time_across_both_changes(
     celery_processes: Start,
 ) -> None:
-    """The leader replays both 2026 transitions in Europe/Berlin through its catch-up path.
+    """The leader replays the latest spring and autumn changes in Europe/Berlin through its catch-up path.
 
-    The slots lie in the past (29 March and 25 October 2026), inside a one-year
-    catch-up window, so the real beat on the real database clock dispatches
-    them exactly as it would have on the day. No worker consumes the queue.
+    The days are the most recent last Sundays of March and October that have
+    passed on the database clock, so the test means the same on any date.
+    They lie inside a catch-up window longer than a year, so the real beat on
+    the real database clock dispatches them exactly as it would have on the
+    day. No worker consumes the queue.
     """
     berlin = "Europe/Berlin"
-    year = 366 * 86400
+    window = 400 * 86400
 
     def replay(name: str, cron: str, start: datetime, end: datetime, **policy: str) -> Schedule:
         target = make(
-            name, task="tests.record", cron=cron, timezone=berlin, catchup_window=year, queue="dst-replay",
+            name, task="tests.record", cron=cron, timezone=berlin, catchup_window=window, queue="dst-replay",
             start_at=start, end_at=end, **policy,
         )
         # The first slot in the range, or its start when there is none (gap-skip).
@@ -184,20 +201,22 @@ def test_dst__real_beat_fires_once_per_intended_local_time_across_both_2026_chan
         Schedule.objects.filter(pk=target.pk).update(next_run_at=first, enabled=True)
         return target
 
-    def utc(*args: int) -> datetime:
-        return datetime(*args, tzinfo=UTC)
-
-    spring = (utc(2026, 3, 28, 12), utc(2026, 3, 29, 22))  # 29 March: 02:00 -> 03:00 local
-    autumn = (utc(2026, 10, 24, 12), utc(2026, 10, 25, 23))  # 25 October: 03:00 -> 02:00 local
+    now = leases.db_now()
+    # Spring: 02:00 CET -> 03:00 CEST at 01:00 UTC. Autumn: 03:00 CEST -> 02:00 CET at 01:00 UTC.
+    spring_day, autumn_day = latest_change(3, before=now), latest_change(10, before=now)
+    hours = lambda day, h, m=0: day + timedelta(hours=h, minutes=m)  # noqa: E731 -- a local shorthand
+    spring = (hours(spring_day, -12), hours(spring_day, 22))
+    autumn = (hours(autumn_day, -12), hours(autumn_day, 23))
     cases = {
-        replay("gap-shift", "30 2 * * *", *spring, dst_gap="shift"): [utc(2026, 3, 29, 1, 0)],
+        replay("gap-shift", "30 2 * * *", *spring, dst_gap="shift"): [hours(spring_day, 1)],
         replay("gap-skip", "30 2 * * *", *spring, dst_gap="skip"): [],
-        replay("fold-first", "30 2 * * *", *autumn, dst_fold="first"): [utc(2026, 10, 25, 0, 30)],
-        replay("fold-last", "30 2 * * *", *autumn, dst_fold="last"): [utc(2026, 10, 25, 1, 30)],
-        replay("fold-both", "30 2 * * *", *autumn, dst_fold="both"): [utc(2026, 10, 25, 0, 30), utc(2026, 10, 25, 1, 30)],
+        replay("fold-first", "30 2 * * *", *autumn, dst_fold="first"): [hours(autumn_day, 0, 30)],
+        replay("fold-last", "30 2 * * *", *autumn, dst_fold="last"): [hours(autumn_day, 1, 30)],
+        replay("fold-both", "30 2 * * *", *autumn, dst_fold="both"): [hours(autumn_day, 0, 30), hours(autumn_day, 1, 30)],
     }
-    hourly_spring = replay("hourly-spring", "0 * * * *", utc(2026, 3, 28, 23), utc(2026, 3, 29, 21, 59))
-    hourly_autumn = replay("hourly-autumn", "0 * * * *", utc(2026, 10, 24, 22), utc(2026, 10, 25, 22, 59))
+    # Whole local days: 23 hours on spring-forward day, 25 on fall-back day.
+    hourly_spring = replay("hourly-spring", "0 * * * *", hours(spring_day, -1), hours(spring_day, 21, 59))
+    hourly_autumn = replay("hourly-autumn", "0 * * * *", hours(autumn_day, -2), hours(autumn_day, 22, 59))
 
     celery_processes("beat", "beat1")
     everything = [*cases, hourly_spring, hourly_autumn]

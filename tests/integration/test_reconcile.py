@@ -207,7 +207,8 @@ def audited(now: datetime, **fields: Any) -> tuple[Schedule, list[datetime]]:
     """A minutely schedule created an hour ago with a 3-minute catch-up window; return it and its 3 audited slots."""
     target = schedule("audited", catchup_window=180, **fields)
     last = last_slot(now)
-    backdate(target, created_at=now - timedelta(hours=1), next_run_at=last + timedelta(minutes=1))
+    hour_ago = now - timedelta(hours=1)
+    backdate(target, created_at=hour_ago, owed_since=hour_ago, next_run_at=last + timedelta(minutes=1))
     target.refresh_from_db()
     return target, [last - timedelta(minutes=2), last - timedelta(minutes=1), last]
 
@@ -259,17 +260,17 @@ def test_audit__repair__records_missing_slots_by_misfire_policy(
     assert target.total_missed == expected.count(Status.MISSED)
 
 
-def test_audit__slots_before_creation_or_from_next_run_at_on__not_owed() -> None:
-    # Given a minutely schedule created 90 s before its last slot, which is due but not fired yet
+def test_audit__slots_before_owed_since_or_from_next_run_at_on__not_owed() -> None:
+    # Given a minutely schedule owing slots from 90 s before its last slot, which is due but not fired yet
     now = leases.db_now()
     target = schedule("new", catchup_window=600)
     last = last_slot(now)
-    backdate(target, created_at=last - timedelta(seconds=90), next_run_at=last)
+    backdate(target, created_at=last - timedelta(seconds=90), owed_since=last - timedelta(seconds=90), next_run_at=last)
 
     # When reconciled
     report = reconcile(now=now, app=app)
 
-    # Then only the one slot between its creation and its next_run_at is missing
+    # Then only the one slot between its owed_since and its next_run_at is missing
     assert [c.detail for c in report.changes] == [f"new: slot {(last - timedelta(minutes=1)).isoformat()} has no execution"]
 
 
@@ -382,6 +383,8 @@ def test_leader_tick__runs_reconcile_every_interval(
         # When a replica ticks as leader
         scheduler.tick()
         assert scheduler.lease is not None
+        if scheduler._reconciler is not None:  # the pass runs on a thread of its own
+            scheduler._reconciler.join(timeout=30)
     finally:
         scheduler.close()
 

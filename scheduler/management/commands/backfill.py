@@ -57,15 +57,26 @@ examples:
         except BackfillRefused as exc:
             raise CommandError(str(exc)) from None
         self.emit(asdict(report), as_json=as_json, text=_lines(report, ZoneInfo(schedule.timezone)))
+        if report.not_recorded:
+            raise CommandError(
+                f"{report.not_recorded} slot(s) not recorded: the broker is unreachable; "
+                "run the same backfill again once it is back"
+            )
 
 
 def _lines(report: BackfillReport, zone: ZoneInfo) -> list[str]:
     span = f"{len(report.slots)} slot(s) of {report.schedule} from {report.start.isoformat()} to {report.end.isoformat()}"
     if not report.dry_run:
-        return [
+        lines = [
             f"{span}: {report.created} recorded, {report.published} sent, "
             f"{report.already_present} already had an execution"
         ]
+        if report.broker_error:
+            lines.append(
+                f"the broker is unreachable ({report.broker_error}): the {report.created - report.published} "
+                "recorded but not sent stay pending; the beat leader sends them once it is back"
+            )
+        return lines
     lines = []
     for state in report.slots:
         local = state.scheduled_for.astimezone(zone).strftime("%Y-%m-%d %H:%M:%S %Z")

@@ -8,7 +8,8 @@ from typing import Any
 
 from django.conf import settings
 from django.contrib.auth import get_user_model
-from django.core.management.base import BaseCommand, CommandParser
+from django.core.exceptions import ValidationError
+from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from scheduler.models import Schedule
 
@@ -27,6 +28,11 @@ class Command(BaseCommand):
     def handle(self, *args: Any, username: str, **options: Any) -> None:
         password_file = Path(settings.VAR_DIR) / "admin-password.txt"
         User = get_user_model()
+        try:
+            # A name the table cannot hold (too long, a NUL) would otherwise fail in the database.
+            User._meta.get_field(User.USERNAME_FIELD).clean(username, None)
+        except ValidationError as exc:
+            raise CommandError(f"--username {username!r}: {' '.join(exc.messages)}") from None
         user = User.objects.filter(username=username).first()
         if user is None or not password_file.exists():
             password = secrets.token_urlsafe(9)

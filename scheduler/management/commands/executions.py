@@ -9,12 +9,14 @@ from project.celery import app
 from scheduler import operations
 from scheduler.exceptions import SchedulerError
 from scheduler.management.base import (
+    BIGINT_MAX,
     SchedulerCommand,
     model_fields,
     non_negative_int,
     parse_iso,
     text_table,
     text_value,
+    whole_number,
 )
 from scheduler.models import Execution, Schedule
 
@@ -43,7 +45,7 @@ Run "manage.py executions ACTION --help" for the options of each action."""
             if name == "list":
                 sub.add_argument("--json", action="store_true", help="print machine-readable JSON instead of text")
                 return sub
-            sub.add_argument("execution_id", type=non_negative_int, metavar="ID", help="the execution's id")
+            sub.add_argument("execution_id", type=whole_number(0, BIGINT_MAX), metavar="ID", help="the execution's id")
             if name == "show":
                 sub.add_argument("--json", action="store_true", help="print machine-readable JSON instead of text")
             else:

@@ -21,10 +21,11 @@ worker claimed within SCHEDULER_RECONCILE_QUEUED_AFTER_SECONDS are sent again
 next_run_at is missing or not a slot of their timing get it recomputed;
 instances silent for SCHEDULER_RECONCILE_INSTANCE_STALE_SECONDS are removed.
 
-Audit: slots each schedule should have fired within its catch-up window that
-have no execution are listed; --repair records them under the schedule's
-misfire policy. Slots passed over by a pause, a resume or a timing change
-inside the window are listed too: check with --dry-run before --repair.
+Audit: slots each active schedule owes that have no execution are listed;
+--repair records them under the schedule's misfire policy. A schedule owes
+the slots since its owed_since (moved on resume, re-enable and timing edits),
+within its catch-up window and SCHEDULER_PRUNE_OLDER_THAN_DAYS. A pass audits
+up to 1,000 schedules, round-robin by id within one process.
 
 The beat leader runs the same pass (without --repair) every
 SCHEDULER_RECONCILE_INTERVAL_SECONDS. Exits 1 when the broker refused a send.

@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from functools import partial
 from typing import Any
 from zoneinfo import ZoneInfo
 
@@ -11,7 +12,7 @@ from django.core.management.base import CommandError, CommandParser
 from django.db import transaction
 
 from project.celery import app
-from scheduler import clock, operations
+from scheduler import clock, leases, operations
 from scheduler.exceptions import SchedulerError
 from scheduler.management.base import (
     SchedulerCommand,
@@ -22,6 +23,7 @@ from scheduler.management.base import (
     text_value,
 )
 from scheduler.models import Schedule
+from scheduler.models.schedule import integer_range
 
 #: Options of ``create`` and ``update`` that set one model field each: flag, field, argparse keywords.
 FIELD_OPTIONS: tuple[tuple[str, str, dict[str, Any]], ...] = (
@@ -177,7 +179,7 @@ Run "manage.py schedules ACTION --help" for the options of each action."""
         if dry_run:
             schedule.next_run_at = schedule.compute_next_run_at(now=clock.now())
         else:
-            schedule.save()
+            operations.save_schedule(schedule, now=leases.db_now())
         self._report(schedule, "Would create" if dry_run else "Created", json=json, dry_run=dry_run)
 
     def _update(self, name: str, *, json: bool, dry_run: bool, **options: Any) -> None:
@@ -189,27 +191,27 @@ Run "manage.py schedules ACTION --help" for the options of each action."""
             setattr(schedule, field, value)
         operations.validate_schedule(schedule, app=app)
         with _rolled_back_if(dry_run):
-            schedule.save()
+            operations.save_schedule(schedule, now=leases.db_now())
         self._report(schedule, "Would update" if dry_run else "Updated", json=json, dry_run=dry_run)
 
     def _enable(self, name: str, **options: Any) -> None:
-        self._change_state(name, "enable", lambda schedule: _set_enabled(schedule, True), **options)
+        self._change_state(name, "enable", partial(operations.set_enabled, enabled=True), **options)
 
     def _disable(self, name: str, **options: Any) -> None:
-        self._change_state(name, "disable", lambda schedule: _set_enabled(schedule, False), **options)
+        self._change_state(name, "disable", partial(operations.set_enabled, enabled=False), **options)
 
     def _pause(self, name: str, *, reason: str, **options: Any) -> None:
-        self._change_state(name, "pause", lambda schedule: schedule.pause(reason), **options)
+        self._change_state(name, "pause", partial(operations.pause_schedule, reason=reason), **options)
 
     def _resume(self, name: str, **options: Any) -> None:
-        self._change_state(name, "resume", Schedule.resume, **options)
+        self._change_state(name, "resume", operations.resume_schedule, **options)
 
     def _change_state(
-        self, name: str, verb: str, change: Callable[[Schedule], None], *, json: bool, dry_run: bool, **options: Any
+        self, name: str, verb: str, change: Callable[..., None], *, json: bool, dry_run: bool, **options: Any
     ) -> None:
         schedule = _get(name)
         with _rolled_back_if(dry_run):
-            change(schedule)
+            change(schedule, now=leases.db_now())
         self._report(schedule, f"Would {verb}" if dry_run else f"{verb.capitalize()}d", json=json, dry_run=dry_run)
 
     def _delete(self, name: str, *, json: bool, dry_run: bool, **options: Any) -> None:
@@ -283,10 +285,12 @@ def state_text(schedule: Schedule) -> str:
 def _add_field_options(parser: CommandParser, *, creating: bool) -> None:
     timing = parser.add_mutually_exclusive_group(required=creating)
     timing.add_argument("--cron", metavar="EXPR", help='5 fields, or 6 with seconds first: "*/10 * * * * *"')
-    timing.add_argument("--every", dest="interval", type=int, metavar="SECONDS", help="fixed interval")
+    timing.add_argument("--every", dest="interval", type=_field_number("interval"), metavar="SECONDS", help="fixed interval")
     timing.add_argument("--at", dest="run_at", metavar="ISO", help="run once at this time")
     for flag, field, keywords in FIELD_OPTIONS:
         dest = OPTION_DESTS.get(field, field)
+        if keywords.get("type") is int:
+            keywords = {**keywords, "type": _field_number(field)}
         parser.add_argument(flag, dest=dest, required=creating and field == "task", **keywords)
 
 
@@ -311,17 +315,30 @@ def _changes(options: dict[str, Any]) -> dict[str, Any]:
     return changes
 
 
-def _set_enabled(schedule: Schedule, enabled: bool) -> None:
-    schedule.enabled = enabled
-    schedule.save()
-
-
 @contextmanager
 def _rolled_back_if(dry_run: bool) -> Iterator[None]:
     """Run the block in a transaction, rolled back for a dry run so the output shows the outcome."""
     with transaction.atomic():
         yield
         transaction.set_rollback(dry_run)
+
+
+def _field_number(field: str) -> Callable[[str], int]:
+    """Return the argparse type of an integer field: a whole number its column can hold.
+
+    A number below the field's minimum gets through to the model's validation,
+    whose message names the field.
+    """
+    low, high = integer_range(field)
+
+    def parse(value: str) -> int:
+        number = int(value)  # argparse reports a ValueError as "invalid int value: ..."
+        if number > high:
+            raise argparse.ArgumentTypeError(f"{value} is out of range; expected {low} to {high}")
+        return number
+
+    parse.__name__ = "int"
+    return parse
 
 
 def _fire_count(value: str) -> int:

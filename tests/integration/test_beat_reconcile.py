@@ -1,0 +1,145 @@
+"""The leader's reconcile pass runs in a thread of its own: it never holds up a tick, and needs the lease."""
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from datetime import timedelta
+
+import pytest
+from django.db import connection, connections
+
+from project.celery import app
+from scheduler import leases
+from scheduler.beat import LeaderScheduler
+from scheduler.models import Execution, Schedule
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+class _Records(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__()
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+
+
+@pytest.fixture
+def beat_log() -> Iterator[_Records]:
+    """Collect the beat's log records (the ``scheduler`` loggers do not propagate to pytest's)."""
+    handler = _Records()
+    logger = logging.getLogger("scheduler.beat")
+    logger.addHandler(handler)
+    yield handler
+    logger.removeHandler(handler)
+
+
+@pytest.fixture
+def leader(settings: object, redis_url: str) -> Iterator[LeaderScheduler]:
+    settings.SCHEDULER_RECONCILE_INTERVAL_SECONDS = 0  # type: ignore[attr-defined]
+    scheduler = LeaderScheduler(app, lazy=True)
+    scheduler.tick()
+    assert scheduler.lease is not None
+    settings.SCHEDULER_RECONCILE_INTERVAL_SECONDS = 0.001  # type: ignore[attr-defined]
+    yield scheduler
+    scheduler.close()
+    if scheduler._reconciler is not None:
+        scheduler._reconciler.join(timeout=30)
+
+
+def unset_schedule() -> Schedule:
+    """A schedule whose next_run_at got lost: the next reconcile pass recomputes it."""
+    target = Schedule(name="unset", task="scheduler.echo", interval=60)
+    target.full_clean()
+    target.save()
+    Schedule.objects.filter(pk=target.pk).update(next_run_at=None)
+    return target
+
+
+def due_now(name: str) -> Schedule:
+    target = Schedule(name=name, task="scheduler.echo", interval=1)
+    target.full_clean()
+    target.save()
+    Schedule.objects.filter(pk=target.pk).update(next_run_at=leases.db_now().replace(microsecond=0))
+    return target
+
+
+def test_reconcile__runs_in_its_own_thread_while_the_leader_keeps_dispatching(
+    leader: LeaderScheduler, beat_log: _Records
+) -> None:
+    # Given a schedule reconcile has to repair, whose row another session holds locked (PostgreSQL)
+    target = unset_schedule()
+    blocker = None
+    if connection.vendor == "postgresql":
+        blocker = connections["default"].__class__(connection.settings_dict, alias="blocker")
+        blocker.set_autocommit(False)
+        blocker.cursor().execute("SELECT id FROM scheduler_schedule WHERE id = %s FOR UPDATE", [target.pk])
+    try:
+        # When the leader ticks once the reconcile interval has passed
+        leader.tick()
+        pass_ = leader._reconciler
+        assert pass_ is not None
+        if blocker is not None:
+            # Then, while that pass waits on the row, the leader keeps dispatching
+            assert pass_.is_alive()
+            due = due_now("due")
+            leader.tick()
+            assert Execution.objects.filter(schedule=due).exists()
+            # ... and never starts a second pass beside it
+            leader.tick()
+            assert leader._reconciler is pass_
+            blocker.rollback()
+    finally:
+        if blocker is not None:
+            blocker.close()
+    pass_.join(timeout=30)
+
+    # Then the pass ran on its own thread and repaired the schedule
+    assert not pass_.is_alive()
+    target.refresh_from_db()
+    assert target.next_run_at is not None
+    threads = {record.threadName for record in beat_log.records if record.getMessage().startswith("reconcile:")}
+    assert threads == {"scheduler-reconcile"}
+
+
+def test_reconcile__does_not_start_without_the_lease(leader: LeaderScheduler) -> None:
+    # Given a leader whose lease was taken over before its next pass
+    target = unset_schedule()
+    lease = leader.lease
+    assert lease is not None
+    leases.acquire("beat", "usurper", ttl=10, force=True)
+
+    # When the pass is due
+    leader._last_reconcile -= 3600
+    leader._start_reconcile(lease)
+    assert leader._reconciler is not None
+    leader._reconciler.join(timeout=30)
+
+    # Then it changed nothing
+    target.refresh_from_db()
+    assert target.next_run_at is None
+    assert leases.current("beat").holder == "usurper"
+
+
+def test_reconcile__a_failing_pass_is_logged_and_the_next_one_runs(
+    leader: LeaderScheduler, beat_log: _Records, settings: object
+) -> None:
+    # Given a pass that fails (a setting reconcile needs is unusable)
+    target = unset_schedule()
+    settings.SCHEDULER_RECONCILE_INSTANCE_STALE_SECONDS = "not a number"  # type: ignore[attr-defined]
+    leader.tick()
+    assert leader._reconciler is not None
+    leader._reconciler.join(timeout=30)
+    failed = [record for record in beat_log.records if record.getMessage().startswith("reconcile failed")]
+    assert failed and failed[0].threadName == "scheduler-reconcile"
+    assert leader.lease is not None
+
+    # When the setting is fixed, the next interval's pass does its work
+    Schedule.objects.filter(pk=target.pk).update(next_run_at=None)
+    settings.SCHEDULER_RECONCILE_INSTANCE_STALE_SECONDS = 3600  # type: ignore[attr-defined]
+    leader.tick()
+    leader._reconciler.join(timeout=30)
+    target.refresh_from_db()
+    assert target.next_run_at is not None
+    assert target.next_run_at > leases.db_now() - timedelta(minutes=1)

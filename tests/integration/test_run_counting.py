@@ -1,0 +1,125 @@
+"""Counting runs: ``max_runs`` and one-offs count the slots the beat sent, nothing else."""
+from __future__ import annotations
+
+from collections.abc import Iterator
+from datetime import datetime, timedelta
+
+import pytest
+
+from scheduler import dispatch, leases
+from scheduler.models import Execution, Schedule
+from scheduler.prune import prune_executions
+from tests.processes import wait_until
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+Status = Execution.Status
+
+
+@pytest.fixture
+def lease() -> Iterator[leases.LeaseHandle]:
+    handle = leases.acquire("beat", "test-leader", ttl=60)
+    assert handle is not None
+    yield handle
+    leases.release(handle)
+
+
+def schedule(name: str, **fields: object) -> Schedule:
+    fields.setdefault("task", "scheduler.echo")
+    created = Schedule(name=name, **fields)
+    created.full_clean()
+    created.save()
+    return created
+
+
+def last_slot(every: int) -> datetime:
+    """The latest interval slot at or before the database clock."""
+    now = leases.db_now()
+    return now - timedelta(seconds=now.timestamp() % every)
+
+
+def statuses(target: Schedule) -> list[str]:
+    return list(Execution.objects.filter(schedule=target).order_by("scheduled_for").values_list("status", flat=True))
+
+
+def wait_until_due(target: Schedule) -> None:
+    target.refresh_from_db()
+    assert wait_until(lambda: leases.db_now() >= target.next_run_at, timeout=5)
+
+
+def test_one_off__run_now_first_does_not_use_up_its_slot(lease: leases.LeaseHandle, redis_url: str) -> None:
+    from project.celery import app
+    from scheduler import operations
+
+    # Given a one-off that is due, run by hand once to try it out
+    run_at = leases.db_now() - timedelta(seconds=1)
+    target = schedule("once", run_at=run_at)
+    operations.run_now(target, app=app)
+
+    # When the leader dispatches
+    report = dispatch.dispatch_due(lease)
+
+    # Then its own slot fires too, and only then does it turn itself off
+    assert report.fired == [("once", run_at)]
+    assert Execution.objects.filter(idempotency_key=dispatch.idempotency_key(target, run_at)).exists()
+    target.refresh_from_db()
+    assert (target.enabled, target.slots_sent) == (False, 1)
+
+
+def test_max_runs__skipped_slots_do_not_count(lease: leases.LeaseHandle) -> None:
+    # Given max_runs=2, overlap=skip, and three every-second slots due at once
+    target = schedule("s", interval=1, max_runs=2, overlap="skip")
+    Schedule.objects.filter(pk=target.pk).update(next_run_at=last_slot(1) - timedelta(seconds=2))
+
+    # When the leader dispatches them
+    dispatch.dispatch_due(lease)
+
+    # Then one runs, two are skipped, and one run is left
+    target.refresh_from_db()
+    assert statuses(target) == [Status.PENDING, Status.SKIPPED, Status.SKIPPED]
+    assert (target.enabled, target.slots_sent) == (True, 1)
+    assert target.next_run_at is not None
+
+    # When the first one ends and the next slot comes due
+    Execution.objects.filter(schedule=target, status=Status.PENDING).update(status=Status.SUCCEEDED)
+    wait_until_due(target)
+    report = dispatch.dispatch_due(lease)
+
+    # Then that slot is its second run, and its last
+    target.refresh_from_db()
+    assert len(report.fired) == 1
+    assert (target.enabled, target.slots_sent, target.disabled_reason) == (False, 2, "Used all 2 runs (max_runs)")
+
+
+def test_max_runs__applied_after_the_misfire_policy(lease: leases.LeaseHandle) -> None:
+    # Given max_runs=2, misfire=run_once, and five slots late inside the catch-up window
+    latest = last_slot(10)
+    target = schedule("s", interval=10, max_runs=2, misfire="run_once")
+    Schedule.objects.filter(pk=target.pk).update(next_run_at=latest - timedelta(seconds=40))
+
+    # When the leader dispatches them
+    report = dispatch.dispatch_due(lease)
+
+    # Then the latest one runs and the four before it are recorded missed
+    assert report.fired == [("s", latest)]
+    assert statuses(target) == [Status.MISSED] * 4 + [Status.PENDING]
+    target.refresh_from_db()
+    assert (target.enabled, target.slots_sent) == (True, 1)
+
+
+def test_max_runs__pruning_does_not_reset_the_count(lease: leases.LeaseHandle) -> None:
+    # Given max_runs=2 and one slot sent, run and finished
+    target = schedule("s", interval=1, max_runs=2)
+    Schedule.objects.filter(pk=target.pk).update(next_run_at=last_slot(1))
+    assert len(dispatch.dispatch_due(lease).fired) == 1
+    Execution.objects.filter(schedule=target).update(status=Status.SUCCEEDED, finished_at=leases.db_now())
+
+    # When its executions are pruned and the next slot fires
+    assert prune_executions(older_than=leases.db_now() + timedelta(seconds=1)).deleted == 1
+    wait_until_due(target)
+    report = dispatch.dispatch_due(lease)
+
+    # Then that was its second and last run
+    target.refresh_from_db()
+    assert len(report.fired) == 1
+    assert (target.enabled, target.disabled_reason) == (False, "Used all 2 runs (max_runs)")
