@@ -111,6 +111,9 @@ class Execution(models.Model):
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
     result = models.JSONField(null=True, blank=True)
+    #: Progress a task saved with ``current_execution().checkpoint(data)``; the
+    #: next attempt reads it to resume where the last one stopped.
+    checkpoint = models.JSONField(null=True, blank=True)
     error = models.TextField(blank=True, default="")
     traceback = models.TextField(blank=True, default="")
     tenant = models.CharField(max_length=100, blank=True, default="")
@@ -126,6 +129,8 @@ class Execution(models.Model):
             models.Index(fields=["status", "created_at"], name="execution_status_created"),
             # The leader looks for buffered rows every tick; there are few.
             models.Index(fields=["schedule"], name="execution_held", condition=Q(held=True)),
+            # Oldest queued execution per queue (metrics, the cluster page's warning).
+            models.Index(fields=["queue", "created_at"], name="execution_queued", condition=Q(status="queued")),
         ]
 
     def __str__(self) -> str:
