@@ -48,11 +48,13 @@ bench: venv
 	$(VENV)/bin/python -m bench.admin_scale
 
 # Local demo: admin on http://127.0.0.1:8000/admin/, one worker, two beat replicas.
+# honcho runs the Procfile, where bin/respawn restarts a process that dies;
+# bin/ensure-redis stops the redis-server it started when honcho exits. exec:
+# a SIGTERM make forwards must reach ensure-redis, not an intermediate shell.
 run: export DJANGO_DEBUG ?= 1
 run:
 	bin/ensure-packages run
 	$(MAKE) venv
 	$(VENV)/bin/python manage.py migrate --noinput
-	PYTHON=$(VENV)/bin/python bin/ensure-redis
 	$(VENV)/bin/python manage.py demo
-	$(VENV)/bin/honcho start -f Procfile
+	PYTHON=$(VENV)/bin/python exec bin/ensure-redis $(VENV)/bin/honcho start -f Procfile

@@ -46,7 +46,7 @@ def _measure_database(tasks: int, rounds: int) -> dict[str, Any]:
     from django_celery_results.models import TaskResult
 
     from project.celery import app
-    from scheduler import dispatch, leases
+    from scheduler import dispatch, executions, leases
     from scheduler.models import Execution
 
     worker = subprocess.Popen(
@@ -77,7 +77,7 @@ def _measure_database(tasks: int, rounds: int) -> dict[str, Any]:
                     )
                     if connection.vendor != "postgresql":  # bulk_create returns ids on PostgreSQL only
                         rows = list(Execution.objects.all())
-                    dispatch.publish(app, [dispatch.message_row(r) for r in rows], now=leases.db_now())
+                    dispatch.publish(app, [executions.message_row(r) for r in rows], now=leases.db_now())
                 else:
                     name = "bench.noop_plain" if kind == "plain" else "bench.noop"
                     with app.producer_or_acquire() as producer:

@@ -51,7 +51,7 @@ if not ALLOWED_HOSTS and not DEBUG:
 # X-Forwarded-Proto. The probes stay plain HTTP: a redirect would look like
 # success to a Kubernetes probe.
 SECURE_SSL_REDIRECT = env_bool("SECURE_SSL_REDIRECT", not DEBUG)
-SECURE_REDIRECT_EXEMPT = [r"^healthz$", r"^readyz$", r"^metrics$"]
+SECURE_REDIRECT_EXEMPT = [r"^healthz$", r"^readyz$", r"^leaderz$", r"^metrics$"]
 SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
 SESSION_COOKIE_SECURE = not DEBUG
 CSRF_COOKIE_SECURE = not DEBUG
@@ -61,6 +61,9 @@ SECURE_HSTS_PRELOAD = env_bool("SECURE_HSTS_PRELOAD", not DEBUG)
 CSRF_TRUSTED_ORIGINS = env_list("CSRF_TRUSTED_ORIGINS")
 
 INSTALLED_APPS = [
+    # Before the admin, so its admin/base_site.html (the no-leader warning on
+    # every admin page) overrides the admin's own.
+    "scheduler",
     "django.contrib.admin",
     "django.contrib.auth",
     "django.contrib.contenttypes",
@@ -68,7 +71,6 @@ INSTALLED_APPS = [
     "django.contrib.messages",
     "django.contrib.staticfiles",
     "django_celery_results",
-    "scheduler",
 ]
 # Tests only (tests/env_defaults.py turns it on): django-celery-beat's real
 # tables for the test of `manage.py import_celery_beat`, which reads them with
@@ -166,16 +168,20 @@ CELERY_ACCEPT_CONTENT = ["json"]
 CELERY_TIMEZONE = "UTC"
 CELERY_ENABLE_UTC = True
 CELERY_BEAT_SCHEDULER = "scheduler.beat:LeaderScheduler"
-# On a lost broker connection, stop the tasks in flight instead of acking them
-# later on a dead connection (which leaves the worker unable to consume). The
-# messages come back, and the execution guard makes re-running them safe.
-CELERY_WORKER_CANCEL_LONG_RUNNING_TASKS_ON_CONNECTION_LOSS = True
+# On a lost broker connection, let the bodies running go on. Their outcome is
+# written to the database, not the broker; only their late ack is lost, and a
+# message the broker kept and delivers again is refused by the claim. Stopping
+# them would turn a broker restart into failed executions: the restarted broker
+# has lost their messages, so nothing would run them again.
+CELERY_WORKER_CANCEL_LONG_RUNNING_TASKS_ON_CONNECTION_LOSS = False
 
 # SCHEDULER_* settings (defaults in scheduler/conf.py) may also come from the
 # environment, e.g. SCHEDULER_LEASE_TTL_SECONDS=10.
+from scheduler.conf import DEPRECATED_NAMES as _DEPRECATED  # noqa: E402 -- needs BASE_DIR on sys.path only
 from scheduler.conf import Defaults as _SchedulerDefaults  # noqa: E402 -- needs BASE_DIR on sys.path only
 
-for _name, _default in vars(_SchedulerDefaults).items():
+_deprecated_defaults = {old: getattr(_SchedulerDefaults, new) for old, new in _DEPRECATED.items()}
+for _name, _default in [*vars(_SchedulerDefaults).items(), *_deprecated_defaults.items()]:
     _raw = os.environ.get(f"SCHEDULER_{_name}")
     if _name.isupper() and _raw:
         try:

@@ -1,4 +1,4 @@
-"""URL routes: the admin, health and readiness probes, Prometheus metrics."""
+"""URL routes: the admin, the health, readiness and leader probes, Prometheus metrics."""
 from __future__ import annotations
 
 from django.contrib import admin
@@ -10,5 +10,6 @@ urlpatterns = [
     path("admin/", admin.site.urls),
     path("healthz", health.healthz, name="healthz"),
     path("readyz", health.readyz, name="readyz"),
+    path("leaderz", health.leaderz, name="leaderz"),
     path("metrics", metrics.metrics, name="metrics"),
 ]

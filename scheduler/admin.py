@@ -16,7 +16,8 @@ from django.contrib import admin, messages
 from django.core.exceptions import PermissionDenied
 from django.core.paginator import Paginator
 from django.db import connection, transaction
-from django.db.models import QuerySet
+from django.db.models import Exists, OuterRef, QuerySet
+from django.db.models.functions import Now
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect
 from django.template.response import TemplateResponse
@@ -29,7 +30,7 @@ from django.utils.safestring import mark_safe
 from django.utils.timesince import timesince, timeuntil
 from django.utils.translation import ngettext
 
-from scheduler import backfill, clock, dispatch, leases, metrics, operations, timing
+from scheduler import backfill, clock, cluster, dispatch, leases, metrics, operations, timing
 from scheduler.conf import settings
 from scheduler.exceptions import BackfillRefused, ScheduleInvalid
 from scheduler.models import Execution, Instance, Lease, Schedule
@@ -526,25 +527,18 @@ class LeaseAdmin(ReadOnlyAdmin):
 
 
 def cluster_context() -> dict[str, Any]:
-    """Leases with seconds left, instances with heartbeat ages, and warnings.
+    """The lease with seconds left, instances with heartbeat ages, and queue warnings.
 
-    Warned about: nobody leads, the leader is stuck, or a queue's oldest
-    queued execution has waited longer than ``QUEUED_WARNING_SECONDS``.
+    The leader is the lease's holder, never an instance's own flag; an
+    instance silent past ``cluster.stale_after`` is shown stale. A missing
+    or stuck leader is warned about on every admin page (``base_site.html``).
+    Warned about here: a queue whose oldest queued execution has waited
+    longer than ``QUEUED_WARNING_SECONDS``.
     """
-    limit = 2 * settings.LEASE_RENEW_SECONDS
     state = leases.current(settings.LEASE_NAME)
     now = state.db_now
     renewed_age = (now - state.renewed_at).total_seconds() if state.renewed_at else None
-    instances = [
-        {"instance": instance, "age": (now - instance.last_seen).total_seconds()}
-        for instance in Instance.objects.order_by("role", "-is_leader", "instance_id")
-    ]
-    if not state.is_held:
-        warning = "No beat replica holds the lease: nothing is being dispatched."
-    elif renewed_age is not None and renewed_age > limit:
-        warning = f"The leader last renewed {renewed_age:.1f}s ago (limit {limit:.1f}s): it may be stuck."
-    else:
-        warning = ""
+    members = cluster.members(leaders={state.holder} if state.is_held else set(), now=now)
     # Workers do not record which queues they consume, so this cannot name a
     # queue with no consumer; a queue nobody claims from shows up by its age.
     stuck = [
@@ -555,8 +549,7 @@ def cluster_context() -> dict[str, Any]:
     return {
         "lease": state,
         "renewed_age": renewed_age,
-        "instances": instances,
-        "cluster_warning": warning,
+        "members": members,
         "stuck_queues": stuck,
         "queued_warning_seconds": settings.QUEUED_WARNING_SECONDS,
         "db_now": now,
@@ -565,6 +558,20 @@ def cluster_context() -> dict[str, Any]:
 
 @admin.register(Instance)
 class InstanceAdmin(ReadOnlyAdmin):
-    list_display = ("instance_id", "role", "hostname", "pid", "last_seen", "is_leader")
-    list_filter = ("role", "is_leader")
+    # No ``is_leader`` column or filter: a beat killed with SIGKILL leaves its
+    # flag set; whether it leads is read from the lease row.
+    list_display = ("instance_id", "role", "hostname", "pid", "last_seen", "leader")
+    list_filter = ("role",)
+    exclude = ("is_leader",)
+    readonly_fields = ("leader",)
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[Instance]:
+        holds_lease = Lease.objects.filter(
+            name=settings.LEASE_NAME, holder=OuterRef("instance_id"), expires_at__gt=Now()
+        )
+        return super().get_queryset(request).annotate(holds_lease=Exists(holds_lease))
+
+    @admin.display(boolean=True, description="leader", ordering="holds_lease")
+    def leader(self, instance: Instance) -> bool:
+        return instance.holds_lease
 

@@ -1,6 +1,6 @@
 """Backfill: one Execution per past slot of a schedule in a range, sent at a bounded rate.
 
-Each slot gets the key the beat uses (``dispatch.idempotency_key``), so a slot
+Each slot gets the key the beat uses (``executions.key``), so a slot
 that already has an execution (fired by the beat, or by an earlier backfill)
 is left alone, and running the same backfill twice creates nothing. Rows are
 recorded and sent batch by batch: the beat leader publishes every ``pending``
@@ -14,17 +14,15 @@ rest faster than asked; running the backfill again records them.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from celery import current_app
-from django.db import transaction
-from django.db.models import F, QuerySet
 from kombu.exceptions import OperationalError as BrokerError
 
-from scheduler import dispatch, timing
+from scheduler import dispatch, executions, timing
 from scheduler.exceptions import BackfillRefused, ScheduleInvalid
 from scheduler.models import Execution, Schedule
 
@@ -76,18 +74,9 @@ class BackfillReport:
     not_recorded: int = 0
 
 
-def message_rows(executions: QuerySet[Execution]) -> list[dict[str, Any]]:
-    """Return ``executions`` as the rows ``dispatch.publish`` sends, with their status."""
-    return list(
-        executions.order_by("scheduled_for", "id").values(
-            *dispatch.MESSAGE_FIELDS, "schedule_id", "status", jitter=F("schedule__jitter")
-        )
-    )
-
-
 def existing(schedule: Schedule, slots: Iterable[datetime]) -> dict[datetime, tuple[int, str]]:
     """Return {slot: (execution id, status)} for the slots of ``schedule`` that have an execution."""
-    by_key = {dispatch.idempotency_key(schedule, slot): slot for slot in slots}
+    by_key = {executions.key(schedule, slot): slot for slot in slots}
     keys = list(by_key)
     found: dict[datetime, tuple[int, str]] = {}
     for index in range(0, len(keys), _KEYS_PER_QUERY):
@@ -95,28 +84,6 @@ def existing(schedule: Schedule, slots: Iterable[datetime]) -> dict[datetime, tu
         for key, pk, status in rows.values_list("idempotency_key", "id", "status"):
             found[by_key[key]] = (pk, status)
     return found
-
-
-def record(schedule: Schedule, slots: Sequence[tuple[datetime, str]], *, now: datetime) -> list[dict[str, Any]]:
-    """Record an execution for each (slot, status) that has none yet; return the rows created.
-
-    Runs under a lock on the schedule row, so two callers recording the same
-    slots at once create each row once and each reports only its own; the
-    unique key stays the last word against anyone else (the beat).
-    """
-    with transaction.atomic():
-        # Recorders of this schedule's slots take turns on its row.
-        list(Schedule.objects.select_for_update().filter(pk=schedule.pk).values_list("pk", flat=True))
-        present = existing(schedule, [slot for slot, _ in slots])
-        rows = [
-            dispatch.execution_for(schedule, slot, status=status, now=now) for slot, status in slots if slot not in present
-        ]
-        Execution.objects.bulk_create(rows, ignore_conflicts=True, batch_size=_KEYS_PER_QUERY)
-        created: list[dict[str, Any]] = []
-        keys = [row.idempotency_key for row in rows]
-        for index in range(0, len(keys), _KEYS_PER_QUERY):
-            created += message_rows(Execution.objects.filter(idempotency_key__in=keys[index : index + _KEYS_PER_QUERY]))
-    return created
 
 
 def slots_in_range(schedule: Schedule, *, start: datetime, end: datetime, now: datetime, limit: int) -> list[datetime]:
@@ -184,7 +151,9 @@ def backfill(
     for index in range(0, len(missing), batch):
         if broker_error and rate:
             break
-        rows = record(schedule, [(slot, Execution.Status.PENDING) for slot in missing[index : index + batch]], now=now)
+        rows = executions.record_slots(
+            schedule, [(slot, Execution.Status.PENDING) for slot in missing[index : index + batch]], now=now
+        )
         created += len(rows)
         done = min(index + batch, len(missing))
         if not broker_error:

@@ -63,6 +63,11 @@ class LeaderScheduler(Scheduler):
         self._last_heartbeat = 0.0  # monotonic
         self._broker_down = False
         self._last_reconcile = time.monotonic()  # the first pass runs one interval after start
+        self._last_broker_check = 0.0  # the first check runs at once
+        #: Database clock when this replica last became leader; its own sends
+        #: since then went to the broker it found (see ``_reconcile``).
+        self._leading_since: Any = None
+        self._broker_checked_token: int | None = None
         self._reconciler: threading.Thread | None = None
         self._ticking = False
         self._interrupted = False
@@ -205,21 +210,33 @@ class LeaderScheduler(Scheduler):
         return sent >= settings.DISPATCH_BATCH_SIZE
 
     def _start_reconcile(self, lease: leases.LeaseHandle) -> None:
-        """Start a reconcile pass every ``RECONCILE_INTERVAL_SECONDS``, in its own thread, one at a time."""
-        interval = settings.RECONCILE_INTERVAL_SECONDS
-        if not interval or time.monotonic() - self._last_reconcile < interval:
+        """Start a reconcile pass every ``RECONCILE_INTERVAL_SECONDS``, in its own thread, one at a time.
+
+        The same thread asks the broker every ``BROKER_CHECK_SECONDS`` whether
+        it lost its messages, so a broker restart is repaired in seconds, not
+        an interval later.
+        """
+        interval, check = settings.RECONCILE_INTERVAL_SECONDS, settings.BROKER_CHECK_SECONDS
+        started = time.monotonic()
+        full = bool(interval) and started - self._last_reconcile >= interval
+        broker_check = bool(check) and started - self._last_broker_check >= check
+        if not (full or broker_check):
             return
         if self._reconciler is not None and self._reconciler.is_alive():
             return  # the last pass is still running; never two at once
-        self._last_reconcile = time.monotonic()
+        if full:
+            self._last_reconcile = started
+        if broker_check:
+            self._last_broker_check = started
         # The copied context carries the bound log fields (instance id, token) into the thread.
         self._reconciler = threading.Thread(
-            target=contextvars.copy_context().run, args=(self._reconcile, lease), name="scheduler-reconcile", daemon=True
+            target=contextvars.copy_context().run, args=(self._reconcile, lease, full, broker_check),
+            name="scheduler-reconcile", daemon=True,
         )
         self._reconciler.start()
 
-    def _reconcile(self, lease: leases.LeaseHandle) -> None:
-        """One reconcile pass, on this thread's own database connection, while ``lease`` is held.
+    def _reconcile(self, lease: leases.LeaseHandle, full: bool = True, broker_check: bool = False) -> None:
+        """A broker check and/or a reconcile pass, on this thread's own database connection, while ``lease`` is held.
 
         A failing pass is logged and the next one runs an interval later.
         Reconcile's changes are conditional updates that an operator's
@@ -230,12 +247,19 @@ class LeaderScheduler(Scheduler):
             state = leases.current(lease.name)
             if not (state.is_held and (state.holder, state.token) == (lease.holder, lease.token)):
                 return
-            report = reconcile.reconcile(now=state.db_now, app=self.app)
-            if report.changes or report.publish_error:
-                logger.info(
-                    "reconcile: %s%s", report.summary(), f"; {report.publish_error}" if report.publish_error else "",
-                    extra={"action": "reconciled", "instance_id": self.instance_id, "counts": report.counts},
+            if broker_check:
+                # A new leader cannot tell a restarted broker from one it never
+                # checked before: what it sent itself went to the broker it
+                # found, so its first check re-sends only what was sent before it led.
+                first = self._broker_checked_token != lease.token
+                report = reconcile.resend_after_broker_restart(
+                    now=state.db_now, app=self.app, sent_before=self._leading_since if first else None
                 )
+                self._broker_checked_token = lease.token
+                if report.changes:  # an unreachable broker is logged once by the tick's publish
+                    self._log_reconcile(report)
+            if full:
+                self._log_reconcile(reconcile.reconcile(now=state.db_now, app=self.app))
         except Exception:  # noqa: BLE001 -- reconcile is housekeeping: log it, keep dispatching
             logger.exception(
                 "reconcile failed; trying again in %ss", settings.RECONCILE_INTERVAL_SECONDS,
@@ -243,6 +267,13 @@ class LeaderScheduler(Scheduler):
             )
         finally:
             connection.close()  # this thread's own connection (Django's are per thread)
+
+    def _log_reconcile(self, report: reconcile.ReconcileReport) -> None:
+        if report.changes or report.publish_error:
+            logger.info(
+                "reconcile: %s%s", report.summary(), f"; {report.publish_error}" if report.publish_error else "",
+                extra={"action": "reconciled", "instance_id": self.instance_id, "counts": report.counts},
+            )
 
     def _revoke(self, task_ids: list[str]) -> None:
         """Stop executions cancelled by ``overlap=cancel_previous`` (already recorded ``cancelled``)."""
@@ -305,6 +336,7 @@ class LeaderScheduler(Scheduler):
         if lease is None:
             return None
         self.lease = lease
+        self._leading_since = lease.db_now
         logs.bind(token=lease.token)
         self._last_renew = time.monotonic()
         self._last_heartbeat = 0.0  # publish is_leader at once

@@ -28,9 +28,9 @@ class Defaults:
     DEFAULT_CATCHUP_WINDOW_SECONDS: int = 300
     #: How long a worker's claim on a running execution lasts without renewal;
     #: after that the execution may be claimed again (its worker is presumed dead).
-    EXECUTION_LEASE_SECONDS: float = 30.0
-    #: How often each worker process renews the leases of the executions it runs.
-    EXECUTION_RENEW_SECONDS: float = 10.0
+    CLAIM_SECONDS: float = 30.0
+    #: How often each worker process renews the claims of the executions it runs.
+    CLAIM_RENEW_SECONDS: float = 10.0
     #: Seconds between a task's soft time limit (its ``timeout``) and the hard kill.
     TIMEOUT_GRACE_SECONDS: float = 10.0
     #: Longest delay between two retry attempts, whatever the backoff says.
@@ -41,6 +41,9 @@ class Defaults:
     RECONCILE_PENDING_AFTER_SECONDS: float = 60.0
     #: ``queued`` executions not claimed this long after being sent are re-published.
     RECONCILE_QUEUED_AFTER_SECONDS: float = 600.0
+    #: How often the leader asks the broker whether it lost its messages (a Redis
+    #: restarted empty) and, if so, sends the waiting executions again; 0 turns that off.
+    BROKER_CHECK_SECONDS: float = 5.0
     #: Instances not seen for this long are removed from the registry.
     RECONCILE_INSTANCE_STALE_SECONDS: float = 3600.0
     #: The cluster page warns about a queue whose oldest ``queued`` execution has waited this long.
@@ -53,13 +56,25 @@ class Defaults:
     PRUNE_KEEP_LAST: int = 100
 
 
+#: Deprecated names still read when the new one is not set: {old name: new name}.
+#: "Lease" means the beat's leadership only; a worker holds a claim.
+DEPRECATED_NAMES = {
+    "EXECUTION_LEASE_SECONDS": "CLAIM_SECONDS",
+    "EXECUTION_RENEW_SECONDS": "CLAIM_RENEW_SECONDS",
+}
+_OLD_NAMES = {new: old for old, new in DEPRECATED_NAMES.items()}
+
+
 class Settings:
     """Attribute access to ``SCHEDULER_<NAME>`` with the defaults above."""
 
     def __getattr__(self, name: str) -> Any:
         if not hasattr(Defaults, name):
             raise AttributeError(f"Unknown scheduler setting: {name}")
-        return getattr(django_settings, f"SCHEDULER_{name}", getattr(Defaults, name))
+        default = getattr(Defaults, name)
+        if name in _OLD_NAMES:
+            default = getattr(django_settings, f"SCHEDULER_{_OLD_NAMES[name]}", default)
+        return getattr(django_settings, f"SCHEDULER_{name}", default)
 
 
 settings = Settings()

@@ -8,21 +8,22 @@ worker claims each execution once.
 """
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import time
 import uuid
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from celery import current_app
-from django.db import IntegrityError, transaction
-from django.db.models import Count, Exists, F, OuterRef, Q
+from django.db import transaction
+from django.db.models import Count, F, Q
 from kombu.exceptions import OperationalError as BrokerError
 
-from scheduler import leases, policies
+from scheduler import executions, leases, policies
 from scheduler.conf import settings
 from scheduler.exceptions import ScheduleInvalid, SubmissionInvalid
 from scheduler.models import Execution, Schedule
@@ -41,11 +42,8 @@ BACKLOG_AFTER = timedelta(seconds=60)
 PLAN_BUDGET = 8_000
 #: Execution rows one transaction writes at most (it always takes one schedule).
 COMMIT_ROWS = 1_000
-
-
-def idempotency_key(schedule: Schedule, scheduled_for: datetime) -> str:
-    """Return the key that makes a (schedule, slot) fire at most once."""
-    return f"schedule:{schedule.pk}:{scheduled_for.astimezone(timezone.utc).isoformat()}"
+#: Why ``overlap=cancel_previous`` cancelled an execution.
+CANCEL_PREVIOUS_ERROR = "Cancelled by overlap=cancel_previous: a newer slot started"
 
 
 @dataclass
@@ -72,37 +70,6 @@ class DispatchReport:
     longest_transaction_seconds: float = 0.0
 
 
-def execution_for(
-    schedule: Schedule, slot: datetime, *, status: str, now: datetime, token: int | None = None, held: bool = False
-) -> Execution:
-    """Return an unsaved Execution of ``schedule`` for ``slot`` (``token``: the beat lease it is under).
-
-    A ``pending`` one gets its Celery task id now, so a re-send reuses it;
-    any other status is final and finished at ``now``.
-    """
-    sent = status == Execution.Status.PENDING
-    return Execution(
-        idempotency_key=idempotency_key(schedule, slot),
-        schedule=schedule,
-        task=schedule.task,
-        args=schedule.args,
-        kwargs=schedule.kwargs,
-        queue=schedule.queue,
-        priority=schedule.priority,
-        tenant=schedule.tenant,
-        scheduled_for=slot,
-        status=status,
-        held=held,
-        timeout=schedule.timeout,
-        max_retries=schedule.max_retries,
-        retry_backoff=schedule.retry_backoff,
-        lease_token=token,
-        # Chosen before sending so a re-publish after a crash reuses the id.
-        celery_task_id=str(uuid.uuid4()) if sent else "",
-        finished_at=None if sent else now,
-    )
-
-
 def _in_flight(schedules: list[Schedule]) -> dict[int, tuple[int, int]]:
     """Return {schedule id: (executions in flight, of which held)} for non-``allow`` schedules."""
     ids = [s.pk for s in schedules if s.overlap != Schedule.Overlap.ALLOW]
@@ -114,22 +81,6 @@ def _in_flight(schedules: list[Schedule]) -> dict[int, tuple[int, int]]:
         .annotate(total=Count("id"), held=Count("id", filter=Q(held=True)))
     )
     return {row["schedule_id"]: (row["total"], row["held"]) for row in rows}
-
-
-def _cancel_in_flight(schedule_ids: list[int], *, now: datetime) -> list[str]:
-    """Record the in-flight executions of these schedules ``cancelled``; return their Celery ids."""
-    if not schedule_ids:
-        return []
-    in_flight = Execution.objects.filter(schedule_id__in=schedule_ids, status__in=Execution.ACTIVE_STATUSES)
-    task_ids = [task_id for task_id in in_flight.values_list("celery_task_id", flat=True) if task_id]
-    in_flight.update(
-        status=Execution.Status.CANCELLED,
-        held=False,
-        finished_at=now,
-        lease_expires_at=None,
-        error="Cancelled by overlap=cancel_previous: a newer slot started",
-    )
-    return task_ids
 
 
 def _completion_reason(schedule: Schedule, *, runs_used: int) -> str:
@@ -265,19 +216,13 @@ def _commit(chunk: list[_Planned], *, lease: leases.LeaseHandle, now: datetime, 
             overlap, used_up = policies.cap_runs(overlap, max_runs=schedule.max_runs, sent=schedule.slots_sent)
             if overlap.cancel_in_flight:
                 to_cancel.append(schedule.pk)
-            for slot in plan.missed:
-                rows.append(execution_for(schedule, slot, token=lease.token, status=Execution.Status.MISSED, now=now))
-            for slot in overlap.skipped:
-                rows.append(execution_for(schedule, slot, token=lease.token, status=Execution.Status.SKIPPED, now=now))
-            for slot in overlap.run:
-                rows.append(execution_for(schedule, slot, token=lease.token, status=Execution.Status.PENDING, now=now))
-                report.fired.append((schedule.name, slot))
+            build = functools.partial(executions.execution_for, schedule, token=lease.token, now=now)
+            rows += [build(slot, status=Execution.Status.MISSED) for slot in plan.missed]
+            rows += [build(slot, status=Execution.Status.SKIPPED) for slot in overlap.skipped]
+            rows += [build(slot, status=Execution.Status.PENDING) for slot in overlap.run]
+            report.fired += [(schedule.name, slot) for slot in overlap.run]
             if overlap.buffered is not None:
-                rows.append(
-                    execution_for(
-                        schedule, overlap.buffered, token=lease.token, status=Execution.Status.PENDING, now=now, held=True
-                    )
-                )
+                rows.append(build(overlap.buffered, status=Execution.Status.PENDING, held=True))
             report.missed += len(plan.missed)
             report.missed_not_recorded += plan.missed_not_recorded
             report.skipped += len(overlap.skipped)
@@ -302,8 +247,8 @@ def _commit(chunk: list[_Planned], *, lease: leases.LeaseHandle, now: datetime, 
                 changed.append(schedule)
                 report.completed.append((schedule.name, schedule.disabled_reason))
         report.schedules += len(due)
-        report.cancelled_task_ids += _cancel_in_flight(to_cancel, now=now)
-        Execution.objects.bulk_create(rows, ignore_conflicts=True, batch_size=1000)
+        report.cancelled_task_ids += executions.cancel_in_flight(to_cancel, reason=CANCEL_PREVIOUS_ERROR, now=now)
+        executions.insert(rows)
         # The other fields change for a few schedules only, and bulk_update's
         # cost grows with rows times fields.
         Schedule.objects.bulk_update(due, ["next_run_at", "slots_sent"], batch_size=1000)
@@ -315,8 +260,6 @@ def _commit(chunk: list[_Planned], *, lease: leases.LeaseHandle, now: datetime, 
 
 #: Highest message priority accepted: AMQP's limit (Redis honours 0-9, see ``submit``).
 MAX_PRIORITY = 255
-#: Execution columns a message is built from.
-MESSAGE_FIELDS = ("id", "task", "args", "kwargs", "queue", "priority", "celery_task_id", "timeout", "scheduled_for")
 
 
 def time_limits(timeout: int | None) -> dict[str, float]:
@@ -330,15 +273,10 @@ def time_limits(timeout: int | None) -> dict[str, float]:
     return {"soft_time_limit": float(timeout), "time_limit": float(timeout) + settings.TIMEOUT_GRACE_SECONDS}
 
 
-def message_row(execution: Execution) -> dict[str, Any]:
-    """Return what ``publish`` needs of one execution."""
-    return {field: getattr(execution, field) for field in MESSAGE_FIELDS}
-
-
 def publish(app: Celery, rows: list[dict[str, Any]], *, now: datetime) -> list[int]:
     """Send one message per execution row; return the ids sent.
 
-    A row has the ``MESSAGE_FIELDS`` (see ``message_row``), and ``schedule_id`` and ``jitter``
+    A row has the ``executions.MESSAGE_FIELDS`` (see ``executions.message_row``), and ``schedule_id`` and ``jitter``
     when it belongs to a schedule with jitter.
 
     Sending stops at the first broker error, which propagates; the ids sent
@@ -374,22 +312,8 @@ def publish(app: Celery, rows: list[dict[str, Any]], *, now: datetime) -> list[i
                 sent.append(row["id"])
     finally:
         if sent:
-            Execution.objects.filter(id__in=sent, status=Execution.Status.PENDING).update(
-                status=Execution.Status.QUEUED, enqueued_at=now
-            )
+            executions.mark_queued(sent, now=now)
     return sent
-
-
-def release_buffered() -> int:
-    """Let ``buffer_one`` rows go once their schedule has nothing else in flight; return how many."""
-    others_in_flight = Execution.objects.filter(
-        schedule_id=OuterRef("schedule_id"), status__in=Execution.ACTIVE_STATUSES, held=False
-    )
-    return (
-        Execution.objects.filter(held=True, status=Execution.Status.PENDING)
-        .exclude(Exists(others_in_flight))
-        .update(held=False)
-    )
 
 
 def publish_pending(app: Celery, *, limit: int | None = None) -> int:
@@ -402,12 +326,8 @@ def publish_pending(app: Celery, *, limit: int | None = None) -> int:
     ``pending`` for the next one; the caller decides whether to log.
     """
     limit = limit or settings.DISPATCH_BATCH_SIZE
-    release_buffered()
-    pending = list(
-        Execution.objects.filter(status=Execution.Status.PENDING, held=False)
-        .order_by("created_at", "id")
-        .values(*MESSAGE_FIELDS, "schedule_id", jitter=F("schedule__jitter"))[:limit]
-    )
+    executions.release_buffered()
+    pending = executions.pending_rows(limit=limit)
     if not pending:
         return 0
     return len(publish(app, pending, now=leases.db_now()))
@@ -461,7 +381,7 @@ def submit(
 
     now = leases.db_now()
     execution = Execution(
-        idempotency_key=idempotency_key or f"submit:{uuid.uuid4()}",
+        idempotency_key=idempotency_key or executions.submit_key(),
         task=name,
         args=args,
         kwargs=kwargs,
@@ -473,15 +393,10 @@ def submit(
         retry_backoff=retry_backoff,
         celery_task_id=str(uuid.uuid4()),
     )
-    try:
-        with transaction.atomic():
-            execution.save(force_insert=True)
-    except IntegrityError:
-        existing = Execution.objects.filter(idempotency_key=execution.idempotency_key).first()
-        if existing is None:  # the conflict was not the key: a real error
-            raise
-        return existing
-    row = message_row(execution)
+    execution, created = executions.record_one(execution)
+    if not created:
+        return execution
+    row = executions.message_row(execution)
 
     def send() -> None:
         try:

@@ -29,5 +29,9 @@ class BackfillRefused(SchedulerError):
     """The backfill was refused; nothing was written."""
 
 
+class BrokerUnavailable(SchedulerError):
+    """The broker did not answer."""
+
+
 class PruneRefused(SchedulerError):
     """The prune was refused: its age or keep-last is not a valid number; nothing was deleted."""

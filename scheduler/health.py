@@ -1,10 +1,12 @@
-"""Liveness and readiness: ``/healthz`` and ``/readyz`` (a dead man's switch for the leader).
+"""Probes: ``/healthz`` (alive), ``/readyz`` (can serve) and ``/leaderz`` (a beat leads).
 
-``/readyz`` answers 200 only when the database and the broker answer and a
-beat leader renewed its lease within twice the renew interval (database
-clock). Otherwise 503, with a JSON body naming each failed check, so it can
-serve as a Kubernetes readiness probe and as an alert on "nobody is
-dispatching".
+``/readyz`` answers 200 when the database and the broker answer: it is the
+web pods' readiness probe, so it must not depend on the beat, or the admin
+would leave the load balancer exactly during a beat outage, when operators
+need it. ``/leaderz`` is the dead man's switch for alerting, not routing:
+200 only when a beat leader renewed its lease within twice the renew
+interval (database clock). Both answer 503 otherwise, with a JSON body
+naming each failed check.
 """
 from __future__ import annotations
 
@@ -64,11 +66,15 @@ def check_leader() -> Check:
 
 
 def readiness() -> dict[str, Check]:
-    """Run every readiness check; the leader check needs the database."""
+    """What the web needs to serve: the database and the broker (never the beat)."""
+    return {"database": check_database(), "broker": check_broker()}
+
+
+def leadership() -> dict[str, Check]:
+    """Whether a beat dispatches; the leader check needs the database."""
     database = check_database()
-    checks = {"database": database, "broker": check_broker()}
-    checks["leader"] = check_leader() if database.ok else Check(False, "not checked: the database is unreachable")
-    return checks
+    leader = check_leader() if database.ok else Check(False, "not checked: the database is unreachable")
+    return {"database": database, "leader": leader}
 
 
 @never_cache
@@ -81,10 +87,21 @@ def healthz(request: HttpRequest) -> JsonResponse:
 @never_cache
 @require_GET
 def readyz(request: HttpRequest) -> JsonResponse:
-    checks = readiness()
+    """Readiness probe for the web: the database and the broker answer."""
+    return _answer(readiness(), ok="ready", not_ok="not ready")
+
+
+@never_cache
+@require_GET
+def leaderz(request: HttpRequest) -> JsonResponse:
+    """Alert on this one: 503 while no beat leader renews its lease."""
+    return _answer(leadership(), ok="leading", not_ok="no leader")
+
+
+def _answer(checks: dict[str, Check], *, ok: str, not_ok: str) -> JsonResponse:
     failed = sorted(name for name, check in checks.items() if not check.ok)
     body: dict[str, Any] = {
-        "status": "not ready" if failed else "ready",
+        "status": not_ok if failed else ok,
         "failed": failed,
         "checks": {name: asdict(check) for name, check in checks.items()},
     }

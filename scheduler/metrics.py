@@ -17,7 +17,8 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeHistogramMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector, CollectorRegistry
 
-from scheduler import leases
+from scheduler import cluster, leases
+from scheduler.conf import settings
 from scheduler.models import Execution, Instance, Lease, Schedule
 
 #: Executions recorded within this window are counted and their lag measured.
@@ -26,8 +27,6 @@ WINDOW = timedelta(hours=1)
 LAG_SAMPLE = 10_000
 #: Upper bounds (seconds) of the dispatch lag buckets.
 LAG_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
-#: An instance counts as alive when seen within this many seconds.
-ALIVE_WITHIN = timedelta(seconds=30)
 #: At most this many queued executions, oldest first, are read per scrape for their age.
 QUEUED_SAMPLE = 10_000
 
@@ -101,14 +100,31 @@ class DatabaseCollector(Collector):
             "scheduler_due_backlog", "Active schedules whose next slot is due now.", value=Schedule.objects.due(now=now).count()
         )
 
+        yield from self._instances(now)
+
+    def _instances(self, now: datetime) -> Iterator[GaugeMetricFamily]:
+        state = leases.current(settings.LEASE_NAME)
+        members = cluster.members(leaders={state.holder} if state.is_held else set(), now=now)
         instances = GaugeMetricFamily(
-            "scheduler_instances", "Instances seen in the last 30 seconds, by role.", labels=["role", "leader"]
+            "scheduler_instances",
+            "Instances with a fresh heartbeat, by role; leader: holds the lease.",
+            labels=["role", "leader"],
         )
-        alive = Counter(Instance.objects.filter(last_seen__gte=now - ALIVE_WITHIN).values_list("role", "is_leader"))
+        alive = Counter((m.instance.role, m.is_leader) for m in members if not m.is_stale)
         for role in Instance.Role.values:
             for leader in (True, False):
                 instances.add_metric([role, str(leader).lower()], alive.get((role, leader), 0))
         yield instances
+
+        ages = GaugeMetricFamily(
+            "scheduler_instance_heartbeat_age_seconds",
+            "Seconds since each registered instance's last heartbeat; stale: older than the lease TTL "
+            "(a worker: the claim duration), presumably dead until reconcile removes it.",
+            labels=["instance", "role", "stale"],
+        )
+        for member in members:
+            ages.add_metric([member.instance.instance_id, member.instance.role, str(member.is_stale).lower()], member.age)
+        yield ages
 
     def _dispatch_lag(self, since: object) -> GaugeHistogramMetricFamily:
         pairs = (

@@ -8,7 +8,6 @@ sends later, or a ``cancelled`` row that no worker will claim.
 """
 from __future__ import annotations
 
-import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime
@@ -16,10 +15,9 @@ from typing import TYPE_CHECKING
 
 from django.core.exceptions import ValidationError
 from django.db import transaction
-from django.db.models.functions import Now
 from kombu.exceptions import OperationalError as BrokerError
 
-from scheduler import dispatch, leases
+from scheduler import dispatch, executions, leases
 from scheduler.exceptions import SchedulerError
 from scheduler.models import Execution, Schedule
 
@@ -28,8 +26,8 @@ if TYPE_CHECKING:
 
 #: Executions an operator may run again: finished ones, and ones whose worker died.
 RETRYABLE_STATUSES = Execution.FINAL_STATUSES | {Execution.Status.LOST}
-#: Executions an operator may cancel: not finished yet.
-CANCELLABLE_STATUSES = Execution.ACTIVE_STATUSES
+#: Executions an operator may cancel: not finished yet (a lost one is reconcile's to retry or fail).
+CANCELLABLE_STATUSES = Execution.ACTIVE_STATUSES - {Execution.Status.LOST}
 CANCEL_ERROR = "Cancelled by an operator"
 
 
@@ -75,11 +73,7 @@ def validate_schedule(schedule: Schedule, *, app: Celery) -> None:
 def run_now(schedule: Schedule, *, app: Celery) -> ActionResult:
     """Record an execution of ``schedule`` for now, outside its timing, and send it after commit."""
     ensure_task(app, schedule.task)
-    now = leases.db_now()
-    execution = dispatch.execution_for(schedule, now, status=Execution.Status.PENDING, now=now)
-    # Its own key: a manual run never takes the slot of a scheduled fire.
-    execution.idempotency_key = f"schedule:{schedule.pk}:manual:{uuid.uuid4()}"
-    return _record_and_send(execution, app=app)
+    return _record_and_send(executions.run_now_for(schedule, now=leases.db_now()), app=app)
 
 
 def ensure_retryable(execution: Execution) -> None:
@@ -94,23 +88,7 @@ def retry_execution(execution: Execution, *, app: Celery) -> ActionResult:
     """Record a new execution that re-runs ``execution`` now, as attempt 1, and send it after commit."""
     ensure_retryable(execution)
     ensure_task(app, execution.task)
-    retry = Execution(
-        idempotency_key=f"retry:{execution.pk}:{uuid.uuid4()}",
-        retry_of=execution,
-        schedule_id=execution.schedule_id,
-        task=execution.task,
-        args=execution.args,
-        kwargs=execution.kwargs,
-        queue=execution.queue,
-        priority=execution.priority,
-        tenant=execution.tenant,
-        timeout=execution.timeout,
-        max_retries=execution.max_retries,
-        retry_backoff=execution.retry_backoff,
-        scheduled_for=leases.db_now(),
-        celery_task_id=str(uuid.uuid4()),
-    )
-    return _record_and_send(retry, app=app)
+    return _record_and_send(executions.retry_for(execution, now=leases.db_now()), app=app)
 
 
 def ensure_cancellable(execution: Execution) -> None:
@@ -132,13 +110,7 @@ def cancel_execution(execution: Execution, *, app: Celery) -> ActionResult:
     """
     ensure_cancellable(execution)
     with transaction.atomic():
-        cancelled = Execution.objects.filter(pk=execution.pk, status__in=CANCELLABLE_STATUSES).update(
-            status=Execution.Status.CANCELLED,
-            held=False,
-            finished_at=Now(),
-            lease_expires_at=None,
-            error=CANCEL_ERROR,
-        )
+        cancelled = executions.cancel(execution.pk, reason=CANCEL_ERROR, now=leases.db_now())
         execution.refresh_from_db()
         if not cancelled:
             raise ActionRefused(f"Execution {execution.pk} became {execution.status} meanwhile; not cancelled.")
@@ -150,14 +122,14 @@ def cancel_execution(execution: Execution, *, app: Celery) -> ActionResult:
 
 def _record_and_send(execution: Execution, *, app: Celery) -> ActionResult:
     result = ActionResult(execution)
-    execution.save(force_insert=True)
+    executions.record_one(execution)  # its key is new: it always inserts
     transaction.on_commit(lambda: _publish(app, result))
     return result
 
 
 def _publish(app: Celery, result: ActionResult) -> None:
     execution = result.execution
-    row = dispatch.message_row(execution)
+    row = executions.message_row(execution)
     try:
         dispatch.publish(app, [row], now=leases.db_now())
     except (BrokerError, OSError) as exc:

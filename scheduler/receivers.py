@@ -20,7 +20,7 @@ from django.db.models.functions import Now
 
 from scheduler.conf import settings
 from scheduler.models import Execution, Instance
-from scheduler.worker import fail_unrun
+from scheduler.executions import fail_unrun
 
 logger = logging.getLogger(__name__)
 
@@ -50,7 +50,7 @@ def _beat(instance_id: str) -> None:
         except DatabaseError:
             logger.warning("could not write the worker heartbeat; trying again", exc_info=True)
             close_old_connections()
-        if _stop.wait(settings.EXECUTION_RENEW_SECONDS):
+        if _stop.wait(settings.CLAIM_RENEW_SECONDS):
             return
 
 

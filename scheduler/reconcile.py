@@ -17,6 +17,7 @@ runs it on a thread of its own closes that connection when the thread ends.
 from __future__ import annotations
 
 import logging
+import random
 from collections import Counter
 from dataclasses import asdict, dataclass
 from datetime import datetime, timedelta
@@ -28,11 +29,10 @@ from django.db.models import F, Q
 from django.db.models.functions import Now
 from kombu.exceptions import OperationalError as BrokerError
 
-from scheduler import backfill, dispatch, timing
+from scheduler import broker, dispatch, executions, policies, timing
 from scheduler.conf import settings
-from scheduler.exceptions import ScheduleInvalid
+from scheduler.exceptions import BrokerUnavailable, ScheduleInvalid
 from scheduler.models import Execution, Instance, Schedule
-from scheduler.worker import count_run
 
 if TYPE_CHECKING:
     from celery import Celery
@@ -59,6 +59,7 @@ KINDS = {
     "lost_failed": "lost execution(s) failed",
     "published": "old pending execution(s) sent",
     "republished": "unclaimed queued or retrying execution(s) sent again",
+    "broker_lost": "execution(s) sent again after the broker lost its messages",
     "next_run_at": "schedule(s) with next_run_at recomputed",
     "instance_removed": "stale instance(s) removed",
     "missing_slot": "slot(s) without an execution",
@@ -127,7 +128,7 @@ def reconcile(*, now: datetime, dry_run: bool = False, repair: bool = False, app
     pass; a broker error stops them and is reported in ``publish_error``
     rather than raised.
     """
-    lost, to_send = _recover_lost(dry_run=dry_run)
+    lost, to_send = _recover_lost(now=now, dry_run=dry_run)
     pending = _old_pending(now=now)
     queued = _unclaimed_queued(now=now, dry_run=dry_run)
     batch = _audit_batch(after_id=_CURSOR.after_id)
@@ -149,29 +150,31 @@ def reconcile(*, now: datetime, dry_run: bool = False, repair: bool = False, app
 # --- executions ----------------------------------------------------------------------
 
 
-def _recover_lost(*, dry_run: bool) -> tuple[list[Change], list[int]]:
-    """Mark running executions whose lease expired ``lost``, then retry or fail each lost one.
+def _recover_lost(*, now: datetime, dry_run: bool) -> tuple[list[Change], list[int]]:
+    """Mark running executions whose claim expired ``lost``, then retry or fail each lost one.
 
-    Return the changes and the ids to send again. A failure counts on the
-    schedule as a worker-recorded one does (circuit breaker included).
+    Return the changes and the ids to send again. A retry is due after the
+    backoff, as after a failed attempt: its message waits until then. A
+    failure counts on the schedule as a worker-recorded one does (circuit
+    breaker included).
     """
     expired = Execution.objects.filter(status=Status.RUNNING, lease_expires_at__lt=Now())
     if dry_run:
         lost = Execution.objects.filter(Q(status=Status.LOST) | Q(pk__in=expired.values("pk")))
     else:
         ids = list(expired.order_by("id").values_list("id", flat=True)[:BATCH_SIZE])
-        expired.filter(id__in=ids).update(status=Status.LOST, lease_expires_at=None)
+        executions.mark_lost(ids)
         lost = Execution.objects.filter(status=Status.LOST)
     changes: list[Change] = []
     retry: list[int] = []
     for execution in lost.order_by("id")[:BATCH_SIZE]:
         attempt = execution.attempt
-        if attempt <= execution.max_retries:
+        if executions.retries_left(attempt, execution.max_retries):
             change = Change(
                 "lost_retrying", f"Worker lost during attempt {attempt}; retrying as attempt {attempt + 1}",
                 execution.pk, execution.schedule_id,
             )
-            if not dry_run and not _retry_lost(execution):
+            if not dry_run and not _retry_lost(execution, due=now + timedelta(seconds=_backoff(execution))):
                 continue
             retry.append(execution.pk)
         else:
@@ -183,21 +186,19 @@ def _recover_lost(*, dry_run: bool) -> tuple[list[Change], list[int]]:
     return changes, retry
 
 
-def _retry_lost(execution: Execution) -> bool:
-    return bool(
-        Execution.objects.filter(pk=execution.pk, status=Status.LOST).update(
-            status=Status.RETRYING, attempt=F("attempt") + 1, enqueued_at=Now()
-        )
+def _backoff(execution: Execution) -> float:
+    """Return the seconds before the attempt after ``execution``'s current one, jittered."""
+    return policies.retry_delay(
+        execution.attempt, base=execution.retry_backoff, cap=settings.RETRY_BACKOFF_MAX_SECONDS, spread=random.random()
     )
 
 
+def _retry_lost(execution: Execution, *, due: datetime) -> bool:
+    return executions.retry_lost(execution.pk, due=due)
+
+
 def _fail_lost(execution: Execution, reason: str) -> bool:
-    with transaction.atomic():
-        failed = Execution.objects.filter(pk=execution.pk, status=Status.LOST).update(
-            status=Status.FAILED, finished_at=Now(), error=reason
-        )
-        if failed and execution.schedule_id is not None:
-            count_run(execution, status=Status.FAILED, error=reason)
+    failed = executions.fail_lost(execution, reason=reason)
     if failed:
         logger.error(
             "execution %s failed: %s", execution.pk, reason,
@@ -235,7 +236,7 @@ def _unclaimed_queued(*, now: datetime, dry_run: bool) -> list[Change]:
     for pk, schedule_id, enqueued_at in stale.order_by("enqueued_at", "id").values_list(
         "id", "schedule_id", "enqueued_at"
     )[:BATCH_SIZE]:
-        if not dry_run and not stale.filter(pk=pk, enqueued_at=enqueued_at).update(enqueued_at=now):
+        if not dry_run and not executions.mark_resent(pk, was_enqueued_at=enqueued_at, now=now):
             continue
         changes.append(
             Change("republished", f"waiting since {enqueued_at.isoformat()}, never claimed; sent again", pk, schedule_id)
@@ -248,13 +249,97 @@ def _send(app: Celery, ids: list[int], *, now: datetime) -> tuple[set[int], str]
     sent: set[int] = set()
     waiting = Execution.objects.filter(status__in=[Status.PENDING, Status.QUEUED, Status.RETRYING], held=False)
     for index in range(0, len(ids), BATCH_SIZE):
-        rows = backfill.message_rows(waiting.filter(id__in=ids[index : index + BATCH_SIZE]))
+        rows = _at_due_time(executions.message_rows(waiting.filter(id__in=ids[index : index + BATCH_SIZE])))
         try:
             sent.update(dispatch.publish(app, rows, now=now))
         except (BrokerError, OSError) as exc:
             unsent = len(set(ids) - sent)
             return sent, f"broker unreachable: {exc}; {unsent} execution(s) not sent yet"
     return sent, ""
+
+
+def _at_due_time(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Make each ``retrying`` row's message wait for its retry's due time (its ``enqueued_at``).
+
+    ``dispatch.publish`` sends a message at the row's ``scheduled_for`` (plus
+    jitter); for a retry that is the slot, long past, so the due time takes
+    its place in the message, not in the database.
+    """
+    retries = [row["id"] for row in rows if row["status"] == Status.RETRYING]
+    due = dict(Execution.objects.filter(id__in=retries, enqueued_at__isnull=False).values_list("id", "enqueued_at"))
+    for row in rows:
+        if row["id"] in due and due[row["id"]] > row["scheduled_for"]:
+            row.update(scheduled_for=due[row["id"]], jitter=None)
+    return rows
+
+
+# --- broker restarts -----------------------------------------------------------------
+
+
+@dataclass
+class _BrokerResend:
+    """This process's re-send of the executions whose messages one broker run lost."""
+
+    #: The broker run (Redis ``run_id``) that came up without them.
+    run_id: str = ""
+    #: When the leader first saw that run: ``queued`` rows sent before it may be lost.
+    seen_at: datetime | None = None
+    #: Rows are re-sent by id; the next batch starts after this one.
+    after_id: int = 0
+
+
+_BROKER_RESEND = _BrokerResend()
+
+
+def resend_after_broker_restart(
+    *, now: datetime, app: Celery | None = None, sent_before: datetime | None = None
+) -> ReconcileReport:
+    """Send again the waiting executions whose messages the broker lost; change nothing while it kept them.
+
+    The broker tells whether it may have lost its messages (``broker``: its
+    run id against the marker the leader left there). Then every ``queued``
+    execution sent before ``now`` of the first call that saw it, and every
+    ``retrying`` one (its message waits in a worker for the retry's due
+    time, and is lost with the broker), is sent again, ``BATCH_SIZE`` per
+    call (``sent_before`` moves that cut earlier, for a leader whose own
+    sends went to the broker it found); a retry's message keeps its due time. Once all are sent the broker
+    run is confirmed, and later calls send nothing until it loses its
+    messages again. A long queue on a broker that kept it is never re-sent.
+    An execution sent twice is claimed once, so a message the broker did keep
+    costs one refused duplicate. A broker that does not answer is reported
+    in ``publish_error`` and the next call tries again.
+    """
+    app = app or current_app
+    try:
+        run_id = broker.unconfirmed_run(app)
+    except BrokerUnavailable as exc:
+        return ReconcileReport(now=now, dry_run=False, repair=False, changes=(), publish_error=str(exc))
+    if run_id is None:
+        return ReconcileReport(now=now, dry_run=False, repair=False, changes=())
+    state = _BROKER_RESEND
+    if state.run_id != run_id or state.seen_at is None:
+        state.run_id, state.seen_at, state.after_id = run_id, min(now, sent_before or now), 0
+    lost = Execution.objects.filter(
+        Q(status=Status.QUEUED, enqueued_at__lt=state.seen_at) | Q(status=Status.RETRYING), id__gt=state.after_id
+    )
+    ids = list(lost.order_by("id").values_list("id", flat=True)[:BATCH_SIZE])
+    sent, publish_error = _send(app, ids, now=now)
+    if publish_error:
+        return ReconcileReport(now=now, dry_run=False, repair=False, changes=(), publish_error=publish_error)
+    if ids:
+        state.after_id = ids[-1]
+    if len(ids) < BATCH_SIZE:
+        try:
+            broker.confirm_run(app, run_id)
+            state.seen_at, state.after_id = None, 0
+        except BrokerUnavailable as exc:
+            publish_error = str(exc)  # the next call confirms it
+    changes = tuple(
+        Change("broker_lost", f"broker restarted (run {run_id}) and may have lost its message; sent again", pk)
+        for pk in ids
+        if pk in sent
+    )
+    return ReconcileReport(now=now, dry_run=False, repair=False, changes=changes, publish_error=publish_error)
 
 
 # --- schedules and instances -----------------------------------------------------------
@@ -357,7 +442,7 @@ def _audit(
         budget -= len(slots)
         last_id = schedule.pk
         if slots:
-            expected.append((schedule, slots, [dispatch.idempotency_key(schedule, slot) for slot in slots]))
+            expected.append((schedule, slots, [executions.key(schedule, slot) for slot in slots]))
     present = _present_keys([key for _, _, keys in expected for key in keys])
     changes: list[Change] = []
     to_send: list[int] = []
@@ -412,7 +497,7 @@ def _misfire_plan(misfire: str, missing: list[datetime], *, latest_slot: datetim
 
 def _record(schedule: Schedule, plan: list[tuple[datetime, str]], *, now: datetime) -> list[dict[str, Any]]:
     with transaction.atomic():
-        recorded = backfill.record(schedule, plan, now=now)
+        recorded = executions.record_slots(schedule, plan, now=now)
         missed = sum(1 for row in recorded if row["status"] == Status.MISSED)
         if missed:
             Schedule.objects.filter(pk=schedule.pk).update(total_missed=F("total_missed") + missed)

@@ -4,10 +4,12 @@ Before a task body runs, the worker claims its Execution row with one
 conditional UPDATE. When nothing is claimed, the message is a duplicate
 delivery (the execution is already running elsewhere, or done): it is
 acknowledged, logged and not run. While the body runs, one thread per worker
-process renews the execution leases of what that process runs, in one UPDATE
-per interval; a worker that dies stops renewing, and once its lease expires
-the execution may be claimed again. The outcome and the schedule's counters
-are written in one transaction.
+process renews the claims of what that process runs, in one UPDATE per
+interval; a worker that dies stops renewing, and once its claim expires the
+execution may be claimed again, as the next attempt. Every write after the
+claim is fenced by that attempt (see ``scheduler.executions``, which owns
+every status change; this module holds only Celery's hooks). The outcome and
+the schedule's counters are written in one transaction.
 
 A task called the plain Celery way (no execution id in the message) is
 recorded as an ad-hoc Execution keyed by its Celery task id, so a redelivery
@@ -16,8 +18,8 @@ of that message is deduplicated the same way.
 Time limits come from the execution's ``timeout``: the soft limit raises
 ``SoftTimeLimitExceeded`` inside the task (recorded ``timed_out``), the hard
 limit ``TIMEOUT_GRACE_SECONDS`` later kills the pool child (recorded
-``timed_out`` by ``on_failure``, which Celery calls in the worker's main
-process). Only the prefork pool (Celery's default) enforces both; with the
+``timed_out`` by ``GuardedRequest.on_timeout``, which Celery calls in the
+worker's main process). Only the prefork pool (Celery's default) enforces both; with the
 ``solo`` and ``threads`` pools a task runs past its timeout. No timeout means
 no limit. Timed-out executions are final; they are not retried.
 """
@@ -29,29 +31,26 @@ import os
 import random
 import threading
 import traceback
-from contextlib import nullcontext
-from datetime import timedelta
 from typing import Any
 
 from celery import Task, current_task
-from celery.exceptions import Ignore, Retry, SoftTimeLimitExceeded, TimeLimitExceeded, WorkerLostError
+from celery.exceptions import Ignore, Retry, SoftTimeLimitExceeded, WorkerLostError
 from celery.worker.request import Request
-from django.db import DatabaseError, close_old_connections, transaction
-from django.db.models import DateTimeField, ExpressionWrapper, F, QuerySet
-from django.db.models.functions import Now
+from django.db import DatabaseError, close_old_connections
 
-from scheduler import clock, dbclock, logs, policies
+from scheduler import clock, executions, logs, policies
 from scheduler.conf import settings
-from scheduler.models import Execution, Schedule
+from scheduler.executions import Claim
+from scheduler.models import Execution
 
 logger = logging.getLogger(__name__)
 
 #: Attribute of the Celery request context that holds the claimed Execution.
 _REQUEST_ATTR = "scheduler_execution"
+#: Attribute of the Celery request context that holds the ``Claim`` (the fencing token).
+_CLAIM_ATTR = "scheduler_claim"
 #: Results longer than this (as JSON) are stored truncated.
 RESULT_SUMMARY_MAX_CHARS = 10_000
-#: Statuses of an execution no worker has started yet.
-_WAITING = (Execution.Status.PENDING, Execution.Status.QUEUED, Execution.Status.RETRYING)
 
 
 def current_execution() -> Execution | None:
@@ -62,9 +61,12 @@ def current_execution() -> Execution | None:
     return getattr(task.request, _REQUEST_ATTR, None)
 
 
-def _db_now_plus(seconds: float) -> ExpressionWrapper:
-    """The database clock plus ``seconds``, as an expression (no local clock involved)."""
-    return ExpressionWrapper(Now() + timedelta(seconds=seconds), output_field=DateTimeField())
+def current_claim() -> Claim | None:
+    """Return the ``Claim`` the calling task runs under (its fencing token), or ``None`` outside one."""
+    task = current_task
+    if not task:
+        return None
+    return getattr(task.request, _CLAIM_ATTR, None)
 
 
 def _result_summary(value: Any) -> Any:
@@ -82,159 +84,49 @@ def _error_text(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"
 
 
-# --- execution leases ----------------------------------------------------------------
+
+# --- claims ----------------------------------------------------------------------------
 
 
-class _LeaseRenewer:
-    """Renews the execution leases of one worker process, one UPDATE per interval."""
+class _ClaimRenewer:
+    """Renews the claims of one worker process, one UPDATE per interval."""
 
     def __init__(self) -> None:
-        self._held: set[int] = set()
+        self._held: set[Claim] = set()
         self._lock = threading.Lock()
         self._pid: int | None = None
 
-    def hold(self, execution_id: int) -> None:
+    def hold(self, claim: Claim) -> None:
         with self._lock:
             if self._pid != os.getpid():  # first use in this (possibly forked) process
                 self._held.clear()
                 self._pid = os.getpid()
-                threading.Thread(target=self._run, name="execution-lease-renewer", daemon=True).start()
-            self._held.add(execution_id)
+                threading.Thread(target=self._run, name="claim-renewer", daemon=True).start()
+            self._held.add(claim)
 
-    def drop(self, execution_id: int) -> None:
+    def drop(self, claim: Claim) -> None:
         with self._lock:
-            self._held.discard(execution_id)
+            self._held.discard(claim)
 
     def _run(self) -> None:
         stop = threading.Event()
-        while not stop.wait(settings.EXECUTION_RENEW_SECONDS):
+        while not stop.wait(settings.CLAIM_RENEW_SECONDS):
             with self._lock:
                 held = list(self._held)
             if not held:
                 continue
             try:
-                Execution.objects.filter(id__in=held, status=Execution.Status.RUNNING).update(
-                    lease_expires_at=_db_now_plus(settings.EXECUTION_LEASE_SECONDS)
-                )
+                executions.renew(held, seconds=settings.CLAIM_SECONDS)
             except DatabaseError:
-                logger.exception("could not renew execution leases %s; trying again", held)
+                ids = [claim.execution_id for claim in held]
+                logger.exception("could not renew the claims on executions %s; trying again", ids)
                 close_old_connections()
 
 
-_renewer = _LeaseRenewer()
+_renewer = _ClaimRenewer()
 
 
 # --- the guard -------------------------------------------------------------------------
-
-
-def _claim(column: str, value: int | str, *, worker: str, task_id: str) -> Execution | None:
-    """Move the execution to ``running`` for ``worker`` in one conditional UPDATE; return it.
-
-    Same condition as ``Execution.objects.claimable()``, on the database
-    clock. A running row claimed again belongs to a dead worker, so the
-    claim counts a new attempt. ``None`` means nothing was claimable.
-    """
-    assert column in {"id", "idempotency_key"}
-    now, plus = dbclock.now_sql(), dbclock.now_plus_sql()
-    status = Execution.Status
-    sql = (
-        f"UPDATE scheduler_execution SET status = %s, worker = %s, celery_task_id = %s, "
-        f"started_at = {now}, finished_at = NULL, lease_expires_at = {plus}, "
-        f"attempt = CASE WHEN status = %s THEN attempt + 1 ELSE attempt END "
-        f"WHERE {column} = %s AND (status IN (%s, %s, %s) OR (status = %s AND lease_expires_at < {now})) "
-        f"RETURNING *"
-    )
-    params = [
-        status.RUNNING, worker, task_id, dbclock.seconds_param(settings.EXECUTION_LEASE_SECONDS), status.RUNNING,
-        value, status.PENDING, status.QUEUED, status.RETRYING, status.RUNNING,
-    ]
-    return next(iter(Execution.objects.raw(sql, params)), None)
-
-
-def _finish(
-    execution: Execution,
-    *,
-    status: str,
-    result: Any = None,
-    error: str = "",
-    traceback_text: str = "",
-) -> bool:
-    """Record the final outcome of ``execution`` as claimed; update its schedule's counters.
-
-    Returns False (and writes nothing) when the claim no longer holds, e.g.
-    another worker took the execution over after this one's lease expired.
-    """
-    claim = Execution.objects.filter(pk=execution.pk, worker=execution.worker, status=Execution.Status.RUNNING)
-    finished = _record_outcome(
-        claim, execution, status=status, result=result, error=error, traceback_text=traceback_text
-    )
-    if not finished:
-        logger.warning(
-            "execution %s was taken over by another worker; its outcome here (%s) is not recorded",
-            execution.pk, status, extra={"action": "claim_lost", "execution_id": execution.pk},
-        )
-    return finished
-
-
-def fail_unrun(execution_id: int, *, reason: str) -> bool:
-    """Record a waiting execution ``failed`` with ``reason`` without running it; count it on its schedule.
-
-    Only a ``pending``, ``queued`` or ``retrying`` row changes: one that runs
-    or has finished keeps its status. Returns whether the row changed.
-    """
-    execution = Execution.objects.filter(pk=execution_id).only("pk", "schedule_id", "started_at").first()
-    if execution is None:
-        return False
-    waiting = Execution.objects.filter(pk=execution_id, status__in=_WAITING)
-    return _record_outcome(waiting, execution, status=Execution.Status.FAILED, error=reason)
-
-
-def _record_outcome(
-    rows: QuerySet[Execution], execution: Execution, *, status: str, result: Any = None, error: str = "",
-    traceback_text: str = "",
-) -> bool:
-    """Write the outcome onto ``rows`` (the conditional match on ``execution``); count it when written."""
-    # One statement when there is no schedule to update: the common ad-hoc path stays cheap.
-    with transaction.atomic() if execution.schedule_id is not None else nullcontext():
-        finished = rows.update(
-            status=status,
-            finished_at=Now(),
-            lease_expires_at=None,
-            result=result,
-            error=error,
-            traceback=traceback_text,
-        )
-        if finished and execution.schedule_id is not None:
-            count_run(execution, status=status, error=error)
-    return bool(finished)
-
-
-def count_run(execution: Execution, *, status: str, error: str) -> None:
-    """Update the schedule's run counters; trip its circuit breaker when due."""
-    schedule = Schedule.objects.select_for_update().filter(pk=execution.schedule_id).first()
-    if schedule is None:
-        return
-    if execution.started_at is not None:  # an execution failed before it started leaves the last run as it was
-        schedule.last_run_at = execution.started_at
-    schedule.last_status = status
-    schedule.total_runs += 1
-    if status == Execution.Status.SUCCEEDED:
-        schedule.consecutive_failures = 0
-    else:
-        schedule.consecutive_failures += 1
-        schedule.last_error = error
-        limit = schedule.pause_after_failures
-        if limit and schedule.consecutive_failures >= limit and not schedule.is_paused:
-            schedule.paused_reason = f"Paused after {schedule.consecutive_failures} consecutive failures; last: {error}"
-            logger.warning(
-                "schedule %s paused: %s", schedule.name, schedule.paused_reason,
-                extra={"action": "schedule_paused", "schedule": schedule.name},
-            )
-    schedule.save(
-        update_fields=[
-            "last_run_at", "last_status", "total_runs", "consecutive_failures", "last_error", "paused_reason", "updated_at"
-        ]
-    )
 
 
 class ExecutionTask(Task):
@@ -249,60 +141,43 @@ class ExecutionTask(Task):
     def before_start(self, task_id: str, args: Any, kwargs: Any) -> None:
         """Claim this message's execution, or refuse a duplicate delivery with ``Ignore``."""
         execution_id = (self.request.headers or {}).get(Execution.MESSAGE_HEADER)
+        # The pool child's own identity: the main process finds this claim by it (GuardedRequest).
+        worker = executions.worker_identity(self.request.hostname, os.getpid())
         if execution_id is not None:
-            execution = _claim("id", execution_id, worker=self._worker_identity(), task_id=task_id)
+            execution = executions.claim(worker=worker, celery_task_id=task_id, execution_id=execution_id)
         else:
-            key = self._record_ad_hoc(task_id, args, kwargs)
-            execution = _claim("idempotency_key", key, worker=self._worker_identity(), task_id=task_id)
+            limits = self.request.timelimit or (None, None)
+            key = executions.record_ad_hoc(
+                task_id,
+                task=self.name,
+                args=args,
+                kwargs=kwargs,
+                queue=(self.request.delivery_info or {}).get("routing_key") or "",
+                timeout=int(limits[1]) if limits[1] else None,
+                now=clock.now(),
+            )
+            execution = executions.claim(worker=worker, celery_task_id=task_id, key=key)
         if execution is None:
             logger.warning(
                 "duplicate delivery of execution %s (task %s, celery id %s): not run",
-                execution_id or f"celery:{task_id}", self.name, task_id,
+                execution_id or executions.ad_hoc_key(task_id), self.name, task_id,
                 extra={"action": "duplicate_delivery", "execution_id": execution_id},
             )
             raise Ignore()
-        if execution.attempt > execution.max_retries + 1:
-            reason = f"Worker lost during attempt {execution.attempt - 1}; no retries left"
-            _finish(execution, status=Execution.Status.FAILED, error=reason)
-            logger.error(
-                "execution %s failed: %s", execution.pk, reason,
-                extra={"action": "execution_failed", "execution_id": execution.pk},
-            )
+        claim = Claim.of(execution)
+        if executions.fail_exhausted(claim):
             raise Ignore()
         setattr(self.request, _REQUEST_ATTR, execution)
+        setattr(self.request, _CLAIM_ATTR, claim)
         logs.bind(execution_id=execution.pk, schedule=execution.schedule_id)
-        _renewer.hold(execution.pk)
-
-    def _record_ad_hoc(self, task_id: str, args: Any, kwargs: Any) -> str:
-        """Record a plain Celery call as an Execution keyed by its task id; return the key."""
-        key = f"celery:{task_id}"
-        limits = self.request.timelimit or (None, None)
-        Execution.objects.bulk_create(
-            [
-                Execution(
-                    idempotency_key=key,
-                    task=self.name,
-                    args=list(args or ()),
-                    kwargs=dict(kwargs or {}),
-                    queue=(self.request.delivery_info or {}).get("routing_key") or "",
-                    scheduled_for=clock.now(),
-                    status=Execution.Status.QUEUED,
-                    celery_task_id=task_id,
-                    timeout=int(limits[1]) if limits[1] else None,
-                )
-            ],
-            ignore_conflicts=True,
-        )
-        return key
-
-    def _worker_identity(self) -> str:
-        return f"{self.request.hostname}:{os.getpid()}"
+        _renewer.hold(claim)
 
     # --- run and record --------------------------------------------------------------
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         execution: Execution | None = getattr(self.request, _REQUEST_ATTR, None)
-        if execution is None:
+        claim: Claim | None = getattr(self.request, _CLAIM_ATTR, None)
+        if execution is None or claim is None:
             # Called directly as a function (or in eager mode): nothing to guard.
             return super().__call__(*args, **kwargs)
         try:
@@ -311,23 +186,27 @@ class ExecutionTask(Task):
             raise
         except SoftTimeLimitExceeded as exc:
             reason = f"Soft time limit of {execution.timeout}s exceeded"
-            _finish(execution, status=Execution.Status.TIMED_OUT, error=reason, traceback_text=traceback.format_exc())
+            executions.finish(
+                claim, status=Execution.Status.TIMED_OUT, error=reason, traceback_text=traceback.format_exc()
+            )
             raise SoftTimeLimitExceeded(reason) from exc
         except Exception as exc:
-            if execution.attempt <= execution.max_retries:
+            if executions.retries_left(claim.attempt, claim.max_retries):
                 delay = policies.retry_delay(
-                    execution.attempt,
+                    claim.attempt,
                     base=execution.retry_backoff,
                     cap=settings.RETRY_BACKOFF_MAX_SECONDS,
                     spread=random.random(),
                 )
-                raise self.retry(exc=exc, countdown=delay, max_retries=execution.max_retries) from exc
-            _finish(execution, status=Execution.Status.FAILED, error=_error_text(exc), traceback_text=traceback.format_exc())
+                raise self.retry(exc=exc, countdown=delay, max_retries=claim.max_retries) from exc
+            executions.finish(
+                claim, status=Execution.Status.FAILED, error=_error_text(exc), traceback_text=traceback.format_exc()
+            )
             raise
         finally:
-            _renewer.drop(execution.pk)
+            _renewer.drop(claim)
             logs.unbind("execution_id", "schedule")
-        _finish(execution, status=Execution.Status.SUCCEEDED, result=_result_summary(value))
+        executions.finish(claim, status=Execution.Status.SUCCEEDED, result=_result_summary(value))
         return value
 
     def retry(self, *args: Any, exc: BaseException | None = None, **kwargs: Any) -> Retry:
@@ -335,21 +214,17 @@ class ExecutionTask(Task):
 
         The row changes first so the re-sent message finds it claimable.
         """
-        execution: Execution | None = getattr(self.request, _REQUEST_ATTR, None)
-        if execution is None:
+        claim: Claim | None = getattr(self.request, _CLAIM_ATTR, None)
+        if claim is None:
             return super().retry(*args, exc=exc, **kwargs)
-        claim = Execution.objects.filter(pk=execution.pk, worker=execution.worker, status=Execution.Status.RUNNING)
-        marked = claim.update(
-            status=Execution.Status.RETRYING,
-            attempt=F("attempt") + 1,
-            lease_expires_at=None,
-            # When the retry is due: reconcile sends it again if nobody claims it by then.
-            enqueued_at=_db_now_plus(float(kwargs.get("countdown") or 0)),
+        marked = executions.retry(
+            claim,
+            delay_seconds=float(kwargs.get("countdown") or 0),
             error=_error_text(exc) if exc else "",
-            traceback="".join(traceback.format_exception(exc)) if exc else "",
+            traceback_text="".join(traceback.format_exception(exc)) if exc else "",
         )
         if not marked:
-            logger.warning("execution %s was taken over; not retrying it here", execution.pk)
+            logger.warning("execution %s attempt %s: the claim moved on; not retrying it here", *_token(claim))
             raise Ignore()
         try:
             return super().retry(*args, exc=exc, **kwargs)
@@ -357,36 +232,63 @@ class ExecutionTask(Task):
             raise
         except BaseException:
             # Celery refused (e.g. its own max_retries): the attempt goes on as running.
-            Execution.objects.filter(pk=execution.pk, status=Execution.Status.RETRYING).update(
-                status=Execution.Status.RUNNING, attempt=F("attempt") - 1
-            )
+            executions.undo_retry(claim)
             raise
 
-    def on_failure(self, exc: BaseException, task_id: str, args: Any, kwargs: Any, einfo: Any) -> None:
-        """Record a hard time limit, which Celery reports here from the worker's main process."""
-        if isinstance(exc, TimeLimitExceeded):
-            execution = Execution.objects.filter(celery_task_id=task_id, status=Execution.Status.RUNNING).first()
-            if execution is not None:
-                limit = exc.args[0] if exc.args else "?"
-                _finish(
-                    execution,
-                    status=Execution.Status.TIMED_OUT,
-                    error=f"Hard time limit of {limit}s exceeded; the worker process was killed",
-                )
+
+def _token(claim: Claim) -> tuple[int, int]:
+    return claim.execution_id, claim.attempt
 
 
 class GuardedRequest(Request):
-    """Celery's worker-side request, releasing the execution lease when the pool child dies."""
+    """Celery's worker-side request: acts for a pool child that died or hit its hard time limit.
+
+    These hooks run in the worker's main process, which never sees the
+    child's ``Claim`` (prefork: ``before_start`` ran in the child, and
+    nothing flows back from it but the result). What the main process does
+    know is which child ran the job (``worker_pid``, set when the child
+    accepted it), and the child wrote ``<hostname>:<pid>`` into the row's
+    ``worker`` with its claim. So the claim acted on is the one held under
+    that identity, read with its attempt, and the write is fenced by that
+    attempt: a successor's claim (another worker, or a later attempt) is
+    never touched, even when it reuses this message's Celery task id.
+    Matching the task id instead would let a stale attempt's time limit or
+    lost child write over its successor's row (issue 15).
+    """
+
+    def _child_claim(self) -> Claim | None:
+        if self.worker_pid is None:  # never reached a pool child: it claimed nothing
+            return None
+        worker = executions.worker_identity(self.hostname, self.worker_pid)
+        execution_id = (self.request_dict or {}).get(Execution.MESSAGE_HEADER)
+        if execution_id is not None:
+            return executions.held_by(worker=worker, execution_id=execution_id)
+        return executions.held_by(worker=worker, key=executions.ad_hoc_key(self.id))
+
+    def on_timeout(self, soft: bool, timeout: float) -> None:
+        """Record a hard time limit as ``timed_out`` (Celery kills the child right after)."""
+        if not soft:
+            try:
+                claim = self._child_claim()
+                if claim is not None:
+                    executions.finish(
+                        claim,
+                        status=Execution.Status.TIMED_OUT,
+                        error=f"Hard time limit of {timeout}s exceeded; the worker process was killed",
+                    )
+            except DatabaseError:
+                logger.exception("could not record the hard time limit of task %s", self.id)
+        super().on_timeout(soft, timeout)
 
     def on_failure(self, exc_info: Any, send_failed_event: bool = True, return_ok: bool = False) -> None:
         exc = getattr(exc_info.exception, "exc", exc_info.exception)
         if isinstance(exc, WorkerLostError) and self.task.reject_on_worker_lost:
             # The child is gone for sure: let the requeued message claim the
-            # execution at once instead of waiting for its lease to expire.
+            # execution at once instead of waiting for its claim to expire.
             try:
-                Execution.objects.filter(celery_task_id=self.id, status=Execution.Status.RUNNING).update(
-                    lease_expires_at=_db_now_plus(-1)
-                )
+                claim = self._child_claim()
+                if claim is not None:
+                    executions.release(claim)
             except DatabaseError:
-                logger.exception("could not release the execution lease of lost task %s", self.id)
+                logger.exception("could not release the claim of lost task %s", self.id)
         super().on_failure(exc_info, send_failed_event=send_failed_event, return_ok=return_ok)

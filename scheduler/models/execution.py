@@ -13,12 +13,12 @@ if TYPE_CHECKING:
 
 class ExecutionQuerySet(models.QuerySet):
     def claimable(self) -> ExecutionQuerySet:
-        """Return executions a worker may start now (database clock).
+        """Return executions a worker may claim now (database clock): the one claim condition.
 
-        Waiting ones, and running ones whose worker stopped renewing their
-        execution lease (it died, or froze past the lease).
+        Waiting ones, and running ones whose worker stopped renewing its
+        claim (it died, or froze past the claim).
         """
-        waiting = Q(status__in=[Execution.Status.PENDING, Execution.Status.QUEUED, Execution.Status.RETRYING])
+        waiting = Q(status__in=Execution.WAITING_STATUSES)
         abandoned = Q(status=Execution.Status.RUNNING, lease_expires_at__lt=Now())
         return self.filter(waiting | abandoned)
 
@@ -29,7 +29,7 @@ class Execution(models.Model):
         PENDING = "pending", "pending"
         #: Sent to the broker, not yet claimed by a worker.
         QUEUED = "queued", "queued"
-        #: Claimed by a worker, which renews ``lease_expires_at`` while it runs.
+        #: Claimed by a worker, which renews its claim (``lease_expires_at``) while it runs.
         RUNNING = "running", "running"
         #: Finished without error.
         SUCCEEDED = "succeeded", "succeeded"
@@ -52,8 +52,12 @@ class Execution(models.Model):
     MESSAGE_HEADER = "execution_id"
 
     #: States in which an execution of a schedule counts as in flight for the
-    #: overlap policies (``lost`` does not: its worker is gone).
-    ACTIVE_STATUSES = frozenset({Status.PENDING, Status.QUEUED, Status.RUNNING, Status.RETRYING})
+    #: overlap policies. ``lost`` does too: reconcile is about to retry it, and
+    #: its worker may only have lost touch, so its body may still be running.
+    ACTIVE_STATUSES = frozenset({Status.PENDING, Status.QUEUED, Status.RUNNING, Status.RETRYING, Status.LOST})
+
+    #: States of an execution no worker has claimed yet.
+    WAITING_STATUSES = frozenset({Status.PENDING, Status.QUEUED, Status.RETRYING})
 
     #: States an execution never leaves.
     FINAL_STATUSES = frozenset(
@@ -66,6 +70,30 @@ class Execution(models.Model):
             Status.MISSED,
         }
     )
+
+    #: The allowed status changes, {from: {to, ...}}; ``scheduler.executions``
+    #: writes every change through it, so a move not listed here changes no row.
+    #: A row is created ``pending`` (``queued`` for a plain Celery call) or
+    #: already final (``missed``, ``skipped``). ``running -> running`` is a
+    #: claim taken over from a worker that stopped renewing it.
+    TRANSITIONS: dict[str, frozenset[str]] = {
+        Status.PENDING: frozenset({Status.QUEUED, Status.RUNNING, Status.CANCELLED, Status.FAILED}),
+        Status.QUEUED: frozenset({Status.RUNNING, Status.CANCELLED, Status.FAILED}),
+        Status.RETRYING: frozenset({Status.RUNNING, Status.CANCELLED, Status.FAILED}),
+        Status.RUNNING: frozenset(
+            {
+                Status.RUNNING,
+                Status.SUCCEEDED,
+                Status.FAILED,
+                Status.TIMED_OUT,
+                Status.RETRYING,
+                Status.LOST,
+                Status.CANCELLED,
+            }
+        ),
+        Status.LOST: frozenset({Status.RETRYING, Status.FAILED, Status.CANCELLED}),
+        **{final: frozenset() for final in FINAL_STATUSES},
+    }
 
     #: ``schedule:<id>:<slot ISO-8601>`` for beat fires, the caller's key for
     #: submissions. The unique constraint is what makes every fire happen once.
@@ -105,7 +133,8 @@ class Execution(models.Model):
     worker = models.CharField(max_length=255, blank=True, default="")
     #: Fencing token of the beat lease this execution was committed under.
     lease_token = models.BigIntegerField(null=True, blank=True)
-    #: Worker-side execution lease, renewed while the task runs.
+    #: When the worker's claim on it runs out unless renewed (the column keeps
+    #: its historical name; "lease" otherwise means the beat's leadership).
     lease_expires_at = models.DateTimeField(null=True, blank=True)
     enqueued_at = models.DateTimeField(null=True, blank=True)
     started_at = models.DateTimeField(null=True, blank=True)
@@ -132,6 +161,11 @@ class Execution(models.Model):
             # Oldest queued execution per queue (metrics, the cluster page's warning).
             models.Index(fields=["queue", "created_at"], name="execution_queued", condition=Q(status="queued")),
         ]
+
+    @classmethod
+    def moves_to(cls, status: str) -> frozenset[str]:
+        """Return the statuses from which ``TRANSITIONS`` allows a move to ``status``."""
+        return frozenset(source for source, targets in cls.TRANSITIONS.items() if status in targets)
 
     def __str__(self) -> str:
         return f"{self.task} @ {self.scheduled_for:%Y-%m-%d %H:%M:%S} [{self.status}]"

@@ -17,6 +17,8 @@ class Instance(models.Model):
     version = models.CharField(max_length=50, blank=True, default="")
     started_at = models.DateTimeField()
     last_seen = models.DateTimeField(db_index=True)
+    #: What a beat last wrote about itself; a beat killed with SIGKILL leaves it
+    #: set. Who leads is read from the lease row (``scheduler.cluster``).
     is_leader = models.BooleanField(default=False)
 
     class Meta:

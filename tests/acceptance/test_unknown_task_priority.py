@@ -9,7 +9,7 @@ import redis
 
 import scheduler
 from project.celery import app
-from scheduler import dispatch, leases, operations
+from scheduler import dispatch, executions, leases, operations
 from scheduler.models import Execution, Schedule
 from tests import tasks as test_tasks
 from tests.processes import CeleryProcess, wait_until
@@ -23,7 +23,7 @@ UNKNOWN = "tests.nobody_registers_this"
 
 
 def _publish(execution: Execution) -> None:
-    dispatch.publish(app, [dispatch.message_row(execution)], now=leases.db_now())
+    dispatch.publish(app, [executions.message_row(execution)], now=leases.db_now())
 
 
 def _waiting_unknown(key: str, *, schedule: Schedule | None = None, status: str = Execution.Status.PENDING) -> Execution:
@@ -37,7 +37,7 @@ def _waiting_unknown(key: str, *, schedule: Schedule | None = None, status: str 
 def test_unknown_task__failed_with_the_reason_and_counted_on_its_schedule(celery_processes: Start) -> None:
     # Given a schedule whose task no worker registers (saved without form validation), pausing after one failure
     schedule = Schedule.objects.create(name="ghost", task=UNKNOWN, interval=3600, pause_after_failures=1)
-    fire = dispatch.execution_for(schedule, leases.db_now(), status=Execution.Status.PENDING, now=leases.db_now())
+    fire = executions.execution_for(schedule, leases.db_now(), status=Execution.Status.PENDING, now=leases.db_now())
     fire.save(force_insert=True)
     # And an ad-hoc execution of the same task, and one already finished (a late duplicate message)
     ad_hoc = _waiting_unknown("ad-hoc-ghost")

@@ -13,7 +13,7 @@ from django.db import close_old_connections, connection
 
 import scheduler
 from project.celery import app
-from scheduler import dispatch, leases
+from scheduler import dispatch, executions, leases
 from scheduler.models import Execution, Instance, Schedule
 from tests import tasks as test_tasks
 from tests.processes import CeleryProcess, wait_until
@@ -37,7 +37,7 @@ def wait_final(execution: Execution, *, timeout: float = 30.0) -> Execution:
 
 def publish_again(execution: Execution, *, queue: str | None = None) -> None:
     """Send another message for ``execution``, as a broker redelivery or a re-publish would."""
-    row = dispatch.message_row(execution)
+    row = executions.message_row(execution)
     if queue is not None:
         row["queue"] = queue
     dispatch.publish(app, [row], now=leases.db_now())
@@ -147,18 +147,18 @@ def test_no_timeout__runs_past_any_default_limit(celery_processes: Start, settin
     assert "time limit" not in worker.log().lower()
 
 
-def test_worker_killed_mid_task__claimable_after_its_lease_expires_and_never_concurrent(
+def test_worker_killed_mid_task__claimable_after_its_claim_expires_and_never_concurrent(
     celery_processes: Start, redis_client: redis.Redis
 ) -> None:
-    lease = {"execution_lease_seconds": 3, "execution_renew_seconds": 0.5}
+    claim = {"claim_seconds": 3, "claim_renew_seconds": 0.5}
     # Given worker A running a long execution, and worker B on another queue
-    worker_a = celery_processes("worker", "a", queues="a", **lease)
-    worker_b = celery_processes("worker", "b", queues="b", **lease)
+    worker_a = celery_processes("worker", "a", queues="a", **claim)
+    worker_b = celery_processes("worker", "b", queues="b", **claim)
     for worker in (worker_a, worker_b):
         worker.wait_for_log(r"ready\.")
     execution = scheduler.submit("tests.record", kwargs={"label": "long", "seconds": 6}, queue="a", max_retries=1)
     assert wait_until(lambda: test_tasks.events(redis_client), timeout=20), worker_a.log()[-3000:]
-    # The running execution's lease is renewed in the background
+    # The running execution's claim is renewed in the background
     first_expiry = Execution.objects.get(pk=execution.pk).lease_expires_at
     assert wait_until(lambda: Execution.objects.get(pk=execution.pk).lease_expires_at > first_expiry, timeout=5)
 
@@ -166,14 +166,14 @@ def test_worker_killed_mid_task__claimable_after_its_lease_expires_and_never_con
     pid_a = worker_pid(execution)
     worker_a.kill_group(signal.SIGKILL)
     publish_again(execution, queue="b")
-    # Then B refuses it while A's execution lease is still live
+    # Then B refuses it while A's claim is still live
     assert wait_until(lambda: duplicates_logged(worker_b) == 1, timeout=10), worker_b.log()[-3000:]
     assert Execution.objects.get(pk=execution.pk).status == Execution.Status.RUNNING
 
-    # When the lease has expired (database clock) and it is re-sent again
+    # When the claim has expired (database clock) and it is re-sent again
     assert wait_until(
         lambda: Execution.objects.claimable().filter(pk=execution.pk).exists(), timeout=10
-    ), "the dead worker's execution lease never expired"
+    ), "the dead worker's claim never expired"
     publish_again(execution, queue="b")
     # Then B runs it to completion as attempt 2
     done = wait_final(execution, timeout=20)
@@ -190,14 +190,14 @@ def test_worker_killed_mid_task__claimable_after_its_lease_expires_and_never_con
 def test_pool_child_killed__requeued_and_claimed_again_at_once_or_failed_without_retries(
     celery_processes: Start, redis_client: redis.Redis, max_retries: int, status: str, attempt: int
 ) -> None:
-    # Given a worker whose execution leases last far longer than this test
-    worker = celery_processes("worker", "w1", execution_lease_seconds=600)
+    # Given a worker whose claims last far longer than this test
+    worker = celery_processes("worker", "w1", claim_seconds=600)
     worker.wait_for_log(r"ready\.")
     execution = scheduler.submit("tests.record", kwargs={"label": "oom", "seconds": 3}, max_retries=max_retries)
     assert wait_until(lambda: test_tasks.events(redis_client), timeout=20), worker.log()[-3000:]
     # When only the pool child running it dies (as with the kernel's OOM killer)
     os.kill(worker_pid(execution), signal.SIGKILL)
-    # Then the worker releases the execution lease and the requeued message
+    # Then the worker releases the claim and the requeued message
     # claims it at once: run again if a retry is left, else failed with the reason
     done = wait_final(execution, timeout=30)
     assert (done.status, done.attempt) == (status, attempt), worker.log()[-3000:]

@@ -45,8 +45,8 @@ SEED = int(os.environ.get("CHAOS_SEED", "20261125"))
 SETTINGS = {
     "lease_ttl_seconds": 3,
     "lease_renew_seconds": 1,
-    "execution_lease_seconds": 3,
-    "execution_renew_seconds": 1,
+    "claim_seconds": 3,
+    "claim_renew_seconds": 1,
     "reconcile_interval_seconds": 2,
     "reconcile_pending_after_seconds": 3,
     "reconcile_queued_after_seconds": 8,

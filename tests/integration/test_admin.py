@@ -178,7 +178,7 @@ def test_cluster_page__leader_token_expiry_and_heartbeats(staff: Client) -> None
     page = staff.get("/admin/scheduler/lease/").content.decode()
     assert 'id="cluster-leader">host-1-abc<' in page
     assert f"<td>{handle.token}</td>" in page
-    assert "w@h-2" in page and "cluster-warning" not in page
+    assert "w@h-2" in page and "leader-warning" not in page
 
 
 def test_cluster_page__warns_when_no_leader_renewed_in_time(staff: Client) -> None:
@@ -187,7 +187,7 @@ def test_cluster_page__warns_when_no_leader_renewed_in_time(staff: Client) -> No
     assert handle is not None
     Lease.objects.filter(name="beat").update(renewed_at=leases.db_now() - timedelta(seconds=30))
     page = staff.get("/admin/scheduler/lease/").content.decode()
-    assert 'id="cluster-warning"' in page and "may be stuck" in page
+    assert 'id="leader-warning"' in page and "may be stuck" in page
 
 
 def test_instance_list(staff: Client) -> None:

@@ -13,7 +13,7 @@ import redis
 
 from project.celery import app
 from scheduler import backfill as backfill_module
-from scheduler import dispatch, leases
+from scheduler import executions, leases
 from scheduler.backfill import backfill
 from scheduler.exceptions import BackfillRefused
 from scheduler.models import Execution, Schedule
@@ -52,7 +52,7 @@ def test_backfill__records_and_sends_the_slots_without_an_execution(redis_client
     now = leases.db_now()
     start, end, slots = five_hours(now)
     ran = Execution.objects.create(
-        idempotency_key=dispatch.idempotency_key(target, slots[2]), schedule=target, task=target.task,
+        idempotency_key=executions.key(target, slots[2]), schedule=target, task=target.task,
         scheduled_for=slots[2], status=Status.SUCCEEDED,
     )
 
@@ -64,7 +64,7 @@ def test_backfill__records_and_sends_the_slots_without_an_execution(redis_client
     assert [state.execution_id for state in report.slots] == [None, None, ran.pk, None, None]
     rows = list(Execution.objects.filter(schedule=target).exclude(pk=ran.pk).order_by("scheduled_for"))
     assert [row.scheduled_for for row in rows] == [slots[0], slots[1], slots[3], slots[4]]
-    assert [row.idempotency_key for row in rows] == [dispatch.idempotency_key(target, row.scheduled_for) for row in rows]
+    assert [row.idempotency_key for row in rows] == [executions.key(target, row.scheduled_for) for row in rows]
     for row in rows:
         assert (row.status, row.lease_token, row.task, row.args, row.kwargs) == (
             Status.QUEUED, None, "scheduler.echo", [1], {"a": 2}
@@ -96,7 +96,7 @@ def test_backfill__dry_run_lists_the_slots_and_writes_nothing(redis_client: redi
     now = leases.db_now()
     start, end, slots = five_hours(now)
     ran = Execution.objects.create(
-        idempotency_key=dispatch.idempotency_key(target, slots[0]), schedule=target, task=target.task,
+        idempotency_key=executions.key(target, slots[0]), schedule=target, task=target.task,
         scheduled_for=slots[0], status=Status.MISSED,
     )
 

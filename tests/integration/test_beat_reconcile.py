@@ -41,6 +41,8 @@ def leader(settings: object, redis_url: str) -> Iterator[LeaderScheduler]:
     scheduler = LeaderScheduler(app, lazy=True)
     scheduler.tick()
     assert scheduler.lease is not None
+    if scheduler._reconciler is not None:
+        scheduler._reconciler.join(timeout=30)  # the first tick's broker check
     settings.SCHEDULER_RECONCILE_INTERVAL_SECONDS = 0.001  # type: ignore[attr-defined]
     yield scheduler
     scheduler.close()

@@ -4,6 +4,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import re
 import subprocess
 import sys
 from datetime import timedelta
@@ -61,6 +62,33 @@ def test_leases__shows_holder_token_expiry_and_heartbeats() -> None:
     assert [row["instance_id"] for row in data["instances"]] == ["host-1-aaa", "host-2-bbb"]
     assert f"held by host-1-aaa (token {handle.token})" in text
     assert "leader  host-1-aaa" in text
+
+
+@pytest.mark.django_db
+def test_leases__after_crashes_only_the_holder_leads_and_silent_beats_are_stale() -> None:
+    # Given three beats that each wrote is_leader=True; two were killed long ago, the third holds the lease
+    now = leases.db_now()
+    for instance_id, age in (("host-1-dead", 416), ("host-2-dead", 325), ("host-3-live", 1.7)):
+        seen = now - timedelta(seconds=age)
+        Instance.objects.create(
+            instance_id=instance_id, role="beat", hostname="host", pid=1, started_at=seen, last_seen=seen, is_leader=True
+        )
+    assert leases.acquire("beat", "host-3-live", ttl=10) is not None
+    # When shown
+    rows = {row["instance_id"]: row for row in json.loads(run("leases", "--json"))["instances"]}
+    text = run("leases")
+    # Then only the holder leads, and the silent ones are stale with their age
+    assert {iid: (row["is_leader"], row["stale"]) for iid, row in rows.items()} == {
+        "host-3-live": (True, False), "host-1-dead": (False, True), "host-2-dead": (False, True),
+    }
+    assert rows["host-1-dead"]["last_seen_age_seconds"] >= 416
+    assert "leader  host-3-live" in text and "leader  host-1-dead" not in text
+    assert re.search(r"host-1-dead  last seen 41\d\.\ds ago, STALE \(no heartbeat for over 10s\)", text), text
+
+    # When the lease expires too (every beat is dead), Then nobody leads
+    Lease.objects.filter(name="beat").update(expires_at=leases.db_now() - timedelta(seconds=1))
+    assert not [row for row in json.loads(run("leases", "--json"))["instances"] if row["is_leader"]]
+    assert " leader " not in run("leases")
 
 
 @pytest.mark.django_db

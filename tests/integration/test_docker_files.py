@@ -48,7 +48,9 @@ def test_every_long_running_service_restarts_and_has_a_healthcheck(compose: dict
             continue
         assert service["restart"] == "unless-stopped", name
         assert service["healthcheck"]["test"], name
+    # The web's health is its readiness (database, broker), never the beat's leadership.
     assert "/readyz" in " ".join(services["web"]["healthcheck"]["test"])
+    assert "/leaderz" not in " ".join(services["web"]["healthcheck"]["test"])
     assert "inspect ping" in " ".join(services["worker"]["healthcheck"]["test"])
     assert "alive" in services["beat"]["healthcheck"]["test"]
 

@@ -1,4 +1,4 @@
-"""/healthz, /readyz and /metrics against the real database and Redis."""
+"""/healthz, /readyz, /leaderz and /metrics against the real database and Redis."""
 from __future__ import annotations
 
 import json
@@ -36,27 +36,48 @@ def test_healthz__alive(client: Client) -> None:
     assert (response.status_code, response.json()) == (200, {"status": "alive"})
 
 
-def test_readyz__ready_with_database_broker_and_a_fresh_leader(client: Client, redis_url: str, leader: leases.LeaseHandle) -> None:
+def test_readyz__ready_with_database_and_broker_even_without_a_leader(client: Client, redis_url: str) -> None:
+    # Given no beat holds the lease (a beat outage)
+    # When the web's readiness probe asks
     response = client.get("/readyz")
+    # Then the web stays ready: leadership is not its business
     body = response.json()
     assert response.status_code == 200, body
     assert body["status"] == "ready" and body["failed"] == []
+    assert set(body["checks"]) == {"database", "broker"}
+
+
+def test_leaderz__fresh_leader_is_200(client: Client, leader: leases.LeaseHandle) -> None:
+    response = client.get("/leaderz")
+    body = response.json()
+    assert response.status_code == 200, body
+    assert body["status"] == "leading" and body["failed"] == []
     assert "host-1-abc renewed" in body["checks"]["leader"]["detail"]
 
 
-def test_readyz__no_leader_is_503_naming_the_leader_check(client: Client, redis_url: str) -> None:
-    response = client.get("/readyz")
+def test_leaderz__no_leader_is_503_naming_the_leader_check(client: Client) -> None:
+    response = client.get("/leaderz")
     assert response.status_code == 503
     body = response.json()
-    assert body["failed"] == ["leader"]
+    assert body["status"] == "no leader" and body["failed"] == ["leader"]
     assert "no beat replica holds the lease" in body["checks"]["leader"]["detail"]
 
 
-def test_readyz__stale_leader_is_503(client: Client, redis_url: str, leader: leases.LeaseHandle) -> None:
+def test_leaderz__leader_not_renewed_within_twice_the_renew_interval_is_503(client: Client, leader: leases.LeaseHandle) -> None:
     # Given a lease still valid but not renewed for longer than 2x the renew interval
-    Lease.objects.filter(name=leader.name).update(renewed_at=leases.db_now() - timedelta(seconds=30))
-    body = client.get("/readyz").json()
+    Lease.objects.filter(name=leader.name).update(
+        renewed_at=leases.db_now() - timedelta(seconds=2 * scheduler_settings.LEASE_RENEW_SECONDS + 1)
+    )
+    response = client.get("/leaderz")
+    body = response.json()
+    assert response.status_code == 503
     assert body["failed"] == ["leader"] and "last renewed" in body["checks"]["leader"]["detail"]
+
+
+def test_leaderz__released_lease_is_503(client: Client, leader: leases.LeaseHandle) -> None:
+    # Given the leader stopped cleanly and released the lease
+    assert leases.release(leader)
+    assert client.get("/leaderz").status_code == 503
 
 
 def _serve(env_overrides: dict[str, str]) -> tuple[subprocess.Popen[bytes], int]:
@@ -83,10 +104,14 @@ def _get(port: int, path: str) -> tuple[int, dict]:
 
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.parametrize(
-    ("broken", "failed"),
-    [("database", ["database", "leader"]), ("broker", ["broker"])],
+    ("broken", "path", "failed"),
+    [
+        ("database", "/readyz", ["database"]),
+        ("broker", "/readyz", ["broker"]),
+        ("database", "/leaderz", ["database", "leader"]),
+    ],
 )
-def test_readyz__unreachable_service_is_503_naming_it(redis_url: str, broken: str, failed: list[str]) -> None:
+def test_probes__unreachable_service_is_503_naming_it(redis_url: str, broken: str, path: str, failed: list[str]) -> None:
     # Given a web process whose database (or broker) does not answer, and a live leader
     assert leases.acquire(scheduler_settings.LEASE_NAME, "host-1-abc", ttl=30) is not None
     dead = f"127.0.0.1:{free_port()}"
@@ -97,14 +122,14 @@ def test_readyz__unreachable_service_is_503_naming_it(redis_url: str, broken: st
         overrides["REDIS_URL"] = f"redis://{dead}/0"
     server, port = _serve(overrides)
     try:
-        found = processes.wait_until(lambda: _get(port, "/readyz")[0], timeout=20)
+        found = processes.wait_until(lambda: _get(port, path)[0], timeout=20)
         assert found, "the web process never answered"
-        status, body = _get(port, "/readyz")
+        status, body = _get(port, path)
         alive, _ = _get(port, "/healthz")
     finally:
         server.terminate()
         server.wait(10)
-    # Then it is not ready, says which check failed, and is still alive
+    # Then the probe fails, says which check failed, and the process is still alive
     assert status == 503, body
     assert body["failed"] == failed
     assert "unreachable" in body["checks"][broken]["detail"]
@@ -155,3 +180,29 @@ def test_metrics__names_present_and_values_follow_executions(client: Client, lea
     assert _value(after, "scheduler_due_backlog") == 1
     assert _value(after, 'scheduler_instances{leader="false",role="worker"}') == 1
     assert _value(after, 'scheduler_lease_renew_failures_total{lease="beat"}') == 1
+
+
+def test_metrics__after_crashes_only_the_lease_holder_leads_and_silent_instances_are_stale(client: Client) -> None:
+    # Given three beats that each wrote is_leader=True; two were killed long ago, the third holds the lease
+    now = leases.db_now()
+    for instance_id, age in (("host-1-dead", 416), ("host-2-dead", 325), ("host-3-live", 1.7)):
+        seen = now - timedelta(seconds=age)
+        Instance.objects.create(
+            instance_id=instance_id, role="beat", hostname="h", pid=1, started_at=seen, last_seen=seen, is_leader=True
+        )
+    assert leases.acquire(scheduler_settings.LEASE_NAME, "host-3-live", ttl=10) is not None
+    # When scraped
+    text = _metrics(client)
+    # Then one live leader, the dead ones are stale (not counted as alive) with their heartbeat age
+    assert _value(text, 'scheduler_instances{leader="true",role="beat"}') == 1
+    assert _value(text, 'scheduler_instances{leader="false",role="beat"}') == 0
+    age = "scheduler_instance_heartbeat_age_seconds"
+    assert _value(text, f'{age}{{instance="host-1-dead",role="beat",stale="true"}}') >= 416
+    assert _value(text, f'{age}{{instance="host-2-dead",role="beat",stale="true"}}') >= 325
+    assert _value(text, f'{age}{{instance="host-3-live",role="beat",stale="false"}}') < 10
+
+    # When the lease expires too (no beat left), Then nobody leads
+    Lease.objects.filter(name=scheduler_settings.LEASE_NAME).update(expires_at=leases.db_now() - timedelta(seconds=1))
+    text = _metrics(client)
+    assert _value(text, 'scheduler_instances{leader="true",role="beat"}') == 0
+    assert _value(text, 'scheduler_instances{leader="false",role="beat"}') == 1

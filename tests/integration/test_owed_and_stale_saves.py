@@ -16,17 +16,16 @@ from django.contrib import admin
 from django.contrib.auth import get_user_model
 from django.contrib.messages.storage.cookie import CookieStorage
 from django.core.management import call_command
-from django.db import connection, transaction
+from django.db import connection
 from django.http import HttpRequest
 from django.test import RequestFactory
 
 from project.celery import app
-from scheduler import dispatch, leases, operations, timing
+from scheduler import dispatch, executions, leases, operations, timing
 from scheduler.beat import LeaderScheduler
 from scheduler.conf import settings as scheduler_settings
 from scheduler.models import Execution, Schedule
 from scheduler.reconcile import AUDIT_SCHEDULES, reconcile
-from scheduler.worker import count_run
 from tests.processes import wait_until
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -104,7 +103,7 @@ def test_audit__catchup_window_longer_than_retention__pruned_slots_not_run_again
     kept = timing.slots_between(target.timing, since=now - timedelta(days=30), until=now)
     for slot in kept:
         Execution.objects.create(
-            idempotency_key=dispatch.idempotency_key(target, slot), schedule=target, task=target.task,
+            idempotency_key=executions.key(target, slot), schedule=target, task=target.task,
             scheduled_for=slot, status=Status.SUCCEEDED, finished_at=slot + timedelta(seconds=1),
         )
 
@@ -168,8 +167,8 @@ def worker_finishes_a_run(target: Schedule, status: str) -> None:
         idempotency_key=f"earlier-{status}", schedule=target, task=target.task, status=Status.RUNNING,
         scheduled_for=slot_t(target) - timedelta(hours=1), started_at=leases.db_now(),
     )
-    with transaction.atomic():
-        count_run(earlier, status=status, error="boom" if status != Status.SUCCEEDED else "")
+    error = "boom" if status != Status.SUCCEEDED else ""
+    assert executions.finish(executions.Claim.of(earlier), status=status, error=error)
 
 
 def running_state(target: Schedule) -> dict[str, Any]:
@@ -177,7 +176,7 @@ def running_state(target: Schedule) -> dict[str, Any]:
 
 
 def slot_status(target: Schedule, slot: datetime) -> str:
-    return Execution.objects.get(idempotency_key=dispatch.idempotency_key(target, slot)).status
+    return Execution.objects.get(idempotency_key=executions.key(target, slot)).status
 
 
 def admin_request() -> HttpRequest:

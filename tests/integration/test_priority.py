@@ -10,7 +10,7 @@ import redis
 
 import scheduler
 from project.celery import app
-from scheduler import dispatch, leases, operations
+from scheduler import dispatch, executions, leases, operations
 from scheduler.exceptions import SubmissionInvalid
 from scheduler.models import Execution, Schedule
 from tests import tasks as test_tasks  # noqa: F401  (registers tests.record with the app)
@@ -52,14 +52,14 @@ def test_submit__priority_stored_and_sent(
 def test_execution_for__copies_the_schedule_priority() -> None:
     schedule = Schedule.objects.create(name="p", task="tests.record", interval=60, priority=3)
     now = leases.db_now()
-    assert dispatch.execution_for(schedule, now, status=Execution.Status.PENDING, now=now).priority == 3
+    assert executions.execution_for(schedule, now, status=Execution.Status.PENDING, now=now).priority == 3
 
 
 def test_pending_row_sent_by_the_leader__with_its_priority(redis_client: redis.Redis) -> None:
     # Given a pending execution of a schedule with priority 6 (the beat's fires are built this way)
     schedule = Schedule.objects.create(name="p", task="tests.record", interval=60, priority=6)
     now = leases.db_now()
-    pending = dispatch.execution_for(schedule, now, status=Execution.Status.PENDING, now=now)
+    pending = executions.execution_for(schedule, now, status=Execution.Status.PENDING, now=now)
     pending.save(force_insert=True)
     # When the leader publishes pending rows
     assert dispatch.publish_pending(app) == 1

@@ -84,6 +84,18 @@ def test_system_checks__reported_by_manage_check() -> None:
     assert "scheduler.E001" in result.stderr
 
 
+@pytest.mark.django_db
+@pytest.mark.parametrize("path", ["/healthz", "/readyz", "/leaderz", "/metrics"])
+def test_https_redirect__spares_the_probes_and_metrics(path: str, redis_url: str) -> None:
+    # Given HTTPS redirection on, as in production
+    with override_settings(SECURE_SSL_REDIRECT=True):
+        client = Client()
+        # When a probe asks over plain HTTP, Then it gets its own answer, not a redirect
+        assert client.get(path).status_code in {200, 503}
+        # And the admin is still redirected
+        assert client.get("/admin/login/").status_code == 301
+
+
 # --- groups ---------------------------------------------------------------------
 
 

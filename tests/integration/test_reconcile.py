@@ -12,7 +12,7 @@ from celery import Celery
 from django.db import connection
 
 from project.celery import app
-from scheduler import dispatch, leases
+from scheduler import executions, leases
 from scheduler.beat import LeaderScheduler
 from scheduler.models import Execution, Instance, Schedule
 from scheduler.reconcile import ReconcileReport, reconcile
@@ -218,7 +218,7 @@ def test_audit__slot_without_execution__reported_and_nothing_written() -> None:
     now = leases.db_now()
     target, slots = audited(now)
     for slot in (slots[0], slots[2]):
-        execution(dispatch.idempotency_key(target, slot), target, scheduled_for=slot, status=Status.SUCCEEDED)
+        execution(executions.key(target, slot), target, scheduled_for=slot, status=Status.SUCCEEDED)
 
     # When reconciled without repair
     report = reconcile(now=now, app=app)
@@ -251,7 +251,7 @@ def test_audit__repair__records_missing_slots_by_misfire_policy(
     # Then each slot was recorded once under the beat's key, per the policy, the runs sent
     rows = list(Execution.objects.filter(schedule=target).order_by("scheduled_for"))
     assert [row.scheduled_for for row in rows] == slots
-    assert [row.idempotency_key for row in rows] == [dispatch.idempotency_key(target, slot) for slot in slots]
+    assert [row.idempotency_key for row in rows] == [executions.key(target, slot) for slot in slots]
     assert [row.status for row in rows] == expected
     assert all(row.lease_token is None for row in rows)
     assert sorted(sent_ids(redis_client)) == [row.pk for row in rows if row.status == Status.QUEUED]

@@ -6,7 +6,7 @@ from datetime import datetime, timedelta
 
 import pytest
 
-from scheduler import dispatch, leases
+from scheduler import dispatch, executions, leases
 from scheduler.models import Execution, Schedule
 from scheduler.prune import prune_executions
 from tests.processes import wait_until
@@ -61,7 +61,7 @@ def test_one_off__run_now_first_does_not_use_up_its_slot(lease: leases.LeaseHand
 
     # Then its own slot fires too, and only then does it turn itself off
     assert report.fired == [("once", run_at)]
-    assert Execution.objects.filter(idempotency_key=dispatch.idempotency_key(target, run_at)).exists()
+    assert Execution.objects.filter(idempotency_key=executions.key(target, run_at)).exists()
     target.refresh_from_db()
     assert (target.enabled, target.slots_sent) == (False, 1)
 

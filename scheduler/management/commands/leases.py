@@ -1,19 +1,26 @@
-"""``manage.py leases``: who leads, under which token, until when, and every replica's heartbeat."""
+"""``manage.py leases``: who leads, under which token, until when, and every replica's heartbeat.
+
+An instance leads only while it holds a lease (read from the lease row, not
+from the flag a beat wrote about itself); one whose heartbeat is older than
+``cluster.stale_after(role)`` is marked stale.
+"""
 from __future__ import annotations
 
 from typing import Any
 
 from django.core.management.base import CommandParser
 
-from scheduler import leases
+from scheduler import cluster, leases
 from scheduler.management.base import SchedulerCommand
-from scheduler.models import Instance, Lease
+from scheduler.models import Lease
 
 
 class Command(SchedulerCommand):
     help = """Show each lease (holder, fencing token, seconds until expiry) and every instance's heartbeat.
 
-Times are read on the database clock, the one the lease decisions use.
+Times are read on the database clock, the one the lease decisions use. An
+instance leads only while it holds a lease; one whose heartbeat is older than
+the lease TTL (a worker: the claim duration) is marked STALE.
 
 examples:
   manage.py leases
@@ -26,8 +33,8 @@ examples:
         names = list(Lease.objects.order_by("name").values_list("name", flat=True))
         states = [leases.current(name) for name in names]
         db_now = states[0].db_now if states else leases.db_now()
-        instances = list(Instance.objects.order_by("role", "instance_id"))
-        by_id = {instance.instance_id: instance for instance in instances}
+        members = cluster.members(leaders={state.holder for state in states if state.is_held}, now=db_now)
+        by_id = {member.instance.instance_id: member.instance for member in members}
 
         lease_rows = []
         for state in states:
@@ -47,17 +54,18 @@ examples:
             )
         instance_rows = [
             {
-                "instance_id": instance.instance_id,
-                "role": instance.role,
-                "is_leader": instance.is_leader,
-                "hostname": instance.hostname,
-                "pid": instance.pid,
-                "version": instance.version,
-                "started_at": instance.started_at,
-                "last_seen": instance.last_seen,
-                "last_seen_age_seconds": _age(instance.last_seen, db_now),
+                "instance_id": member.instance.instance_id,
+                "role": member.instance.role,
+                "is_leader": member.is_leader,
+                "stale": member.is_stale,
+                "hostname": member.instance.hostname,
+                "pid": member.instance.pid,
+                "version": member.instance.version,
+                "started_at": member.instance.started_at,
+                "last_seen": member.instance.last_seen,
+                "last_seen_age_seconds": _age(member.instance.last_seen, db_now),
             }
-            for instance in instances
+            for member in members
         ]
         lines = [f"database clock: {db_now.isoformat()}"]
         if not lease_rows:
@@ -77,6 +85,7 @@ examples:
             lines.append(
                 f"  {row['role']:<7}{' leader' if row['is_leader'] else '       '}  {row['instance_id']}  "
                 f"last seen {row['last_seen_age_seconds']:.1f}s ago"
+                + (f", STALE (no heartbeat for over {cluster.stale_after(row['role']):g}s)" if row["stale"] else "")
             )
         self.emit({"db_now": db_now, "leases": lease_rows, "instances": instance_rows}, as_json=options["json"], text=lines)
 

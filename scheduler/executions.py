@@ -1,0 +1,568 @@
+"""The one owner of an Execution's life: its key, its row, and every status change.
+
+Every status change goes through ``_move``, which only applies a move that
+``Execution.TRANSITIONS`` allows, so no caller can write an illegal one.
+
+A worker that claims an execution gets a ``Claim``: the execution id and
+the attempt number, which is the claim's fencing token. Every move that
+hands the execution to a new holder (taking over an expired claim, a retry,
+a lost attempt retried) increments ``attempt`` exactly once, through
+``_NEXT_ATTEMPT``. Every later write by the holder (renew, finish, retry,
+time out, release) matches on (execution id, attempt, ``running``), so a
+holder whose claim moved on (it froze past it, another worker took over,
+an operator cancelled) changes nothing.
+
+Lock order: a transaction that writes both takes the schedule row first,
+then the execution row, as the leader's dispatch does (it locks due
+schedules, then cancels their executions). The opposite order deadlocks on
+PostgreSQL (issue 14, item 6).
+"""
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta, timezone
+from typing import Any
+
+from django.db import IntegrityError, transaction
+from django.db.models import (
+    Case,
+    CharField,
+    DateTimeField,
+    Exists,
+    ExpressionWrapper,
+    F,
+    OuterRef,
+    PositiveIntegerField,
+    Q,
+    QuerySet,
+    TextField,
+    Value,
+    When,
+)
+from django.db.models.functions import Cast, Concat, Now
+
+from scheduler.conf import settings
+from scheduler.models import Execution, Schedule
+
+logger = logging.getLogger(__name__)
+
+Status = Execution.Status
+
+#: Execution columns a message is built from.
+MESSAGE_FIELDS = ("id", "task", "args", "kwargs", "queue", "priority", "celery_task_id", "timeout", "scheduled_for")
+#: The one place ``attempt`` grows: a new holder gets the next token.
+_NEXT_ATTEMPT = F("attempt") + 1
+#: Rows inserted or looked up per query.
+_BATCH = 1000
+
+
+# --- keys ------------------------------------------------------------------------------
+
+
+def key(schedule: Schedule, slot: datetime) -> str:
+    """Return the key that makes a (schedule, slot) fire at most once: ``schedule:<id>:<slot ISO>``."""
+    return f"schedule:{schedule.pk}:{slot.astimezone(timezone.utc).isoformat()}"
+
+
+def run_now_key(schedule: Schedule) -> str:
+    """Return a fresh key for a manual run: it never takes the slot of a scheduled fire."""
+    return f"schedule:{schedule.pk}:manual:{uuid.uuid4()}"
+
+
+def retry_key(execution: Execution) -> str:
+    """Return a fresh key for an operator's re-run of ``execution``."""
+    return f"retry:{execution.pk}:{uuid.uuid4()}"
+
+
+def submit_key() -> str:
+    """Return a fresh key for a ``submit()`` without the caller's own key."""
+    return f"submit:{uuid.uuid4()}"
+
+
+def ad_hoc_key(celery_task_id: str) -> str:
+    """Return the key of a task sent the plain Celery way: its redeliveries share it."""
+    return f"celery:{celery_task_id}"
+
+
+# --- building and recording -----------------------------------------------------------
+
+
+def execution_for(
+    schedule: Schedule, slot: datetime, *, status: str, now: datetime, token: int | None = None, held: bool = False
+) -> Execution:
+    """Return an unsaved Execution of ``schedule`` for ``slot`` (``token``: the beat lease it is under).
+
+    A ``pending`` one gets its Celery task id now, so a re-send reuses it;
+    any other status is final and finished at ``now``.
+    """
+    sent = status == Status.PENDING
+    return Execution(
+        idempotency_key=key(schedule, slot),
+        schedule=schedule,
+        **_copied(schedule),
+        scheduled_for=slot,
+        status=status,
+        held=held,
+        lease_token=token,
+        # Chosen before sending so a re-publish after a crash reuses the id.
+        celery_task_id=str(uuid.uuid4()) if sent else "",
+        finished_at=None if sent else now,
+    )
+
+
+def run_now_for(schedule: Schedule, *, now: datetime) -> Execution:
+    """Return an unsaved ``pending`` execution of ``schedule`` for ``now``, outside its timing."""
+    execution = execution_for(schedule, now, status=Status.PENDING, now=now)
+    execution.idempotency_key = run_now_key(schedule)
+    return execution
+
+
+def retry_for(execution: Execution, *, now: datetime) -> Execution:
+    """Return an unsaved ``pending`` execution that re-runs ``execution`` at ``now``, as attempt 1."""
+    return Execution(
+        idempotency_key=retry_key(execution),
+        retry_of=execution,
+        schedule_id=execution.schedule_id,
+        **_copied(execution),
+        scheduled_for=now,
+        celery_task_id=str(uuid.uuid4()),
+    )
+
+
+#: What an execution copies from its schedule, or a re-run from the execution it repeats.
+_COPIED_FIELDS = ("task", "args", "kwargs", "queue", "priority", "tenant", "timeout", "max_retries", "retry_backoff")
+
+
+def _copied(source: Schedule | Execution) -> dict[str, Any]:
+    return {field: getattr(source, field) for field in _COPIED_FIELDS}
+
+
+def insert(rows: list[Execution]) -> None:
+    """Insert ``rows``, ignoring any whose key exists: the database decides what fires once."""
+    Execution.objects.bulk_create(rows, ignore_conflicts=True, batch_size=_BATCH)
+
+
+def record_slots(schedule: Schedule, slots: Sequence[tuple[datetime, str]], *, now: datetime) -> list[dict[str, Any]]:
+    """Record an execution of ``schedule`` for each (slot, status) that has none yet; return the rows created.
+
+    Runs under a lock on the schedule row, so two callers recording the same
+    slots at once (backfill, reconcile's repair) create each row once and
+    each reports only its own; the unique key stays the last word against
+    anyone else (the beat).
+    """
+    with transaction.atomic():
+        # Recorders of this schedule's slots take turns on its row.
+        list(Schedule.objects.select_for_update().filter(pk=schedule.pk).values_list("pk", flat=True))
+        return record([execution_for(schedule, slot, status=status, now=now) for slot, status in slots])
+
+
+def record(rows: list[Execution]) -> list[dict[str, Any]]:
+    """Insert the ``rows`` whose key has no execution yet; return those as ``message_rows``.
+
+    Two callers recording one key at once both report it (and both may send
+    it, which is harmless); a caller that must not do that holds a lock
+    around the call, as ``record_slots`` does with the schedule row.
+    """
+    keys = [row.idempotency_key for row in rows]
+    present: set[str] = set()
+    for index in range(0, len(keys), _BATCH):
+        chunk = keys[index : index + _BATCH]
+        present.update(Execution.objects.filter(idempotency_key__in=chunk).values_list("idempotency_key", flat=True))
+    new = [row for row in rows if row.idempotency_key not in present]
+    insert(new)
+    created: list[dict[str, Any]] = []
+    new_keys = [row.idempotency_key for row in new]
+    for index in range(0, len(new_keys), _BATCH):
+        created += message_rows(Execution.objects.filter(idempotency_key__in=new_keys[index : index + _BATCH]))
+    return created
+
+
+def record_one(execution: Execution) -> tuple[Execution, bool]:
+    """Insert ``execution``; return it and True, or the execution that already has its key and False."""
+    try:
+        with transaction.atomic():
+            execution.save(force_insert=True)
+    except IntegrityError:
+        existing = Execution.objects.filter(idempotency_key=execution.idempotency_key).first()
+        if existing is None:  # the conflict was not the key: a real error
+            raise
+        return existing, False
+    return execution, True
+
+
+def record_ad_hoc(
+    celery_task_id: str, *, task: str, args: Any, kwargs: Any, queue: str, timeout: int | None, now: datetime
+) -> str:
+    """Record a plain Celery call as a ``queued`` Execution keyed by its task id (once); return the key."""
+    ad_hoc = ad_hoc_key(celery_task_id)
+    insert(
+        [
+            Execution(
+                idempotency_key=ad_hoc,
+                task=task,
+                args=list(args or ()),
+                kwargs=dict(kwargs or {}),
+                queue=queue,
+                scheduled_for=now,
+                status=Status.QUEUED,
+                celery_task_id=celery_task_id,
+                timeout=timeout,
+            )
+        ]
+    )
+    return ad_hoc
+
+
+# --- messages -------------------------------------------------------------------------
+
+
+def message_row(execution: Execution) -> dict[str, Any]:
+    """Return what ``dispatch.publish`` needs of one execution."""
+    return {field: getattr(execution, field) for field in MESSAGE_FIELDS}
+
+
+def message_rows(executions: QuerySet[Execution]) -> list[dict[str, Any]]:
+    """Return ``executions`` as the rows ``dispatch.publish`` sends, with their status."""
+    return list(
+        executions.order_by("scheduled_for", "id").values(
+            *MESSAGE_FIELDS, "schedule_id", "status", jitter=F("schedule__jitter")
+        )
+    )
+
+
+def pending_rows(*, limit: int) -> list[dict[str, Any]]:
+    """Return up to ``limit`` unsent, not buffered executions as ``message_rows``, oldest first."""
+    return list(
+        Execution.objects.filter(status=Status.PENDING, held=False)
+        .order_by("created_at", "id")
+        .values(*MESSAGE_FIELDS, "schedule_id", jitter=F("schedule__jitter"))[:limit]
+    )
+
+
+def mark_queued(ids: Iterable[int], *, now: datetime) -> int:
+    """Record the ``pending`` executions ``ids`` as sent at ``now``; return how many changed."""
+    return _move(Execution.objects.filter(id__in=list(ids), status=Status.PENDING), Status.QUEUED, enqueued_at=now)
+
+
+def mark_resent(execution_id: int, *, was_enqueued_at: datetime, now: datetime) -> bool:
+    """Take a waiting execution for a re-send at ``now``, unless someone else took it since ``was_enqueued_at``."""
+    return bool(
+        Execution.objects.filter(
+            pk=execution_id, status__in=Execution.WAITING_STATUSES, enqueued_at=was_enqueued_at
+        ).update(enqueued_at=now)
+    )
+
+
+def release_buffered() -> int:
+    """Let ``buffer_one`` rows go once their schedule has nothing else in flight; return how many."""
+    others_in_flight = Execution.objects.filter(
+        schedule_id=OuterRef("schedule_id"), status__in=Execution.ACTIVE_STATUSES, held=False
+    )
+    return (
+        Execution.objects.filter(held=True, status=Status.PENDING)
+        .exclude(Exists(others_in_flight))
+        .update(held=False)
+    )
+
+
+# --- claims -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Claim:
+    """A worker's hold on a running execution; ``attempt`` is its fencing token."""
+
+    execution_id: int
+    attempt: int
+    #: The schedule whose counters the outcome moves (``None``: an ad-hoc execution).
+    schedule_id: int | None = None
+    started_at: datetime | None = None
+    max_retries: int = 0
+
+    @classmethod
+    def of(cls, execution: Execution) -> Claim:
+        """Return the claim ``execution`` (a running row as read) stands for."""
+        return cls(
+            execution.pk, execution.attempt, execution.schedule_id, execution.started_at, execution.max_retries
+        )
+
+    def rows(self) -> QuerySet[Execution]:
+        """Return the row while this claim still holds it (else nothing)."""
+        return Execution.objects.filter(pk=self.execution_id, attempt=self.attempt, status=Status.RUNNING)
+
+
+def worker_identity(hostname: str, pid: int) -> str:
+    """Return what a pool process writes in ``Execution.worker`` when it claims: ``<hostname>:<pid>``."""
+    return f"{hostname}:{pid}"
+
+
+def retries_left(attempt: int, max_retries: int) -> bool:
+    """Return whether another attempt may follow ``attempt`` (1 = the first run)."""
+    return attempt <= max_retries
+
+
+def claim(*, worker: str, celery_task_id: str, execution_id: int | None = None, key: str = "") -> Execution | None:
+    """Claim the execution ``execution_id`` (or the one with ``key``) for ``worker``; return it as claimed.
+
+    One conditional UPDATE under ``claimable()``. A running row claimed again
+    belongs to a worker that stopped renewing, so it gets the next attempt.
+    ``None`` means nothing was claimable (a duplicate delivery).
+    """
+    target = Execution.objects.filter(pk=execution_id) if execution_id is not None else Execution.objects.filter(
+        idempotency_key=key
+    )
+    claimed = _move(
+        target.claimable(),
+        Status.RUNNING,
+        worker=worker,
+        celery_task_id=celery_task_id,
+        started_at=Now(),
+        finished_at=None,
+        lease_expires_at=_db_now_plus(settings.CLAIM_SECONDS),
+        attempt=Case(
+            When(status=Status.RUNNING, then=_NEXT_ATTEMPT), default=F("attempt"), output_field=PositiveIntegerField()
+        ),
+    )
+    if not claimed:
+        return None
+    # Read back by who claimed it: the claim cannot have expired in between,
+    # but an operator may have cancelled it, and then nothing is ours.
+    return target.filter(worker=worker, status=Status.RUNNING).first()
+
+
+def held_by(*, worker: str, execution_id: int | None = None, key: str = "") -> Claim | None:
+    """Return the claim ``worker`` (``worker_identity``) holds on that execution, if it still holds one.
+
+    For a worker's main process acting on behalf of a pool child: the child
+    wrote its identity with the claim, so this finds the claim that child
+    made and never a successor's (another process, another identity).
+    """
+    rows = Execution.objects.filter(pk=execution_id) if execution_id is not None else Execution.objects.filter(
+        idempotency_key=key
+    )
+    execution = rows.filter(worker=worker, status=Status.RUNNING).first()
+    return Claim.of(execution) if execution is not None else None
+
+
+def renew(claims: Iterable[Claim], *, seconds: float) -> int:
+    """Extend each claim that still holds by ``seconds`` (database clock), in one UPDATE; return how many did."""
+    match = Q(pk__in=[])
+    for held in claims:
+        match |= Q(pk=held.execution_id, attempt=held.attempt)
+    return Execution.objects.filter(match, status=Status.RUNNING).update(lease_expires_at=_db_now_plus(seconds))
+
+
+def release(held: Claim) -> bool:
+    """Expire ``held`` at once (its process is gone), so the execution may be claimed again now."""
+    return bool(held.rows().update(lease_expires_at=_db_now_plus(-1)))
+
+
+def finish(held: Claim, *, status: str, result: Any = None, error: str = "", traceback_text: str = "") -> bool:
+    """Record the outcome of ``held`` and count it on its schedule.
+
+    Returns False, having written nothing, when the claim moved on.
+    """
+    finished = _record_outcome(
+        held.rows(), held.schedule_id, held.started_at,
+        status=status, result=result, error=error, traceback_text=traceback_text,
+    )
+    if not finished:
+        logger.warning(
+            "execution %s attempt %s: the claim moved on; its outcome here (%s) is not recorded",
+            held.execution_id, held.attempt, status,
+            extra={"action": "claim_lost", "execution_id": held.execution_id},
+        )
+    return finished
+
+
+def fail_exhausted(held: Claim) -> str | None:
+    """Fail ``held`` if it took over from a lost attempt that had no retries left; return the reason.
+
+    ``None`` means the attempt may run.
+    """
+    if retries_left(held.attempt - 1, held.max_retries):
+        return None
+    reason = f"Worker lost during attempt {held.attempt - 1}; no retries left"
+    if finish(held, status=Status.FAILED, error=reason):
+        logger.error(
+            "execution %s failed: %s", held.execution_id, reason,
+            extra={"action": "execution_failed", "execution_id": held.execution_id},
+        )
+    return reason
+
+
+def retry(held: Claim, *, delay_seconds: float, error: str = "", traceback_text: str = "") -> bool:
+    """Move ``held`` to ``retrying`` as the next attempt, due in ``delay_seconds``; False if the claim moved on.
+
+    ``enqueued_at`` is when the retry is due: reconcile sends it again if
+    nobody claims it by then.
+    """
+    return bool(
+        _move(
+            held.rows(),
+            Status.RETRYING,
+            attempt=_NEXT_ATTEMPT,
+            lease_expires_at=None,
+            enqueued_at=_db_now_plus(delay_seconds),
+            error=error,
+            traceback=traceback_text,
+        )
+    )
+
+
+def undo_retry(held: Claim) -> bool:
+    """Give ``held`` back to its holder after ``retry`` when the retry could not be sent.
+
+    Applies only while nobody claimed the retry meanwhile.
+    """
+    waiting = Execution.objects.filter(pk=held.execution_id, attempt=held.attempt + 1, status=Status.RETRYING)
+    expires = _db_now_plus(settings.CLAIM_SECONDS)
+    return bool(_move(waiting, Status.RUNNING, attempt=held.attempt, lease_expires_at=expires))
+
+
+# --- recovery, refusal and cancellation ---------------------------------------------------------
+
+
+def mark_lost(ids: Iterable[int]) -> int:
+    """Record those of the executions ``ids`` whose claim expired (database clock) ``lost``; return how many."""
+    expired = Execution.objects.filter(id__in=list(ids), status=Status.RUNNING, lease_expires_at__lt=Now())
+    return _move(expired, Status.LOST, lease_expires_at=None)
+
+
+def retry_lost(execution_id: int, *, due: datetime) -> bool:
+    """Move a ``lost`` execution to ``retrying`` as its next attempt, due at ``due`` (its ``enqueued_at``)."""
+    lost = Execution.objects.filter(pk=execution_id, status=Status.LOST)
+    return bool(_move(lost, Status.RETRYING, attempt=_NEXT_ATTEMPT, enqueued_at=due))
+
+
+def fail_lost(execution: Execution, *, reason: str) -> bool:
+    """Record a ``lost`` execution ``failed`` with ``reason`` and count it on its schedule."""
+    lost = Execution.objects.filter(pk=execution.pk, status=Status.LOST)
+    return _record_outcome(lost, execution.schedule_id, execution.started_at, status=Status.FAILED, error=reason)
+
+
+def fail_unrun(execution_id: int, *, reason: str) -> bool:
+    """Record a waiting execution ``failed`` with ``reason`` without running it; count it on its schedule.
+
+    Only a ``pending``, ``queued`` or ``retrying`` row changes: one that runs
+    or has finished keeps its status. Returns whether the row changed.
+    """
+    execution = Execution.objects.filter(pk=execution_id).only("pk", "schedule_id", "started_at").first()
+    if execution is None:
+        return False
+    waiting = Execution.objects.filter(pk=execution_id, status__in=Execution.WAITING_STATUSES)
+    return _record_outcome(waiting, execution.schedule_id, execution.started_at, status=Status.FAILED, error=reason)
+
+
+def cancel(execution_id: int, *, reason: str, now: datetime) -> bool:
+    """Record the execution ``cancelled`` at ``now`` if it has not finished; return whether it changed.
+
+    A worker running it loses its claim: its outcome is not recorded.
+    """
+    return bool(_cancel(Execution.objects.filter(pk=execution_id), reason=reason, now=now))
+
+
+def cancel_in_flight(schedule_ids: list[int], *, reason: str, now: datetime) -> list[str]:
+    """Record the in-flight executions of these schedules ``cancelled``; return their Celery task ids."""
+    if not schedule_ids:
+        return []
+    in_flight = Execution.objects.filter(schedule_id__in=schedule_ids, status__in=Execution.ACTIVE_STATUSES)
+    task_ids = [task_id for task_id in in_flight.values_list("celery_task_id", flat=True) if task_id]
+    _cancel(in_flight, reason=reason, now=now)
+    return task_ids
+
+
+def _cancel(rows: QuerySet[Execution], *, reason: str, now: datetime) -> int:
+    active = rows.filter(status__in=Execution.ACTIVE_STATUSES)
+    return _move(active, Status.CANCELLED, held=False, finished_at=now, lease_expires_at=None, error=reason)
+
+
+# --- outcomes and run counters ----------------------------------------------------------
+
+
+def _record_outcome(
+    rows: QuerySet[Execution], schedule_id: int | None, started_at: datetime | None, *, status: str,
+    result: Any = None, error: str = "", traceback_text: str = "",
+) -> bool:
+    """Write the final ``status`` onto ``rows`` (a conditional match); count it on the schedule when written."""
+    if schedule_id is None:  # one statement: the common ad-hoc path stays cheap
+        return bool(_finish_rows(rows, status, result, error, traceback_text))
+    with transaction.atomic():
+        # Schedule row first, then the execution: the leader's order (module docstring).
+        if not Schedule.objects.select_for_update().filter(pk=schedule_id).values_list("pk", flat=True).first():
+            return bool(_finish_rows(rows, status, result, error, traceback_text))  # the schedule was deleted
+        finished = _finish_rows(rows, status, result, error, traceback_text)
+        if finished:
+            count_run(schedule_id, status=status, error=error, started_at=started_at)
+    return bool(finished)
+
+
+def _finish_rows(rows: QuerySet[Execution], status: str, result: Any, error: str, traceback_text: str) -> int:
+    assert status in Execution.FINAL_STATUSES, status
+    return _move(
+        rows, status, finished_at=Now(), lease_expires_at=None, result=result, error=error, traceback=traceback_text
+    )
+
+
+def count_run(schedule_id: int, *, status: str, error: str, started_at: datetime | None) -> None:
+    """Count one final ``status`` on the schedule's run counters, in one UPDATE; trip its circuit breaker when due.
+
+    The counters move as ``F()`` expressions, so nothing read earlier can be
+    written back stale; a caller that also writes the execution locks the
+    schedule row first (see the module docstring).
+    """
+    succeeded = status == Status.SUCCEEDED
+    failures = Value(0) if succeeded else F("consecutive_failures") + 1
+    fields: dict[str, Any] = {
+        "last_status": status,
+        "total_runs": F("total_runs") + 1,
+        "consecutive_failures": failures,
+        "updated_at": Now(),
+    }
+    if started_at is not None:  # an execution failed before it started leaves the last run as it was
+        fields["last_run_at"] = started_at
+    trips = Q(pause_after_failures__gt=0, pause_after_failures__lte=F("consecutive_failures") + 1, paused_reason="")
+    if not succeeded:
+        fields["last_error"] = error
+        fields["paused_reason"] = Case(
+            When(
+                trips,
+                then=Concat(
+                    Value("Paused after "),
+                    Cast(F("consecutive_failures") + 1, CharField()),
+                    Value(f" consecutive failures; last: {error}"),
+                    output_field=TextField(),
+                ),
+            ),
+            default=F("paused_reason"),
+            output_field=TextField(),
+        )
+        # A paused schedule fires nothing: the same as ``Schedule.pause``.
+        fields["next_run_at"] = Case(
+            When(trips, then=Value(None, output_field=DateTimeField())), default=F("next_run_at")
+        )
+    schedule = Schedule.objects.filter(pk=schedule_id)
+    tripped = not succeeded and schedule.filter(trips).exists()
+    schedule.update(**fields)
+    if tripped:
+        paused = schedule.values_list("name", "paused_reason").first()
+        if paused is not None:
+            logger.warning(
+                "schedule %s paused: %s", *paused, extra={"action": "schedule_paused", "schedule": paused[0]}
+            )
+
+
+# --- helpers ------------------------------------------------------------------------------
+
+
+def _move(rows: QuerySet[Execution], to: str, **fields: Any) -> int:
+    """Move ``rows`` to status ``to`` where ``Execution.TRANSITIONS`` allows it; return how many moved."""
+    return rows.filter(status__in=Execution.moves_to(to)).update(status=to, **fields)
+
+
+def _db_now_plus(seconds: float) -> ExpressionWrapper:
+    """The database clock plus ``seconds``, as an expression (no local clock involved)."""
+    return ExpressionWrapper(Now() + timedelta(seconds=seconds), output_field=DateTimeField())

@@ -1,0 +1,84 @@
+"""A stale attempt cannot act on its successor's claim: real workers, real pool children (issue 15).
+
+Worker A claims an execution as attempt 1, then stops renewing (its renew
+interval is longer than its claim), so its claim expires while its body
+still runs; another worker B takes the execution over as attempt 2, with
+the same Celery task id (as a re-send by reconcile would have). What A's
+main process does afterwards on behalf of its pool child (record a hard
+time limit, release the claim of a child that died) must leave B's row as
+B wrote it.
+"""
+from __future__ import annotations
+
+import os
+import signal
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+import scheduler
+from scheduler import executions
+from scheduler.models import Execution
+from tests import tasks  # noqa: F401 -- registers the tasks submit() checks
+from tests.processes import CeleryProcess, wait_until
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+Start = Callable[..., CeleryProcess]
+#: Worker A's claim runs out after a second and is never renewed in time.
+EXPIRING = {"claim_seconds": 1, "claim_renew_seconds": 600}
+SUCCESSOR = "b@elsewhere:4242"
+#: Columns B's claim consists of.
+CLAIM_STATE = ("status", "attempt", "worker", "lease_expires_at", "finished_at", "error")
+
+
+def running_on(execution: Execution, worker: CeleryProcess) -> Execution:
+    claimed = wait_until(
+        lambda: Execution.objects.filter(pk=execution.pk, status=Execution.Status.RUNNING).first(), timeout=20
+    )
+    assert claimed, worker.log()[-3000:]
+    return claimed  # type: ignore[return-value]
+
+
+def taken_over(execution: Execution) -> dict[str, Any]:
+    """Wait for A's claim to expire, claim the execution as worker B (attempt 2); return B's row state."""
+    assert wait_until(lambda: Execution.objects.claimable().filter(pk=execution.pk).exists(), timeout=10)
+    successor = executions.claim(worker=SUCCESSOR, celery_task_id=execution.celery_task_id, execution_id=execution.pk)
+    assert successor is not None and successor.attempt == 2
+    return claim_state(execution)
+
+
+def claim_state(execution: Execution) -> dict[str, Any]:
+    return Execution.objects.filter(pk=execution.pk).values(*CLAIM_STATE).get()
+
+
+def test_old_attempt_hard_time_limit__does_not_touch_the_successor(celery_processes: Start, settings: Any) -> None:
+    settings.SCHEDULER_TIMEOUT_GRACE_SECONDS = 1.0
+    worker_a = celery_processes("worker", "a", **EXPIRING)
+    worker_a.wait_for_log(r"ready\.")
+    # Given attempt 1 on worker A, a body that ignores its soft limit and
+    # will be killed by its hard limit (timeout 3 s + grace 1 s)
+    execution = scheduler.submit("tests.stubborn", args=[30], timeout=3)
+    running_on(execution, worker_a)
+    # When B takes the execution over as attempt 2, and then A's hard limit strikes
+    successor = taken_over(execution)
+    worker_a.wait_for_log(r"Hard time limit \(4\.0s\) exceeded")
+    # Then B's row keeps B's claim: not timed out, not finished
+    assert not wait_until(lambda: claim_state(execution) != successor, timeout=3), claim_state(execution)
+    assert claim_state(execution)["status"] == Execution.Status.RUNNING
+
+
+def test_old_attempt_lost_child__does_not_release_the_successors_claim(celery_processes: Start) -> None:
+    worker_a = celery_processes("worker", "a", **EXPIRING)
+    worker_a.wait_for_log(r"ready\.")
+    # Given attempt 1 running in one of A's pool children
+    execution = scheduler.submit("tests.record", kwargs={"label": "stale", "seconds": 30})
+    child = int(running_on(execution, worker_a).worker.rsplit(":", 1)[1])
+    # When B takes the execution over as attempt 2, and then A's child dies
+    successor = taken_over(execution)
+    os.kill(child, signal.SIGKILL)
+    # Then A's main process leaves B's claim alone: the message Celery
+    # requeues finds the execution held and is refused as a duplicate
+    worker_a.wait_for_log(r"duplicate delivery of execution", timeout=30)
+    assert claim_state(execution) == successor

@@ -1,0 +1,155 @@
+"""Re-sending after a broker restart, and lost attempts retried after the backoff (real database and Redis)."""
+from __future__ import annotations
+
+import json
+from datetime import datetime, timedelta
+from typing import Any
+
+import pytest
+import redis
+from celery import Celery
+
+from project.celery import app
+from scheduler import broker, dispatch, leases
+from scheduler.models import Execution, Schedule
+from scheduler.reconcile import reconcile, resend_after_broker_restart
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+Status = Execution.Status
+
+
+def execution(key: str, **fields: Any) -> Execution:
+    fields.setdefault("scheduled_for", leases.db_now() - timedelta(hours=1))
+    return Execution.objects.create(idempotency_key=key, task="scheduler.echo", celery_task_id=f"celery-{key}", **fields)
+
+
+def messages(client: redis.Redis) -> dict[int, dict[str, Any]]:
+    """{execution id: message headers} of the messages waiting in the default queue."""
+    headers = [json.loads(raw)["headers"] for raw in client.lrange("celery", 0, -1)]
+    return {header[Execution.MESSAGE_HEADER]: header for header in headers}
+
+
+def eta(headers: dict[str, Any]) -> datetime | None:
+    return datetime.fromisoformat(headers["eta"]) if headers.get("eta") else None
+
+
+def confirmed_broker(now: datetime) -> None:
+    """Let the leader look at the broker once with nothing waiting: it kept every message since."""
+    assert resend_after_broker_restart(now=now, app=app).changes == ()
+
+
+def test_broker_restarted__waiting_executions_sent_again_once(redis_client: redis.Redis) -> None:
+    # Given a broker that lost its data (the suite's Redis, emptied), an
+    # execution queued before, a retry due in 5 minutes, and one running
+    now = leases.db_now()
+    queued = execution("queued", status=Status.QUEUED, enqueued_at=now - timedelta(seconds=30))
+    retry_due = now + timedelta(minutes=5)
+    retrying = execution("retrying", status=Status.RETRYING, attempt=2, max_retries=3, enqueued_at=retry_due)
+    execution("running", status=Status.RUNNING, enqueued_at=now - timedelta(seconds=30))
+
+    # When the leader checks the broker, twice
+    first = resend_after_broker_restart(now=now, app=app)
+    second = resend_after_broker_restart(now=now + timedelta(seconds=5), app=app)
+
+    # Then both waiting ones went out once, the retry's message not before it is due
+    assert [(change.kind, change.execution_id) for change in first.changes] == [
+        ("broker_lost", queued.pk), ("broker_lost", retrying.pk)
+    ]
+    assert second.changes == ()
+    sent = messages(redis_client)
+    assert set(sent) == {queued.pk, retrying.pk}
+    assert eta(sent[queued.pk]) is None
+    assert eta(sent[retrying.pk]) == retry_due
+    # and the rows themselves are as they were
+    retrying.refresh_from_db()
+    assert (retrying.status, retrying.attempt, retrying.enqueued_at) == (Status.RETRYING, 2, retry_due)
+    assert redis_client.get(broker.MARKER_KEY) == redis_client.info("server")["run_id"].encode()
+
+
+def test_broker_kept_its_messages__long_queue_not_sent_again(redis_client: redis.Redis) -> None:
+    # Given a broker the leader has looked at, and a long queue waiting on it
+    now = leases.db_now()
+    confirmed_broker(now)
+    waiting = [execution(f"q{index}", status=Status.QUEUED, enqueued_at=now) for index in range(50)]
+
+    # When the leader checks the broker again later
+    report = resend_after_broker_restart(now=now + timedelta(minutes=5), app=app)
+
+    # Then nothing is sent again
+    assert report.changes == ()
+    assert messages(redis_client) == {}
+    assert Execution.objects.filter(pk__in=[row.pk for row in waiting], status=Status.QUEUED).count() == 50
+
+
+def test_broker_flushed_after_a_check__queued_before_sent_again_queued_after_not(redis_client: redis.Redis) -> None:
+    # Given a confirmed broker that then loses its data, with one execution
+    # queued before the leader notices and one sent to the new broker after
+    now = leases.db_now()
+    confirmed_broker(now)
+    before = execution("before", status=Status.QUEUED, enqueued_at=now + timedelta(seconds=1))
+    redis_client.flushdb()
+    first = resend_after_broker_restart(now=now + timedelta(seconds=5), app=app)
+    execution("after", status=Status.QUEUED, enqueued_at=now + timedelta(seconds=6))
+
+    # When the leader checks again
+    second = resend_after_broker_restart(now=now + timedelta(seconds=10), app=app)
+
+    # Then only the one queued before it noticed went out again
+    assert [change.execution_id for change in first.changes] == [before.pk]
+    assert second.changes == ()
+    assert set(messages(redis_client)) == {before.pk}
+
+
+def test_broker_unreachable__reported_and_nothing_changes() -> None:
+    # Given a queued execution and a broker nobody listens on
+    now = leases.db_now()
+    queued = execution("queued", status=Status.QUEUED, enqueued_at=now - timedelta(minutes=1))
+    down = Celery("down", broker="redis://127.0.0.1:9/0", set_as_current=False)
+
+    # When the leader checks the broker
+    try:
+        report = resend_after_broker_restart(now=now, app=down)
+    finally:
+        down.close()
+
+    # Then it says why, and the row waits for the next check
+    assert report.publish_error.startswith("broker unreachable")
+    assert report.changes == ()
+    queued.refresh_from_db()
+    assert (queued.status, queued.enqueued_at) == (Status.QUEUED, now - timedelta(minutes=1))
+
+
+def test_lost__retried_after_the_backoff_not_at_once(redis_client: redis.Redis) -> None:
+    # Given a running execution with a 60 s backoff whose worker stopped renewing its claim
+    now = leases.db_now()
+    lost = execution("lost", status=Status.RUNNING, worker="dead-host:1", max_retries=1, retry_backoff=60)
+    Execution.objects.filter(pk=lost.pk).update(started_at=now - timedelta(minutes=5), lease_expires_at=now - timedelta(seconds=1))
+
+    # When reconciled
+    reconcile(now=now, app=app)
+
+    # Then attempt 2 is due after the backoff (60 s, plus up to half again), and its message waits until then
+    lost.refresh_from_db()
+    assert (lost.status, lost.attempt) == (Status.RETRYING, 2)
+    assert now + timedelta(seconds=60) <= lost.enqueued_at <= now + timedelta(seconds=90)
+    assert eta(messages(redis_client)[lost.pk]) == lost.enqueued_at
+
+
+def test_lost__counts_as_in_flight_for_the_overlap_policies() -> None:
+    # Given an overlap=skip schedule whose last execution is lost (reconcile is about to retry it)
+    target = Schedule(name="s", task="scheduler.echo", interval=10, overlap="skip")
+    target.full_clean()
+    target.save()
+    execution("earlier", schedule=target, status=Status.LOST)
+    now = leases.db_now()
+    Schedule.objects.filter(pk=target.pk).update(next_run_at=now - timedelta(seconds=now.timestamp() % 10))
+    lease = leases.acquire("beat", "test-leader", ttl=60)
+    assert lease is not None
+
+    # When its next slot comes due
+    dispatch.dispatch_due(lease)
+
+    # Then that slot is skipped, as while any execution is in flight
+    slots = Execution.objects.filter(schedule=target).order_by("scheduled_for").values_list("status", flat=True)
+    assert list(slots) == [Status.LOST, Status.SKIPPED]

@@ -1,0 +1,213 @@
+"""The owner of an Execution's life: the transition table, and writes fenced by the claim's attempt."""
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import timedelta
+from typing import Any
+
+import pytest
+
+from scheduler import executions, leases
+from scheduler.executions import Claim
+from scheduler.models import Execution
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+Status = Execution.Status
+#: Columns a stale holder must never change on its successor's row.
+WATCHED = ("status", "attempt", "worker", "lease_expires_at", "finished_at", "error", "result", "enqueued_at")
+
+
+def row(status: str = Status.QUEUED, *, key: str = "e", **fields: Any) -> Execution:
+    return Execution.objects.create(
+        idempotency_key=key, task="scheduler.echo", scheduled_for=leases.db_now(), status=status, **fields
+    )
+
+
+def state(execution_id: int) -> dict[str, Any]:
+    return Execution.objects.filter(pk=execution_id).values(*WATCHED).get()
+
+
+def expire_claim(execution_id: int) -> None:
+    """Make the running row's claim run out, as a holder that froze past it would."""
+    Execution.objects.filter(pk=execution_id).update(lease_expires_at=leases.db_now() - timedelta(seconds=5))
+
+
+def claimed(execution_id: int, worker: str) -> Claim:
+    execution = executions.claim(worker=worker, celery_task_id="celery-1", execution_id=execution_id)
+    assert execution is not None, f"{worker} could not claim execution {execution_id}"
+    return Claim.of(execution)
+
+
+def superseded() -> tuple[Claim, Claim]:
+    """Worker A claims an execution as attempt 1; A's claim expires and worker B takes it over as attempt 2."""
+    execution = row()
+    stale = claimed(execution.pk, "a@host:1")
+    expire_claim(execution.pk)
+    current = claimed(execution.pk, "b@host:2")
+    assert (stale.attempt, current.attempt) == (1, 2)
+    return stale, current
+
+
+# --- the transition table ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize("source", Status.values)
+def test_transitions__only_the_moves_in_the_table_change_a_row(source: str) -> None:
+    for target in Status.values:
+        # Given an execution in ``source``
+        Execution.objects.all().delete()
+        execution = row(source)
+        # When the owner moves it to ``target``
+        moved = executions._move(Execution.objects.filter(pk=execution.pk), target)
+        # Then it moved exactly when the table allows it
+        allowed = target in Execution.TRANSITIONS[source]
+        assert (moved, state(execution.pk)["status"]) == ((1, target) if allowed else (0, source)), (source, target)
+
+
+def test_transitions__every_status_has_an_entry_and_final_ones_lead_nowhere() -> None:
+    assert set(Execution.TRANSITIONS) == set(Status.values)
+    assert all(not Execution.TRANSITIONS[status] for status in Execution.FINAL_STATUSES)
+
+
+@pytest.mark.parametrize("final", sorted(Execution.FINAL_STATUSES))
+def test_finished_execution__refuses_claim_cancel_queue_fail_and_retry(final: str) -> None:
+    # Given a finished execution
+    execution = row(final)
+    before = state(execution.pk)
+    # When every owner function that starts from a live state is tried on it
+    assert executions.claim(worker="w@host:1", celery_task_id="c", execution_id=execution.pk) is None
+    assert not executions.cancel(execution.pk, reason="no", now=leases.db_now())
+    assert executions.mark_queued([execution.pk], now=leases.db_now()) == 0
+    assert not executions.fail_unrun(execution.pk, reason="no")
+    assert not executions.retry_lost(execution.pk, due=leases.db_now())
+    assert not executions.fail_lost(execution, reason="no")
+    # Then nothing changed
+    assert state(execution.pk) == before
+
+
+def test_running_execution__not_failed_as_unrun_nor_retried_as_lost() -> None:
+    execution = row()
+    claimed(execution.pk, "w@host:1")
+    before = state(execution.pk)
+    assert not executions.fail_unrun(execution.pk, reason="refused")
+    assert not executions.retry_lost(execution.pk, due=leases.db_now())
+    assert executions.mark_queued([execution.pk], now=leases.db_now()) == 0
+    assert state(execution.pk) == before
+
+
+# --- attempts: one increment per new holder ----------------------------------------------
+
+
+def test_attempt__grows_once_for_each_new_holder_and_never_for_the_same_one() -> None:
+    # Given a queued execution, claimed: attempt 1
+    execution = row()
+    first = claimed(execution.pk, "a@host:1")
+    assert first.attempt == 1
+    # When its claim expires and another worker takes over: attempt 2
+    expire_claim(execution.pk)
+    second = claimed(execution.pk, "b@host:2")
+    assert second.attempt == 2
+    # When that holder retries: attempt 3 waits, and claiming it keeps 3
+    assert executions.retry(second, delay_seconds=0)
+    assert state(execution.pk)["status"] == Status.RETRYING
+    third = claimed(execution.pk, "a@host:1")
+    assert third.attempt == 3
+    # When its holder is lost and reconcile retries it: attempt 4
+    expire_claim(execution.pk)
+    assert executions.mark_lost([execution.pk]) == 1
+    assert executions.retry_lost(execution.pk, due=leases.db_now())
+    assert claimed(execution.pk, "b@host:2").attempt == 4
+
+
+def test_undo_retry__gives_the_attempt_back_only_while_nobody_claimed_the_retry() -> None:
+    execution = row()
+    held = claimed(execution.pk, "a@host:1")
+    assert executions.retry(held, delay_seconds=0)
+    assert executions.undo_retry(held)
+    assert (state(execution.pk)["status"], state(execution.pk)["attempt"]) == (Status.RUNNING, 1)
+    # When the retry was claimed by someone else before the undo
+    assert executions.retry(held, delay_seconds=0)
+    successor = claimed(execution.pk, "b@host:2")
+    before = state(execution.pk)
+    # Then the undo changes nothing
+    assert not executions.undo_retry(held)
+    assert state(execution.pk) == before and successor.attempt == 2
+
+
+# --- fenced writes: a stale claim changes nothing ------------------------------------------
+
+FENCED: dict[str, Callable[[Claim], object]] = {
+    "renew": lambda claim: executions.renew([claim], seconds=600),
+    "finish": lambda claim: executions.finish(claim, status=Status.SUCCEEDED, result="stale"),
+    "fail": lambda claim: executions.finish(claim, status=Status.FAILED, error="stale"),
+    "time_out": lambda claim: executions.finish(claim, status=Status.TIMED_OUT, error="stale"),
+    "retry": lambda claim: executions.retry(claim, delay_seconds=0, error="stale"),
+    "release": executions.release,
+}
+
+
+@pytest.mark.parametrize("write", sorted(FENCED))
+def test_fenced_write__by_a_superseded_claim_leaves_the_successor_untouched(write: str) -> None:
+    # Given attempt 1 (worker A) superseded by attempt 2 (worker B)
+    stale, current = superseded()
+    before = state(current.execution_id)
+    # When A writes with its old claim
+    outcome = FENCED[write](stale)
+    # Then nothing was written, and B's claim is intact
+    assert not outcome
+    assert state(current.execution_id) == before
+    assert executions.finish(current, status=Status.SUCCEEDED, result="b")
+    assert state(current.execution_id)["status"] == Status.SUCCEEDED
+
+
+@pytest.mark.parametrize("write", sorted(FENCED))
+def test_fenced_write__by_the_current_claim_applies(write: str) -> None:
+    _, current = superseded()
+    assert FENCED[write](current)
+
+
+def test_fenced_write__after_an_operator_cancelled_changes_nothing() -> None:
+    execution = row()
+    held = claimed(execution.pk, "a@host:1")
+    assert executions.cancel(execution.pk, reason="operator", now=leases.db_now())
+    before = state(execution.pk)
+    assert not executions.finish(held, status=Status.SUCCEEDED)
+    assert not executions.renew([held], seconds=600)
+    assert state(execution.pk) == before
+
+
+def test_held_by__finds_only_the_claim_that_process_made() -> None:
+    # Given A's claim superseded by B's
+    stale, current = superseded()
+    # Then A's identity holds nothing any more, and B's holds attempt 2
+    assert executions.held_by(worker="a@host:1", execution_id=stale.execution_id) is None
+    held = executions.held_by(worker="b@host:2", execution_id=current.execution_id)
+    assert held is not None and held.attempt == 2
+
+
+def test_renew__extends_only_the_claims_still_held() -> None:
+    # Given two running executions, one of whose claims was superseded
+    stale, _ = superseded()
+    other = claimed(row(key="other").pk, "a@host:1")
+    # When A renews both in one statement
+    renewed = executions.renew([stale, other], seconds=600)
+    # Then only the one A still holds was renewed
+    assert renewed == 1
+    assert state(other.execution_id)["lease_expires_at"] > leases.db_now() + timedelta(seconds=500)
+
+
+# --- settings: "lease" is the beat's, a worker holds a claim ---------------------------------
+
+
+def test_claim_settings__deprecated_names_still_read_and_new_names_win(settings: Any) -> None:
+    from scheduler.conf import settings as scheduler_settings
+
+    # Given only the deprecated names
+    settings.SCHEDULER_EXECUTION_LEASE_SECONDS = 7.0
+    settings.SCHEDULER_EXECUTION_RENEW_SECONDS = 2.0
+    # Then the claim settings read them
+    assert (scheduler_settings.CLAIM_SECONDS, scheduler_settings.CLAIM_RENEW_SECONDS) == (7.0, 2.0)
+    # And the new name wins when both are set
+    settings.SCHEDULER_CLAIM_SECONDS = 9.0
+    assert scheduler_settings.CLAIM_SECONDS == 9.0
