@@ -48,6 +48,18 @@ class Execution(models.Model):
         #: Failed, waiting for its next attempt.
         RETRYING = "retrying", "retrying"
 
+    class Trigger(models.TextChoices):
+        #: A slot the beat fired.
+        SCHEDULED = "scheduled", "scheduled"
+        #: "Run now" by an operator (admin, CLI).
+        MANUAL = "manual", "manual (run now)"
+        #: A past slot recorded by ``backfill``.
+        BACKFILL = "backfill", "backfill"
+        #: An operator's retry of a finished execution.
+        RETRY = "retry", "retry"
+        #: ``scheduler.submit()`` or a plain Celery call.
+        SUBMIT = "submit", "submit"
+
     #: Message header that carries the execution id from the sender to the worker.
     MESSAGE_HEADER = "execution_id"
 
@@ -98,6 +110,8 @@ class Execution(models.Model):
     #: ``schedule:<id>:<slot ISO-8601>`` for beat fires, the caller's key for
     #: submissions. The unique constraint is what makes every fire happen once.
     idempotency_key = models.CharField(max_length=255, unique=True)
+    #: What created it; set once, by the owner of the row's life (``scheduler.executions``).
+    trigger = models.CharField(max_length=16, choices=Trigger.choices, default=Trigger.SCHEDULED)
     schedule = models.ForeignKey(
         "scheduler.Schedule",
         null=True,
@@ -144,6 +158,8 @@ class Execution(models.Model):
     #: next attempt reads it to resume where the last one stopped.
     checkpoint = models.JSONField(null=True, blank=True)
     error = models.TextField(blank=True, default="")
+    #: The error of every earlier attempt, oldest first: ``[{"attempt": n, "error": "...", "at": ISO}]``.
+    attempt_errors = models.JSONField(default=list, blank=True)
     traceback = models.TextField(blank=True, default="")
     tenant = models.CharField(max_length=100, blank=True, default="")
     created_at = models.DateTimeField(auto_now_add=True)
@@ -158,6 +174,11 @@ class Execution(models.Model):
             models.Index(fields=["status", "created_at"], name="execution_status_created"),
             # The leader looks for buffered rows every tick; there are few.
             models.Index(fields=["schedule"], name="execution_held", condition=Q(held=True)),
+            # The admin's trigger filter on a large table.
+            models.Index(fields=["trigger", "-scheduled_for"], name="execution_trigger"),
+            # Prefix search on the key (``schedule:4:``) on PostgreSQL, whose default
+            # collation cannot serve LIKE 'prefix%' from the unique index.
+            models.Index(fields=["idempotency_key"], name="execution_key_prefix", opclasses=["varchar_pattern_ops"]),
             # Oldest queued execution per queue (metrics, the cluster page's warning).
             models.Index(fields=["queue", "created_at"], name="execution_queued", condition=Q(status="queued")),
         ]
