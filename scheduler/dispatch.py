@@ -273,15 +273,23 @@ def time_limits(timeout: int | None) -> dict[str, float]:
     return {"soft_time_limit": float(timeout), "time_limit": float(timeout) + settings.TIMEOUT_GRACE_SECONDS}
 
 
+#: Messages pushed to the broker in one round trip (kombu's publish batch:
+#: one Redis pipeline; brokers without batches send each message at once).
+PUBLISH_BATCH = 500
+
+
 def publish(app: Celery, rows: list[dict[str, Any]], *, now: datetime) -> list[int]:
-    """Send one message per execution row; return the ids sent.
+    """Send one message per execution row, in batches; return the ids sent.
 
     A row has the ``executions.MESSAGE_FIELDS`` (see ``executions.message_row``), and ``schedule_id`` and ``jitter``
-    when it belongs to a schedule with jitter.
+    when it belongs to a schedule with jitter. The messages are Celery's own
+    (``send_task``), so an unmodified worker runs them; only their transport
+    is batched.
 
-    Sending stops at the first broker error, which propagates; the ids sent
-    so far are marked ``queued`` either way. Sending an execution twice is
-    harmless: the worker claims each execution once.
+    Sending stops at the first broker error, which propagates; the batches
+    the broker took so far are marked ``queued`` either way, the rest stay
+    ``pending``. Sending an execution twice is harmless: the worker claims
+    each execution once.
     """
     sent: list[int] = []
     try:
@@ -290,30 +298,38 @@ def publish(app: Celery, rows: list[dict[str, Any]], *, now: datetime) -> list[i
             # for many seconds per outage; the rows simply stay pending.
             conn.ensure_connection(max_retries=0)
             producer = conn.Producer()
-            for row in rows:
-                options: dict[str, Any] = {
-                    "task_id": row["celery_task_id"] or None,
-                    "headers": {Execution.MESSAGE_HEADER: row["id"]},
-                    "producer": producer,
-                    # Fail fast: a broker outage must not stall the caller.
-                    "retry": False,
-                    **time_limits(row["timeout"]),
-                }
-                if row["queue"]:
-                    options["queue"] = row["queue"]
-                if row["priority"] is not None:
-                    options["priority"] = row["priority"]
-                start_at = row["scheduled_for"] + timedelta(
-                    seconds=policies.jitter_offset(row.get("schedule_id") or 0, row["scheduled_for"], row.get("jitter"))
-                )
-                if start_at > now:
-                    options["eta"] = start_at
-                app.send_task(row["task"], args=row["args"], kwargs=row["kwargs"], **options)
-                sent.append(row["id"])
+            for start in range(0, len(rows), PUBLISH_BATCH):
+                batch = rows[start:start + PUBLISH_BATCH]
+                # Room for every command of the batch: it is flushed once, when the block ends.
+                with producer.batch(max_size=4 * len(batch)):
+                    for row in batch:
+                        app.send_task(row["task"], args=row["args"], kwargs=row["kwargs"], **_send_options(row, producer, now))
+                sent += [row["id"] for row in batch]
     finally:
         if sent:
             executions.mark_queued(sent, now=now)
     return sent
+
+
+def _send_options(row: dict[str, Any], producer: Any, now: datetime) -> dict[str, Any]:
+    options: dict[str, Any] = {
+        "task_id": row["celery_task_id"] or None,
+        "headers": {Execution.MESSAGE_HEADER: row["id"]},
+        "producer": producer,
+        # Fail fast: a broker outage must not stall the caller.
+        "retry": False,
+        **time_limits(row["timeout"]),
+    }
+    if row["queue"]:
+        options["queue"] = row["queue"]
+    if row["priority"] is not None:
+        options["priority"] = row["priority"]
+    start_at = row["scheduled_for"] + timedelta(
+        seconds=policies.jitter_offset(row.get("schedule_id") or 0, row["scheduled_for"], row.get("jitter"))
+    )
+    if start_at > now:
+        options["eta"] = start_at
+    return options
 
 
 def publish_pending(app: Celery, *, limit: int | None = None) -> int:
