@@ -13,6 +13,7 @@ import json
 import logging
 import time
 import uuid
+from collections import defaultdict
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -83,9 +84,14 @@ def _in_flight(schedules: list[Schedule]) -> dict[int, tuple[int, int]]:
     return {row["schedule_id"]: (row["total"], row["held"]) for row in rows}
 
 
-def _completion_reason(schedule: Schedule, *, runs_used: int) -> str:
+def _completion_reason(schedule: Schedule, *, runs_used: int, sent: bool = True, skipped: bool = False) -> str:
     if schedule.run_at is not None:
-        return f"One-off: its slot at {schedule.run_at.isoformat()} has been dispatched"
+        slot = f"One-off: its slot at {schedule.run_at.isoformat()}"
+        if sent:
+            return f"{slot} has been dispatched"
+        if skipped:
+            return f"{slot} was skipped (overlap={schedule.overlap}: an earlier run was in flight)"
+        return f"{slot} was missed (older than the catch-up window when the leader got to it)"
     if schedule.max_runs and runs_used >= schedule.max_runs:
         return f"Used all {schedule.max_runs} runs (max_runs)"
     if schedule.end_at is not None:
@@ -201,6 +207,7 @@ def _commit(chunk: list[_Planned], *, lease: leases.LeaseHandle, now: datetime, 
         rows: list[Execution] = []
         to_cancel: list[int] = []
         changed: list[Schedule] = []  # schedules with more than next_run_at and slots_sent to write
+        advance: defaultdict[tuple[datetime | None, int], list[int]] = defaultdict(list)  # (next_run_at, sent) -> ids
         for item in chunk:
             schedule, plan = item.schedule, item.plan
             if plan is None:
@@ -208,8 +215,9 @@ def _commit(chunk: list[_Planned], *, lease: leases.LeaseHandle, now: datetime, 
                 # block the others: pause it with the reason and move on.
                 logger.error("schedule %s paused: %s", schedule.name, item.error, extra={"action": "schedule_invalid"})
                 schedule.paused_reason = f"Invalid timing: {item.error}"
-                schedule.slots_sent, schedule.total_missed = F("slots_sent"), F("total_missed")
+                schedule.total_missed = F("total_missed")
                 changed.append(schedule)
+                advance[(schedule.next_run_at, 0)].append(schedule.pk)
                 continue
             flying, held = in_flight.get(schedule.pk, (0, 0))
             overlap = policies.plan_overlap(schedule.overlap, plan.run, in_flight=flying, buffered=held)
@@ -239,19 +247,24 @@ def _commit(chunk: list[_Planned], *, lease: leases.LeaseHandle, now: datetime, 
                 )
             sent_now = len(overlap.run) + (overlap.buffered is not None)
             used = schedule.slots_sent + sent_now
-            schedule.slots_sent = F("slots_sent") + sent_now
             schedule.next_run_at = None if used_up else plan.next_run_at
+            advance[(schedule.next_run_at, sent_now)].append(schedule.pk)
             if schedule.next_run_at is None:
                 schedule.enabled = False
-                schedule.disabled_reason = _completion_reason(schedule, runs_used=used)
+                schedule.disabled_reason = _completion_reason(
+                    schedule, runs_used=used, sent=sent_now > 0, skipped=bool(overlap.skipped)
+                )
                 changed.append(schedule)
                 report.completed.append((schedule.name, schedule.disabled_reason))
         report.schedules += len(due)
         report.cancelled_task_ids += executions.cancel_in_flight(to_cancel, reason=CANCEL_PREVIOUS_ERROR, now=now)
         executions.insert(rows)
-        # The other fields change for a few schedules only, and bulk_update's
-        # cost grows with rows times fields.
-        Schedule.objects.bulk_update(due, ["next_run_at", "slots_sent"], batch_size=1000)
+        # Schedules due together mostly move to the same next slot by the same
+        # count: one UPDATE per distinct pair is far cheaper than bulk_update's
+        # CASE over every row (and slots_sent moves by F(), never lost).
+        for (next_run_at, sent), pks in advance.items():
+            Schedule.objects.filter(pk__in=pks).update(next_run_at=next_run_at, slots_sent=F("slots_sent") + sent)
+        # The other fields change for a few schedules only.
         if changed:
             Schedule.objects.bulk_update(
                 set(changed), ["paused_reason", "enabled", "disabled_reason", "total_missed"], batch_size=1000
@@ -398,6 +411,7 @@ def submit(
     now = leases.db_now()
     execution = Execution(
         idempotency_key=idempotency_key or executions.submit_key(),
+        trigger=Execution.Trigger.SUBMIT,
         task=name,
         args=args,
         kwargs=kwargs,
