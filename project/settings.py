@@ -141,6 +141,8 @@ AUTH_PASSWORD_VALIDATORS = [
 
 LANGUAGE_CODE = "en-us"
 TIME_ZONE = "UTC"
+# Times with seconds and zone everywhere in the admin: project/formats/en/formats.py.
+FORMAT_MODULE_PATH = "project.formats"
 USE_I18N = True
 USE_TZ = True
 

@@ -1,6 +1,7 @@
 """A Celery task platform for Django with a leader-gated beat.
 
-The public API is ``scheduler.submit(...)`` and ``scheduler.current_execution()``.
+The public API is ``scheduler.submit(...)``, ``scheduler.current_execution()``
+and ``scheduler.fenced()``.
 They are resolved on first use so that importing this package loads no
 models before Django's app registry is ready.
 """
@@ -11,6 +12,7 @@ from typing import Any
 _PUBLIC = {
     "submit": "scheduler.dispatch",
     "current_execution": "scheduler.worker",
+    "fenced": "scheduler.worker",
 }
 
 

@@ -3,7 +3,9 @@
 Lists stay fast at millions of rows: indexed default orderings, no full
 result counts, raw-id widgets for foreign keys, and columns that read only
 the row itself (``last_status`` is kept on the schedule for that reason).
-Actions call the same domain functions as the management commands.
+Actions, in the lists and as buttons on each object's page, call the same
+domain functions as the management commands. Times show seconds and their
+zone everywhere (``project/formats`` for the model's own fields).
 """
 from __future__ import annotations
 
@@ -12,13 +14,14 @@ from typing import Any
 from zoneinfo import ZoneInfo
 
 from django import forms
+from django.core.validators import MinValueValidator
 from django.contrib import admin, messages
-from django.core.exceptions import PermissionDenied
+from django.core.exceptions import NON_FIELD_ERRORS, PermissionDenied
 from django.core.paginator import Paginator
 from django.db import connection, transaction
 from django.db.models import Exists, OuterRef, QuerySet
 from django.db.models.functions import Now
-from django.http import HttpRequest, HttpResponse
+from django.http import Http404, HttpRequest, HttpResponse, HttpResponseNotAllowed
 from django.shortcuts import get_object_or_404, redirect
 from django.template.response import TemplateResponse
 from django.urls import path
@@ -28,18 +31,22 @@ from django.utils.functional import cached_property
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import mark_safe
 from django.utils.timesince import timesince, timeuntil
+from django.utils.http import urlencode
 from django.utils.translation import ngettext
 
 from scheduler import backfill, clock, cluster, dispatch, leases, metrics, operations, timing
 from scheduler.conf import settings
 from scheduler.exceptions import BackfillRefused, ScheduleInvalid
 from scheduler.models import Execution, Instance, Lease, Schedule
-from scheduler.models.schedule import EARLIEST, LATEST
+from scheduler.models.schedule import EARLIEST, LATEST, TIMING_REQUIRED
 
 #: How many upcoming slots the schedule page previews.
 PREVIEW_COUNT = 5
 #: How many recent executions the schedule page lists.
 RECENT_EXECUTIONS = 20
+
+#: Schedule fields validated at least 1; the form says so once, in one wording, for 0 and below.
+AT_LEAST_ONE_FIELDS = ("interval", "max_runs", "timeout", "pause_after_failures")
 
 #: Written by the beat and the workers; shown, never edited by hand.
 RUNNING_STATE_FIELDS = (
@@ -73,13 +80,51 @@ def status_badge(status: str) -> str:
     return format_html('<strong style="color:{}">{}</strong>', colour, status)
 
 
+def utc(moment: Any) -> str:
+    """A time as ``2026-11-26 02:52:07 UTC``: seconds and zone, as the CLI's ISO times have."""
+    return "—" if moment is None else f"{moment.astimezone(ZoneInfo('UTC')):%Y-%m-%d %H:%M:%S} UTC"
+
+
+def seconds_between(start: Any, end: Any) -> str:
+    """``end - start`` in seconds with two decimals, or a dash while either is unknown."""
+    if start is None or end is None:
+        return "—"
+    return f"{(end - start).total_seconds():.2f}s"
+
+
 def when(moment: Any) -> str:
     """A time as "in 3 minutes" / "5 minutes ago", with the absolute UTC time under it."""
     if moment is None:
         return "—"
     now = timezone.now()
     relative = f"in {timeuntil(moment, now)}" if moment > now else f"{timesince(moment, now)} ago"
-    return format_html('{}<br><span class="quiet">{}</span>', relative, f"{moment:%Y-%m-%d %H:%M:%S} UTC")
+    return format_html('{}<br><span class="quiet">{}</span>', relative, utc(moment))
+
+
+def registered_task_names() -> list[str]:
+    """The Celery app's task names an operator may schedule: its own, not Celery's internals.
+
+    ``celery.backend_cleanup`` is the one internal task meant to be scheduled.
+    """
+    from project.celery import app
+
+    app.loader.import_default_modules()
+    return sorted(name for name in app.tasks if not name.startswith("celery.") or name == "celery.backend_cleanup")
+
+
+class DatalistInput(forms.TextInput):
+    """A text box that suggests values (an HTML ``<datalist>``) and still accepts any text."""
+
+    def __init__(self, suggestions: Any, attrs: dict[str, Any] | None = None) -> None:
+        super().__init__(attrs)
+        #: Called at each render: tasks registered after start-up show up too.
+        self.suggestions = suggestions
+
+    def render(self, name: str, value: Any, attrs: dict[str, Any] | None = None, renderer: Any = None) -> str:
+        list_id = f"{name}-suggestions"
+        box = super().render(name, value, {**(attrs or {}), "list": list_id}, renderer)
+        options = format_html_join("", '<option value="{}">', ((choice,) for choice in self.suggestions()))
+        return format_html('{}<datalist id="{}">{}</datalist>', box, list_id, options)
 
 
 class LastStatusFilter(admin.SimpleListFilter):
@@ -184,9 +229,52 @@ class BackfillForm(forms.Form):
 
 
 class ScheduleForm(forms.ModelForm):
+    run_at_now = forms.BooleanField(
+        required=False,
+        label="Run it now",
+        help_text="Set the one-off time to now, so it runs at once (a one-off time in the past is refused).",
+    )
+
     class Meta:
         model = Schedule
         fields = "__all__"
+        widgets = {"task": DatalistInput(registered_task_names, attrs={"class": "vTextField", "autocomplete": "off"})}
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        # The form field would say "≥ 0" for a negative number and the model "≥ 1" for 0.
+        for name in AT_LEAST_ONE_FIELDS:
+            field = self.fields.get(name)
+            if field is None:  # read-only for a viewer
+                continue
+            field.min_value = 1
+            field.widget.attrs["min"] = 1
+            field.validators = [v for v in field.validators if not isinstance(v, MinValueValidator)]
+            field.validators.append(MinValueValidator(1))
+
+    def clean(self) -> dict[str, Any]:
+        cleaned = super().clean()
+        if cleaned.get("run_at_now"):
+            cleaned["run_at"] = leases.db_now()
+        elif cleaned.get("run_at") is not None and "run_at" in self.changed_data:
+            try:
+                operations.ensure_run_at_ahead(
+                    cleaned["run_at"], now=leases.db_now(), hint="Give a future time, or tick “Run it now”."
+                )
+            except operations.RunAtInPast as exc:
+                self.add_error("run_at", str(exc))
+        return cleaned
+
+    def _post_clean(self) -> None:
+        super()._post_clean()
+        # A timing field with its own error (a negative interval) left the
+        # instance without that timing; "set exactly one" would only repeat it.
+        if any(name in self._errors for name in ("cron", "interval", "run_at")):
+            kept = [e for e in self._errors.get(NON_FIELD_ERRORS, []) if e != TIMING_REQUIRED]
+            if kept:
+                self._errors[NON_FIELD_ERRORS] = self.error_class(kept, error_class="nonfield")
+            else:
+                self._errors.pop(NON_FIELD_ERRORS, None)
 
     def clean_task(self) -> str:
         name = self.cleaned_data["task"].strip()
@@ -215,7 +303,12 @@ class ScheduleAdmin(ActionsNeedPermission, admin.ModelAdmin):
         (None, {"fields": ("name", "task", "args", "kwargs", "queue", "priority", "description", "tenant")}),
         (
             "Timing",
-            {"fields": ("cron", "interval", "run_at", "timezone", "start_at", "end_at", "max_runs", "next_fire_times")},
+            {
+                "fields": (
+                    "cron", "interval", "run_at", "run_at_now", "timezone", "start_at", "end_at", "max_runs",
+                    "next_fire_times",
+                )
+            },
         ),
         (
             "Policies",
@@ -238,6 +331,17 @@ class ScheduleAdmin(ActionsNeedPermission, admin.ModelAdmin):
         ("Recent executions", {"fields": ("recent_executions", "backfill_link")}),
     )
 
+    def get_fieldsets(self, request: HttpRequest, obj: Schedule | None = None) -> Any:
+        if obj is not None:
+            return self.fieldsets
+        # A schedule not saved yet has no running state, fire times or history to show.
+        hidden = {*RUNNING_STATE_FIELDS, "next_fire_times"}
+        return [
+            (title, {**options, "fields": tuple(f for f in options["fields"] if f not in hidden)})
+            for title, options in self.fieldsets
+            if title != "Recent executions"
+        ]
+
     # --- columns -------------------------------------------------------------------
 
     @admin.display(description="timing")
@@ -259,11 +363,19 @@ class ScheduleAdmin(ActionsNeedPermission, admin.ModelAdmin):
 
     @admin.display(description="state")
     def state(self, schedule: Schedule) -> str:
+        # The icons are drawn by CSS (scheduler/admin.css): the media-control
+        # glyphs are missing from common fonts and render as empty boxes.
         if not schedule.enabled:
-            return format_html('<span title="{}">⏹ disabled</span>', schedule.disabled_reason)
+            return format_html(
+                '<span class="state state-disabled" title="{}"><i aria-hidden="true"></i>disabled</span>',
+                schedule.disabled_reason,
+            )
         if schedule.is_paused:
-            return format_html('<span title="{}" style="color:#ef6c00">⏸ paused</span>', schedule.paused_reason)
-        return mark_safe('<span style="color:#2e7d32">▶ active</span>')
+            return format_html(
+                '<span class="state state-paused" title="{}"><i aria-hidden="true"></i>paused</span>',
+                schedule.paused_reason,
+            )
+        return mark_safe('<span class="state state-active"><i aria-hidden="true"></i>active</span>')
 
     # --- change page ---------------------------------------------------------------
 
@@ -299,7 +411,8 @@ class ScheduleAdmin(ActionsNeedPermission, admin.ModelAdmin):
         rows = [
             (
                 reverse("admin:scheduler_execution_change", args=[execution.pk]),
-                f"{execution.scheduled_for:%Y-%m-%d %H:%M:%S}",
+                utc(execution.scheduled_for),
+                execution.trigger,
                 status_badge(execution.status),
                 execution.attempt,
                 f"{execution.duration_seconds:.2f}s" if execution.duration_seconds is not None else "",
@@ -309,12 +422,15 @@ class ScheduleAdmin(ActionsNeedPermission, admin.ModelAdmin):
         ]
         if not rows:
             return "No executions yet."
+        every = reverse("admin:scheduler_execution_changelist") + "?" + urlencode({"schedule__id__exact": schedule.pk})
         return format_html(
-            "<table><thead><tr><th>slot (UTC)</th><th>status</th><th>attempt</th><th>duration</th><th>error</th></tr>"
-            "</thead><tbody>{}</tbody></table>",
+            "<table><thead><tr><th>slot</th><th>trigger</th><th>status</th><th>attempt</th><th>duration</th>"
+            "<th>error</th></tr></thead><tbody>{}</tbody></table>"
+            '<p><a href="{}" id="all-executions">All executions of this schedule →</a></p>',
             format_html_join(
-                "", '<tr><td><a href="{}">{}</a></td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>', rows
+                "", '<tr><td><a href="{}">{}</a></td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>', rows
             ),
+            every,
         )
 
     @admin.display(description="Backfill")
@@ -326,7 +442,74 @@ class ScheduleAdmin(ActionsNeedPermission, admin.ModelAdmin):
 
     def get_urls(self) -> list[Any]:
         view = self.admin_site.admin_view(self.backfill_view)
-        return [path("<int:pk>/backfill/", view, name="scheduler_schedule_backfill"), *super().get_urls()]
+        act = self.admin_site.admin_view(self.object_action_view)
+        return [
+            path("<int:pk>/backfill/", view, name="scheduler_schedule_backfill"),
+            path("<int:pk>/act/<slug:action>/", act, name="scheduler_schedule_act"),
+            *super().get_urls(),
+        ]
+
+    # --- buttons on the change page (templates/admin/scheduler/schedule/change_form.html) ---
+
+    def change_view(
+        self, request: HttpRequest, object_id: str, form_url: str = "", extra_context: dict[str, Any] | None = None
+    ) -> HttpResponse:
+        schedule = self.get_object(request, object_id)
+        buttons: list[tuple[str, str]] = []
+        if schedule is not None and self.has_change_permission(request, schedule):
+            buttons = [
+                ("run_now", "Run now"),
+                ("resume", "Resume") if schedule.is_paused else ("pause", "Pause"),
+                ("disable", "Disable") if schedule.enabled else ("enable", "Enable"),
+            ]
+        return super().change_view(request, object_id, form_url, {**(extra_context or {}), "buttons": buttons})
+
+    def object_action_view(self, request: HttpRequest, pk: int, action: str) -> HttpResponse:
+        """One button of the schedule page: a POST, permission-checked as the list's actions are."""
+        if request.method != "POST":
+            return HttpResponseNotAllowed(["POST"])
+        schedule = get_object_or_404(Schedule, pk=pk)
+        if not self.has_change_permission(request, schedule):
+            raise PermissionDenied(f"You may not {action.replace('_', ' ')} this schedule.")
+        if action not in ("run_now", "pause", "resume", "enable", "disable"):
+            raise Http404(f"No action {action!r}.")
+        now = leases.db_now()
+        if action == "run_now":
+            self._run_one_now(request, schedule)
+        elif action == "pause":
+            reason = request.POST.get("reason", "").strip() or f"Paused by {request.user} in the admin"
+            operations.pause_schedule(schedule, reason, now=now)
+            self.message_user(request, f"Schedule {schedule.name} paused: {schedule.paused_reason}")
+        elif action == "resume":
+            operations.resume_schedule(schedule, now=now)
+            self.message_user(request, f"Schedule {schedule.name} resumed; next run {utc(schedule.next_run_at)}.")
+        else:
+            operations.set_enabled(schedule, action == "enable", now=now)
+            self.message_user(request, f"Schedule {schedule.name} {action}d.")
+        return redirect("admin:scheduler_schedule_change", schedule.pk)
+
+    def _run_one_now(self, request: HttpRequest, schedule: Schedule) -> bool:
+        """Run ``schedule`` now and say so; return whether an execution was recorded."""
+        from project.celery import app
+
+        try:
+            with transaction.atomic():
+                result = operations.run_now(schedule, app=app)
+        except operations.ActionRefused as exc:
+            self.message_user(request, str(exc), level=messages.WARNING)
+            return False
+        execution = result.execution
+        url = reverse("admin:scheduler_execution_change", args=[execution.pk])
+        self.message_user(
+            request, format_html('Execution <a href="{}">{}</a> of {} started.', url, execution.pk, schedule.name)
+        )
+        if result.broker_error:
+            self.message_user(
+                request,
+                f"{schedule.name}: recorded, not sent yet ({result.broker_error}); the beat leader will send it",
+                level=messages.WARNING,
+            )
+        return True
 
     def backfill_view(self, request: HttpRequest, pk: int) -> HttpResponse:
         """Range → preview (what would be recorded) → confirm; a bad range is a form error."""
@@ -446,16 +629,78 @@ class ReadOnlyAdmin(admin.ModelAdmin):
 @admin.register(Execution)
 class ExecutionAdmin(ActionsNeedPermission, ReadOnlyAdmin):
     paginator = EstimatedCountPaginator
-    list_display = ("id", "task", "schedule", "scheduled_for", "status_text", "attempt", "duration", "worker")
-    list_filter = ("status", ("scheduled_for", admin.DateFieldListFilter))
+    # Fits 1400 px beside the filters: the attempt goes under the status, long values wrap (admin.css).
+    list_display = (
+        "id", "schedule_or_task", "trigger", "scheduled_for", "status_text", "lag", "queue_wait", "duration", "worker",
+    )
+    list_filter = ("status", "trigger", ("scheduled_for", admin.DateFieldListFilter))
+    # Exact matches, each an index lookup; a term with a colon is a key prefix (see get_search_results).
     search_fields = ("idempotency_key__exact", "celery_task_id__exact")
+    search_help_text = (
+        "An idempotency key or Celery task id; a key prefix such as schedule:4: lists that schedule's slots."
+    )
     raw_id_fields = ("schedule", "retry_of")
     list_select_related = ("schedule",)
     list_per_page = 50
-    readonly_fields = ("task_result_link", "traceback_text")
-    exclude = ("traceback",)
+    readonly_fields = ("attempt_history", "task_result_link", "traceback_text")
+    exclude = ("traceback", "attempt_errors")
+    change_form_template = "admin/scheduler/execution/change_form.html"
 
     actions = ("retry", "cancel")
+
+    def get_search_results(
+        self, request: HttpRequest, queryset: QuerySet[Execution], search_term: str
+    ) -> tuple[QuerySet[Execution], bool]:
+        term = search_term.strip()
+        if ":" in term:
+            # Keys are ``schedule:<id>:<slot>``, ``retry:<id>:…``, ``celery:<task id>``: a
+            # prefix is one range scan of the ``execution_key_prefix`` index
+            # (an exact key is a prefix of itself). Task ids have no colon.
+            return queryset.filter(idempotency_key__startswith=term), False
+        return super().get_search_results(request, queryset, search_term)
+
+    def get_urls(self) -> list[Any]:
+        act = self.admin_site.admin_view(self.object_action_view)
+        return [path("<int:pk>/act/<slug:action>/", act, name="scheduler_execution_act"), *super().get_urls()]
+
+    def change_view(
+        self, request: HttpRequest, object_id: str, form_url: str = "", extra_context: dict[str, Any] | None = None
+    ) -> HttpResponse:
+        execution = self.get_object(request, object_id)
+        buttons: list[tuple[str, str]] = []
+        if execution is not None and self.has_retry_permission(request):
+            if execution.status in operations.RETRYABLE_STATUSES:
+                buttons.append(("retry", "Retry"))
+            if execution.status in operations.CANCELLABLE_STATUSES:
+                buttons.append(("cancel", "Cancel"))
+        return super().change_view(request, object_id, form_url, {**(extra_context or {}), "buttons": buttons})
+
+    def object_action_view(self, request: HttpRequest, pk: int, action: str) -> HttpResponse:
+        """Retry or Cancel on the execution page: a POST, permission-checked as the list's actions are."""
+        from project.celery import app
+
+        if request.method != "POST":
+            return HttpResponseNotAllowed(["POST"])
+        execution = get_object_or_404(Execution, pk=pk)
+        if not self.has_retry_permission(request):
+            raise PermissionDenied(f"You may not {action} executions.")
+        if action not in ("retry", "cancel"):
+            raise Http404(f"No action {action!r}.")
+        act = operations.retry_execution if action == "retry" else operations.cancel_execution
+        try:
+            with transaction.atomic():
+                result = act(execution, app=app)
+        except operations.ActionRefused as exc:
+            self.message_user(request, str(exc), level=messages.WARNING)
+            return redirect("admin:scheduler_execution_change", execution.pk)
+        if result.broker_error:
+            self.message_user(request, f"execution {execution.pk}: broker unreachable ({result.broker_error})", level=messages.WARNING)
+        if action == "cancel":
+            self.message_user(request, f"Execution {execution.pk} cancelled.")
+            return redirect("admin:scheduler_execution_change", execution.pk)
+        retry = result.execution
+        self.message_user(request, f"Execution {retry.pk} retries execution {execution.pk}.")
+        return redirect("admin:scheduler_execution_change", retry.pk)
 
     def has_retry_permission(self, request: HttpRequest) -> bool:
         # Executions are machine-written; whoever may change schedules may act on them.
@@ -492,12 +737,43 @@ class ExecutionAdmin(ActionsNeedPermission, ReadOnlyAdmin):
 
     @admin.display(description="status", ordering="status")
     def status_text(self, execution: Execution) -> str:
+        if execution.attempt > 1:
+            return format_html('{}<br><span class="quiet">attempt {}</span>', status_badge(execution.status), execution.attempt)
         return status_badge(execution.status)
+
+    @admin.display(description="schedule / task", ordering="schedule")
+    def schedule_or_task(self, execution: Execution) -> str:
+        if execution.schedule is None:
+            return execution.task
+        return format_html('{}<br><span class="quiet">{}</span>', execution.schedule.name, execution.task)
+
+    @admin.display(description="lag")
+    def lag(self, execution: Execution) -> str:
+        """Slot to sent: how late the beat (or a re-send) got it to the broker."""
+        return seconds_between(execution.scheduled_for, execution.enqueued_at)
+
+    @admin.display(description="queue wait")
+    def queue_wait(self, execution: Execution) -> str:
+        """Sent to claimed: how long it waited for a worker."""
+        return seconds_between(execution.enqueued_at, execution.started_at)
 
     @admin.display(description="duration")
     def duration(self, execution: Execution) -> str:
         seconds = execution.duration_seconds
         return "—" if seconds is None else f"{seconds:.2f}s"
+
+    @admin.display(description="errors of every attempt")
+    def attempt_history(self, execution: Execution) -> str:
+        attempts = execution.attempt_history()
+        if not attempts:
+            return "—"
+        return format_html(
+            "<ol class='attempt-errors'>{}</ol>",
+            format_html_join(
+                "", "<li value='{}'>{} <span class='quiet'>{}</span></li>",
+                ((a["attempt"], a["error"], a.get("at") or "") for a in attempts),
+            ),
+        )
 
     @admin.display(description="task result")
     def task_result_link(self, execution: Execution) -> str:

@@ -152,7 +152,8 @@ def backfill(
         if broker_error and rate:
             break
         rows = executions.record_slots(
-            schedule, [(slot, Execution.Status.PENDING) for slot in missing[index : index + batch]], now=now
+            schedule, [(slot, Execution.Status.PENDING) for slot in missing[index : index + batch]], now=now,
+            trigger=Execution.Trigger.BACKFILL,
         )
         created += len(rows)
         done = min(index + batch, len(missing))

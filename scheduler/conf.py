@@ -27,12 +27,17 @@ class Defaults:
     #: Default catch-up window for new schedules: older slots are recorded as missed.
     DEFAULT_CATCHUP_WINDOW_SECONDS: int = 300
     #: How long a worker's claim on a running execution lasts without renewal;
-    #: after that the execution may be claimed again (its worker is presumed dead).
+    #: after that the execution may be claimed again (its worker is presumed dead),
+    #: and a body its worker cannot confirm the claim for is stopped. An execution
+    #: with a ``timeout`` keeps its claim at least until its hard time limit.
     CLAIM_SECONDS: float = 30.0
     #: How often each worker process renews the claims of the executions it runs.
     CLAIM_RENEW_SECONDS: float = 10.0
     #: Seconds between a task's soft time limit (its ``timeout``) and the hard kill.
     TIMEOUT_GRACE_SECONDS: float = 10.0
+    #: Attempts lost with their worker (killed, frozen, cut off) that are run
+    #: again beyond ``max_retries``: a dying worker is not the task failing.
+    LOST_RETRIES: int = 3
     #: Longest delay between two retry attempts, whatever the backoff says.
     RETRY_BACKOFF_MAX_SECONDS: float = 3600.0
     #: How often the leader runs reconcile; 0 turns that off.

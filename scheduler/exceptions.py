@@ -35,3 +35,19 @@ class BrokerUnavailable(SchedulerError):
 
 class PruneRefused(SchedulerError):
     """The prune was refused: its age or keep-last is not a valid number; nothing was deleted."""
+
+
+class NotInTask(SchedulerError):
+    """fenced() and checkpoint() work only inside a task run by a worker under the execution guard."""
+
+
+class ClaimLost(SchedulerError):
+    """This attempt's claim on the execution moved on (another attempt holds it, or it ended); nothing was written."""
+
+
+class FenceRefused(SchedulerError):
+    """The fenced block was refused; nothing was written."""
+
+
+class CheckpointInvalid(SchedulerError):
+    """The checkpoint was refused: it must be JSON of at most 64 KB; nothing was written."""

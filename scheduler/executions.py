@@ -43,6 +43,7 @@ from django.db.models import (
     When,
 )
 from django.db.models.functions import Cast, Concat, Now
+from django.db.transaction import TransactionManagementError
 
 from scheduler.conf import settings
 from scheduler.models import Execution, Schedule
@@ -91,7 +92,14 @@ def ad_hoc_key(celery_task_id: str) -> str:
 
 
 def execution_for(
-    schedule: Schedule, slot: datetime, *, status: str, now: datetime, token: int | None = None, held: bool = False
+    schedule: Schedule,
+    slot: datetime,
+    *,
+    status: str,
+    now: datetime,
+    token: int | None = None,
+    held: bool = False,
+    trigger: str = Execution.Trigger.SCHEDULED,
 ) -> Execution:
     """Return an unsaved Execution of ``schedule`` for ``slot`` (``token``: the beat lease it is under).
 
@@ -101,6 +109,7 @@ def execution_for(
     sent = status == Status.PENDING
     return Execution(
         idempotency_key=key(schedule, slot),
+        trigger=trigger,
         schedule=schedule,
         **_copied(schedule),
         scheduled_for=slot,
@@ -114,20 +123,32 @@ def execution_for(
 
 
 def run_now_for(schedule: Schedule, *, now: datetime) -> Execution:
-    """Return an unsaved ``pending`` execution of ``schedule`` for ``now``, outside its timing."""
-    execution = execution_for(schedule, now, status=Status.PENDING, now=now)
+    """Return an unsaved ``pending`` execution of ``schedule`` for ``now``, outside its timing.
+
+    It is sent as soon as it commits, so it is stamped ``enqueued_at=now``
+    already: an idle worker may claim it before its sender marks it
+    ``queued``, and that mark then changes nothing. A send that fails leaves
+    it ``pending``; the leader's send restamps it.
+    """
+    execution = execution_for(schedule, now, status=Status.PENDING, now=now, trigger=Execution.Trigger.MANUAL)
     execution.idempotency_key = run_now_key(schedule)
+    execution.enqueued_at = now
     return execution
 
 
 def retry_for(execution: Execution, *, now: datetime) -> Execution:
-    """Return an unsaved ``pending`` execution that re-runs ``execution`` at ``now``, as attempt 1."""
+    """Return an unsaved ``pending`` execution that re-runs ``execution`` at ``now``, as attempt 1.
+
+    Stamped ``enqueued_at=now``, as ``run_now_for`` is, for the same reason.
+    """
     return Execution(
         idempotency_key=retry_key(execution),
+        trigger=Execution.Trigger.RETRY,
         retry_of=execution,
         schedule_id=execution.schedule_id,
         **_copied(execution),
         scheduled_for=now,
+        enqueued_at=now,
         celery_task_id=str(uuid.uuid4()),
     )
 
@@ -145,8 +166,17 @@ def insert(rows: list[Execution]) -> None:
     Execution.objects.bulk_create(rows, ignore_conflicts=True, batch_size=_BATCH)
 
 
-def record_slots(schedule: Schedule, slots: Sequence[tuple[datetime, str]], *, now: datetime) -> list[dict[str, Any]]:
+def record_slots(
+    schedule: Schedule,
+    slots: Sequence[tuple[datetime, str]],
+    *,
+    now: datetime,
+    trigger: str = Execution.Trigger.SCHEDULED,
+) -> list[dict[str, Any]]:
     """Record an execution of ``schedule`` for each (slot, status) that has none yet; return the rows created.
+
+    ``trigger`` is ``backfill`` for an operator's backfill; reconcile's repair
+    records slots the beat owed, so they stay ``scheduled``.
 
     Runs under a lock on the schedule row, so two callers recording the same
     slots at once (backfill, reconcile's repair) create each row once and
@@ -156,7 +186,9 @@ def record_slots(schedule: Schedule, slots: Sequence[tuple[datetime, str]], *, n
     with transaction.atomic():
         # Recorders of this schedule's slots take turns on its row.
         list(Schedule.objects.select_for_update().filter(pk=schedule.pk).values_list("pk", flat=True))
-        return record([execution_for(schedule, slot, status=status, now=now) for slot, status in slots])
+        return record(
+            [execution_for(schedule, slot, status=status, now=now, trigger=trigger) for slot, status in slots]
+        )
 
 
 def record(rows: list[Execution]) -> list[dict[str, Any]]:
@@ -202,6 +234,7 @@ def record_ad_hoc(
         [
             Execution(
                 idempotency_key=ad_hoc,
+                trigger=Execution.Trigger.SUBMIT,
                 task=task,
                 args=list(args or ()),
                 kwargs=dict(kwargs or {}),
@@ -300,8 +333,19 @@ def worker_identity(hostname: str, pid: int) -> str:
 
 
 def retries_left(attempt: int, max_retries: int) -> bool:
-    """Return whether another attempt may follow ``attempt`` (1 = the first run)."""
+    """Return whether another attempt may follow ``attempt`` (1 = the first run) that raised an error."""
     return attempt <= max_retries
+
+
+def lost_retries_left(attempt: int, max_retries: int) -> bool:
+    """Return whether another attempt may follow ``attempt`` whose worker was lost.
+
+    A lost worker is not the task failing: such an attempt is run again up to
+    ``LOST_RETRIES`` times beyond ``max_retries``, so a worker killed or frozen
+    mid-task costs a re-run, not a failure, while a task that kills every
+    worker it runs on still ends.
+    """
+    return attempt <= max_retries + settings.LOST_RETRIES
 
 
 def claim(*, worker: str, celery_task_id: str, execution_id: int | None = None, key: str = "") -> Execution | None:
@@ -330,7 +374,24 @@ def claim(*, worker: str, celery_task_id: str, execution_id: int | None = None, 
         return None
     # Read back by who claimed it: the claim cannot have expired in between,
     # but an operator may have cancelled it, and then nothing is ours.
-    return target.filter(worker=worker, status=Status.RUNNING).first()
+    execution = target.filter(worker=worker, status=Status.RUNNING).first()
+    if execution is not None and execution.timeout:
+        _hold_to_time_limit(Claim.of(execution), execution.timeout)
+    return execution
+
+
+def _hold_to_time_limit(held: Claim, timeout: int) -> None:
+    """Make ``held`` last until its hard time limit (``timeout`` + grace from now) when that is later.
+
+    The worker's hard limit kills a body ``timeout + TIMEOUT_GRACE_SECONDS``
+    after its claim, so until then nobody may take the execution over,
+    whether or not its worker still renews: a frozen worker's body may run
+    until that limit, which then stops it. (A second, fenced UPDATE: the
+    claim made just before cannot run out in between.)
+    """
+    seconds = timeout + settings.TIMEOUT_GRACE_SECONDS
+    if seconds > settings.CLAIM_SECONDS:
+        held.rows().update(lease_expires_at=_db_now_plus(seconds))
 
 
 def held_by(*, worker: str, execution_id: int | None = None, key: str = "") -> Claim | None:
@@ -348,11 +409,39 @@ def held_by(*, worker: str, execution_id: int | None = None, key: str = "") -> C
 
 
 def renew(claims: Iterable[Claim], *, seconds: float) -> int:
-    """Extend each claim that still holds by ``seconds`` (database clock), in one UPDATE; return how many did."""
+    """Extend each claim that still holds by ``seconds`` (database clock), in one UPDATE; return how many did.
+
+    A claim never gets shorter: one that lasts to its hard time limit (``_hold_to_time_limit``) keeps that.
+    """
+    renewed = _db_now_plus(seconds)
+    return _matching(claims).filter(status=Status.RUNNING).update(
+        lease_expires_at=Case(
+            When(lease_expires_at__gt=renewed, then=F("lease_expires_at")), default=renewed, output_field=DateTimeField()
+        )
+    )
+
+
+#: Where a claim's own holder may leave its row: the holder's outcome is not a lost claim.
+_HOLDER_ENDS = (Status.RUNNING, Status.SUCCEEDED, Status.TIMED_OUT)
+
+
+def moved_on(claims: Iterable[Claim]) -> set[Claim]:
+    """Return those of ``claims`` whose execution moved on without them (for a renewal that renewed fewer).
+
+    Moved on: another attempt holds it, or it was cancelled, marked lost, or
+    failed by someone else. A row its own holder just finished (``succeeded``
+    by a fenced block, ``timed_out``) has not.
+    """
+    claims = list(claims)
+    kept = set(_matching(claims).filter(status__in=_HOLDER_ENDS).values_list("pk", "attempt"))
+    return {held for held in claims if (held.execution_id, held.attempt) not in kept}
+
+
+def _matching(claims: Iterable[Claim]) -> QuerySet[Execution]:
     match = Q(pk__in=[])
     for held in claims:
         match |= Q(pk=held.execution_id, attempt=held.attempt)
-    return Execution.objects.filter(match, status=Status.RUNNING).update(lease_expires_at=_db_now_plus(seconds))
+    return Execution.objects.filter(match)
 
 
 def release(held: Claim) -> bool:
@@ -378,12 +467,38 @@ def finish(held: Claim, *, status: str, result: Any = None, error: str = "", tra
     return finished
 
 
+def finish_in_transaction(held: Claim) -> bool:
+    """Record ``held`` ``succeeded`` inside the caller's open transaction, if the claim still holds.
+
+    The conditional UPDATE is the re-check and the lock at once: it matches
+    (id, attempt, ``running``) and keeps the row locked until the caller
+    commits, so no successor can claim the execution in between (SQLite: the
+    IMMEDIATE transaction already holds the write lock). A successor that
+    committed first leaves nothing to match: False, and the caller rolls
+    back. The schedule row is locked first, as ``_record_outcome`` does.
+    """
+    if not transaction.get_connection().in_atomic_block:
+        raise TransactionManagementError("finish_in_transaction() needs the caller's transaction.atomic()")
+    return _record_outcome(held.rows(), held.schedule_id, held.started_at, status=Status.SUCCEEDED)
+
+
+def record_result(held: Claim, result: Any) -> bool:
+    """Store ``result`` on the execution ``held``'s fenced block recorded ``succeeded``; False if it is not that."""
+    succeeded = Execution.objects.filter(pk=held.execution_id, attempt=held.attempt, status=Status.SUCCEEDED)
+    return bool(succeeded.update(result=result))
+
+
+def save_checkpoint(held: Claim, data: Any) -> bool:
+    """Save ``data`` as the progress of the execution ``held`` runs; False (nothing written) if the claim moved on."""
+    return bool(held.rows().update(checkpoint=data))
+
+
 def fail_exhausted(held: Claim) -> str | None:
     """Fail ``held`` if it took over from a lost attempt that had no retries left; return the reason.
 
     ``None`` means the attempt may run.
     """
-    if retries_left(held.attempt - 1, held.max_retries):
+    if lost_retries_left(held.attempt - 1, held.max_retries):
         return None
     reason = f"Worker lost during attempt {held.attempt - 1}; no retries left"
     if finish(held, status=Status.FAILED, error=reason):
@@ -398,8 +513,14 @@ def retry(held: Claim, *, delay_seconds: float, error: str = "", traceback_text:
     """Move ``held`` to ``retrying`` as the next attempt, due in ``delay_seconds``; False if the claim moved on.
 
     ``enqueued_at`` is when the retry is due: reconcile sends it again if
-    nobody claims it by then.
+    nobody claims it by then. The failed attempt's ``error`` is appended to
+    ``attempt_errors``: read, then written by the same fenced UPDATE, so it
+    lands only while this claim holds the row, and nobody else appends then.
     """
+    read = held.rows().annotate(db_now=Now()).values_list("attempt_errors", "db_now").first()
+    if read is None:
+        return False
+    earlier, now = read
     return bool(
         _move(
             held.rows(),
@@ -409,8 +530,14 @@ def retry(held: Claim, *, delay_seconds: float, error: str = "", traceback_text:
             enqueued_at=_db_now_plus(delay_seconds),
             error=error,
             traceback=traceback_text,
+            attempt_errors=[*(earlier or []), attempt_error(held.attempt, error, at=now)],
         )
     )
+
+
+def attempt_error(attempt: int, error: str, *, at: datetime) -> dict[str, Any]:
+    """Return one ``Execution.attempt_errors`` entry: ``{"attempt": n, "error": "...", "at": ISO}``."""
+    return {"attempt": attempt, "error": error, "at": at.astimezone(timezone.utc).isoformat()}
 
 
 def undo_retry(held: Claim) -> bool:
@@ -433,9 +560,23 @@ def mark_lost(ids: Iterable[int]) -> int:
 
 
 def retry_lost(execution_id: int, *, due: datetime) -> bool:
-    """Move a ``lost`` execution to ``retrying`` as its next attempt, due at ``due`` (its ``enqueued_at``)."""
+    """Move a ``lost`` execution to ``retrying`` as its next attempt, due at ``due`` (its ``enqueued_at``).
+
+    The lost attempt is appended to ``attempt_errors``; the write matches
+    the attempt read, so a concurrent retry of the same row changes nothing.
+    """
     lost = Execution.objects.filter(pk=execution_id, status=Status.LOST)
-    return bool(_move(lost, Status.RETRYING, attempt=_NEXT_ATTEMPT, enqueued_at=due))
+    read = lost.annotate(db_now=Now()).values_list("attempt", "attempt_errors", "db_now").first()
+    if read is None:
+        return False
+    attempt, earlier, now = read
+    entry = attempt_error(attempt, f"Worker lost during attempt {attempt}", at=now)
+    return bool(
+        _move(
+            lost.filter(attempt=attempt), Status.RETRYING, attempt=_NEXT_ATTEMPT, enqueued_at=due,
+            attempt_errors=[*(earlier or []), entry],
+        )
+    )
 
 
 def fail_lost(execution: Execution, *, reason: str) -> bool:

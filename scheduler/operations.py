@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta, timezone
 from typing import TYPE_CHECKING
 
 from django.core.exceptions import ValidationError
@@ -29,10 +29,16 @@ RETRYABLE_STATUSES = Execution.FINAL_STATUSES | {Execution.Status.LOST}
 #: Executions an operator may cancel: not finished yet (a lost one is reconcile's to retry or fail).
 CANCELLABLE_STATUSES = Execution.ACTIVE_STATUSES - {Execution.Status.LOST}
 CANCEL_ERROR = "Cancelled by an operator"
+#: A one-off time this little behind the database clock still counts as "now": it runs.
+RUN_AT_GRACE = timedelta(seconds=10)
 
 
 class ActionRefused(SchedulerError):
     """The action cannot be taken: its task is unknown, or the execution is in the wrong state."""
+
+
+class RunAtInPast(SchedulerError):
+    """A one-off time is already past: the beat would record it missed and never run it."""
 
 
 @dataclass
@@ -68,6 +74,19 @@ def validate_schedule(schedule: Schedule, *, app: Celery) -> None:
             errors.setdefault("task", []).append(ValidationError(str(exc)))
     if errors:
         raise ValidationError(errors)
+
+
+def ensure_run_at_ahead(run_at: datetime | None, *, now: datetime, hint: str) -> None:
+    """Raise ``RunAtInPast`` (its message ends with ``hint``) when a one-off's new ``run_at`` is before ``now``.
+
+    ``now`` is the database clock, the beat's; ``RUN_AT_GRACE`` lets "now" typed a moment ago through.
+    """
+    if run_at is not None and run_at < now - RUN_AT_GRACE:
+        raise RunAtInPast(
+            f"The one-off time {run_at.astimezone(timezone.utc):%Y-%m-%d %H:%M:%S} UTC is in the past "
+            f"(it is {now.astimezone(timezone.utc):%Y-%m-%d %H:%M:%S} UTC): it would be recorded missed and "
+            f"never run. {hint}"
+        )
 
 
 def run_now(schedule: Schedule, *, app: Celery) -> ActionResult:

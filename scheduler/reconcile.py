@@ -169,7 +169,7 @@ def _recover_lost(*, now: datetime, dry_run: bool) -> tuple[list[Change], list[i
     retry: list[int] = []
     for execution in lost.order_by("id")[:BATCH_SIZE]:
         attempt = execution.attempt
-        if executions.retries_left(attempt, execution.max_retries):
+        if executions.lost_retries_left(attempt, execution.max_retries):
             change = Change(
                 "lost_retrying", f"Worker lost during attempt {attempt}; retrying as attempt {attempt + 1}",
                 execution.pk, execution.schedule_id,

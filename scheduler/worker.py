@@ -3,13 +3,25 @@
 Before a task body runs, the worker claims its Execution row with one
 conditional UPDATE. When nothing is claimed, the message is a duplicate
 delivery (the execution is already running elsewhere, or done): it is
-acknowledged, logged and not run. While the body runs, one thread per worker
-process renews the claims of what that process runs, in one UPDATE per
-interval; a worker that dies stops renewing, and once its claim expires the
-execution may be claimed again, as the next attempt. Every write after the
-claim is fenced by that attempt (see ``scheduler.executions``, which owns
-every status change; this module holds only Celery's hooks). The outcome and
-the schedule's counters are written in one transaction.
+acknowledged, logged and not run. While the body runs, the process's claim
+renewer (``scheduler.renewer``) renews the claims of what that process runs,
+in one UPDATE per interval; a worker that dies stops renewing, and once its
+claim expires the execution may be claimed again, as the next attempt. Every
+write after the claim is fenced by that attempt (see ``scheduler.executions``,
+which owns every status change; this module holds only Celery's hooks). The
+outcome and the schedule's counters are written in one transaction.
+
+A body whose claim is gone is stopped and records nothing: when a renewal
+finds the claim moved on (taken over after the worker froze past it,
+cancelled, marked lost), when the process resumes from a pause longer than
+the claim and the database does not confirm it at once, or when the
+database cannot confirm it for longer than the claim. With the prefork pool
+(the default) the pool child exits within a second of noticing, whatever
+the body is doing. With the ``solo`` and ``threads`` pools the body's thread
+gets ``ClaimLost`` raised in it, which Python delivers only when the thread
+next runs Python code: a body blocked in a C call or a long ``time.sleep()``
+runs on until that returns, and a body that catches ``Exception`` and goes
+on is not stopped. The claim's own outcome is never recorded either way.
 
 A task called the plain Celery way (no execution id in the message) is
 recorded as an ad-hoc Execution keyed by its Celery task id, so a redelivery
@@ -29,23 +41,28 @@ import json
 import logging
 import os
 import random
-import threading
 import traceback
-from typing import Any
+from contextlib import AbstractContextManager
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from celery import Task, current_task
+from celery.signals import worker_process_init
 from celery.exceptions import Ignore, Retry, SoftTimeLimitExceeded, WorkerLostError
 from celery.worker.request import Request
-from django.db import DatabaseError, close_old_connections
+from django.db import DatabaseError, InterfaceError, OperationalError, connection
 
 from scheduler import clock, executions, logs, policies
 from scheduler.conf import settings
+from scheduler.exceptions import NotInTask
 from scheduler.executions import Claim
 from scheduler.models import Execution
+from scheduler.renewer import ClaimRenewer
+from scheduler.running import RunningExecution
 
 logger = logging.getLogger(__name__)
 
-#: Attribute of the Celery request context that holds the claimed Execution.
+#: Attribute of the Celery request context that holds the claimed execution (a ``RunningExecution``).
 _REQUEST_ATTR = "scheduler_execution"
 #: Attribute of the Celery request context that holds the ``Claim`` (the fencing token).
 _CLAIM_ATTR = "scheduler_claim"
@@ -53,12 +70,27 @@ _CLAIM_ATTR = "scheduler_claim"
 RESULT_SUMMARY_MAX_CHARS = 10_000
 
 
-def current_execution() -> Execution | None:
-    """Return the Execution the calling task is running, or ``None`` outside one."""
+def current_execution() -> RunningExecution | None:
+    """Return the execution the calling task is running, or ``None`` outside one.
+
+    Reads fall through to the Execution row as claimed; ``checkpoint(data)``
+    saves progress and ``last_checkpoint`` reads it (``scheduler.running``).
+    """
     task = current_task
     if not task:
         return None
     return getattr(task.request, _REQUEST_ATTR, None)
+
+
+def fenced() -> AbstractContextManager[None]:
+    """Return ``with scheduler.fenced():``: the block's writes commit with the ``succeeded`` outcome, or not at all.
+
+    Raises ``NotInTask`` outside a task run under the guard; see ``RunningExecution.fenced``.
+    """
+    running = current_execution()
+    if running is None:
+        raise NotInTask("fenced() works only inside a task run by a worker under the execution guard")
+    return running.fenced()
 
 
 def current_claim() -> Claim | None:
@@ -88,42 +120,14 @@ def _error_text(exc: BaseException) -> str:
 # --- claims ----------------------------------------------------------------------------
 
 
-class _ClaimRenewer:
-    """Renews the claims of one worker process, one UPDATE per interval."""
-
-    def __init__(self) -> None:
-        self._held: set[Claim] = set()
-        self._lock = threading.Lock()
-        self._pid: int | None = None
-
-    def hold(self, claim: Claim) -> None:
-        with self._lock:
-            if self._pid != os.getpid():  # first use in this (possibly forked) process
-                self._held.clear()
-                self._pid = os.getpid()
-                threading.Thread(target=self._run, name="claim-renewer", daemon=True).start()
-            self._held.add(claim)
-
-    def drop(self, claim: Claim) -> None:
-        with self._lock:
-            self._held.discard(claim)
-
-    def _run(self) -> None:
-        stop = threading.Event()
-        while not stop.wait(settings.CLAIM_RENEW_SECONDS):
-            with self._lock:
-                held = list(self._held)
-            if not held:
-                continue
-            try:
-                executions.renew(held, seconds=settings.CLAIM_SECONDS)
-            except DatabaseError:
-                ids = [claim.execution_id for claim in held]
-                logger.exception("could not renew the claims on executions %s; trying again", ids)
-                close_old_connections()
+#: Renews this process's claims; stops a body whose claim is gone (``scheduler.renewer``).
+_renewer = ClaimRenewer()
 
 
-_renewer = _ClaimRenewer()
+@worker_process_init.connect
+def _in_pool_child(**_: Any) -> None:
+    """A prefork pool child runs one body at a time: a body whose claim is gone is stopped by exiting."""
+    _renewer.exit_on_loss = True
 
 
 # --- the guard -------------------------------------------------------------------------
@@ -143,8 +147,9 @@ class ExecutionTask(Task):
         execution_id = (self.request.headers or {}).get(Execution.MESSAGE_HEADER)
         # The pool child's own identity: the main process finds this claim by it (GuardedRequest).
         worker = executions.worker_identity(self.request.hostname, os.getpid())
+        since = _renewer.now()  # before the claim: the local deadline never outlasts the database's
         if execution_id is not None:
-            execution = executions.claim(worker=worker, celery_task_id=task_id, execution_id=execution_id)
+            execution = _reconnecting(executions.claim, worker=worker, celery_task_id=task_id, execution_id=execution_id)
         else:
             limits = self.request.timelimit or (None, None)
             key = executions.record_ad_hoc(
@@ -156,7 +161,7 @@ class ExecutionTask(Task):
                 timeout=int(limits[1]) if limits[1] else None,
                 now=clock.now(),
             )
-            execution = executions.claim(worker=worker, celery_task_id=task_id, key=key)
+            execution = _reconnecting(executions.claim, worker=worker, celery_task_id=task_id, key=key)
         if execution is None:
             logger.warning(
                 "duplicate delivery of execution %s (task %s, celery id %s): not run",
@@ -167,27 +172,33 @@ class ExecutionTask(Task):
         claim = Claim.of(execution)
         if executions.fail_exhausted(claim):
             raise Ignore()
-        setattr(self.request, _REQUEST_ATTR, execution)
+        # A fenced block that records the outcome ends the claim: stop renewing it.
+        setattr(self.request, _REQUEST_ATTR, RunningExecution(execution, claim, on_succeeded=_renewer.drop))
         setattr(self.request, _CLAIM_ATTR, claim)
         logs.bind(execution_id=execution.pk, schedule=execution.schedule_id)
-        _renewer.hold(claim)
+        _renewer.hold(claim, since=since, timeout=execution.timeout)
 
     # --- run and record --------------------------------------------------------------
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        execution: Execution | None = getattr(self.request, _REQUEST_ATTR, None)
+        execution: RunningExecution | None = getattr(self.request, _REQUEST_ATTR, None)
         claim: Claim | None = getattr(self.request, _CLAIM_ATTR, None)
         if execution is None or claim is None:
             # Called directly as a function (or in eager mode): nothing to guard.
             return super().__call__(*args, **kwargs)
         try:
-            value = self.run(*args, **kwargs)
+            try:
+                value = self.run(*args, **kwargs)
+            finally:
+                # Before any outcome is written: the renewer must not take the
+                # claim this attempt ends itself for a lost one and stop the process.
+                _renewer.drop(claim)
         except Retry:
             raise
         except SoftTimeLimitExceeded as exc:
             reason = f"Soft time limit of {execution.timeout}s exceeded"
-            executions.finish(
-                claim, status=Execution.Status.TIMED_OUT, error=reason, traceback_text=traceback.format_exc()
+            _reconnecting(
+                executions.finish, claim, status=Execution.Status.TIMED_OUT, error=reason, traceback_text=traceback.format_exc()
             )
             raise SoftTimeLimitExceeded(reason) from exc
         except Exception as exc:
@@ -199,14 +210,16 @@ class ExecutionTask(Task):
                     spread=random.random(),
                 )
                 raise self.retry(exc=exc, countdown=delay, max_retries=claim.max_retries) from exc
-            executions.finish(
-                claim, status=Execution.Status.FAILED, error=_error_text(exc), traceback_text=traceback.format_exc()
+            _reconnecting(
+                executions.finish, claim, status=Execution.Status.FAILED, error=_error_text(exc), traceback_text=traceback.format_exc()
             )
             raise
         finally:
-            _renewer.drop(claim)
             logs.unbind("execution_id", "schedule")
-        executions.finish(claim, status=Execution.Status.SUCCEEDED, result=_result_summary(value))
+        if execution.succeeded:  # its fenced block recorded the outcome; the result is all that is left
+            _reconnecting(executions.record_result, claim, _result_summary(value))
+        else:
+            _reconnecting(executions.finish, claim, status=Execution.Status.SUCCEEDED, result=_result_summary(value))
         return value
 
     def retry(self, *args: Any, exc: BaseException | None = None, **kwargs: Any) -> Retry:
@@ -217,7 +230,10 @@ class ExecutionTask(Task):
         claim: Claim | None = getattr(self.request, _CLAIM_ATTR, None)
         if claim is None:
             return super().retry(*args, exc=exc, **kwargs)
-        marked = executions.retry(
+        since = _renewer.now()
+        _renewer.drop(claim)  # the attempt ends here (see __call__)
+        marked = _reconnecting(
+            executions.retry,
             claim,
             delay_seconds=float(kwargs.get("countdown") or 0),
             error=_error_text(exc) if exc else "",
@@ -232,8 +248,28 @@ class ExecutionTask(Task):
             raise
         except BaseException:
             # Celery refused (e.g. its own max_retries): the attempt goes on as running.
-            executions.undo_retry(claim)
+            if executions.undo_retry(claim):
+                _renewer.hold(claim, since=since, timeout=getattr(self.request, _REQUEST_ATTR).timeout)
             raise
+
+
+T = TypeVar("T")
+
+
+def _reconnecting(write: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+    """Run one write of the guard; if the server dropped this process's connection, reconnect and run it once more.
+
+    A database restart or ``pg_terminate_backend`` must not cost a finished
+    body its outcome. Running the write again is safe: every write of a
+    claim holder matches on its attempt, so one that did commit the first
+    time changes nothing the second.
+    """
+    try:
+        return write(*args, **kwargs)
+    except (InterfaceError, OperationalError):
+        logger.warning("database connection lost during %s; reconnecting once", write.__name__)
+        connection.close()
+        return write(*args, **kwargs)
 
 
 def _token(claim: Claim) -> tuple[int, int]:

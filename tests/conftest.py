@@ -101,6 +101,22 @@ def process_database_url(transactional_db: None) -> str:
 
 
 @pytest.fixture
+def side_effect_table(transactional_db: None) -> Iterator[None]:
+    """Create ``tests.tasks.SIDE_EFFECT_TABLE`` (no model) for this test; drop it afterwards.
+
+    Request it before ``celery_processes``, so it is dropped after they stopped.
+    """
+    from tests.tasks import SIDE_EFFECT_TABLE
+
+    with connection.cursor() as cursor:
+        cursor.execute(f"DROP TABLE IF EXISTS {SIDE_EFFECT_TABLE}")
+        cursor.execute(f"CREATE TABLE {SIDE_EFFECT_TABLE} (execution_id bigint, attempt integer, pid integer)")
+    yield
+    with connection.cursor() as cursor:
+        cursor.execute(f"DROP TABLE IF EXISTS {SIDE_EFFECT_TABLE}")
+
+
+@pytest.fixture
 def process_env(process_database_url: str, redis_url: str) -> dict[str, str]:
     env = {key: value for key, value in os.environ.items() if not key.startswith("SCHEDULER_")}
     env.update(

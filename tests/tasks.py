@@ -14,13 +14,25 @@ import redis
 from celery import shared_task
 from celery.exceptions import SoftTimeLimitExceeded
 from django.conf import settings
+from django.db import connection
 
 import scheduler
+from scheduler.exceptions import ClaimLost
 
 #: Redis list every run of ``tests.record`` appends to: the side-effect log.
 RUNS_KEY = "tests:runs"
 #: Redis list of ``{"event": "start"|"stop", ...}`` entries from ``tests.record``.
 EVENTS_KEY = "tests:events"
+#: Redis list of what ``tests.fenced_invoice`` did: "holding", "claim lost", "committed".
+FENCED_KEY = "tests:fenced"
+#: Redis key whose existence lets a holding ``tests.fenced_invoice`` go on.
+GO_KEY = "tests:go"
+#: Redis list of the items ``tests.checkpointed`` processed, with the attempt that did each.
+ITEMS_KEY = "tests:items"
+#: Table (no model: tests create it) that ``tests.fenced_invoice`` inserts its one row into.
+SIDE_EFFECT_TABLE = "test_side_effect"
+#: Longest a test task waits for a signal from its test.
+WAIT_SECONDS = 60.0
 
 
 def _client() -> redis.Redis:
@@ -32,18 +44,41 @@ def _event(client: redis.Redis, key: str, **fields: Any) -> None:
 
 
 @shared_task(name="tests.record", bind=True)
-def record(self: Any, label: str = "", seconds: float = 0.0) -> str:
-    """Log a start event, optionally sleep, log a stop event and one entry in the run log."""
+def record(self: Any, label: str = "", seconds: float = 0.0, step: float = 0.0) -> str:
+    """Log a start event, optionally sleep, log a stop event and one entry in the run log.
+
+    With ``step``, the sleep is taken in steps of about that long: like real
+    work, it then progresses only while the process runs, and a process
+    frozen mid-way resumes with work left (one long sleep would end at once).
+    """
     client = _client()
     execution = scheduler.current_execution()
     execution_id, attempt = (execution.pk, execution.attempt) if execution else (None, None)
     _event(client, EVENTS_KEY, event="start", label=label, execution_id=execution_id, attempt=attempt)
-    if seconds:
-        time.sleep(seconds)
+    steps = max(1, round(seconds / step)) if step else 1
+    for _ in range(steps if seconds else 0):
+        time.sleep(seconds / steps)
     _event(client, EVENTS_KEY, event="stop", label=label, execution_id=execution_id, attempt=attempt)
     client.rpush(RUNS_KEY, json.dumps({"task_id": self.request.id, "label": label, "execution_id": execution_id}))
     client.close()
     return label
+
+
+#: Redis list of ``{"step": n, "execution_id": id, "attempt": a, "pid": p, "at": t}`` entries from ``tests.steps``.
+STEPS_KEY = "tests:steps"
+
+
+@shared_task(name="tests.steps")
+def steps(count: int, seconds: float = 0.2) -> int:
+    """Work in ``count`` small steps of ``seconds`` each, logging every finished step."""
+    client = _client()
+    execution = scheduler.current_execution()
+    execution_id, attempt = (execution.pk, execution.attempt) if execution else (None, None)
+    for step in range(1, count + 1):
+        time.sleep(seconds)
+        _event(client, STEPS_KEY, step=step, execution_id=execution_id, attempt=attempt)
+    client.close()
+    return count
 
 
 @shared_task(name="tests.stubborn")
@@ -73,6 +108,69 @@ def flaky(key: str, failures: int) -> int:
 def fail(message: str = "planned failure") -> None:
     """Always raise."""
     raise RuntimeError(message)
+
+
+@shared_task(name="tests.fenced_invoice")
+def fenced_invoice(hold: str = "", hold_attempt: int = 1) -> str:
+    """Insert one side-effect row under ``scheduler.fenced()``, the invoice of this execution.
+
+    Attempt ``hold_attempt`` waits for ``GO_KEY`` at ``hold``: "before" the
+    block, or "inside" it after its INSERT (the transaction open).
+    """
+    client = _client()
+    running = scheduler.current_execution()
+    fields = {"execution_id": running.pk, "attempt": running.attempt}
+    holds = hold if running.attempt == hold_attempt else ""
+    try:
+        if holds == "before":
+            _hold(client, **fields)
+        with scheduler.fenced():
+            with connection.cursor() as cursor:
+                cursor.execute(
+                    f"INSERT INTO {SIDE_EFFECT_TABLE} (execution_id, attempt, pid) VALUES (%s, %s, %s)",
+                    [running.pk, running.attempt, os.getpid()],
+                )
+            if holds == "inside":
+                _hold(client, **fields)
+    except ClaimLost:
+        _event(client, FENCED_KEY, event="claim lost", **fields)
+        raise
+    _event(client, FENCED_KEY, event="committed", **fields)
+    return "invoiced"
+
+
+def _hold(client: redis.Redis, **fields: Any) -> None:
+    _event(client, FENCED_KEY, event="holding", **fields)
+    deadline = time.monotonic() + WAIT_SECONDS
+    while not client.exists(GO_KEY) and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
+@shared_task(name="tests.checkpointed")
+def checkpointed(items: int, pause_after: int = 0) -> int:
+    """Process items 1..``items`` from the last checkpoint on: log each, then checkpoint it.
+
+    Attempt 1 pauses after checkpointing item ``pause_after`` (logs a
+    "paused" event and sleeps), so a test can kill it there.
+    """
+    client = _client()
+    running = scheduler.current_execution()
+    done = (running.last_checkpoint or {}).get("done", 0)
+    for item in range(done + 1, items + 1):
+        client.rpush(ITEMS_KEY, json.dumps({"item": item, "attempt": running.attempt, "pid": os.getpid()}))
+        running.checkpoint({"done": item})
+        if running.attempt == 1 and item == pause_after:
+            _event(client, EVENTS_KEY, event="paused", item=item)
+            time.sleep(WAIT_SECONDS)
+    client.close()
+    return items
+
+
+def side_effects() -> list[tuple[int, int, int]]:
+    """Return the committed rows of ``SIDE_EFFECT_TABLE``: (execution_id, attempt, pid)."""
+    with connection.cursor() as cursor:
+        cursor.execute(f"SELECT execution_id, attempt, pid FROM {SIDE_EFFECT_TABLE} ORDER BY attempt")
+        return [tuple(row) for row in cursor.fetchall()]
 
 
 def runs(client: redis.Redis) -> list[dict[str, Any]]:

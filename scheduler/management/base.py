@@ -4,19 +4,24 @@ Commands stay thin: they parse arguments with the helpers below, call the
 domain (models, ``dispatch``, ``reconcile``, ``backfill``) and print what it
 returns. Any refusal becomes a ``CommandError`` with one line a human can act
 on; Django prints it and exits with status 1. Argument errors exit with 2.
+With ``--json`` the same line is also printed on stdout as
+``{"error": "..."}``, so a script parses one stream either way.
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import json
 import math
 import re
+import sys
 from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta, timezone
 from typing import Any, NoReturn
 
 from django.core.exceptions import ValidationError
-from django.core.management.base import BaseCommand, CommandError, CommandParser, SystemCheckError
+from django.core.management.base import BaseCommand, CommandError, CommandParser, OutputWrapper, SystemCheckError
 from django.core.serializers.json import DjangoJSONEncoder
 from django.db import DatabaseError
 from django.db.models import Model
@@ -76,6 +81,28 @@ class SchedulerCommand(BaseCommand):
         if self.writes:
             parser.add_argument("--dry-run", action="store_true", help="show what would change; change nothing")
 
+    def run_from_argv(self, argv: list[str]) -> None:
+        """Run from the command line; with ``--json`` an error is also ``{"error": "..."}`` on stdout.
+
+        The exit status and the line on stderr stay as without ``--json``.
+        """
+        if "--json" not in argv[2:]:
+            super().run_from_argv(argv)
+            return
+        captured = io.StringIO()
+        stderr, self.stderr = self.stderr, OutputWrapper(captured)
+        try:
+            # argparse prints its usage errors to sys.stderr, Django its CommandError to self.stderr.
+            with contextlib.redirect_stderr(captured):
+                super().run_from_argv(argv)
+        except SystemExit as exc:
+            if exc.code not in (0, None):
+                self.stdout.write(json.dumps({"error": _error_text(captured.getvalue())}))
+            raise
+        finally:
+            self.stderr = stderr
+            sys.stderr.write(captured.getvalue())
+
     def execute(self, *args: Any, **options: Any) -> Any:
         try:
             return super().execute(*args, **options)
@@ -103,6 +130,16 @@ class SchedulerCommand(BaseCommand):
 
 class _ExamplesFormatter(argparse.RawDescriptionHelpFormatter):
     """Keep the line breaks of ``help`` texts, so the examples in them stay readable."""
+
+
+def _error_text(printed: str) -> str:
+    """Return the message of the error line Django or argparse printed, without its prefix."""
+    lines = [line for line in printed.splitlines() if line.strip()]
+    last = lines[-1] if lines else "error"
+    for prefix in ("CommandError: ", "error: "):
+        if prefix in last:
+            return last.split(prefix, 1)[1]
+    return last
 
 
 def one_line(text: str) -> str:

@@ -1,7 +1,7 @@
 """Execution: one row per (schedule, slot) or per ad-hoc submission."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from django.db import models
 from django.db.models import Q
@@ -199,6 +199,18 @@ class Execution(models.Model):
         if not self.celery_task_id:
             return None
         return TaskResult.objects.filter(task_id=self.celery_task_id).first()
+
+    def attempt_history(self) -> list[dict[str, Any]]:
+        """Return the error of every attempt that failed, oldest first, as ``attempt_errors`` entries.
+
+        ``attempt_errors`` holds the attempts that were retried; a finished
+        execution's last attempt has its error in ``error``.
+        """
+        history = list(self.attempt_errors or [])
+        if self.error and self.status in self.FINAL_STATUSES:
+            at = self.finished_at.isoformat() if self.finished_at else None
+            history.append({"attempt": self.attempt, "error": self.error, "at": at})
+        return history
 
     @property
     def duration_seconds(self) -> float | None:

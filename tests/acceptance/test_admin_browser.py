@@ -1,11 +1,12 @@
 """A real browser (Debian's chromium, headless) through the admin, with a real beat and worker.
 
-Saves screenshots of the schedule page and the cluster page under docs/
-(the README shows them).
+Saves screenshots of the schedule page (with its buttons), the execution
+list and the cluster page under docs/ (the README shows them).
 """
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -119,6 +120,53 @@ def test_admin_in_a_browser__create_preview_run_now_and_see_it_run(
     ), list(Execution.objects.values_list("status", flat=True))
     page.goto(f"{base}/admin/scheduler/execution/")
     assert "succeeded" in page.inner_text("#result_list")
+
+    # The buttons on the schedule's page: Run now, Pause with a reason, Resume
+    page.goto(f"{base}/admin/scheduler/schedule/{schedule.pk}/change/")
+    page.click("#action-run_now button")
+    page.wait_for_selector(".messagelist li.info")
+    assert "of nightly report started." in page.inner_text(".messagelist")
+    assert wait_until(lambda: Execution.objects.filter(schedule=schedule, trigger="manual").count() == 2, timeout=10)
+    page.fill("#action-pause input[name=reason]", "vendor outage")
+    page.click("#action-pause button")
+    page.wait_for_selector("#action-resume")
+    assert "paused: vendor outage" in page.inner_text(".messagelist")
+    schedule.refresh_from_db()
+    assert schedule.paused_reason == "vendor outage"
+    page.screenshot(path=str(DOCS / "admin-schedule-actions.png"), full_page=True)
+    page.click("#action-resume button")
+    page.wait_for_selector("#action-pause")
+    schedule.refresh_from_db()
+    assert schedule.paused_reason == ""
+
+    # Retry on an execution's page: a new execution, shown with its trigger
+    first = Execution.objects.filter(schedule=schedule, status=Execution.Status.SUCCEEDED).order_by("id").first()
+    assert first is not None
+    page.goto(f"{base}/admin/scheduler/execution/{first.pk}/change/")
+    page.click("#action-retry button")
+    page.wait_for_selector(".messagelist li.info")
+    assert f"retries execution {first.pk}." in page.inner_text(".messagelist")
+    assert wait_until(
+        lambda: Execution.objects.filter(retry_of=first, status=Execution.Status.SUCCEEDED).exists(), timeout=30
+    )
+
+    # The execution list at 1400 px: times with seconds and zone, every column on screen
+    page.set_viewport_size({"width": 1400, "height": 900})
+    page.goto(f"{base}/admin/scheduler/execution/")
+    slots = page.locator("#result_list td.field-scheduled_for").all_inner_texts()
+    assert slots and all(re.fullmatch(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC", text.strip()) for text in slots), slots
+    assert {"manual (run now)", "retry"} <= set(page.locator("#result_list td.field-trigger").all_inner_texts())
+    # (the list scrolls sideways inside its box when it is wider than the room beside the filters)
+    widths = page.evaluate("() => { const r = document.querySelector('#changelist .results'); return [r.scrollWidth, r.clientWidth]; }")
+    columns = page.evaluate("() => [...document.querySelectorAll('#result_list thead th')].map(th => [th.className, th.offsetWidth])")
+    assert widths[0] <= widths[1], (widths, columns)
+    page.screenshot(path=str(DOCS / "admin-executions.png"), full_page=True)
+    page.set_viewport_size({"width": 1280, "height": 900})
+
+    # The state icons are drawn, not empty glyph boxes
+    page.goto(f"{base}/admin/scheduler/schedule/")
+    icon = page.locator(".state i").first.bounding_box()
+    assert icon is not None and icon["width"] > 0 and icon["height"] > 0
 
     # The cluster page shows the leading beat replica and the worker
     page.goto(f"{base}/admin/scheduler/lease/")

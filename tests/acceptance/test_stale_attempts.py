@@ -13,12 +13,13 @@ from __future__ import annotations
 import os
 import signal
 from collections.abc import Callable
+from datetime import timedelta
 from typing import Any
 
 import pytest
 
 import scheduler
-from scheduler import executions
+from scheduler import executions, leases
 from scheduler.models import Execution
 from tests import tasks  # noqa: F401 -- registers the tasks submit() checks
 from tests.processes import CeleryProcess, wait_until
@@ -61,7 +62,11 @@ def test_old_attempt_hard_time_limit__does_not_touch_the_successor(celery_proces
     # will be killed by its hard limit (timeout 3 s + grace 1 s)
     execution = scheduler.submit("tests.stubborn", args=[30], timeout=3)
     running_on(execution, worker_a)
-    # When B takes the execution over as attempt 2, and then A's hard limit strikes
+    # When B takes the execution over as attempt 2 (forced: a claim with a
+    # timeout lasts until its hard limit, so here A's claim is cut short, as a
+    # worker configured with a shorter grace than A's would see it), and then
+    # A's hard limit strikes
+    Execution.objects.filter(pk=execution.pk).update(lease_expires_at=leases.db_now() - timedelta(seconds=5))
     successor = taken_over(execution)
     worker_a.wait_for_log(r"Hard time limit \(4\.0s\) exceeded")
     # Then B's row keeps B's claim: not timed out, not finished

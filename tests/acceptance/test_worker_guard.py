@@ -186,12 +186,16 @@ def test_worker_killed_mid_task__claimable_after_its_claim_expires_and_never_con
     assert [(e["event"], e["pid"]) for e in events] == [("start", pid_a), ("start", pid_b), ("stop", pid_b)], events
 
 
-@pytest.mark.parametrize(("max_retries", "status", "attempt"), [(1, "succeeded", 2), (0, "failed", 2)])
+@pytest.mark.parametrize(
+    ("max_retries", "lost_retries", "status", "attempt"),
+    [(1, 0, "succeeded", 2), (0, 3, "succeeded", 2), (0, 0, "failed", 2)],
+    ids=["a retry left", "a lost-worker re-run left", "none left"],
+)
 def test_pool_child_killed__requeued_and_claimed_again_at_once_or_failed_without_retries(
-    celery_processes: Start, redis_client: redis.Redis, max_retries: int, status: str, attempt: int
+    celery_processes: Start, redis_client: redis.Redis, max_retries: int, lost_retries: int, status: str, attempt: int
 ) -> None:
     # Given a worker whose claims last far longer than this test
-    worker = celery_processes("worker", "w1", claim_seconds=600)
+    worker = celery_processes("worker", "w1", claim_seconds=600, lost_retries=lost_retries)
     worker.wait_for_log(r"ready\.")
     execution = scheduler.submit("tests.record", kwargs={"label": "oom", "seconds": 3}, max_retries=max_retries)
     assert wait_until(lambda: test_tasks.events(redis_client), timeout=20), worker.log()[-3000:]

@@ -51,7 +51,8 @@ def test_schedule_list__columns(staff: Client, schedules: dict[str, Schedule]) -
     assert response.status_code == 200
     assert "At 02:30 (Europe/Berlin)" in page
     assert "every 5 seconds" in page
-    assert "▶ active" in page and "⏸ paused" in page and "⏹ disabled" in page
+    assert ('<i aria-hidden="true"></i>active' in page and '<i aria-hidden="true"></i>paused' in page
+            and '<i aria-hidden="true"></i>disabled' in page)
     assert ">failed<" in page
     assert "in " in page  # relative next run
 

@@ -79,9 +79,13 @@ def test_list__newest_first_with_status_and_schedule(nightly: Schedule) -> None:
     # When
     lines = executions("list").splitlines()
     # Then
-    assert lines[0].split() == ["ID", "STATUS", "SCHEDULED", "FOR", "TASK", "SCHEDULE", "ATTEMPT"]
-    assert lines[1].split() == [str(new.pk), "failed", "2026-03-01T12:05:00+00:00", "scheduler.echo", "-", "1"]
-    assert lines[2].split() == [str(old.pk), "succeeded", "2026-03-01T12:00:00+00:00", "scheduler.echo", "nightly", "1"]
+    assert lines[0].split() == ["ID", "STATUS", "TRIGGER", "SCHEDULED", "FOR", "TASK", "SCHEDULE", "ATTEMPT"]
+    assert lines[1].split() == [
+        str(new.pk), "failed", "scheduled", "2026-03-01T12:05:00+00:00", "scheduler.echo", "-", "1"
+    ]
+    assert lines[2].split() == [
+        str(old.pk), "succeeded", "scheduled", "2026-03-01T12:00:00+00:00", "scheduler.echo", "nightly", "1"
+    ]
 
 
 def test_list__at_most_50_by_default() -> None:
@@ -142,6 +146,19 @@ def test_show__every_field(nightly: Schedule) -> None:
     assert data["schedule_id"] == nightly.pk and data["retry_of_id"] is None
     text = executions("show", str(execution.pk))
     assert "error              boom" in text and "schedule name      nightly" in text
+
+
+def test_list_and_show__the_trigger(nightly: Schedule) -> None:
+    # Given a slot the beat fired and an operator's run-now
+    make(schedule=nightly, minutes=1)
+    manual = make(schedule=nightly, minutes=2, trigger=Execution.Trigger.MANUAL)
+    # When / Then
+    listed = json.loads(executions("list", "--json"))
+    assert [row["trigger"] for row in listed] == ["manual", "scheduled"]
+    assert [row["id"] for row in json.loads(executions("list", "--trigger", "manual", "--json"))] == [manual.pk]
+    assert "TRIGGER" in executions("list").splitlines()[0]
+    assert json.loads(executions("show", str(manual.pk), "--json"))["trigger"] == "manual"
+    assert "trigger            manual" in executions("show", str(manual.pk))
 
 
 @pytest.mark.parametrize("action", ["show", "retry", "cancel"])

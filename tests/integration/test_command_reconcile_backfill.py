@@ -4,6 +4,7 @@ from __future__ import annotations
 import io
 import json
 from datetime import datetime, timedelta
+from typing import Any
 from zoneinfo import ZoneInfo
 
 import pytest
@@ -15,6 +16,12 @@ from scheduler import leases
 from scheduler.models import Execution, Instance, Schedule
 
 pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture(autouse=True)
+def lost_counts_against_max_retries(settings: Any) -> None:
+    """These tests pin ``max_retries`` for lost attempts: no extra lost-worker re-runs."""
+    settings.SCHEDULER_LOST_RETRIES = 0
 
 Status = Execution.Status
 HOUR = timedelta(hours=1)

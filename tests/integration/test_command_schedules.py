@@ -156,7 +156,7 @@ def test_create__duplicate_name_is_refused() -> None:
 @pytest.mark.parametrize(
     ("options", "message"),
     [
-        ([], "one of the arguments --cron --every --at is required"),
+        ([], "one of the arguments --cron --every --at --run-now is required"),
         (["--cron", "* * * * *", "--every", "5"], "not allowed with argument"),
         (["--every", "often"], "argument --every: invalid int value: 'often'"),
         (["--every", "5", "--overlap", "sometimes"], "argument --overlap: invalid choice: 'sometimes'"),
@@ -449,7 +449,7 @@ def test_process__create_and_list(manage: Callable[..., subprocess.CompletedProc
         (["create", "x", "--task", "scheduler.echo", "--at", "soon"], 1, "is not an ISO-8601 date or time"),
         (["create", "x", "--task", "scheduler.echo", "--every", "5", "--timezone", "Moon/Base"], 1, "Unknown timezone"),
         (["show", "missing"], 1, "CommandError: No schedule named 'missing'"),
-        (["create", "x", "--task", "scheduler.echo"], 2, "one of the arguments --cron --every --at is required"),
+        (["create", "x", "--task", "scheduler.echo"], 2, "one of the arguments --cron --every --at --run-now is required"),
         (["next", "x", "-n", "-1"], 2, "argument -n/--count"),
         (["explode"], 2, "invalid choice: 'explode'"),
     ],

@@ -197,6 +197,59 @@ def test_renew__extends_only_the_claims_still_held() -> None:
     assert state(other.execution_id)["lease_expires_at"] > leases.db_now() + timedelta(seconds=500)
 
 
+def test_moved_on__names_the_claims_lost_and_not_those_their_holder_ended() -> None:
+    # Given A's claim superseded by B's, another claim A still holds, and one A finished itself
+    stale, current = superseded()
+    other = claimed(row(key="other").pk, "a@host:1")
+    done = claimed(row(key="done").pk, "a@host:1")
+    executions.finish(done, status=Status.SUCCEEDED)
+    # Then only the superseded one moved on
+    assert executions.moved_on([stale, other, done]) == {stale}
+    # And so does a claim an operator cancelled
+    executions.cancel(current.execution_id, reason="operator", now=leases.db_now())
+    assert executions.moved_on([current]) == {current}
+
+
+# --- claims of executions with a time limit ---------------------------------------------------
+
+
+def claim_length(execution_id: int) -> timedelta:
+    values = Execution.objects.filter(pk=execution_id).values("started_at", "lease_expires_at").get()
+    return values["lease_expires_at"] - values["started_at"]
+
+
+@pytest.mark.parametrize(("timeout", "seconds"), [(None, 30), (5, 30), (100, 110)])
+def test_claim__lasts_at_least_until_the_hard_time_limit(
+    settings: Any, timeout: int | None, seconds: float
+) -> None:
+    settings.SCHEDULER_CLAIM_SECONDS = 30
+    settings.SCHEDULER_TIMEOUT_GRACE_SECONDS = 10
+    # Given an execution with that timeout
+    execution = row(timeout=timeout)
+    # When a worker claims it
+    claimed(execution.pk, "a@host:1")
+    # Then its claim lasts the claim, or to the hard limit (timeout + grace) when that is later
+    assert timedelta(seconds=seconds) <= claim_length(execution.pk) < timedelta(seconds=seconds + 1)
+
+
+def test_renew__never_shortens_a_claim_to_the_hard_time_limit(settings: Any) -> None:
+    settings.SCHEDULER_TIMEOUT_GRACE_SECONDS = 10
+    # Given a claimed execution whose hard time limit is 110 s after its claim
+    execution = row(timeout=100)
+    held = claimed(execution.pk, "a@host:1")
+    # When its worker renews it for 3 s
+    assert executions.renew([held], seconds=3) == 1
+    # Then the claim still lasts to the hard limit: reconcile finds nothing lost
+    assert claim_length(execution.pk) >= timedelta(seconds=110)
+    assert executions.mark_lost([execution.pk]) == 0
+    assert not Execution.objects.claimable().filter(pk=execution.pk).exists()
+    # And a claim without a time limit is renewed by the 3 s asked
+    plain = claimed(row(key="plain").pk, "a@host:1")
+    expire_claim(plain.execution_id)
+    assert executions.renew([plain], seconds=3) == 1
+    assert leases.db_now() < state(plain.execution_id)["lease_expires_at"] < leases.db_now() + timedelta(seconds=4)
+
+
 # --- settings: "lease" is the beat's, a worker holds a claim ---------------------------------
 
 

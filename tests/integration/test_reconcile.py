@@ -19,6 +19,12 @@ from scheduler.reconcile import ReconcileReport, reconcile
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
+
+@pytest.fixture(autouse=True)
+def lost_counts_against_max_retries(settings: Any) -> None:
+    """These tests pin ``max_retries`` for lost attempts: no extra lost-worker re-runs."""
+    settings.SCHEDULER_LOST_RETRIES = 0
+
 Status = Execution.Status
 
 
@@ -83,6 +89,21 @@ def test_lost__attempts_left__retrying_next_attempt_and_sent(redis_client: redis
     assert sent_ids(redis_client) == [lost.pk]
     alive.refresh_from_db()
     assert alive.status == Status.RUNNING
+
+
+@pytest.mark.parametrize(("attempt", "kind"), [(1, "lost_retrying"), (3, "lost_retrying"), (4, "lost_failed")])
+def test_lost__worker_lost_is_run_again_beyond_max_retries_up_to_lost_retries(
+    settings: Any, attempt: int, kind: str
+) -> None:
+    # Given three re-runs allowed for lost workers, and a lost execution with no retries of its own
+    settings.SCHEDULER_LOST_RETRIES = 3
+    lost = running_with_expired_lease("lost", max_retries=0, attempt=attempt)
+
+    # When reconciled
+    report = reconcile(now=leases.db_now(), app=app)
+
+    # Then it runs again until it has lost three workers, then fails with the reason
+    assert kinds(report) == [(kind, lost.pk)]
 
 
 def test_lost__no_attempts_left__failed_and_counted_on_its_schedule() -> None:

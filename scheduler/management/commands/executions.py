@@ -26,6 +26,7 @@ class Command(SchedulerCommand):
 
 examples:
   manage.py executions list --status failed --since 2026-03-01
+  manage.py executions list --trigger manual
   manage.py executions show 42
   manage.py executions retry 42
   manage.py executions cancel 43 --dry-run
@@ -59,6 +60,7 @@ Run "manage.py executions ACTION --help" for the options of each action."""
             "  manage.py executions list --since 2026-03-29T00:00:00Z --json",
         )
         listing.add_argument("--status", choices=Execution.Status.values, help="only executions in this status")
+        listing.add_argument("--trigger", choices=Execution.Trigger.values, help="only executions with this trigger")
         listing.add_argument("--schedule", metavar="NAME", help="only executions of this schedule")
         listing.add_argument("--since", metavar="ISO", help="only executions scheduled at or after this time")
         listing.add_argument("--limit", type=non_negative_int, default=50, metavar="N",
@@ -80,11 +82,14 @@ Run "manage.py executions ACTION --help" for the options of each action."""
             raise CommandError(str(exc)) from None
 
     def _list(
-        self, *, json: bool, status: str | None, schedule: str | None, since: str | None, limit: int, **options: Any
+        self, *, json: bool, status: str | None, trigger: str | None, schedule: str | None, since: str | None,
+        limit: int, **options: Any
     ) -> None:
         executions = Execution.objects.select_related("schedule")
         if status:
             executions = executions.filter(status=status)
+        if trigger:
+            executions = executions.filter(trigger=trigger)
         if schedule is not None:
             found = Schedule.objects.filter(name=schedule).first()
             if found is None:
@@ -95,24 +100,28 @@ Run "manage.py executions ACTION --help" for the options of each action."""
         rows = list(executions[:limit] if limit else executions)
         data = [
             {
-                "id": e.pk, "status": e.status, "scheduled_for": e.scheduled_for, "task": e.task,
-                "schedule": e.schedule.name if e.schedule else None, "attempt": e.attempt, "finished_at": e.finished_at,
+                "id": e.pk, "status": e.status, "trigger": e.trigger, "scheduled_for": e.scheduled_for,
+                "task": e.task, "schedule": e.schedule.name if e.schedule else None, "attempt": e.attempt,
+                "finished_at": e.finished_at,
             }
             for e in rows
         ]
-        columns = ("id", "status", "scheduled_for", "task", "schedule", "attempt")
+        columns = ("id", "status", "trigger", "scheduled_for", "task", "schedule", "attempt")
         headers = tuple(column.replace("_", " ").upper() for column in columns)
         cells = [tuple(text_value(row[column]) for column in columns) for row in data]
         self.emit(data, as_json=json, text=text_table(headers, cells) if rows else "No executions.")
 
     def _show(self, execution_id: int, *, json: bool, **options: Any) -> None:
         execution = _get(execution_id)
-        data = model_fields(execution)
-        lines = [f"{key:<18} {text_value(value)}" for key, value in data.items()]
+        attempts = execution.attempt_history()
+        data = {**model_fields(execution), "attempts": attempts}
+        lines = [f"{key:<18} {text_value(value)}" for key, value in data.items() if key != "attempts"]
         lines += [
             f"{'schedule name':<18} {text_value(execution.schedule.name if execution.schedule else None)}",
             f"{'duration':<18} {text_value(execution.duration_seconds)}",
         ]
+        # Every failed attempt's error, not only the last one in ``error``.
+        lines += [f"{'attempt ' + str(a['attempt']) + ' error':<18} {a['error']} ({a['at'] or '-'})" for a in attempts]
         self.emit(data, as_json=json, text=lines)
 
     def _retry(self, execution_id: int, *, json: bool, dry_run: bool, **options: Any) -> None:

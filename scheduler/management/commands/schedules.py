@@ -102,7 +102,8 @@ Run "manage.py schedules ACTION --help" for the options of each action."""
             "create", "Create a schedule; it is validated like in the admin and nothing is saved on error.",
             '  manage.py schedules create nightly --task scheduler.echo --cron "0 2 * * *" --timezone Europe/Berlin\n'
             "  manage.py schedules create poll --task scheduler.echo --every 30 --args '[1, \"two\"]' --overlap skip\n"
-            "  manage.py schedules create once --task scheduler.echo --at 2026-03-29T02:30:00Z --dry-run",
+            "  manage.py schedules create once --task scheduler.echo --at 2026-03-29T02:30:00Z --dry-run\n"
+            "  manage.py schedules create now --task scheduler.echo --run-now",
         )
         _add_field_options(create, creating=True)
         create.add_argument("--disabled", action="store_true", help="create it turned off")
@@ -173,9 +174,16 @@ Run "manage.py schedules ACTION --help" for the options of each action."""
 
     # --- writing ---------------------------------------------------------------------
 
-    def _create(self, name: str, *, json: bool, dry_run: bool, disabled: bool, **options: Any) -> None:
-        schedule = Schedule(name=name, enabled=not disabled, **_changes(options))
+    def _create(self, name: str, *, json: bool, dry_run: bool, disabled: bool, run_now: bool, **options: Any) -> None:
+        changes = _changes(options)
+        now = leases.db_now()
+        if run_now:
+            changes.update(cron="", interval=None, run_at=now)
+        schedule = Schedule(name=name, enabled=not disabled, **changes)
         operations.validate_schedule(schedule, app=app)
+        operations.ensure_run_at_ahead(
+            schedule.run_at, now=now, hint="Give a future time, or use --run-now (instead of --at) to run it now."
+        )
         if dry_run:
             schedule.next_run_at = schedule.compute_next_run_at(now=clock.now())
         else:
@@ -190,6 +198,11 @@ Run "manage.py schedules ACTION --help" for the options of each action."""
         for field, value in changes.items():
             setattr(schedule, field, value)
         operations.validate_schedule(schedule, app=app)
+        if "run_at" in schedule.changed_fields():
+            operations.ensure_run_at_ahead(
+                schedule.run_at, now=leases.db_now(),
+                hint=f"Give a future time; to run the task once now, use: schedules run-now {name}",
+            )
         with _rolled_back_if(dry_run):
             operations.save_schedule(schedule, now=leases.db_now())
         self._report(schedule, "Would update" if dry_run else "Updated", json=json, dry_run=dry_run)
@@ -286,7 +299,11 @@ def _add_field_options(parser: CommandParser, *, creating: bool) -> None:
     timing = parser.add_mutually_exclusive_group(required=creating)
     timing.add_argument("--cron", metavar="EXPR", help='5 fields, or 6 with seconds first: "*/10 * * * * *"')
     timing.add_argument("--every", dest="interval", type=_field_number("interval"), metavar="SECONDS", help="fixed interval")
-    timing.add_argument("--at", dest="run_at", metavar="ISO", help="run once at this time")
+    timing.add_argument("--at", dest="run_at", metavar="ISO", help="run once at this time (not in the past)")
+    if creating:
+        timing.add_argument(
+            "--run-now", action="store_true", help="run once now: a one-off whose time is now (database clock)"
+        )
     for flag, field, keywords in FIELD_OPTIONS:
         dest = OPTION_DESTS.get(field, field)
         if keywords.get("type") is int:
