@@ -121,7 +121,7 @@ def test_leader_killed__follower_takes_over_without_losing_a_slot(
     # by bench/failover.py; here the bound only keeps a broken takeover from
     # hanging the test (a SIGKILLed leader on SQLite waits out its 10 s TTL).
     def new_token_execution() -> Execution | None:
-        return Execution.objects.exclude(lease_token=old_token).order_by("created_at").first()
+        return Execution.objects.filter(lease_token__gt=old_token).order_by("created_at").first()
 
     first = wait_until(new_token_execution, timeout=30)
     assert first, "no replica took over"
