@@ -49,8 +49,6 @@ AUDIT_SCHEDULES = 1000
 AUDIT_SLOTS = 1000
 #: Slots audited per pass, all schedules together; the pass stops before the schedule that would exceed it.
 AUDIT_SLOTS_PER_PASS = 10_000
-#: Retention of finished executions assumed when ``SCHEDULER_PRUNE_OLDER_THAN_DAYS`` is not defined.
-DEFAULT_RETENTION_DAYS = 30
 _TICK = timedelta(microseconds=1)
 
 #: Each kind of change, as the summary line counts it.
@@ -426,7 +424,8 @@ def _audit(
     audited (``None`` when none was).
     """
     expected: list[tuple[Schedule, list[datetime], list[str]]] = []
-    horizon = now - timedelta(days=_retention_days())
+    # Rows older than the retention may have been pruned: their slots are not audited.
+    horizon = now - timedelta(days=settings.PRUNE_OLDER_THAN_DAYS)
     budget, last_id = AUDIT_SLOTS_PER_PASS, None
     for schedule in schedules:
         window_start = now - timedelta(seconds=schedule.catchup_window)
@@ -466,11 +465,6 @@ def _audit(
             changes.append(Change("slot_recorded", detail, row["id"], schedule.pk))
         to_send += [row["id"] for row in recorded if row["status"] == Status.PENDING and row["id"] is not None]
     return changes, to_send, last_id
-
-
-def _retention_days() -> float:
-    """Return how many days finished executions are kept; an older slot's row may be gone, so it is not audited."""
-    return getattr(settings, "PRUNE_OLDER_THAN_DAYS", DEFAULT_RETENTION_DAYS)
 
 
 def _present_keys(keys: list[str]) -> set[str]:
