@@ -1,19 +1,19 @@
-"""Run the whole pytest suite on SQLite and on PostgreSQL, against real services.
+"""Run the whole pytest suite on SQLite and on PostgreSQL at once, against real services.
 
 Usage: ``python -m tests.suite [pytest args...]`` (what ``make test`` runs).
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import xml.etree.ElementTree as ET
 from dataclasses import dataclass
 from pathlib import Path
-
-import redis
 
 from tests.services import ServiceError, postgres_cluster, redis_server
 
@@ -57,13 +57,20 @@ def banner(text: str) -> None:
     print(f"\n{line}\n== {text}\n{line}", flush=True)
 
 
-def run_pytest(label: str, env: dict[str, str], args: list[str], workdir: Path) -> RunResult:
-    """Run pytest in a subprocess with env; return its parsed outcome."""
-    junit = workdir / f"junit-{label}.xml"
-    banner(f"pytest on {label} ({env.get('DATABASE_URL', 'sqlite file in ' + env['VAR_DIR'])})")
-    cmd = [sys.executable, "-m", "pytest", *args, f"--junitxml={junit}"]
-    code = subprocess.run(cmd, cwd=ROOT, env=env, check=False).returncode
-    return parse_junit(label, code, junit)
+def start_pytest(label: str, env: dict[str, str], args: list[str], junit: Path) -> tuple[subprocess.Popen[str], threading.Thread]:
+    """Start pytest in a subprocess with env; a thread copies its output, each line prefixed with label."""
+    print(f"[{label}] pytest on {env.get('DATABASE_URL', 'sqlite file in ' + env['VAR_DIR'])}", flush=True)
+    process = subprocess.Popen([sys.executable, "-m", "pytest", *args, f"--junitxml={junit}"], cwd=ROOT, env=env,
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace")
+
+    def copy_output() -> None:
+        assert process.stdout is not None
+        for line in process.stdout:
+            print(f"[{label}] {line}", end="", flush=True)
+
+    copier = threading.Thread(target=copy_output, daemon=True)
+    copier.start()
+    return process, copier
 
 
 def summary(results: list[RunResult]) -> str:
@@ -76,39 +83,46 @@ def summary(results: list[RunResult]) -> str:
 
 
 def main(args: list[str]) -> int:
-    """Start Redis and PostgreSQL, run pytest on SQLite then PostgreSQL, report both."""
+    """Start Redis and PostgreSQL, run pytest on SQLite and on PostgreSQL at once, report both."""
     # SIGTERM (CI cancel) becomes SystemExit so the services' teardown runs.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
     base = {k: v for k, v in os.environ.items()
             # Anything here would point the tests at someone else's services.
             if k not in {"DATABASE_URL", "REDIS_URL", "CELERY_BROKER_URL", "VAR_DIR"}}
-    results: list[RunResult] = []
+    # SCHEDULER_SUITE_DATABASES=postgresql runs one database only (make chaos does).
+    wanted = os.environ.get("SCHEDULER_SUITE_DATABASES", "").split(",")
+    labels = [label for label in ("sqlite", "postgresql") if label in wanted] or ["sqlite", "postgresql"]
+    running: dict[str, tuple[subprocess.Popen[str], threading.Thread]] = {}
     try:
-        with (tempfile.TemporaryDirectory(prefix="scheduler-suite-") as tmp,
-              redis_server() as redis_url, postgres_cluster() as database_url):
-            workdir = Path(tmp)
-            runs = {"sqlite": None, "postgresql": database_url}
-            # SCHEDULER_SUITE_DATABASES=postgresql runs one database only (make chaos does).
-            wanted = os.environ.get("SCHEDULER_SUITE_DATABASES", "").split(",")
-            runs = {label: url for label, url in runs.items() if label in wanted} or runs
-            for label, url in runs.items():
-                var_dir = workdir / f"var-{label}"  # keeps tests off the dev var/db.sqlite3
-                env = {**base, "REDIS_URL": redis_url, "DJANGO_DEBUG": "1", "VAR_DIR": str(var_dir),
-                       "SCHEDULER_TEST_DB_LABEL": label}
-                if url is not None:
-                    env["DATABASE_URL"] = url
+        with contextlib.ExitStack() as services:
+            workdir = Path(services.enter_context(tempfile.TemporaryDirectory(prefix="scheduler-suite-")))
+            # Both databases run at once (most tests wait on real processes, so
+            # two runs share 2 cores well), each with its own broker.
+            for label in labels:
+                env = {**base, "REDIS_URL": services.enter_context(redis_server()), "DJANGO_DEBUG": "1",
+                       # Keeps tests off the dev var/db.sqlite3.
+                       "VAR_DIR": str(workdir / f"var-{label}"), "SCHEDULER_TEST_DB_LABEL": label}
+                if label == "postgresql":
+                    env["DATABASE_URL"] = services.enter_context(postgres_cluster())
                 # The chaos soak runs on PostgreSQL only (the production database;
                 # it takes a while): SQLite runs every other test.
                 extra = ["--ignore=tests/chaos"] if label == "sqlite" and not args else []
-                results.append(run_pytest(label, env, [*args, *extra], workdir))
-                with redis.Redis.from_url(redis_url) as client:
-                    client.flushall()  # the next run starts from an empty broker
+                running[label] = start_pytest(label, env, [*args, *extra], workdir / f"junit-{label}.xml")
+            results = []
+            for label, (process, copier) in running.items():
+                code = process.wait()
+                copier.join()
+                results.append(parse_junit(label, code, workdir / f"junit-{label}.xml"))
     except ServiceError as exc:
         print(f"\ntests.suite: cannot start test services: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:  # services were stopped by the context managers
         print("\ntests.suite: interrupted", file=sys.stderr)
         return 130
+    finally:
+        for process, _ in running.values():
+            if process.poll() is None:  # cancelled: do not leave pytest running on stopped services
+                process.kill()
     banner("summary")
     print(summary(results), flush=True)
     return 0 if results and all(r.ok for r in results) else 1
