@@ -62,6 +62,8 @@ def test_no_secret_is_hard_coded(compose: dict[str, Any]) -> None:
     assert compose["services"]["postgres"]["environment"]["POSTGRES_PASSWORD"].startswith("${POSTGRES_PASSWORD:?")
     example = (DOCKER / ".env.example").read_text()
     assert re.search(r"^SECRET_KEY=$", example, re.MULTILINE) and re.search(r"^POSTGRES_PASSWORD=$", example, re.MULTILINE)
+    grafana = compose["services"]["grafana"]["environment"]["GF_SECURITY_ADMIN_PASSWORD"]
+    assert grafana.startswith("${GRAFANA_ADMIN_PASSWORD:?") and re.search(r"^GRAFANA_ADMIN_PASSWORD=$", example, re.MULTILINE)
 
 
 def test_dockerfile__slim_non_root_pinned_static_and_healthcheck() -> None:
@@ -80,10 +82,10 @@ def test_docker_compose_config_validates(tmp_path: Path) -> None:
     binary = shutil.which("docker-compose")
     if binary is None:
         pytest.fail("docker-compose is not installed: `apt-get install docker-compose` (.ci/run installs it)", pytrace=False)
-    env = {**os.environ, "SECRET_KEY": "test-only", "POSTGRES_PASSWORD": "test-only"}
+    env = {**os.environ, "SECRET_KEY": "test-only", "POSTGRES_PASSWORD": "test-only", "GRAFANA_ADMIN_PASSWORD": "test-only"}
     result = subprocess.run([binary, "-f", str(DOCKER / "compose.yaml"), "config"], env=env, capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
     # Without the secrets it refuses to start instead of running with defaults.
-    bare = {k: v for k, v in os.environ.items() if k not in {"SECRET_KEY", "POSTGRES_PASSWORD"}}
+    bare = {k: v for k, v in os.environ.items() if k not in {"SECRET_KEY", "POSTGRES_PASSWORD", "GRAFANA_ADMIN_PASSWORD"}}
     refused = subprocess.run([binary, "-f", str(DOCKER / "compose.yaml"), "config"], env=bare, capture_output=True, text=True, timeout=60)
     assert refused.returncode != 0 and "set POSTGRES_PASSWORD" in refused.stderr + refused.stdout
