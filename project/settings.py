@@ -71,6 +71,11 @@ INSTALLED_APPS = [
     "django.contrib.messages",
     "django.contrib.staticfiles",
     "django_celery_results",
+    # The HTTP API (/api/v1/), its schema and its docs (served from local files).
+    "rest_framework",
+    "django_filters",
+    "drf_spectacular",
+    "drf_spectacular_sidecar",
 ]
 # Tests only (tests/env_defaults.py turns it on): django-celery-beat's real
 # tables for the test of `manage.py import_celery_beat`, which reads them with
@@ -157,6 +162,32 @@ STORAGES = {
     },
 }
 
+# --- HTTP API ---------------------------------------------------------------
+# Bearer tokens (manage.py api_tokens) or a staff user's session (with CSRF);
+# the throttle's rate is SCHEDULER_API_THROTTLE_RATE.
+REST_FRAMEWORK = {
+    "DEFAULT_AUTHENTICATION_CLASSES": [
+        "scheduler.api.authentication.BearerTokenAuthentication",
+        "rest_framework.authentication.SessionAuthentication",
+    ],
+    "DEFAULT_PERMISSION_CLASSES": ["scheduler.api.permissions.HasRole"],
+    "DEFAULT_THROTTLE_CLASSES": ["scheduler.api.throttling.PerCallerThrottle"],
+    "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
+    "DEFAULT_PARSER_CLASSES": ["rest_framework.parsers.JSONParser"],
+    "DEFAULT_SCHEMA_CLASS": "scheduler.api.schema.ApiSchema",
+    "UNAUTHENTICATED_USER": None,
+}
+SPECTACULAR_SETTINGS = {
+    "TITLE": "Scheduler API",
+    "DESCRIPTION": "Schedules, executions, cluster, reconcile, stats and the audit trail.",
+    "VERSION": "1",
+    "SERVE_INCLUDE_SCHEMA": False,
+    # The docs page loads its JavaScript and CSS from this server, not a CDN.
+    "SWAGGER_UI_DIST": "SIDECAR",
+    "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
+    "REDOC_DIST": "SIDECAR",
+}
+
 # --- Celery -----------------------------------------------------------------
 REDIS_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
 CELERY_BROKER_URL = os.environ.get("CELERY_BROKER_URL") or REDIS_URL
@@ -176,6 +207,11 @@ CELERY_BEAT_SCHEDULER = "scheduler.beat:LeaderScheduler"
 # them would turn a broker restart into failed executions: the restarted broker
 # has lost their messages, so nothing would run them again.
 CELERY_WORKER_CANCEL_LONG_RUNNING_TASKS_ON_CONNECTION_LOSS = False
+# Celery's Django fixup closes the database connection before and after every
+# task unless this is set; it then closes it every this many tasks instead, and
+# the worker's own hooks close it by CONN_MAX_AGE (SCHEDULER_WORKER_CONN_MAX_AGE,
+# see scheduler/worker.py), so a worker keeps one connection across tasks.
+CELERY_DB_REUSE_MAX = 1000
 
 # SCHEDULER_* settings (defaults in scheduler/conf.py) may also come from the
 # environment, e.g. SCHEDULER_LEASE_TTL_SECONDS=10.

@@ -34,10 +34,11 @@ from django.utils.timesince import timesince, timeuntil
 from django.utils.http import urlencode
 from django.utils.translation import ngettext
 
-from scheduler import backfill, clock, cluster, dispatch, leases, metrics, operations, timing
+from scheduler import audit, backfill, clock, cluster, dispatch, leases, metrics, operations, overdue, timing
 from scheduler.conf import settings
 from scheduler.exceptions import BackfillRefused, ScheduleInvalid
-from scheduler.models import Execution, Instance, Lease, Schedule
+from scheduler.models import AuditEvent, Execution, Instance, Lease, OperatorProfile, Schedule
+from scheduler.models.operator_profile import tenant_of
 from scheduler.models.schedule import EARLIEST, LATEST, TIMING_REQUIRED
 
 #: How many upcoming slots the schedule page previews.
@@ -58,6 +59,9 @@ RUNNING_STATE_FIELDS = (
     "disabled_reason",
     "consecutive_failures",
     "last_error",
+    "last_success_at",
+    "cadence",
+    "overdue_at",
     "created_at",
     "updated_at",
 )
@@ -204,6 +208,21 @@ class StateFilter(admin.SimpleListFilter):
         return queryset
 
 
+class OverdueFilter(admin.SimpleListFilter):
+    """The dead man's switch: active schedules without a success for longer than their window."""
+
+    title = "overdue"
+    parameter_name = "overdue"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        return [("yes", "overdue")]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Schedule]) -> QuerySet[Schedule]:
+        if self.value() == "yes":
+            return queryset.filter(overdue.condition(now=Now()))
+        return queryset
+
+
 class ActionsNeedPermission:
     """Answer 403 to an action the user may not run, instead of Django's silent "no action"."""
 
@@ -212,6 +231,15 @@ class ActionsNeedPermission:
         if action and action not in self.get_actions(request):  # type: ignore[attr-defined]
             raise PermissionDenied(f"You may not run {action!r}.")
         return super().changelist_view(request, extra_context)  # type: ignore[misc]
+
+
+class TenantScoped:
+    """A staff user bound to a tenant (``OperatorProfile``) sees and changes only that tenant's rows."""
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[Any]:
+        queryset = super().get_queryset(request)  # type: ignore[misc]
+        tenant = tenant_of(request.user)
+        return queryset.filter(tenant=tenant) if tenant else queryset
 
 
 class BackfillForm(forms.Form):
@@ -287,11 +315,11 @@ class ScheduleForm(forms.ModelForm):
 
 
 @admin.register(Schedule)
-class ScheduleAdmin(ActionsNeedPermission, admin.ModelAdmin):
+class ScheduleAdmin(TenantScoped, ActionsNeedPermission, admin.ModelAdmin):
     form = ScheduleForm
     paginator = EstimatedCountPaginator
     list_display = ("name", "task", "timing_text", "timezone", "next_run", "last_run", "state")
-    list_filter = (StateFilter, LastStatusFilter, "enabled", input_filter("task"), input_filter("queue"), input_filter("tenant"))
+    list_filter = (StateFilter, OverdueFilter, LastStatusFilter, "enabled", input_filter("task"), input_filter("queue"), input_filter("tenant"))
     # Exact, case-sensitive matches: each an index lookup (a substring or
     # case-insensitive search scans every row).
     search_fields = ("name__exact", "task__exact")
@@ -324,12 +352,18 @@ class ScheduleAdmin(ActionsNeedPermission, admin.ModelAdmin):
                     "max_retries",
                     "retry_backoff",
                     "pause_after_failures",
+                    "alert_after",
                 )
             },
         ),
         ("State", {"fields": ("enabled", "paused_reason", *RUNNING_STATE_FIELDS)}),
         ("Recent executions", {"fields": ("recent_executions", "backfill_link")}),
     )
+
+    def get_readonly_fields(self, request: HttpRequest, obj: Schedule | None = None) -> Any:
+        readonly = super().get_readonly_fields(request, obj)
+        # Bound to a tenant: its schedules get that tenant, and cannot be given another.
+        return (*readonly, "tenant") if tenant_of(request.user) else readonly
 
     def get_fieldsets(self, request: HttpRequest, obj: Schedule | None = None) -> Any:
         if obj is not None:
@@ -341,6 +375,10 @@ class ScheduleAdmin(ActionsNeedPermission, admin.ModelAdmin):
             for title, options in self.fieldsets
             if title != "Recent executions"
         ]
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[Schedule]:
+        # Overdue on the database clock, the one successes are stamped with, in the list's own query.
+        return super().get_queryset(request).annotate(is_overdue=overdue.flag())
 
     # --- columns -------------------------------------------------------------------
 
@@ -375,7 +413,13 @@ class ScheduleAdmin(ActionsNeedPermission, admin.ModelAdmin):
                 '<span class="state state-paused" title="{}"><i aria-hidden="true"></i>paused</span>',
                 schedule.paused_reason,
             )
-        return mark_safe('<span class="state state-active"><i aria-hidden="true"></i>active</span>')
+        active = mark_safe('<span class="state state-active"><i aria-hidden="true"></i>active</span>')
+        if getattr(schedule, "is_overdue", False):
+            return format_html(
+                '{} <strong class="overdue" style="color:#c62828" title="No success since {}">overdue</strong>',
+                active, utc(schedule.last_success_at) if schedule.last_success_at else "it started",
+            )
+        return active
 
     # --- change page ---------------------------------------------------------------
 
@@ -468,7 +512,7 @@ class ScheduleAdmin(ActionsNeedPermission, admin.ModelAdmin):
         """One button of the schedule page: a POST, permission-checked as the list's actions are."""
         if request.method != "POST":
             return HttpResponseNotAllowed(["POST"])
-        schedule = get_object_or_404(Schedule, pk=pk)
+        schedule = get_object_or_404(self.get_queryset(request), pk=pk)
         if not self.has_change_permission(request, schedule):
             raise PermissionDenied(f"You may not {action.replace('_', ' ')} this schedule.")
         if action not in ("run_now", "pause", "resume", "enable", "disable"):
@@ -476,15 +520,22 @@ class ScheduleAdmin(ActionsNeedPermission, admin.ModelAdmin):
         now = leases.db_now()
         if action == "run_now":
             self._run_one_now(request, schedule)
-        elif action == "pause":
-            reason = request.POST.get("reason", "").strip() or f"Paused by {request.user} in the admin"
-            operations.pause_schedule(schedule, reason, now=now)
+            return redirect("admin:scheduler_schedule_change", schedule.pk)
+        before = audit.snapshot(schedule)
+        with transaction.atomic():
+            if action == "pause":
+                reason = request.POST.get("reason", "").strip() or f"Paused by {request.user} in the admin"
+                operations.pause_schedule(schedule, reason, now=now)
+            elif action == "resume":
+                operations.resume_schedule(schedule, now=now)
+            else:
+                operations.set_enabled(schedule, action == "enable", now=now)
+            audit.record(audit.user_actor(request.user), action, schedule, before=before)
+        if action == "pause":
             self.message_user(request, f"Schedule {schedule.name} paused: {schedule.paused_reason}")
         elif action == "resume":
-            operations.resume_schedule(schedule, now=now)
             self.message_user(request, f"Schedule {schedule.name} resumed; next run {utc(schedule.next_run_at)}.")
         else:
-            operations.set_enabled(schedule, action == "enable", now=now)
             self.message_user(request, f"Schedule {schedule.name} {action}d.")
         return redirect("admin:scheduler_schedule_change", schedule.pk)
 
@@ -495,6 +546,9 @@ class ScheduleAdmin(ActionsNeedPermission, admin.ModelAdmin):
         try:
             with transaction.atomic():
                 result = operations.run_now(schedule, app=app)
+                audit.record(
+                    audit.user_actor(request.user), "run_now", schedule, changes={"execution": [None, result.execution.pk]}
+                )
         except operations.ActionRefused as exc:
             self.message_user(request, str(exc), level=messages.WARNING)
             return False
@@ -513,7 +567,7 @@ class ScheduleAdmin(ActionsNeedPermission, admin.ModelAdmin):
 
     def backfill_view(self, request: HttpRequest, pk: int) -> HttpResponse:
         """Range → preview (what would be recorded) → confirm; a bad range is a form error."""
-        schedule = get_object_or_404(Schedule, pk=pk)
+        schedule = get_object_or_404(self.get_queryset(request), pk=pk)
         if not self.has_change_permission(request, schedule):
             raise PermissionDenied("You may not backfill this schedule.")
         form = BackfillForm(request.POST or None)
@@ -531,6 +585,10 @@ class ScheduleAdmin(ActionsNeedPermission, admin.ModelAdmin):
                 form.add_error(None, str(exc))
             else:
                 if confirm:
+                    audit.record(
+                        audit.user_actor(request.user), "backfill", schedule,
+                        changes={"start": report.start, "end": report.end, "created": report.created},
+                    )
                     self.message_user(
                         request,
                         f"Backfill of {schedule.name}: {report.created} execution(s) recorded, "
@@ -559,16 +617,36 @@ class ScheduleAdmin(ActionsNeedPermission, admin.ModelAdmin):
         return TemplateResponse(request, "admin/scheduler/schedule/backfill.html", context)
 
     def save_model(self, request: HttpRequest, obj: Schedule, form: forms.ModelForm, change: bool) -> None:
-        # Only the fields the operator changed: the leader and the workers write
-        # next_run_at and the counters of this row meanwhile.
-        operations.save_schedule(obj, fields=form.changed_data if change else None, now=leases.db_now())
+        tenant = tenant_of(request.user)
+        if tenant and not change:
+            obj.tenant = tenant
+        before = audit.snapshot(Schedule.objects.filter(pk=obj.pk).first()) if change else {}
+        with transaction.atomic():
+            # Only the fields the operator changed: the leader and the workers write
+            # next_run_at and the counters of this row meanwhile.
+            operations.save_schedule(obj, fields=form.changed_data if change else None, now=leases.db_now())
+            audit.record(audit.user_actor(request.user), "update" if change else "create", obj, before=before)
+
+    def delete_model(self, request: HttpRequest, obj: Schedule) -> None:
+        with transaction.atomic():
+            before = audit.snapshot(obj)
+            super().delete_model(request, obj)
+            audit.record(audit.user_actor(request.user), "delete", obj, before=before, deleted=True)
+
+    def delete_queryset(self, request: HttpRequest, queryset: QuerySet[Schedule]) -> None:
+        for schedule in queryset:
+            self.delete_model(request, schedule)
 
     # --- actions -------------------------------------------------------------------
 
     def _each(self, request: HttpRequest, queryset: QuerySet[Schedule], change: Any, verb: str) -> None:
         count = 0
+        actor = audit.user_actor(request.user)
         for schedule in queryset:
-            change(schedule)
+            before = audit.snapshot(schedule)
+            with transaction.atomic():
+                change(schedule)
+                audit.record(actor, verb.removesuffix("d"), schedule, before=before)
             count += 1
         self.message_user(request, ngettext("%(n)d schedule %(verb)s.", "%(n)d schedules %(verb)s.", count) % {"n": count, "verb": verb})
 
@@ -581,6 +659,10 @@ class ScheduleAdmin(ActionsNeedPermission, admin.ModelAdmin):
             try:
                 with transaction.atomic():
                     result = operations.run_now(schedule, app=app)
+                    audit.record(
+                        audit.user_actor(request.user), "run_now", schedule,
+                        changes={"execution": [None, result.execution.pk]},
+                    )
             except operations.ActionRefused as exc:
                 problems.append(str(exc))
                 continue
@@ -627,7 +709,7 @@ class ReadOnlyAdmin(admin.ModelAdmin):
 
 
 @admin.register(Execution)
-class ExecutionAdmin(ActionsNeedPermission, ReadOnlyAdmin):
+class ExecutionAdmin(TenantScoped, ActionsNeedPermission, ReadOnlyAdmin):
     paginator = EstimatedCountPaginator
     # Fits 1400 px beside the filters: the attempt goes under the status, long values wrap (admin.css).
     list_display = (
@@ -681,15 +763,14 @@ class ExecutionAdmin(ActionsNeedPermission, ReadOnlyAdmin):
 
         if request.method != "POST":
             return HttpResponseNotAllowed(["POST"])
-        execution = get_object_or_404(Execution, pk=pk)
+        execution = get_object_or_404(self.get_queryset(request), pk=pk)
         if not self.has_retry_permission(request):
             raise PermissionDenied(f"You may not {action} executions.")
         if action not in ("retry", "cancel"):
             raise Http404(f"No action {action!r}.")
         act = operations.retry_execution if action == "retry" else operations.cancel_execution
         try:
-            with transaction.atomic():
-                result = act(execution, app=app)
+            result = self._audited(request, action, execution, lambda e: act(e, app=app))
         except operations.ActionRefused as exc:
             self.message_user(request, str(exc), level=messages.WARNING)
             return redirect("admin:scheduler_execution_change", execution.pk)
@@ -712,20 +793,33 @@ class ExecutionAdmin(ActionsNeedPermission, ReadOnlyAdmin):
     def retry(self, request: HttpRequest, queryset: QuerySet[Execution]) -> None:
         from project.celery import app
 
-        self._apply(request, queryset, lambda e: operations.retry_execution(e, app=app), "retried")
+        self._apply(request, queryset, lambda e: operations.retry_execution(e, app=app), "retry")
 
     @admin.action(description="Cancel selected executions", permissions=["cancel"])
     def cancel(self, request: HttpRequest, queryset: QuerySet[Execution]) -> None:
         from project.celery import app
 
-        self._apply(request, queryset, lambda e: operations.cancel_execution(e, app=app), "cancelled")
+        self._apply(request, queryset, lambda e: operations.cancel_execution(e, app=app), "cancel")
 
-    def _apply(self, request: HttpRequest, queryset: QuerySet[Execution], action: Any, verb: str) -> None:
+    def _audited(self, request: HttpRequest, name: str, execution: Execution, act: Any) -> operations.ActionResult:
+        """Run ``act`` (retry or cancel) on ``execution`` and record it in the audit trail, in one transaction."""
+        before = audit.snapshot(execution)
+        with transaction.atomic():
+            result = act(execution)
+            if name == "retry":
+                audit.record(
+                    audit.user_actor(request.user), name, execution, changes={"retried_by": [None, result.execution.pk]}
+                )
+            else:
+                audit.record(audit.user_actor(request.user), name, execution, before=before)
+        return result
+
+    def _apply(self, request: HttpRequest, queryset: QuerySet[Execution], action: Any, name: str) -> None:
         done = 0
+        verb = {"retry": "retried", "cancel": "cancelled"}[name]
         for execution in queryset:
             try:
-                with transaction.atomic():
-                    result = action(execution)
+                result = self._audited(request, name, execution, action)
             except operations.ActionRefused as exc:
                 self.message_user(request, str(exc), level=messages.WARNING)
                 continue
@@ -851,3 +945,38 @@ class InstanceAdmin(ReadOnlyAdmin):
     def leader(self, instance: Instance) -> bool:
         return instance.holds_lease
 
+
+
+@admin.register(AuditEvent)
+class AuditEventAdmin(TenantScoped, ReadOnlyAdmin):
+    """The audit trail: who changed what through the API, the admin or the CLI; read-only."""
+
+    list_display = ("created_at", "actor_type", "actor", "action", "object_type", "object_repr", "tenant")
+    list_filter = ("actor_type", "action", "object_type")
+    search_fields = ("actor__exact", "object_id__exact")
+    list_per_page = 50
+
+
+@admin.register(OperatorProfile)
+class OperatorProfileAdmin(admin.ModelAdmin):
+    """Binds a staff user to a tenant: the admin and the API then show that user only that tenant's rows."""
+
+    list_display = ("user", "tenant")
+    search_fields = ("user__username", "tenant")
+    raw_id_fields = ("user",)
+
+    def save_model(self, request: HttpRequest, obj: OperatorProfile, form: forms.ModelForm, change: bool) -> None:
+        before = audit.snapshot(OperatorProfile.objects.filter(pk=obj.pk).first()) if change else {}
+        with transaction.atomic():
+            super().save_model(request, obj, form, change)
+            audit.record(audit.user_actor(request.user), "update" if change else "create", obj, before=before, tenant="")
+
+    def delete_model(self, request: HttpRequest, obj: OperatorProfile) -> None:
+        with transaction.atomic():
+            before = audit.snapshot(obj)
+            super().delete_model(request, obj)
+            audit.record(audit.user_actor(request.user), "delete", obj, before=before, deleted=True, tenant="")
+
+    def delete_queryset(self, request: HttpRequest, queryset: QuerySet[OperatorProfile]) -> None:
+        for profile in queryset:
+            self.delete_model(request, profile)

@@ -38,6 +38,10 @@ class Defaults:
     #: Attempts lost with their worker (killed, frozen, cut off) that are run
     #: again beyond ``max_retries``: a dying worker is not the task failing.
     LOST_RETRIES: int = 3
+    #: Seconds a worker process keeps its database connection across tasks
+    #: (Django's ``CONN_MAX_AGE`` for worker processes only, checked before
+    #: reuse); 0 opens one per task, as plain Celery does.
+    WORKER_CONN_MAX_AGE: float = 300.0
     #: Longest delay between two retry attempts, whatever the backoff says.
     RETRY_BACKOFF_MAX_SECONDS: float = 3600.0
     #: How often the leader runs reconcile; 0 turns that off.
@@ -53,12 +57,17 @@ class Defaults:
     RECONCILE_INSTANCE_STALE_SECONDS: float = 3600.0
     #: The cluster page warns about a queue whose oldest ``queued`` execution has waited this long.
     QUEUED_WARNING_SECONDS: float = 300.0
+    #: ``/metrics`` exposes one ``scheduler_schedule_last_success_timestamp_seconds`` series per
+    #: schedule only while there are at most this many schedules (label cardinality).
+    METRICS_PER_SCHEDULE_LIMIT: int = 1000
     #: Create the built-in housekeeping schedules when a beat starts (if missing).
     BUILTIN_SCHEDULES: bool = True
     #: The daily prune deletes finished executions older than this many days ...
     PRUNE_OLDER_THAN_DAYS: int = 30
     #: ... keeping the newest this many of each schedule whatever their age.
     PRUNE_KEEP_LAST: int = 100
+    #: Requests each API token (or session user) may make, as ``N/second|minute|hour|day``.
+    API_THROTTLE_RATE: str = "1200/minute"
 
 
 #: Deprecated names still read when the new one is not set: {old name: new name}.

@@ -1,4 +1,4 @@
-"""Probes: ``/healthz`` (alive), ``/readyz`` (can serve) and ``/leaderz`` (a beat leads).
+"""Probes: ``/healthz`` (alive), ``/readyz`` (can serve), ``/leaderz`` (a beat leads), ``/healthz/schedules``.
 
 ``/readyz`` answers 200 when the database and the broker answer: it is the
 web pods' readiness probe, so it must not depend on the beat, or the admin
@@ -6,7 +6,9 @@ would leave the load balancer exactly during a beat outage, when operators
 need it. ``/leaderz`` is the dead man's switch for alerting, not routing:
 200 only when a beat leader renewed its lease within twice the renew
 interval (database clock). Both answer 503 otherwise, with a JSON body
-naming each failed check.
+naming each failed check. ``/healthz/schedules`` is the per-schedule dead
+man's switch (``scheduler.overdue``) for those who want to probe it: 503
+naming the overdue schedules; it is about the jobs, so ``/readyz`` ignores it.
 """
 from __future__ import annotations
 
@@ -20,9 +22,14 @@ from django.views.decorators.http import require_GET
 
 from scheduler import leases
 from scheduler.conf import settings
+from scheduler.models import Schedule
 
 #: Seconds to wait for the broker before calling it unreachable.
 BROKER_TIMEOUT = 2.0
+#: ``/healthz/schedules`` names at most this many overdue schedules ...
+OVERDUE_NAMES = 100
+#: ... and counts them up to this many, so the probe stays cheap in a mass outage.
+OVERDUE_COUNT_CAP = 10_000
 
 
 @dataclass(frozen=True)
@@ -65,6 +72,13 @@ def check_leader() -> Check:
     return Check(True, f"{state.holder} renewed {age:.1f}s ago (token {state.token})")
 
 
+def overdue_schedules() -> tuple[list[str], int]:
+    """Return the names of up to ``OVERDUE_NAMES`` overdue schedules, most overdue first, and how many (capped)."""
+    overdue = Schedule.objects.overdue(now=leases.db_now())
+    names = list(overdue.order_by("overdue_at", "id").values_list("name", flat=True)[:OVERDUE_NAMES])
+    return names, len(names) if len(names) < OVERDUE_NAMES else overdue.values("pk")[:OVERDUE_COUNT_CAP].count()
+
+
 def readiness() -> dict[str, Check]:
     """What the web needs to serve: the database and the broker (never the beat)."""
     return {"database": check_database(), "broker": check_broker()}
@@ -98,12 +112,29 @@ def leaderz(request: HttpRequest) -> JsonResponse:
     return _answer(leadership(), ok="leading", not_ok="no leader")
 
 
-def _answer(checks: dict[str, Check], *, ok: str, not_ok: str) -> JsonResponse:
+@never_cache
+@require_GET
+def schedules(request: HttpRequest) -> JsonResponse:
+    """503 naming the overdue schedules (the per-schedule dead man's switch), else 200."""
+    database = check_database()
+    if not database.ok:
+        return _answer({"database": database}, ok="on time", not_ok="not checked")
+    names, count = overdue_schedules()
+    more = f" (the first {len(names)} named)" if count > len(names) else ""
+    check = Check(not names, f"{count} overdue{more}: {', '.join(names)}" if names else "no schedule is overdue")
+    return _answer(
+        {"database": database, "schedules": check}, ok="on time", not_ok="overdue",
+        extra={"overdue": names, "overdue_count": count},
+    )
+
+
+def _answer(checks: dict[str, Check], *, ok: str, not_ok: str, extra: dict[str, Any] | None = None) -> JsonResponse:
     failed = sorted(name for name, check in checks.items() if not check.ok)
     body: dict[str, Any] = {
         "status": not_ok if failed else ok,
         "failed": failed,
         "checks": {name: asdict(check) for name, check in checks.items()},
+        **(extra or {}),
     }
     return JsonResponse(body, status=503 if failed else 200)
 

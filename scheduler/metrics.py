@@ -1,34 +1,52 @@
 """``/metrics``: Prometheus text exposition, read from the database at scrape time.
 
 Beat replicas and workers are separate processes; the database is what they
-share, so every metric here is derived from it when Prometheus scrapes,
-with queries that use indexes and a bounded window (``WINDOW``).
+share, so every metric here is derived from it when Prometheus scrapes.
+Counters come from rows that only grow (the lease's fencing token, the
+execution tallies a trigger keeps: ``scheduler.models.tally``), so
+``rate()`` works across pruning, restarts and any number of web processes.
+Every query uses an index and reads a bounded number of rows: a scrape costs
+the same with a million schedules (``bench/scrape.py``).
 """
 from __future__ import annotations
 
-from collections import Counter
+from collections import Counter, defaultdict
 from collections.abc import Iterator
 from datetime import datetime, timedelta
 
+from django.db.models import Case, Count, DurationField, ExpressionWrapper, F, Min, Q, QuerySet, Sum, Value, When
+from django.db.models.functions import Greatest
 from django.http import HttpRequest, HttpResponse
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeHistogramMetricFamily, GaugeMetricFamily
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeHistogramMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
 from prometheus_client.registry import Collector, CollectorRegistry
 
 from scheduler import cluster, leases
 from scheduler.conf import settings
-from scheduler.models import Execution, Instance, Lease, Schedule
+from scheduler.models import DurationTally, Execution, ExecutionTally, Instance, Lease, Schedule
+from scheduler.models.tally import DURATION_BUCKETS
 
-#: Executions recorded within this window are counted and their lag measured.
+#: Scheduled slots sent within this window feed the dispatch lag histogram.
 WINDOW = timedelta(hours=1)
-#: At most this many recent executions feed the lag histogram per scrape.
+#: At most this many recently sent slots feed the lag histogram per scrape.
 LAG_SAMPLE = 10_000
 #: Upper bounds (seconds) of the dispatch lag buckets.
 LAG_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 #: At most this many queued executions, oldest first, are read per scrape for their age.
 QUEUED_SAMPLE = 10_000
+#: Schedule counts (due, overdue) stop at this many: counting every row of a
+#: large backlog would make the scrape as slow as the backlog is long.
+COUNT_CAP = 10_000
+#: Statuses ``scheduler_executions_current`` counts.
+CURRENT_STATUSES = (Execution.Status.PENDING, Execution.Status.QUEUED, Execution.Status.RUNNING)
 
 
 def oldest_queued(*, now: datetime) -> dict[str, float]:
@@ -43,49 +61,31 @@ def oldest_queued(*, now: datetime) -> dict[str, float]:
     the ``(status, created_at)`` index. Past that many queued rows, a queue
     whose every row is younger than those is left out.
     """
+    oldest = Execution.objects.filter(status=Execution.Status.QUEUED).order_by("created_at").values("pk")[:QUEUED_SAMPLE]
     rows = (
-        Execution.objects.filter(status=Execution.Status.QUEUED)
-        .order_by("created_at")
-        .values_list("queue", "created_at", "scheduled_for")[:QUEUED_SAMPLE]
+        Execution.objects.filter(pk__in=oldest)
+        .values_list("queue")
+        .annotate(due=Min(Greatest("created_at", "scheduled_for")))
+        .order_by()
     )
-    ages: dict[str, float] = {}
-    for queue, created_at, scheduled_for in rows:
-        age = max((now - max(created_at, scheduled_for)).total_seconds(), 0.0)
-        ages[queue] = max(ages.get(queue, 0.0), age)
-    return ages
+    return {queue: max((now - due).total_seconds(), 0.0) for queue, due in rows}
+
+
+def _capped_count(schedules: QuerySet[Schedule]) -> int:
+    """Count ``schedules`` up to ``COUNT_CAP``: an index range scan that stops there."""
+    return schedules.order_by().values("pk")[:COUNT_CAP].count()
 
 
 class DatabaseCollector(Collector):
     """Collects the scheduler's metrics from its tables."""
 
-    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily | GaugeHistogramMetricFamily]:
+    def collect(self) -> Iterator[Metric]:
         now = leases.db_now()
-        since = now - WINDOW
-
-        executions = GaugeMetricFamily(
-            "scheduler_executions", "Executions recorded in the last hour, by status and task.", labels=["status", "task"]
-        )
-        rows = Counter(
-            Execution.objects.filter(status__in=Execution.Status.values, created_at__gte=since)
-            .values_list("status", "task")
-        )
-        for (status, task), count in sorted(rows.items()):
-            executions.add_metric([status, task], count)
-        yield executions
-
-        yield self._dispatch_lag(since)
-
-        changes = CounterMetricFamily(
-            "scheduler_leader_changes", "Leadership acquisitions (the lease's fencing token).", labels=["lease"]
-        )
-        failures = CounterMetricFamily(
-            "scheduler_lease_renew_failures", "Renewals refused because the lease was lost.", labels=["lease"]
-        )
-        for name, token, renew_failures in Lease.objects.values_list("name", "token", "renew_failures"):
-            changes.add_metric([name], token)
-            failures.add_metric([name], renew_failures)
-        yield changes
-        yield failures
+        yield self._executions_total()
+        yield self._task_duration()
+        yield self._executions_current()
+        yield self._dispatch_lag(since=now - WINDOW)
+        yield from self._leases(now)
 
         queued = GaugeMetricFamily(
             "scheduler_oldest_queued_seconds",
@@ -97,10 +97,130 @@ class DatabaseCollector(Collector):
         yield queued
 
         yield GaugeMetricFamily(
-            "scheduler_due_backlog", "Active schedules whose next slot is due now.", value=Schedule.objects.due(now=now).count()
+            "scheduler_due_backlog",
+            f"Active schedules whose next slot is due now (counted up to {COUNT_CAP}).",
+            value=_capped_count(Schedule.objects.due(now=now)),
+        )
+        yield GaugeMetricFamily(
+            "scheduler_schedules_overdue",
+            "Enabled, unpaused schedules without a success for longer than their alert window "
+            f"(dead man's switch; counted up to {COUNT_CAP}).",
+            value=_capped_count(Schedule.objects.overdue(now=now)),
+        )
+        yield from self._last_success()
+        yield from self._instances(now)
+
+    def _executions_total(self) -> CounterMetricFamily:
+        total = CounterMetricFamily(
+            "scheduler_executions",
+            "Executions that reached a final status, by status, task and trigger (never decreases; pruning keeps it).",
+            labels=["status", "task", "trigger"],
+        )
+        rows = (
+            ExecutionTally.objects.values_list("status", "task", "trigger")
+            .annotate(count=Sum("count"))
+            .order_by("status", "task", "trigger")
+        )
+        for status, task, trigger, count in rows:
+            total.add_metric([status, task, trigger], count)
+        return total
+
+    def _task_duration(self) -> HistogramMetricFamily:
+        histogram = HistogramMetricFamily(
+            "scheduler_task_duration_seconds",
+            "Run time (started to finished) of executions that reached a final status, by task.",
+            labels=["task"],
+        )
+        by_task: dict[str, dict[str, tuple[int, float]]] = defaultdict(dict)
+        rows = DurationTally.objects.values_list("task", "le").annotate(count=Sum("count"), seconds=Sum("seconds"))
+        for task, le, count, seconds in rows:
+            by_task[task][le] = (count, seconds)
+        for task, buckets in sorted(by_task.items()):
+            cumulative, exposed = 0, []
+            for le in (*map(str, DURATION_BUCKETS), "+Inf"):
+                cumulative += buckets.get(le, (0, 0.0))[0]
+                exposed.append((le, cumulative))
+            histogram.add_metric([task], exposed, sum_value=sum(seconds for _, seconds in buckets.values()))
+        return histogram
+
+    def _executions_current(self) -> GaugeMetricFamily:
+        current = GaugeMetricFamily(
+            "scheduler_executions_current",
+            'Executions waiting to be sent (pending), sent and unclaimed (queued) or running, by queue ("": default routing).',
+            labels=["status", "queue"],
+        )
+        # An index-only count over the partial index ``execution_current`` (active rows only).
+        rows = (
+            Execution.objects.filter(status__in=CURRENT_STATUSES)
+            .values_list("status", "queue")
+            .annotate(count=Count("*"))
+            .order_by("status", "queue")
+        )
+        for status, queue, count in rows:
+            current.add_metric([status, queue], count)
+        return current
+
+    def _dispatch_lag(self, *, since: datetime) -> GaugeHistogramMetricFamily:
+        # Scheduled slots only: a backfilled, manual or retried run is "late" by design.
+        # The buckets are counted by the database over the newest ``LAG_SAMPLE`` sends: one row comes back.
+        lag = ExpressionWrapper(F("enqueued_at") - F("scheduled_for"), output_field=DurationField())
+        recent = (
+            Execution.objects.filter(trigger=Execution.Trigger.SCHEDULED, enqueued_at__gte=since)
+            .order_by("-enqueued_at")
+            .annotate(lag=lag)[:LAG_SAMPLE]
+        )
+        late = Q(lag__gt=timedelta(0))
+        counts = recent.aggregate(
+            total=Count("pk"),
+            late_sum=Sum(Case(When(late, then=F("lag")), default=Value(timedelta(0)), output_field=DurationField())),
+            **{f"le_{n}": Count("pk", filter=Q(lag__lte=timedelta(seconds=bound))) for n, bound in enumerate(LAG_BUCKETS)},
+        )
+        buckets = [(str(bound), counts[f"le_{n}"]) for n, bound in enumerate(LAG_BUCKETS)]
+        buckets.append(("+Inf", counts["total"]))
+        return GaugeHistogramMetricFamily(
+            "scheduler_dispatch_lag_seconds",
+            "Seconds from a scheduled slot to its message being sent, over scheduled slots sent in the last hour.",
+            buckets=buckets,
+            gsum_value=(counts["late_sum"] or timedelta(0)).total_seconds(),
         )
 
-        yield from self._instances(now)
+    def _leases(self, now: datetime) -> Iterator[Metric]:
+        changes = CounterMetricFamily(
+            "scheduler_leader_changes", "Leadership acquisitions (the lease's fencing token).", labels=["lease"]
+        )
+        failures = CounterMetricFamily(
+            "scheduler_lease_renew_failures", "Renewals refused because the lease was lost.", labels=["lease"]
+        )
+        present = GaugeMetricFamily(
+            "scheduler_leader_present", "1 while someone holds the lease unexpired (database clock), else 0.", labels=["lease"]
+        )
+        held = {settings.LEASE_NAME: False}  # the beat's lease is reported even before anyone took it
+        for name, token, renew_failures, holder, expires_at in Lease.objects.values_list(
+            "name", "token", "renew_failures", "holder", "expires_at"
+        ):
+            changes.add_metric([name], token)
+            failures.add_metric([name], renew_failures)
+            held[name] = bool(holder) and expires_at is not None and expires_at > now
+        for name, is_held in sorted(held.items()):
+            present.add_metric([name], int(is_held))
+        yield changes
+        yield failures
+        yield present
+
+    def _last_success(self) -> Iterator[GaugeMetricFamily]:
+        limit = settings.METRICS_PER_SCHEDULE_LIMIT
+        last = GaugeMetricFamily(
+            "scheduler_schedule_last_success_timestamp_seconds",
+            f"Unix time of each schedule's last successful run; left out above {limit} schedules "
+            "(SCHEDULER_METRICS_PER_SCHEDULE_LIMIT).",
+            labels=["schedule"],
+        )
+        # Counting at most limit + 1 rows keeps the check bounded at any size.
+        if Schedule.objects.values("pk")[: limit + 1].count() <= limit:
+            rows = Schedule.objects.filter(last_success_at__isnull=False).order_by().values_list("name", "last_success_at")
+            for name, moment in sorted(rows):
+                last.add_metric([name], moment.timestamp())
+        yield last
 
     def _instances(self, now: datetime) -> Iterator[GaugeMetricFamily]:
         state = leases.current(settings.LEASE_NAME)
@@ -125,22 +245,6 @@ class DatabaseCollector(Collector):
         for member in members:
             ages.add_metric([member.instance.instance_id, member.instance.role, str(member.is_stale).lower()], member.age)
         yield ages
-
-    def _dispatch_lag(self, since: object) -> GaugeHistogramMetricFamily:
-        pairs = (
-            Execution.objects.filter(enqueued_at__gte=since, status__in=Execution.Status.values)
-            .order_by("-enqueued_at")
-            .values_list("enqueued_at", "scheduled_for")[:LAG_SAMPLE]
-        )
-        lags = [max((enqueued - slot).total_seconds(), 0.0) for enqueued, slot in pairs]
-        buckets = [(str(bound), sum(lag <= bound for lag in lags)) for bound in LAG_BUCKETS]
-        buckets.append(("+Inf", len(lags)))
-        return GaugeHistogramMetricFamily(
-            "scheduler_dispatch_lag_seconds",
-            "Seconds from a slot to its message being sent, over executions sent in the last hour.",
-            buckets=buckets,
-            gsum_value=sum(lags),
-        )
 
 
 _registry = CollectorRegistry(auto_describe=False)

@@ -2,8 +2,8 @@
 
 - **schedule operator**: manages schedules and runs the actions (run now,
   pause, resume, backfill, retry and cancel executions); sees everything else.
-- **viewer**: sees schedules, executions, leases, instances and task results;
-  changes nothing.
+- **viewer**: sees schedules, executions, leases, instances, the audit trail
+  and task results; changes nothing.
 """
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ _VISIBLE = (
     ("scheduler", "execution"),
     ("scheduler", "lease"),
     ("scheduler", "instance"),
+    ("scheduler", "auditevent"),
     ("django_celery_results", "taskresult"),
 )
 

@@ -7,7 +7,7 @@ from datetime import datetime
 
 from django.db.models import OuterRef, Q, Subquery
 
-from scheduler.models import Execution
+from scheduler.models import AuditEvent, Execution
 
 #: Rows deleted per statement: bounded so a prune never holds long locks.
 BATCH_SIZE = 5000
@@ -75,3 +75,13 @@ def prune_executions(
         if progress:
             progress(deleted)
     return PruneReport(matched=matched, deleted=deleted, dry_run=False)
+
+
+def prune_audit_events(*, older_than: datetime, batch_size: int = BATCH_SIZE) -> int:
+    """Delete audit events recorded before ``older_than``, ``batch_size`` rows per statement; return how many."""
+    deleted = 0
+    while True:
+        ids = list(AuditEvent.objects.filter(created_at__lt=older_than).values_list("pk", flat=True)[:batch_size])
+        if not ids:
+            return deleted
+        deleted += AuditEvent.objects.filter(pk__in=ids).delete()[0]

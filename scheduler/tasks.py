@@ -26,6 +26,8 @@ def _count(value: Any, *, name: str, minimum: int, maximum: int | None = None) -
 def prune_executions(older_than_days: int | None = None, keep_last: int | None = None) -> dict[str, Any]:
     """Delete finished executions older than ``older_than_days``, keeping each schedule's newest ``keep_last``.
 
+    Audit events older than ``older_than_days`` go too.
+
     The built-in schedule "builtin: prune executions" runs this daily. Each
     argument, when given (in that schedule's kwargs), wins over its setting,
     ``SCHEDULER_PRUNE_OLDER_THAN_DAYS`` or ``SCHEDULER_PRUNE_KEEP_LAST``.
@@ -38,7 +40,12 @@ def prune_executions(older_than_days: int | None = None, keep_last: int | None =
     keep = _count(settings.PRUNE_KEEP_LAST if keep_last is None else keep_last, name="keep_last", minimum=0)
     cutoff = leases.db_now() - timedelta(days=days)
     report = prune.prune_executions(older_than=cutoff, keep_last=keep)
-    return {"older_than": cutoff.isoformat(), "keep_last": keep, "deleted": report.deleted}
+    # The audit trail is kept as long as the executions it speaks of.
+    audit_deleted = prune.prune_audit_events(older_than=cutoff)
+    return {
+        "older_than": cutoff.isoformat(), "keep_last": keep, "deleted": report.deleted,
+        "audit_events_deleted": audit_deleted,
+    }
 
 
 @shared_task(name="scheduler.echo")

@@ -40,7 +40,7 @@ from croniter import CroniterBadDateError, CroniterError, croniter
 
 from scheduler.exceptions import ScheduleInvalid
 
-__all__ = ["Timing", "count_slots", "next_slot", "slots_between", "validate_cron", "validate_timezone"]
+__all__ = ["Timing", "count_slots", "longest_gap", "next_slot", "slots_between", "validate_cron", "validate_timezone"]
 
 UTC = dt_timezone.utc
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
@@ -249,6 +249,42 @@ def count_slots(timing: Timing, *, since: datetime, until: datetime, walk: int =
     first = walked[0] if len(walked) > 1 else since
     spacing = (walked[-1] - first) / max(len(walked) - 1, 1)
     return len(walked) + int((until - walked[-1]) / spacing)
+
+
+def longest_gap(
+    timing: Timing, *, since: datetime, walk: int = 1000, span: timedelta = timedelta(days=400)
+) -> timedelta | None:
+    """Return the longest time between consecutive slots after ``since``; None with fewer than two slots.
+
+    Walks up to ``walk`` slots within ``span`` of ``since`` (beyond ``span``
+    only as far as it takes to find two). Days without any slot further on
+    (the weekend of an every-minute weekday job) are found from the first
+    slot of each day over ``span``; the gap around them is then counted from
+    the first slot of the day before, up to a day longer than it is: an
+    estimate on the long side.
+    """
+    _require_aware("since", since)
+    slots = slots_between(timing, since=since, until=since + span, limit=walk)
+    while len(slots) < 2:
+        later = next_slot(timing, after=slots[-1] if slots else since, runs_so_far=len(slots))
+        if later is None:
+            return None
+        slots.append(later)
+    longest = max(later - earlier for earlier, later in zip(slots, slots[1:]))
+    if slots[-1] - slots[0] >= span:
+        return longest
+    previous: datetime | None = None  # first slot of the last day that had one
+    for day in range(span.days):
+        start = since + timedelta(days=day)
+        first = next_slot(timing, after=start - _TICK)
+        if first is None:
+            break
+        if first >= start + timedelta(days=1):
+            continue  # an empty day: the gap closes on a later day
+        if previous is not None and start - previous > timedelta(days=1):  # an empty day in between
+            longest = max(longest, first - previous)
+        previous = first
+    return longest
 
 
 def _count_interval(timing: Timing, *, since: datetime, until: datetime) -> int:

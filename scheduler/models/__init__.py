@@ -1,9 +1,15 @@
 """The scheduler's tables: what should run, what did run, who leads."""
 from __future__ import annotations
 
+from scheduler.models.api_token import ApiToken
+from scheduler.models.audit_event import AuditEvent
 from scheduler.models.execution import Execution
 from scheduler.models.instance import Instance
 from scheduler.models.lease import Lease
+from scheduler.models.operator_profile import OperatorProfile
 from scheduler.models.schedule import Schedule
+from scheduler.models.tally import DurationTally, ExecutionTally
 
-__all__ = ("Execution", "Instance", "Lease", "Schedule")
+__all__ = (
+    "ApiToken", "AuditEvent", "DurationTally", "Execution", "ExecutionTally", "Instance", "Lease", "OperatorProfile", "Schedule",
+)

@@ -181,6 +181,14 @@ class Execution(models.Model):
             models.Index(fields=["idempotency_key"], name="execution_key_prefix", opclasses=["varchar_pattern_ops"]),
             # Oldest queued execution per queue (metrics, the cluster page's warning).
             models.Index(fields=["queue", "created_at"], name="execution_queued", condition=Q(status="queued")),
+            # /metrics: the dispatch lag of scheduled slots sent lately, newest first.
+            models.Index(
+                fields=["-enqueued_at"], name="execution_sent", condition=Q(trigger="scheduled", enqueued_at__isnull=False)
+            ),
+            # /metrics: waiting and running executions by status and queue, from the index alone.
+            models.Index(
+                fields=["status", "queue"], name="execution_current", condition=Q(status__in=["pending", "queued", "running"])
+            ),
         ]
 
     @classmethod

@@ -10,7 +10,7 @@ from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import connection, models, transaction
 from django.db.models import Q
 
-from scheduler import clock, timing
+from scheduler import clock, overdue, timing
 from scheduler.conf import settings
 from scheduler.exceptions import ScheduleInvalid
 
@@ -31,6 +31,8 @@ TIMING_FIELDS = (
     "enabled",
     "paused_reason",
 )
+#: Fields whose change moves the dead man's switch deadline (``overdue_at``).
+DEADLINE_FIELDS = (*TIMING_FIELDS, "alert_after")
 #: Timing fields whose edit starts the schedule afresh: slots before the edit are no longer owed.
 OWED_FIELDS = ("cron", "interval", "run_at", "timezone", "start_at", "dst_gap", "dst_fold")
 
@@ -66,6 +68,13 @@ class ScheduleQuerySet(models.QuerySet):
         Served by the partial index ``schedule_due`` in one index range scan.
         """
         return self.active().filter(next_run_at__lte=now).order_by("next_run_at", "id")
+
+    def overdue(self, *, now: datetime) -> ScheduleQuerySet:
+        """Return active schedules without a success for longer than their window (``scheduler.overdue``).
+
+        Served by the partial index ``schedule_overdue`` in one index range scan.
+        """
+        return self.filter(overdue.condition(now=now))
 
 
 class Schedule(models.Model):
@@ -152,6 +161,13 @@ class Schedule(models.Model):
         validators=[MinValueValidator(1)],
         help_text="Pause the schedule after this many consecutive failures.",
     )
+    alert_after = models.PositiveIntegerField(
+        null=True,
+        blank=True,
+        validators=[MinValueValidator(1)],
+        help_text="Seconds without a success after which the schedule is overdue; "
+        "empty: twice the longest gap between its slots.",
+    )
 
     # State.
     enabled = models.BooleanField(default=True)
@@ -175,6 +191,14 @@ class Schedule(models.Model):
     #: Moved forward on resume, re-enable and timing edits.
     owed_since = models.DateTimeField(null=True, blank=True, editable=False)
     consecutive_failures = models.PositiveIntegerField(default=0, editable=False)
+    #: When a run last succeeded (set by the finish path in ``scheduler.executions``).
+    last_success_at = models.DateTimeField(null=True, blank=True, editable=False)
+    #: Twice the longest gap between consecutive slots, in seconds; empty for a one-off.
+    #: Derived from the timing on save; ``alert_after`` overrides it.
+    cadence = models.PositiveIntegerField(null=True, blank=True, editable=False)
+    #: When the schedule becomes overdue unless a run succeeds first (``scheduler.overdue``);
+    #: moved forward by every success and recomputed on timing, state and ``alert_after`` edits.
+    overdue_at = models.DateTimeField(null=True, blank=True, editable=False)
     last_error = models.TextField(blank=True, default="", editable=False)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
@@ -197,6 +221,12 @@ class Schedule(models.Model):
             models.Index(fields=["next_run_at", "-id"], name="schedule_next_run"),
             models.Index(fields=["last_status", "name"], name="schedule_last_status"),
             models.Index(fields=["name"], name="schedule_paused", condition=~Q(paused_reason="")),
+            # Overdue schedules (metrics, /healthz/schedules, the admin filter): an index range up to now.
+            models.Index(
+                fields=["overdue_at"],
+                name="schedule_overdue",
+                condition=Q(enabled=True, paused_reason="", overdue_at__isnull=False),
+            ),
         ]
         constraints = [
             models.CheckConstraint(
@@ -325,12 +355,13 @@ class Schedule(models.Model):
         if self._state.adding:
             self.owed_since = self.owed_since or now
             self.next_run_at = self.compute_next_run_at(now=now)
+            self._follow_deadline_change()
             super().save(*args, **kwargs)
         else:
             changed = self.changed_fields()
             given = kwargs.pop("update_fields", None)
             fields = changed if given is None else {*given, *(changed & {"disabled_reason"})}
-            if fields & changed & set(TIMING_FIELDS):
+            if fields & changed & set(DEADLINE_FIELDS):
                 with transaction.atomic(using=kwargs.get("using")):
                     fields |= self._follow_timing_change(fields & changed, now=now)
                     super().save(*args, update_fields={*fields, "updated_at"}, **kwargs)
@@ -339,15 +370,18 @@ class Schedule(models.Model):
         self._loaded = self._stored()
 
     def _follow_timing_change(self, changed: set[str], *, now: datetime) -> set[str]:
-        """Recompute ``next_run_at`` (and move ``owed_since``) for a timing or state change; return those fields.
+        """Recompute ``next_run_at`` and the overdue deadline (and move ``owed_since``); return the fields written.
 
-        The row is locked first, so the leader (which skips locked rows) and
-        the workers wait, and the ``slots_sent`` the computation reads is current.
+        For a change of the timing, the state or ``alert_after``. The row is
+        locked first, so the leader (which skips locked rows) and the workers
+        wait, and the ``slots_sent`` and ``last_success_at`` read are current.
         """
         locked = type(self).objects.select_for_update().filter(pk=self.pk)
-        sent = locked.values_list("slots_sent", flat=True).first()
-        if sent is not None and "slots_sent" not in changed:
-            self.slots_sent = self._loaded["slots_sent"] = sent
+        fresh = locked.values_list("slots_sent", "last_success_at").first()
+        if fresh is not None:
+            if "slots_sent" not in changed:
+                self.slots_sent = self._loaded["slots_sent"] = fresh[0]
+            self.last_success_at = self._loaded["last_success_at"] = fresh[1]
         self.next_run_at = self.compute_next_run_at(now=now)
         restarted = (
             bool(changed & set(OWED_FIELDS))
@@ -356,8 +390,18 @@ class Schedule(models.Model):
         )
         if restarted:
             self.owed_since = now
-            return {"next_run_at", "owed_since"}
-        return {"next_run_at"}
+        self._follow_deadline_change()
+        return {"next_run_at", "cadence", "overdue_at", *(["owed_since"] if restarted else [])}
+
+    def _follow_deadline_change(self) -> None:
+        """Recompute ``cadence`` and ``overdue_at`` from the timing, ``alert_after`` and the last success."""
+        self.cadence = overdue.cadence(self.timing)
+        self.overdue_at = overdue.deadline(
+            self.timing,
+            window=self.alert_after or self.cadence,
+            last_success_at=self.last_success_at,
+            since=self.owed_since or self.created_at,
+        )
 
     # --- validation -----------------------------------------------------------
 

@@ -178,7 +178,7 @@ def test_list__one_line_per_schedule_with_timing_and_state() -> None:
     # When
     lines = schedules("list").splitlines()
     # Then
-    assert lines[0].split() == ["NAME", "TASK", "TIMING", "TIMEZONE", "STATE", "NEXT", "RUN"]
+    assert lines[0].split() == ["NAME", "TASK", "TIMING", "TIMEZONE", "STATE", "NEXT", "RUN", "LAST", "SUCCESS", "OVERDUE"]
     assert lines[1].split()[:8] == ["a-cron", "scheduler.echo", "cron", "*/5", "*", "*", "*", "*"]
     assert "Europe/Berlin  enabled" in lines[1]
     assert "every 30s" in lines[2] and "paused (vendor outage)" in lines[2] and lines[2].endswith("-")

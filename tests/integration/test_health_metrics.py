@@ -152,12 +152,12 @@ def _value(text: str, sample: str) -> float:
 def test_metrics__names_present_and_values_follow_executions(client: Client, leader: leases.LeaseHandle) -> None:
     before = _metrics(client)
     for name in (
-        "scheduler_executions", "scheduler_dispatch_lag_seconds", "scheduler_leader_changes_total",
+        "scheduler_executions_total", "scheduler_dispatch_lag_seconds", "scheduler_leader_changes_total",
         "scheduler_lease_renew_failures_total", "scheduler_due_backlog", "scheduler_instances",
     ):
         assert f"# TYPE {name} " in before
     assert _value(before, 'scheduler_leader_changes_total{lease="beat"}') == leader.token
-    assert 'scheduler_executions{status="succeeded",task="scheduler.echo"}' not in before
+    assert 'scheduler_executions_total{status="succeeded",task="scheduler.echo",trigger="scheduled"}' not in before
 
     # When executions are recorded, sent and finished, a schedule is due and a worker beats
     now = leases.db_now()
@@ -173,7 +173,7 @@ def test_metrics__names_present_and_values_follow_executions(client: Client, lea
     after = _metrics(client)
 
     # Then the values changed accordingly
-    assert _value(after, 'scheduler_executions{status="succeeded",task="scheduler.echo"}') == 3
+    assert _value(after, 'scheduler_executions_total{status="succeeded",task="scheduler.echo",trigger="scheduled"}') == 3
     assert _value(after, 'scheduler_dispatch_lag_seconds_bucket{le="0.05"}') == 1
     assert _value(after, 'scheduler_dispatch_lag_seconds_bucket{le="0.5"}') == 2
     assert _value(after, 'scheduler_dispatch_lag_seconds_bucket{le="+Inf"}') == 3

@@ -7,7 +7,7 @@ from zoneinfo import ZoneInfo
 
 from django.core.management.base import CommandError, CommandParser
 
-from scheduler import leases
+from scheduler import audit, leases
 from scheduler.backfill import DEFAULT_LIMIT, BackfillReport, backfill
 from scheduler.exceptions import BackfillRefused
 from scheduler.management.base import SchedulerCommand, non_negative_int, parse_iso, positive_number
@@ -56,6 +56,8 @@ examples:
             )
         except BackfillRefused as exc:
             raise CommandError(str(exc)) from None
+        if not report.dry_run:
+            audit.record(audit.CLI, "backfill", schedule, changes={"start": start, "end": end, "created": report.created})
         self.emit(asdict(report), as_json=as_json, text=_lines(report, ZoneInfo(schedule.timezone)))
         if report.not_recorded:
             raise CommandError(

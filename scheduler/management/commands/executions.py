@@ -4,9 +4,10 @@ from __future__ import annotations
 from typing import Any
 
 from django.core.management.base import CommandError, CommandParser
+from django.db import transaction
 
 from project.celery import app
-from scheduler import operations
+from scheduler import audit, operations
 from scheduler.exceptions import SchedulerError
 from scheduler.management.base import (
     BIGINT_MAX,
@@ -135,7 +136,9 @@ Run "manage.py executions ACTION --help" for the options of each action."""
                 text=f"Would retry execution {execution_id} ({execution.task}, {execution.status}) as a new execution.",
             )
             return
-        result = operations.retry_execution(execution, app=app)
+        with transaction.atomic():
+            result = operations.retry_execution(execution, app=app)
+            audit.record(audit.CLI, "retry", execution, changes={"retried_by": [None, result.execution.pk]})
         retry = result.execution
         text = (
             f"Execution {retry.pk} retries execution {execution_id}: {retry.status} "
@@ -164,7 +167,10 @@ Run "manage.py executions ACTION --help" for the options of each action."""
                 text=f"Would cancel execution {execution_id} ({execution.task}, {was}).",
             )
             return
-        result = operations.cancel_execution(execution, app=app)
+        before = audit.snapshot(execution)
+        with transaction.atomic():
+            result = operations.cancel_execution(execution, app=app)
+            audit.record(audit.CLI, "cancel", execution, before=before)
         text = f"Cancelled execution {execution_id} (was {was})."
         if result.broker_error:
             text += f" Its task was not revoked: the broker is unreachable ({result.broker_error})."

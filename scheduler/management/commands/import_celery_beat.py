@@ -8,6 +8,7 @@ from django.core.management.base import CommandError, CommandParser
 from django.db import DEFAULT_DB_ALIAS
 
 from project.celery import app
+from scheduler import audit
 from scheduler.import_celery_beat import (
     EXISTS,
     IMPORTED,
@@ -18,6 +19,7 @@ from scheduler.import_celery_beat import (
     import_periodic_tasks,
 )
 from scheduler.management.base import SchedulerCommand, text_value
+from scheduler.models import Schedule
 
 
 class Command(SchedulerCommand):
@@ -51,6 +53,10 @@ examples:
             report = import_periodic_tasks(using=options["database"], app=app, dry_run=options["dry_run"])
         except CeleryBeatImportRefused as exc:
             raise CommandError(str(exc)) from None
+        if not report.dry_run:
+            imported = [task.name for task in report.tasks if task.outcome == IMPORTED]
+            for schedule in Schedule.objects.filter(name__in=imported):
+                audit.record(audit.CLI, "import", schedule)
         self.emit(asdict(report), as_json=options["json"], text=_lines(report))
 
 

@@ -5,7 +5,7 @@ from typing import Any
 
 from django.core.management.base import CommandError, CommandParser
 
-from scheduler import leases
+from scheduler import audit, leases
 from scheduler.management.base import SchedulerCommand, non_negative_int, parse_duration
 from scheduler.models import Execution
 from scheduler.prune import prune_executions
@@ -50,6 +50,11 @@ examples:
             dry_run=options["dry_run"],
             progress=None if options["json"] else lambda n: self.stderr.write(f"deleted {n}..."),
         )
+        if report.deleted:
+            audit.record(
+                audit.CLI, "prune", object_type="scheduler.execution",
+                changes={"older_than": cutoff, "deleted": report.deleted},
+            )
         verb = "would delete" if report.dry_run else "deleted"
         count = report.matched if report.dry_run else report.deleted
         self.emit(

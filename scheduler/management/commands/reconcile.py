@@ -5,7 +5,7 @@ from typing import Any
 
 from django.core.management.base import CommandError, CommandParser
 
-from scheduler import leases
+from scheduler import audit, leases
 from scheduler.management.base import SchedulerCommand
 from scheduler.reconcile import Change, reconcile
 
@@ -47,6 +47,8 @@ examples:
 
     def handle(self, *args: Any, **options: Any) -> None:
         report = reconcile(now=leases.db_now(), dry_run=options["dry_run"], repair=options["repair"])
+        if not report.dry_run and report.changes:
+            audit.record(audit.CLI, "reconcile", object_type="reconcile", changes=report.counts)
         lines = [_line(change) for change in report.changes]
         lines.append(("dry run, nothing changed: " if report.dry_run else "reconcile: ") + report.summary())
         self.emit(report.as_dict(), as_json=options["json"], text=lines)

@@ -12,7 +12,7 @@ from django.core.management.base import CommandError, CommandParser
 from django.db import transaction
 
 from project.celery import app
-from scheduler import clock, leases, operations
+from scheduler import audit, clock, leases, operations
 from scheduler.exceptions import SchedulerError
 from scheduler.management.base import (
     SchedulerCommand,
@@ -23,6 +23,7 @@ from scheduler.management.base import (
     text_value,
 )
 from scheduler.models import Schedule
+from scheduler.overdue import is_overdue
 from scheduler.models.schedule import integer_range
 
 #: Options of ``create`` and ``update`` that set one model field each: flag, field, argparse keywords.
@@ -45,6 +46,7 @@ FIELD_OPTIONS: tuple[tuple[str, str, dict[str, Any]], ...] = (
     ("--max-retries", "max_retries", {"type": int, "metavar": "N", "help": "attempts after a failure"}),
     ("--retry-backoff", "retry_backoff", {"type": int, "metavar": "S", "help": "base delay between attempts"}),
     ("--pause-after-failures", "pause_after_failures", {"type": int, "metavar": "N", "help": "circuit breaker"}),
+    ("--alert-after", "alert_after", {"type": int, "metavar": "S", "help": "overdue after S seconds without a success"}),
     ("--priority", "priority", {"type": int, "metavar": "N", "help": "message priority"}),
     ("--description", "description", {"metavar": "TEXT", "help": "free text for operators"}),
     ("--tenant", "tenant", {"metavar": "NAME", "help": "owner of the schedule"}),
@@ -94,8 +96,15 @@ Run "manage.py schedules ACTION --help" for the options of each action."""
                 sub.add_argument("--json", action="store_true", help="print machine-readable JSON instead of text")
             return sub
 
-        action("list", "List every schedule with its timing, state and next run.",
-               "  manage.py schedules list\n  manage.py schedules list --json", writes=False)
+        listing = action(
+            "list", "List every schedule with its timing, state, next run and whether it is overdue.",
+            "  manage.py schedules list\n  manage.py schedules list --json\n  manage.py schedules list --overdue",
+            writes=False,
+        )
+        listing.add_argument(
+            "--overdue", action="store_true",
+            help="only schedules without a success for longer than their alert window (dead man's switch)",
+        )
         action("show", "Show every field of one schedule.",
                "  manage.py schedules show nightly --json", writes=False)
         create = action(
@@ -138,20 +147,28 @@ Run "manage.py schedules ACTION --help" for the options of each action."""
 
     # --- reading ---------------------------------------------------------------------
 
-    def _list(self, *, json: bool, **options: Any) -> None:
-        schedules = list(Schedule.objects.all())
+    def _list(self, *, json: bool, overdue: bool, **options: Any) -> None:
+        now = leases.db_now()  # the clock the finish path stamps successes with
+        schedules = list(Schedule.objects.overdue(now=now) if overdue else Schedule.objects.all())
+        late = {s.pk for s in schedules if is_overdue(s, now=now)}
         rows = [
             {
                 "name": s.name, "task": s.task, "timing": timing_text(s), "timezone": s.timezone,
                 "enabled": s.enabled, "paused_reason": s.paused_reason, "next_run_at": s.next_run_at,
+                "last_success_at": s.last_success_at, "overdue": s.pk in late,
             }
             for s in schedules
         ]
-        headers = ("NAME", "TASK", "TIMING", "TIMEZONE", "STATE", "NEXT RUN")
+        headers = ("NAME", "TASK", "TIMING", "TIMEZONE", "STATE", "NEXT RUN", "LAST SUCCESS", "OVERDUE")
         cells = [
-            (s.name, s.task, timing_text(s), s.timezone, state_text(s), text_value(s.next_run_at)) for s in schedules
+            (
+                s.name, s.task, timing_text(s), s.timezone, state_text(s), text_value(s.next_run_at),
+                text_value(s.last_success_at), "OVERDUE" if s.pk in late else "",
+            )
+            for s in schedules
         ]
-        self.emit(rows, as_json=json, text=text_table(headers, cells) if schedules else "No schedules.")
+        empty = "No overdue schedules." if overdue else "No schedules."
+        self.emit(rows, as_json=json, text=text_table(headers, cells) if schedules else empty)
 
     def _show(self, name: str, *, json: bool, **options: Any) -> None:
         schedule = _get(name)
@@ -187,7 +204,9 @@ Run "manage.py schedules ACTION --help" for the options of each action."""
         if dry_run:
             schedule.next_run_at = schedule.compute_next_run_at(now=clock.now())
         else:
-            operations.save_schedule(schedule, now=leases.db_now())
+            with transaction.atomic():
+                operations.save_schedule(schedule, now=leases.db_now())
+                audit.record(audit.CLI, "create", schedule)
         self._report(schedule, "Would create" if dry_run else "Created", json=json, dry_run=dry_run)
 
     def _update(self, name: str, *, json: bool, dry_run: bool, **options: Any) -> None:
@@ -203,8 +222,10 @@ Run "manage.py schedules ACTION --help" for the options of each action."""
                 schedule.run_at, now=leases.db_now(),
                 hint=f"Give a future time; to run the task once now, use: schedules run-now {name}",
             )
+        before = audit.snapshot(Schedule.objects.get(pk=schedule.pk))
         with _rolled_back_if(dry_run):
             operations.save_schedule(schedule, now=leases.db_now())
+            audit.record(audit.CLI, "update", schedule, before=before)
         self._report(schedule, "Would update" if dry_run else "Updated", json=json, dry_run=dry_run)
 
     def _enable(self, name: str, **options: Any) -> None:
@@ -223,16 +244,20 @@ Run "manage.py schedules ACTION --help" for the options of each action."""
         self, name: str, verb: str, change: Callable[..., None], *, json: bool, dry_run: bool, **options: Any
     ) -> None:
         schedule = _get(name)
+        before = audit.snapshot(schedule)
         with _rolled_back_if(dry_run):
             change(schedule, now=leases.db_now())
+            audit.record(audit.CLI, verb, schedule, before=before)
         self._report(schedule, f"Would {verb}" if dry_run else f"{verb.capitalize()}d", json=json, dry_run=dry_run)
 
     def _delete(self, name: str, *, json: bool, dry_run: bool, **options: Any) -> None:
         schedule = _get(name)
         data = model_fields(schedule)
         kept = schedule.executions.count()
+        before = audit.snapshot(schedule)
         with _rolled_back_if(dry_run):
             schedule.delete()
+            audit.record(audit.CLI, "delete", schedule, before=before, deleted=True)
         verb = "Would delete" if dry_run else "Deleted"
         self.emit(
             {"dry_run": dry_run, "schedule": data, "executions_kept": kept},
@@ -250,7 +275,9 @@ Run "manage.py schedules ACTION --help" for the options of each action."""
                 text=f"Would run schedule {name!r} now (task {schedule.task}).",
             )
             return
-        result = operations.run_now(schedule, app=app)
+        with transaction.atomic():
+            result = operations.run_now(schedule, app=app)
+            audit.record(audit.CLI, "run_now", schedule, changes={"execution": [None, result.execution.pk]})
         execution = result.execution
         text = (
             f"Execution {execution.pk} of schedule {name!r} {execution.status} "

@@ -1,0 +1,104 @@
+"""``manage.py api_tokens``: create, list and revoke the HTTP API's bearer tokens."""
+from __future__ import annotations
+
+from typing import Any
+
+from django.core.management.base import CommandError, CommandParser
+from django.db import transaction
+
+from scheduler import audit, leases
+from scheduler.management.base import SchedulerCommand, parse_duration, text_table, text_value
+from scheduler.models import ApiToken
+
+#: Longest name and tenant a token takes (their columns' lengths).
+NAME_MAX = ApiToken._meta.get_field("name").max_length
+TENANT_MAX = ApiToken._meta.get_field("tenant").max_length
+
+
+class Command(SchedulerCommand):
+    help = """Create, list and revoke API tokens (Authorization: Bearer <token>).
+
+A token is printed once, when created; only its hash is stored.
+
+examples:
+  manage.py api_tokens create dashboard --role viewer
+  manage.py api_tokens create deploy-team-a --role operator --tenant team-a --expires 90d
+  manage.py api_tokens list
+  manage.py api_tokens revoke dashboard"""
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        subs = parser.add_subparsers(dest="action", required=True, metavar="ACTION")
+        create = subs.add_parser("create", help="create a token and print it once")
+        create.add_argument("name", metavar="NAME", help="a unique name, e.g. the team or service using it")
+        create.add_argument("--role", required=True, choices=ApiToken.Role.values, help="viewer reads; operator also writes")
+        create.add_argument("--tenant", default="", metavar="T", help="only this tenant's schedules and executions")
+        create.add_argument("--expires", metavar="DURATION", help="expire after e.g. 90d, 12h, 2w (default: never)")
+        create.add_argument("--json", action="store_true", help="print machine-readable JSON instead of text")
+        listing = subs.add_parser("list", help="list the tokens (never the tokens themselves)")
+        listing.add_argument("--json", action="store_true", help="print machine-readable JSON instead of text")
+        revoke = subs.add_parser("revoke", help="revoke a token: it stops working at once")
+        revoke.add_argument("name", metavar="NAME")
+        revoke.add_argument("--json", action="store_true", help="print machine-readable JSON instead of text")
+
+    def handle(self, *args: Any, action: str, **options: Any) -> None:
+        getattr(self, f"_{action}")(**options)
+
+    def _create(self, *, name: str, role: str, tenant: str, expires: str | None, json: bool, **options: Any) -> None:
+        name, tenant = name.strip(), tenant.strip()
+        if not name or len(name) > NAME_MAX:
+            raise CommandError(f"NAME must be 1 to {NAME_MAX} characters")
+        if len(tenant) > TENANT_MAX:
+            raise CommandError(f"--tenant must be at most {TENANT_MAX} characters")
+        now = leases.db_now()
+        expires_at = None
+        if expires is not None:
+            age = parse_duration(expires, name="--expires")
+            if not age:
+                raise CommandError("--expires must be longer than 0")
+            expires_at = now + age
+        with transaction.atomic():
+            if ApiToken.objects.filter(name=name).exists():
+                raise CommandError(f"a token named {name!r} exists already; revoke it or choose another name")
+            token, raw = ApiToken.issue(name, role=role, tenant=tenant, expires_at=expires_at)
+            audit.record(audit.CLI, "create", token, tenant=tenant)
+        data = {"name": name, "role": role, "tenant": tenant, "expires_at": expires_at, "token": raw}
+        self.emit(data, as_json=json, text=[
+            f"Created token {name!r} ({role}, {tenant or 'all tenants'}, "
+            f"{'expires ' + expires_at.isoformat() if expires_at else 'never expires'}).",
+            "It is shown only now; store it safely:",
+            raw,
+        ])
+
+    def _list(self, *, json: bool, **options: Any) -> None:
+        now = leases.db_now()
+        tokens = list(ApiToken.objects.order_by("name"))
+        rows = [
+            {
+                "name": t.name, "role": t.role, "tenant": t.tenant, "created_at": t.created_at,
+                "expires_at": t.expires_at, "last_used_at": t.last_used_at, "revoked_at": t.revoked_at,
+                "usable": t.is_usable(now=now),
+            }
+            for t in tokens
+        ]
+        headers = ("NAME", "ROLE", "TENANT", "EXPIRES", "LAST USED", "STATE")
+        cells = [
+            (
+                t.name, t.role, t.tenant or "(all)", text_value(t.expires_at), text_value(t.last_used_at),
+                "revoked" if t.revoked_at else "usable" if t.is_usable(now=now) else "expired",
+            )
+            for t in tokens
+        ]
+        self.emit(rows, as_json=json, text=text_table(headers, cells) if tokens else "No API tokens.")
+
+    def _revoke(self, *, name: str, json: bool, **options: Any) -> None:
+        with transaction.atomic():
+            token = ApiToken.objects.select_for_update().filter(name=name).first()
+            if token is None:
+                raise CommandError(f"no token named {name!r}")
+            if token.revoked_at is not None:
+                raise CommandError(f"token {name!r} was revoked already, at {token.revoked_at.isoformat()}")
+            before = audit.snapshot(token)
+            token.revoked_at = leases.db_now()
+            token.save(update_fields=["revoked_at"])
+            audit.record(audit.CLI, "revoke", token, before=before, tenant=token.tenant)
+        self.emit({"name": name, "revoked_at": token.revoked_at}, as_json=json, text=f"Revoked token {name!r}.")
