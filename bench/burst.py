@@ -2,8 +2,10 @@
 
 One real ``celery -A project beat`` (the leader) runs against the benchmark's
 own PostgreSQL and Redis; no worker runs, so every message stays in Redis.
-Once it holds the lease, 10,000 hourly schedules whose first slot is the
-whole second T are inserted (server side, about 2 s before T). From T on,
+Once it holds the lease, N schedules due at the whole second T are inserted
+(server side, about 2 s before T): hourly interval schedules (``interval``)
+or one-off schedules whose ``run_at`` is T (``oneoff``: each turns itself
+off as it fires). From T on,
 this process reads every 20 ms how many Execution rows are committed and how
 many are ``queued``, and the length of the Redis queue. Measured per
 ``SCHEDULER_DISPATCH_BATCH_SIZE`` (500, the default, and 2,000):
@@ -21,14 +23,18 @@ of 10,000 rows into a scratch copy of ``scheduler_execution`` (same columns,
 indexes and constraints; best of 3). The fraction is executions/s over the
 lower of the Redis (50 connections) and PostgreSQL ceilings. For reference,
 Celery's own cost of sending is measured too: ``send_task`` of 10,000
-messages on one producer, as the leader sends them.
+messages on one producer, as the leader sent them before, and the
+publisher's fast path (``scheduler.publisher``: Celery's messages pushed in
+one Redis pipeline per batch), as it sends them now. The load average is
+recorded before and after: on a shared machine it says how far to trust
+the rates.
 
 When the goal is missed (or with ``--profile``), the same burst is dispatched
 in this process by a ``LeaderScheduler`` under cProfile, and the functions
 with the most own time are reported (cProfile slows Python code down, so the
 profiled rate is lower than the real one).
 
-Run: ``python -m bench.burst [--schedules 10000] [--batch-sizes 500,2000] [--profile]``.
+Run: ``python -m bench.burst [--kind interval,oneoff] [--schedules 10000,100000] [--batch-sizes 500,2000] [--profile]``.
 Writes ``bench/results/burst.json``.
 """
 from __future__ import annotations
@@ -59,6 +65,7 @@ TASK = "bench.noop"
 POLL_SECONDS = 0.02
 LEAD_SECONDS = 2
 HOTSPOTS = 15
+KINDS = ("interval", "oneoff")
 
 
 # --- inside the child process (Django configured) ----------------------------------------
@@ -73,13 +80,17 @@ def _reset() -> Any:
     return client
 
 
-def _load_burst(count: int, due: str) -> None:
-    """Insert ``count`` hourly schedules whose first slot is ``due`` (an SQL timestamp expression)."""
+def _load_burst(kind: str, count: int, due: str) -> None:
+    """Insert ``count`` schedules of ``kind`` due at ``due`` (an SQL timestamp expression).
+
+    ``interval``: hourly, first slot ``due``; ``oneoff``: ``run_at`` = ``due``.
+    """
     from scheduler.models import Schedule
 
+    timing = {"interval": "3600", "start_at": due} if kind == "interval" else {"run_at": due}
     insert_generated(
         Schedule, count,
-        {"name": "'burst-' || g", "task": f"'{TASK}'", "interval": "3600", "start_at": due, "next_run_at": due,
+        {"name": "'burst-' || g", "task": f"'{TASK}'", **timing, "next_run_at": due,
          "created_at": "now()", "updated_at": "now()"},
     )
 
@@ -92,7 +103,7 @@ def _wait_for_leader(process: subprocess.Popen[Any], timeout: float = 60) -> Non
         time.sleep(0.05)
 
 
-def _burst(count: int, batch_size: int, timeout: float, log: Path) -> dict[str, Any]:
+def _burst(kind: str, count: int, batch_size: int, timeout: float, log: Path) -> dict[str, Any]:
     """Time one burst through a real beat process."""
     client = _reset()
     celery = str(Path(sys.executable).with_name("celery"))
@@ -103,7 +114,7 @@ def _burst(count: int, batch_size: int, timeout: float, log: Path) -> dict[str, 
     try:
         _wait_for_leader(process)
         (due,) = execute_sql(f"SELECT date_trunc('second', now()) + interval '{LEAD_SECONDS} seconds'")[0]
-        _load_burst(count, f"'{due.isoformat()}'::timestamptz")
+        _load_burst(kind, count, f"'{due.isoformat()}'::timestamptz")
         start = due.timestamp()
         time.sleep(max(start - time.time(), 0))
         cpu0 = cpu_seconds(process.pid)
@@ -123,7 +134,7 @@ def _burst(count: int, batch_size: int, timeout: float, log: Path) -> dict[str, 
         stop_process(process)
     rows, keys = execute_sql("SELECT count(*), count(DISTINCT idempotency_key) FROM scheduler_execution")[0]
     return {
-        "batch_size": batch_size, "schedules": count, "executions": rows, "duplicates": rows - keys,
+        "kind": kind, "batch_size": batch_size, "schedules": count, "executions": rows, "duplicates": rows - keys,
         "committed_seconds": committed, "published_seconds": published,
         "per_second": count / published if published else None, "leader_cpu_seconds": cpu, "peak_rss_mib": rss,
     }
@@ -179,6 +190,28 @@ def _send_task_ceiling(count: int) -> dict[str, Any]:
     return {"what": f"Celery: send_task on one producer, {count:,} messages", "per_second": count / elapsed}
 
 
+def _publisher_ceiling(count: int) -> dict[str, Any]:
+    """Send ``count`` messages the way the leader does now (``scheduler.publisher``, one pipeline per batch)."""
+    from datetime import datetime, timezone
+
+    from project.celery import app
+    from scheduler import publisher
+    from scheduler.dispatch import PUBLISH_BATCH
+
+    client = _reset()
+    now = datetime.now(timezone.utc)
+    rows = [{"id": number, "task": TASK, "args": [], "kwargs": {}, "queue": "", "priority": None, "celery_task_id": "",
+             "timeout": None, "scheduled_for": now} for number in range(count)]
+    with publisher.connect(app) as sender:
+        started = time.perf_counter()
+        for start in range(0, count, PUBLISH_BATCH):
+            sender.send(rows[start:start + PUBLISH_BATCH], now=now)
+        elapsed = time.perf_counter() - started
+    client.delete(QUEUE)
+    return {"what": f"scheduler.publisher: one pipeline per {PUBLISH_BATCH} messages, {count:,} messages",
+            "per_second": count / elapsed}
+
+
 def _where(code: tuple[str, int, str]) -> str:
     filename, line, name = code
     for prefix in (f"{ROOT}/.venv/lib/python3.11/site-packages/", f"{ROOT}/"):
@@ -186,7 +219,7 @@ def _where(code: tuple[str, int, str]) -> str:
     return f"{filename}:{line}({name})"
 
 
-def _profile(count: int) -> dict[str, Any]:
+def _profile(kind: str, count: int) -> dict[str, Any]:
     """Dispatch one burst in process under cProfile; return the top functions by own and by cumulative time."""
     from project.celery import app
     from scheduler.beat import LeaderScheduler
@@ -197,7 +230,7 @@ def _profile(count: int) -> dict[str, Any]:
     profiler = cProfile.Profile()
     try:
         scheduler.tick()  # takes the lease
-        _load_burst(count, "date_trunc('second', now())")
+        _load_burst(kind, count, "date_trunc('second', now())")
         scheduler._last_renew = scheduler._last_heartbeat = time.monotonic()
         started = time.perf_counter()
         profiler.enable()
@@ -216,27 +249,40 @@ def _profile(count: int) -> dict[str, Any]:
         return [{"function": _where(code), "calls": calls, "own_seconds": own, "cumulative_seconds": cumulative,
                  "own_share": own / total} for code, (_, calls, own, cumulative, _) in ranked]
 
-    return {"published": published, "seconds": elapsed, "per_second": published / elapsed,
+    return {"kind": kind, "schedules": count, "published": published, "seconds": elapsed, "per_second": published / elapsed,
             "by_own_time": top(2), "by_cumulative_time": top(3)}
 
 
-def _child(count: int, batch_sizes: list[int], timeout: float, profile: bool, logs: Path) -> dict[str, Any]:
+def _child(kinds: list[str], counts: list[int], batch_sizes: list[int], timeout: float, profile: bool,
+           logs: Path) -> dict[str, Any]:
     import django
 
     django.setup()
     log_to_file(logs / "in-process.log")
+    load_before = os.getloadavg()
     runs = []
-    for batch_size in batch_sizes:
-        print(f"burst of {count:,} with batch size {batch_size:,}...", file=sys.stderr, flush=True)
-        runs.append(_burst(count, batch_size, timeout, logs / f"beat-{batch_size}.log"))
+    for count in counts:
+        for kind in kinds:
+            for batch_size in batch_sizes:
+                print(f"burst of {count:,} {kind} schedules with batch size {batch_size:,}...", file=sys.stderr, flush=True)
+                runs.append(_burst(kind, count, batch_size, timeout, logs / f"beat-{kind}-{count}-{batch_size}.log"))
     ceilings = {"redis": _redis_ceiling(), "redis_one_connection": _redis_ceiling("-c", "1"),
-                "insert": _insert_ceiling(count), "send_task": _send_task_ceiling(count)}
-    result: dict[str, Any] = {"runs": runs, "ceilings": ceilings}
-    if profile or any((run["per_second"] or 0) < GOAL_PER_SECOND for run in runs):
-        print("profiling the leader in process...", file=sys.stderr, flush=True)
-        result["profile"] = _profile(count)
+                "insert": _insert_ceiling(counts[0]), "send_task": _send_task_ceiling(counts[0]),
+                "publisher": _publisher_ceiling(counts[0])}
+    result: dict[str, Any] = {"runs": runs, "ceilings": ceilings, "load_average_before": load_before}
+    profiles = []
+    for kind in kinds:
+        if profile or any((run["per_second"] or 0) < GOAL_PER_SECOND for run in runs if run["kind"] == kind):
+            print(f"profiling the leader in process ({kind})...", file=sys.stderr, flush=True)
+            profiles.append(_profile(kind, counts[0]))
+    result["profiles"] = profiles
+    result["load_average_after"] = os.getloadavg()
     _reset()
     return result
+
+
+def _numbers(text: str) -> list[int]:
+    return [int(part) for part in text.split(",") if part.strip()]
 
 
 # --- the orchestrator ---------------------------------------------------------------------
@@ -244,7 +290,8 @@ def _child(count: int, batch_sizes: list[int], timeout: float, profile: bool, lo
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--schedules", type=int, default=10_000, help="schedules due in the same second (default 10000)")
+    parser.add_argument("--kind", default=",".join(KINDS), help="schedule kinds, one burst each: interval,oneoff (default both)")
+    parser.add_argument("--schedules", default="10000", help="schedules due in the same second, one burst each (default 10000)")
     parser.add_argument("--batch-sizes", default="500,2000", help="SCHEDULER_DISPATCH_BATCH_SIZE values, one run each")
     parser.add_argument("--timeout", type=float, default=300.0, help="seconds a burst may take (default 300)")
     parser.add_argument("--profile", action="store_true", help="profile the leader even when the goal is met")
@@ -252,14 +299,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--logs", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     try:
-        batch_sizes = [int(size) for size in args.batch_sizes.split(",") if size.strip()]
+        batch_sizes, counts = _numbers(args.batch_sizes), _numbers(args.schedules)
     except ValueError:
-        parser.error("--batch-sizes takes comma-separated whole numbers")
-    if args.schedules < 1 or not batch_sizes or min(batch_sizes) < 1 or args.timeout <= 0:
+        parser.error("--schedules and --batch-sizes take comma-separated whole numbers")
+    kinds = [kind.strip() for kind in args.kind.split(",") if kind.strip()]
+    if not kinds or not set(kinds) <= set(KINDS):
+        parser.error(f"--kind takes {' and/or '.join(KINDS)}, comma-separated")
+    if not counts or min(counts) < 1 or not batch_sizes or min(batch_sizes) < 1 or args.timeout <= 0:
         parser.error("--schedules, --batch-sizes and --timeout must be positive")
 
     if args.child:
-        result = _child(args.schedules, batch_sizes, args.timeout, args.profile, Path(args.logs))
+        result = _child(kinds, counts, batch_sizes, args.timeout, args.profile, Path(args.logs))
         print(json.dumps(result), flush=True)
         return 0
 
@@ -270,7 +320,7 @@ def main(argv: list[str] | None = None) -> int:
         env = django_env(pg_url, redis_url, Path(tmp), debug=False)
         migrate(env)
         child = subprocess.run(
-            [sys.executable, "-m", "bench.burst", "--child", f"--schedules={args.schedules}",
+            [sys.executable, "-m", "bench.burst", "--child", f"--kind={args.kind}", f"--schedules={args.schedules}",
              f"--batch-sizes={args.batch_sizes}", f"--timeout={args.timeout}", f"--logs={tmp}",
              *(["--profile"] if args.profile else [])],
             cwd=ROOT, env=env, stdout=subprocess.PIPE, text=True, check=True,
@@ -281,22 +331,31 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     for run in result["runs"]:
         rate = run["per_second"]
-        rows.append([f"leader (celery beat), batch {run['batch_size']:,}", run["executions"], run["committed_seconds"] or "-",
-                     run["published_seconds"] or "did not finish", rate or "-", run["leader_cpu_seconds"],
-                     run["leader_cpu_seconds"] * 1000 / max(run["executions"], 1), f"{rate / limit:.1%}" if rate else "-"])
+        rows.append([f"leader, {run['kind']} x {run['schedules']:,}, batch {run['batch_size']:,}", run["executions"],
+                     run["committed_seconds"] or "-", run["published_seconds"] or "did not finish", rate or "-",
+                     run["leader_cpu_seconds"], run["leader_cpu_seconds"] * 1000 / max(run["executions"], 1),
+                     f"{rate / limit:.1%}" if rate else "-"])
     for ceiling in result["ceilings"].values():
         rows.append([ceiling["what"], "-", "-", "-", ceiling["per_second"], "-", "-", "-"])
     print()
     print(table(["what", "executions", "committed s", "published s", "per second", "leader CPU s", "CPU ms/execution",
                  "of ceiling"], rows))
-    best = max((run["per_second"] or 0) for run in result["runs"])
-    default = result["runs"][0]
-    print(f"\ngoal: >= {GOAL_PER_SECOND:,.0f} executions/s; batch {default['batch_size']:,}: {default['per_second'] or 0:,.0f}/s, "
-          f"best {best:,.0f}/s -> {'met' if (default['per_second'] or 0) >= GOAL_PER_SECOND else 'NOT met'} "
-          f"(ceiling {limit:,.0f}/s: the lower of Redis LPUSH and the PostgreSQL bulk INSERT)")
-    if profile := result.get("profile"):
-        print(f"\nhotspots (cProfile, in process: {profile['published']:,} published in {profile['seconds']:.2f}s "
-              f"= {profile['per_second']:,.0f}/s under the profiler), by own time:")
+    default_batch = batch_sizes[0]
+    met = True
+    for count in counts:
+        for kind in kinds:
+            (default,) = [run for run in result["runs"]
+                          if (run["kind"], run["schedules"], run["batch_size"]) == (kind, count, default_batch)]
+            rate = default["per_second"] or 0
+            met = met and rate >= GOAL_PER_SECOND
+            print(f"\ngoal: >= {GOAL_PER_SECOND:,.0f} executions/s; {kind} x {count:,}, batch {default_batch:,}: "
+                  f"{rate:,.0f}/s = {rate / limit:.1%} of the ceiling -> {'met' if rate >= GOAL_PER_SECOND else 'NOT met'}")
+    print(f"(ceiling {limit:,.0f}/s: the lower of Redis LPUSH and the PostgreSQL bulk INSERT)")
+    print(f"load average (1, 5, 15 min): {result['load_average_before']} before, {result['load_average_after']} after "
+          f"on {os.cpu_count()} CPUs")
+    for profile in result["profiles"]:
+        print(f"\nhotspots, {profile['kind']} (cProfile, in process: {profile['published']:,} published in "
+              f"{profile['seconds']:.2f}s = {profile['per_second']:,.0f}/s under the profiler), by own time:")
         print(table(["function", "calls", "own s", "share", "cumulative s"],
                     [[h["function"], h["calls"], h["own_seconds"], f"{h['own_share']:.1%}", h["cumulative_seconds"]]
                      for h in profile["by_own_time"]]))
@@ -306,7 +365,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\nran in {time.monotonic() - started:.0f}s")
     path = write_results("burst", {
         "database": "PostgreSQL (benchmark cluster, fsync off)", "broker": "Redis (benchmark instance, no worker)",
-        "goal_per_second": GOAL_PER_SECOND, "ceiling_per_second": limit, "met": (default["per_second"] or 0) >= GOAL_PER_SECOND,
+        "goal_per_second": GOAL_PER_SECOND, "ceiling_per_second": limit, "met": met,
         **result,
     })
     print(f"wrote {path.relative_to(ROOT)}")

@@ -6,8 +6,12 @@ because the leader commits an Execution row for every slot before sending it.
 The leader (the pid in ``leases.current("beat").holder``) is killed with
 SIGKILL, then with SIGTERM, ``--kills`` times each. For each kill:
 
+- takeover: ``acquired_at`` of the lease under a newer token (database
+  clock, same machine), minus the moment of the kill (seconds of wall time);
 - gap: ``created_at`` of the first Execution row committed under a newer
-  lease token, minus the moment of the kill (seconds of wall time);
+  lease token, minus the moment of the kill. It also waits for the next
+  one-second slot to come due, so even an instant takeover leaves a gap of
+  half a second on average: the takeover is the figure for the lease itself;
 - after the takeover the killed replica is restarted, so three always run,
   and the next kill waits for a few seconds of steady state.
 
@@ -34,7 +38,10 @@ replicas are stopped): a gap of n seconds holds n - 1 missed slots, and two
 sends less than half a second apart are a duplicate.
 
 Run: ``python -m bench.failover [--kills 10] [--skip-peers] [--databases postgresql,sqlite]``
-(it starts its own PostgreSQL and Redis). Writes ``bench/results/failover.json``.
+(it starts its own PostgreSQL and Redis). Writes ``bench/results/failover.json``:
+each result carries the previous run's figures for the same system and
+signal under ``before`` (printed beside the new ones), and the previous
+results of systems not measured this time are kept as they were.
 """
 from __future__ import annotations
 
@@ -55,7 +62,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from bench.common import ROOT, django_env, migrate, peers_python, table, write_results
+from bench.common import RESULTS_DIR, ROOT, django_env, migrate, peers_python, table, write_results
 from tests.processes import CeleryProcess, beat_argv
 
 SIGNALS = {"SIGKILL": signal.SIGKILL, "SIGTERM": signal.SIGTERM}
@@ -84,6 +91,8 @@ class Cluster:
 
     #: Log line a replica writes once it is up and contending for leadership.
     ready = r"beat: Starting\.\.\."
+    #: Whether ``takeover_after`` can tell when the lease changed hands.
+    measures_takeover = False
 
     def __init__(self, start: Callable[[int], CeleryProcess], size: int) -> None:
         self._start = start
@@ -104,6 +113,10 @@ class Cluster:
 
     def first_dispatch_after(self, marker: Any, killed: CeleryProcess, killed_at: float) -> float | None:
         """Return the Unix time of the first dispatch of a later term, or None."""
+        raise NotImplementedError
+
+    def takeover_after(self, marker: Any) -> float | None:
+        """Return the Unix time a later term began (the lease changed hands), or None."""
         raise NotImplementedError
 
     def describe_kill(self, marker: Any) -> dict[str, Any]:
@@ -133,8 +146,9 @@ def kill_leaders(cluster: Cluster, sig: int, kills: int, *, wait: float, rng: ra
     """Kill the leader ``kills`` times with ``sig``; return one sample per kill.
 
     Each sample has the gap in seconds from the kill to the first dispatch of
-    the next leader (None when nobody dispatched within ``wait``). The killed
-    replica is restarted once the takeover happened (or the wait ran out).
+    the next leader (None when nobody dispatched within ``wait``) and, where
+    the cluster tells, the takeover: from the kill to the new term. The
+    killed replica is restarted once the takeover happened (or the wait ran out).
     """
     samples = []
     _wait_ready(cluster)
@@ -149,10 +163,13 @@ def kill_leaders(cluster: Cluster, sig: int, kills: int, *, wait: float, rng: ra
         details = cluster.describe_kill(marker)
         killed_at = time.time()
         os.kill(leader.pid, sig)
+        took = _wait(lambda: cluster.takeover_after(marker), wait, 0.01) if cluster.measures_takeover else None
         dispatched = _wait(lambda: cluster.first_dispatch_after(marker, leader, killed_at), wait, 0.05)
         gap = None if dispatched is None else dispatched - killed_at
-        samples.append({"pid": leader.pid, "killed_at": killed_at, "gap_seconds": gap, **details})
+        takeover = None if took is None else took - killed_at
+        samples.append({"pid": leader.pid, "killed_at": killed_at, "takeover_seconds": takeover, "gap_seconds": gap, **details})
         _log(f"  kill {number + 1}/{kills} ({signal.Signals(sig).name}): "
+             + (f"takeover {takeover:.3f}s, " if takeover is not None else "")
              + (f"gap {gap:.2f}s" if gap is not None else f"no takeover within {wait:.0f}s"))
         leader.stop()
         index = cluster.replicas.index(leader)
@@ -164,13 +181,25 @@ def kill_leaders(cluster: Cluster, sig: int, kills: int, *, wait: float, rng: ra
 
 def gap_summary(samples: list[dict[str, Any]]) -> dict[str, Any]:
     gaps = [s["gap_seconds"] for s in samples if s["gap_seconds"] is not None]
+    takeovers = [s["takeover_seconds"] for s in samples if s.get("takeover_seconds") is not None]
     return {
         "kills": len(samples),
         "takeovers": len(gaps),
+        "takeover_median_seconds": statistics.median(takeovers) if takeovers else None,
+        "takeover_p90_seconds": p90(takeovers),
+        "takeover_max_seconds": max(takeovers) if takeovers else None,
         "gap_min_seconds": min(gaps) if gaps else None,
         "gap_median_seconds": statistics.median(gaps) if gaps else None,
+        "gap_p90_seconds": p90(gaps),
         "gap_max_seconds": max(gaps) if gaps else None,
     }
+
+
+def p90(values: list[float]) -> float | None:
+    """The 90th percentile (interpolated between samples), or None without samples."""
+    if len(values) < 2:
+        return values[0] if values else None
+    return statistics.quantiles(values, n=10, method="inclusive")[-1]
 
 
 # --- the project's beat, inside one database's child process -----------------------------
@@ -190,6 +219,7 @@ def _measure_database(kills: int, logs: Path) -> list[dict[str, Any]]:
 
     class ProjectCluster(Cluster):
         ready = r"beat replica \S+ started"
+        measures_takeover = True
 
         def __init__(self, schedule: Schedule, tag: str) -> None:
             self.schedule = schedule
@@ -214,6 +244,10 @@ def _measure_database(kills: int, logs: Path) -> list[dict[str, Any]]:
         def first_dispatch_after(self, token: int, killed: CeleryProcess, killed_at: float) -> float | None:
             first = self.rows().filter(lease_token__gt=token).order_by("created_at").first()
             return None if first is None else first.created_at.timestamp()
+
+        def takeover_after(self, token: int) -> float | None:
+            state = leases.current("beat")
+            return state.acquired_at.timestamp() if state.token > token and state.acquired_at else None
 
         def describe_kill(self, token: int) -> dict[str, Any]:
             return {"token": token}
@@ -362,6 +396,26 @@ def _fmt(value: float | None) -> Any:
     return "-" if value is None else value
 
 
+def _previous_run() -> dict[str, Any]:
+    """The last run's document, read before this run overwrites it (empty without one)."""
+    path = RESULTS_DIR / "failover.json"
+    return json.loads(path.read_text()) if path.exists() else {}
+
+
+def _with_before(results: list[dict[str, Any]], previous: dict[str, Any]) -> list[dict[str, Any]]:
+    """Attach the previous run's figures to each new result; keep the previous results not measured again."""
+    old = {(r["system"], r["signal"]): r for r in previous.get("results", [])}
+    for r in results:
+        was = old.pop((r["system"], r["signal"]), None)
+        if was is not None:
+            r["before"] = {
+                "measured_at": was.get("measured_at", previous.get("measured_at")),
+                **{k: v for k, v in gap_summary(was["samples"]).items() if k.endswith("_seconds") and v is not None},
+            }
+    kept = [{"measured_at": previous.get("measured_at"), **r} if "measured_at" not in r else r for r in old.values()]
+    return results + kept
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--kills", type=int, default=10, help="kills per signal and system (default 10)")
@@ -384,6 +438,8 @@ def main(argv: list[str] | None = None) -> int:
 
     from tests.services import postgres_cluster, redis_server
 
+    previous = _previous_run()
+    load_before = os.getloadavg()
     started = time.monotonic()
     celery = None if args.skip_peers else peers_python().with_name("celery")
     results: list[dict[str, Any]] = []
@@ -405,17 +461,28 @@ def main(argv: list[str] | None = None) -> int:
             peer_redis = redis_url.rsplit("/", 1)[0] + "/1"
             results += _measure_redbeat(celery, peer_redis, tmp, args.kills, args.default_lock_kills)
     elapsed = time.monotonic() - started
+    load = {"before": load_before, "after": os.getloadavg()}
+    measured, results = results, _with_before(results, previous)
 
     rows = []
-    for r in results:
+    for r in measured:
+        before = r.get("before", {})
         rows.append([
             r["system"], r["signal"], r["kills"], f"{r['takeovers']}/{r['kills']}",
-            _fmt(r["gap_min_seconds"]), _fmt(r["gap_median_seconds"]), _fmt(r["gap_max_seconds"]),
+            _fmt(r.get("takeover_median_seconds")), _fmt(r.get("takeover_p90_seconds")),
+            _fmt(r["gap_median_seconds"]), _fmt(r.get("gap_p90_seconds")),
+            _fmt(before.get("gap_median_seconds")), _fmt(before.get("gap_p90_seconds")),
             r["duplicates"], r["misses"],
         ])
     print()
-    print(table(["system", "signal", "kills", "took over", "gap min s", "gap median s", "gap max s", "duplicates", "misses"], rows))
-    for r in results:
+    print(table([
+        "system", "signal", "kills", "took over", "takeover median s", "takeover p90 s", "gap median s", "gap p90 s",
+        "before: gap median s", "before: gap p90 s", "duplicates", "misses",
+    ], rows))
+    print("takeover: kill -> the lease under a new token; gap: kill -> first row committed under it (waits for the"
+          " next one-second slot too). The previous run measured only the gap.")
+    print(f"load average (1/5/15 min) before {load['before']}, after {load['after']} on {os.cpu_count()} cpus")
+    for r in measured:
         if r["takeovers"] < r["kills"]:
             print(f"{r['system']} ({r['signal']}): no takeover within {r.get('takeover_wait_seconds', TAKEOVER_WAIT):.0f}s "
                   f"in {r['kills'] - r['takeovers']} of {r['kills']} kills"
@@ -431,6 +498,7 @@ def main(argv: list[str] | None = None) -> int:
             "kills_per_signal": args.kills, "steady_seconds_between_kills": STEADY_SECONDS,
         },
         "elapsed_seconds": elapsed,
+        "load_average": load,
         "results": results,
     })
     print(f"wrote {path.relative_to(ROOT)}")

@@ -32,7 +32,7 @@ from bench.common import ROOT, django_env, migrate, table, write_results
 
 KINDS = ("plain", "guarded", "guarded ad-hoc")
 WORKER_NAME = "bench-worker"
-GOAL_RATIO = 0.6
+GOAL_RATIO = 0.8
 
 
 # --- inside one database's child process ------------------------------------------------
@@ -138,6 +138,7 @@ def main(argv: list[str] | None = None) -> int:
     from tests.services import postgres_cluster, redis_server
 
     results = []
+    load_before = os.getloadavg()
     with tempfile.TemporaryDirectory(prefix="bench-") as tmp, redis_server() as redis_url, postgres_cluster() as pg_url:
         for database in databases:
             var_dir = Path(tmp) / database
@@ -164,11 +165,15 @@ def main(argv: list[str] | None = None) -> int:
     print(table(["database", "tasks", "runs", "tasks/s (median)", "ratio to plain"], rows))
     guarded = [row for row in summary if row["kind"] != "plain"]
     worst = min(row["ratio_to_plain"] for row in guarded)
-    print(f"\ngoal: guarded / plain >= {GOAL_RATIO}; lowest measured ratio {worst:.2f} -> {'met' if worst >= GOAL_RATIO else 'NOT met'}")
+    # The machine may be shared: the ratios are what count, the load says how far to trust them.
+    load_after = os.getloadavg()
+    print(f"\nload average (1, 5, 15 min): before {load_before}, after {load_after}")
+    print(f"goal: guarded / plain >= {GOAL_RATIO}; lowest measured ratio {worst:.2f} -> {'met' if worst >= GOAL_RATIO else 'NOT met'}")
     path = write_results(
         "worker_overhead",
         {"worker": "celery prefork, concurrency 2, Redis broker, django-db results",
-         "goal_ratio": GOAL_RATIO, "lowest_ratio": worst, "results": summary},
+         "goal_ratio": GOAL_RATIO, "lowest_ratio": worst, "results": summary,
+         "load_average": {"before": load_before, "after": load_after}},
     )
     print(f"wrote {path.relative_to(ROOT)}")
     return 0

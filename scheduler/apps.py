@@ -13,8 +13,9 @@ class SchedulerConfig(AppConfig):
         from django.db.models.signals import post_migrate
 
         # Imported for their side effects: registering checks and signal receivers.
-        from scheduler import checks, receivers  # noqa: F401
+        from scheduler import checks, receivers, tracing  # noqa: F401
         from scheduler.permissions import ensure_groups
 
         # After every app's post_migrate (the permissions exist by then).
         post_migrate.connect(ensure_groups, dispatch_uid="scheduler.ensure_groups")
+        tracing.setup()  # off unless OTEL_TRACES_EXPORTER names an exporter

@@ -1,10 +1,12 @@
-"""LeaderScheduler: the Celery beat scheduler that only sends while it holds the lease.
+"""LeaderScheduler: the Celery beat scheduler that only commits fires while it holds the lease.
 
 Any number of ``celery -A project beat`` replicas may run. Each tick a replica
-keeps or seeks the database lease; followers dispatch nothing and stand by
+keeps or seeks the database lease; followers commit nothing and stand by
 forever (they never exit on losing the lease, unlike RedBeat, sibson/redbeat#230).
 The leader commits due fires under its fencing token (``dispatch.dispatch_due``)
-and publishes them after the commit (``dispatch.publish_pending``). Its
+and publishes them after the commit (``dispatch.publish_pending``); on
+PostgreSQL followers publish pending rows too, each batch locked so two
+replicas send different ones. Its
 periodic reconcile pass runs in a thread of its own, so it never delays a
 tick or a lease renewal.
 """
@@ -25,7 +27,7 @@ from django.db.backends.signals import connection_created
 from django.db.models.functions import Now
 from kombu.exceptions import OperationalError as BrokerError
 
-from scheduler import dispatch, leases, logs, reconcile, signals
+from scheduler import dispatch, leases, logs, reconcile, signals, tracing
 from scheduler.builtin_schedules import ensure_builtin_schedules
 from scheduler.conf import settings
 from scheduler.exceptions import LeaseLost
@@ -58,7 +60,10 @@ class LeaderScheduler(Scheduler):
         self.instance_id = leases.new_instance_id()
         self.lease_name: str = settings.LEASE_NAME
         self.lease: leases.LeaseHandle | None = None
-        self._advisory: leases.AdvisoryLock | None = None
+        #: PostgreSQL: this replica's instance lock, and its wait for the holder's.
+        self._instance_lock: leases.InstanceLock | None = None
+        #: (holder, token) of a leader whose instance lock came free: its process is gone.
+        self._holder_gone: tuple[str, int] | None = None
         self._last_renew = 0.0  # monotonic
         self._last_heartbeat = 0.0  # monotonic
         self._broker_down = False
@@ -103,10 +108,18 @@ class LeaderScheduler(Scheduler):
         return {}
 
     def tick(self, *args: Any, **kwargs: Any) -> float:
-        """Keep or seek leadership, dispatch what is due; return seconds to sleep."""
+        """Keep or seek leadership, dispatch what is due; return seconds to sleep.
+
+        A PostgreSQL follower spends its sleep inside the tick, waiting for the
+        holder to go (``_follower_wait``), and returns 0.
+        """
         self._ticking = True
         try:
-            return self._tick()
+            with tracing.span(
+                "scheduler.tick", instance_id=self.instance_id, lease_name=self.lease_name, lease_token=self.lease and self.lease.token
+            ):
+                delay = self._tick()
+            return self._follower_wait(delay)
         except DatabaseError:
             logger.exception(
                 "database unavailable; not dispatching until it answers again",
@@ -150,8 +163,8 @@ class LeaderScheduler(Scheduler):
             signals.leadership_lost.send(
                 sender=self.__class__, instance_id=self.instance_id, token=token, reason="released"
             )
-        if self._advisory is not None:
-            self._advisory.close()
+        if self._instance_lock is not None:
+            self._instance_lock.close()  # after the release: a follower that sees it free finds the lease free too
         try:
             Instance.objects.filter(instance_id=self.instance_id).delete()
         except DatabaseError:
@@ -168,6 +181,14 @@ class LeaderScheduler(Scheduler):
         lease = self._keep_or_seek_leadership()
         self._heartbeat()
         if lease is None:
+            # A follower publishes what the leader committed: sending needs no
+            # lease (the worker claims each execution once), so the replicas
+            # share the leader's publishing while it commits. Only where rows
+            # lock (PostgreSQL): on SQLite every write waits for the one write
+            # lock and publishers cannot keep off each other's rows, so a
+            # second publisher would mostly send the same rows again.
+            if connection.features.has_select_for_update and self._publish():
+                return 0.0
             return settings.FOLLOWER_RETRY_SECONDS
         try:
             dispatch_started = time.monotonic()  # about when the database clock below was read
@@ -321,18 +342,19 @@ class LeaderScheduler(Scheduler):
                     leases.record_renew_failure(self.lease_name)
                     self._step_down("lost")
             if self.lease is not None:
-                if self._advisory is not None:
-                    self._advisory.try_acquire()  # a leader that won by TTL takes it when it frees
                 return self.lease
 
-        force = False
+        gone, self._holder_gone = self._holder_gone, None
         if connection.vendor == "postgresql":
-            if self._advisory is None:
-                self._advisory = leases.AdvisoryLock(self.lease_name)
-            # Holding the advisory lock proves the last leader's session is
-            # gone: take over now instead of waiting for the TTL.
-            force = self._advisory.try_acquire()
-        lease = leases.acquire(self.lease_name, self.instance_id, ttl=ttl, force=force)
+            if self._instance_lock is None:
+                self._instance_lock = leases.InstanceLock(self.instance_id)
+            if not self._instance_lock.try_acquire():
+                # Followers take the lease from a holder whose instance lock
+                # is free: leading without ours would only be taken away.
+                return None
+        # ``gone``: the holder's process is gone, so take over now instead
+        # of waiting for the TTL (unless someone else took over meanwhile).
+        lease = leases.acquire(self.lease_name, self.instance_id, ttl=ttl, gone=gone)
         if lease is None:
             return None
         self.lease = lease
@@ -342,19 +364,38 @@ class LeaderScheduler(Scheduler):
         self._last_heartbeat = 0.0  # publish is_leader at once
         logger.info(
             "leadership acquired by %s (token %s%s)", self.instance_id, lease.token,
-            ", previous holder's session is gone" if force else "",
+            ", previous holder's session is gone" if gone else "",
             extra={"action": "lease_acquired", "instance_id": self.instance_id, "token": lease.token},
         )
         signals.leadership_acquired.send(sender=self.__class__, instance_id=self.instance_id, token=lease.token)
         return lease
+
+    def _follower_wait(self, delay: float) -> float:
+        """On PostgreSQL, spend a follower's sleep waiting for the holder to go; return what is left to sleep.
+
+        The wait ends at once when the holder's instance lock comes free (its
+        process is gone: the next tick takes the lease by ``gone``) or a
+        release of the lease is notified (the next tick takes it as usual),
+        and after ``delay`` otherwise, as the plain sleep would. SQLite has
+        neither, so its followers just sleep.
+        """
+        if self.lease is not None or self._instance_lock is None or delay <= 0:
+            return delay
+        state = leases.current(self.lease_name)
+        if not state.is_held or state.holder == self.instance_id:
+            return delay
+        outcome = self._instance_lock.wait_for(state.holder, self.lease_name, timeout=delay)
+        if outcome is None:
+            return delay  # the wait could not run: sleep, and reconnect on the next tick
+        if outcome is leases.Wait.GONE:
+            self._holder_gone = (state.holder, state.token)
+        return 0.0
 
     def _step_down(self, reason: str) -> None:
         if self.lease is None:
             return
         token, self.lease = self.lease.token, None
         logs.unbind("token")
-        if self._advisory is not None:
-            self._advisory.release()
         logger.warning(
             "leadership lost by %s (token %s): %s", self.instance_id, token, reason,
             extra={"action": "lease_lost", "instance_id": self.instance_id, "token": token},

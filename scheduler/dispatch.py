@@ -15,16 +15,17 @@ import time
 import uuid
 from collections import defaultdict
 from collections.abc import Iterator, Sequence
+from contextlib import AbstractContextManager, ExitStack, nullcontext
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from celery import current_app
-from django.db import transaction
+from django.db import connection, transaction
 from django.db.models import Count, F, Q
 from kombu.exceptions import OperationalError as BrokerError
 
-from scheduler import executions, leases, policies
+from scheduler import executions, leases, policies, publisher, tracing
 from scheduler.conf import settings
 from scheduler.exceptions import ScheduleInvalid, SubmissionInvalid
 from scheduler.models import Execution, Schedule
@@ -184,6 +185,32 @@ def _chunks(planned: list[_Planned]) -> Iterator[list[_Planned]]:
         yield chunk
 
 
+@dataclass(frozen=True)
+class _Write:
+    """What one commit writes to a due schedule; schedules with equal writes share one UPDATE."""
+
+    next_run_at: datetime | None
+    #: Slots sent now: ``slots_sent`` moves by F(), so a concurrent increment is never lost.
+    sent: int = 0
+    #: Slots missed now, added to ``total_missed`` the same way.
+    missed: int = 0
+    #: Set when the schedule turns itself off (no slots left).
+    disabled_reason: str | None = None
+    #: Set when its timing is invalid: the schedule is paused.
+    paused_reason: str | None = None
+
+    def fields(self) -> dict[str, Any]:
+        fields: dict[str, Any] = {"next_run_at": self.next_run_at, "slots_sent": F("slots_sent") + self.sent}
+        if self.missed:
+            fields["total_missed"] = F("total_missed") + self.missed
+        if self.disabled_reason is not None:
+            fields.update(enabled=False, disabled_reason=self.disabled_reason)
+        if self.paused_reason is not None:
+            fields["paused_reason"] = self.paused_reason
+        return fields
+
+
+@tracing.traced("scheduler.dispatch.commit", tracing.commit_attributes)
 def _commit(chunk: list[_Planned], *, lease: leases.LeaseHandle, now: datetime, report: DispatchReport) -> None:
     """Record one chunk of plans in one fenced transaction; skip schedules that moved since they were read."""
     with transaction.atomic():
@@ -206,18 +233,17 @@ def _commit(chunk: list[_Planned], *, lease: leases.LeaseHandle, now: datetime, 
         in_flight = _in_flight(due)
         rows: list[Execution] = []
         to_cancel: list[int] = []
-        changed: list[Schedule] = []  # schedules with more than next_run_at and slots_sent to write
-        advance: defaultdict[tuple[datetime | None, int], list[int]] = defaultdict(list)  # (next_run_at, sent) -> ids
+        # Schedules due together mostly write the same values (next slot, count
+        # sent, completion reason): one UPDATE per distinct write, never one per
+        # schedule nor bulk_update's CASE over every row.
+        writes: defaultdict[_Write, list[int]] = defaultdict(list)
         for item in chunk:
             schedule, plan = item.schedule, item.plan
             if plan is None:
                 # One broken schedule (e.g. a zone gone from tzdata) must not
                 # block the others: pause it with the reason and move on.
                 logger.error("schedule %s paused: %s", schedule.name, item.error, extra={"action": "schedule_invalid"})
-                schedule.paused_reason = f"Invalid timing: {item.error}"
-                schedule.total_missed = F("total_missed")
-                changed.append(schedule)
-                advance[(schedule.next_run_at, 0)].append(schedule.pk)
+                writes[_Write(schedule.next_run_at, paused_reason=f"Invalid timing: {item.error}")].append(schedule.pk)
                 continue
             flying, held = in_flight.get(schedule.pk, (0, 0))
             overlap = policies.plan_overlap(schedule.overlap, plan.run, in_flight=flying, buffered=held)
@@ -234,10 +260,8 @@ def _commit(chunk: list[_Planned], *, lease: leases.LeaseHandle, now: datetime, 
             report.missed += len(plan.missed)
             report.missed_not_recorded += plan.missed_not_recorded
             report.skipped += len(overlap.skipped)
-            # Counters move by F() updates, so concurrent increments are never lost.
-            schedule.total_missed = F("total_missed") + len(plan.missed) + plan.missed_not_recorded
-            if plan.missed or plan.missed_not_recorded:
-                changed.append(schedule)
+            missed = len(plan.missed) + plan.missed_not_recorded
+            if missed:
                 logger.warning(
                     "schedule %s: %d slot(s) older than its catch-up window (%ss) or skipped by "
                     "misfire=%s recorded as missed, %d more not recorded",
@@ -246,58 +270,40 @@ def _commit(chunk: list[_Planned], *, lease: leases.LeaseHandle, now: datetime, 
                     extra={"action": "slots_missed", "schedule": schedule.name},
                 )
             sent_now = len(overlap.run) + (overlap.buffered is not None)
-            used = schedule.slots_sent + sent_now
-            schedule.next_run_at = None if used_up else plan.next_run_at
-            advance[(schedule.next_run_at, sent_now)].append(schedule.pk)
-            if schedule.next_run_at is None:
-                schedule.enabled = False
-                schedule.disabled_reason = _completion_reason(
-                    schedule, runs_used=used, sent=sent_now > 0, skipped=bool(overlap.skipped)
+            next_run_at = None if used_up else plan.next_run_at
+            disabled_reason = None
+            if next_run_at is None:
+                disabled_reason = _completion_reason(
+                    schedule, runs_used=schedule.slots_sent + sent_now, sent=sent_now > 0, skipped=bool(overlap.skipped)
                 )
-                changed.append(schedule)
-                report.completed.append((schedule.name, schedule.disabled_reason))
+                report.completed.append((schedule.name, disabled_reason))
+            writes[_Write(next_run_at, sent_now, missed, disabled_reason)].append(schedule.pk)
         report.schedules += len(due)
         report.cancelled_task_ids += executions.cancel_in_flight(to_cancel, reason=CANCEL_PREVIOUS_ERROR, now=now)
         executions.insert(rows)
-        # Schedules due together mostly move to the same next slot by the same
-        # count: one UPDATE per distinct pair is far cheaper than bulk_update's
-        # CASE over every row (and slots_sent moves by F(), never lost).
-        for (next_run_at, sent), pks in advance.items():
-            Schedule.objects.filter(pk__in=pks).update(next_run_at=next_run_at, slots_sent=F("slots_sent") + sent)
-        # The other fields change for a few schedules only.
-        if changed:
-            Schedule.objects.bulk_update(
-                set(changed), ["paused_reason", "enabled", "disabled_reason", "total_missed"], batch_size=1000
-            )
+        tracing.created(rows)  # this commit is the parent of their publish spans
+        for write, pks in writes.items():
+            Schedule.objects.filter(pk__in=pks).update(**write.fields())
 
 
 #: Highest message priority accepted: AMQP's limit (Redis honours 0-9, see ``submit``).
 MAX_PRIORITY = 255
+#: Longest tenant a submission takes (the column's length).
+TENANT_MAX = Execution._meta.get_field("tenant").max_length
 
 
-def time_limits(timeout: int | None) -> dict[str, float]:
-    """Return Celery's time-limit options for an execution ``timeout`` (none when unset).
-
-    The soft limit raises ``SoftTimeLimitExceeded`` in the task at ``timeout``;
-    the hard limit kills the worker child ``TIMEOUT_GRACE_SECONDS`` later.
-    """
-    if not timeout:
-        return {}
-    return {"soft_time_limit": float(timeout), "time_limit": float(timeout) + settings.TIMEOUT_GRACE_SECONDS}
-
-
-#: Messages pushed to the broker in one round trip (kombu's publish batch:
-#: one Redis pipeline; brokers without batches send each message at once).
+#: Messages pushed to the broker in one round trip (one Redis pipeline), and
+#: pending rows one publishing transaction locks, sends and marks ``queued``.
 PUBLISH_BATCH = 500
 
 
 def publish(app: Celery, rows: list[dict[str, Any]], *, now: datetime) -> list[int]:
     """Send one message per execution row, in batches; return the ids sent.
 
-    A row has the ``executions.MESSAGE_FIELDS`` (see ``executions.message_row``), and ``schedule_id`` and ``jitter``
-    when it belongs to a schedule with jitter. The messages are Celery's own
-    (``send_task``), so an unmodified worker runs them; only their transport
-    is batched.
+    A row has the ``executions.MESSAGE_FIELDS`` (see ``executions.message_row``),
+    and ``schedule_id`` and ``jitter`` when it belongs to a schedule with
+    jitter. The messages are Celery's own, so an unmodified worker runs them
+    (``publisher``: one Redis pipeline per batch, ``send_task`` on other brokers).
 
     Sending stops at the first broker error, which propagates; the batches
     the broker took so far are marked ``queued`` either way, the rest stay
@@ -306,17 +312,10 @@ def publish(app: Celery, rows: list[dict[str, Any]], *, now: datetime) -> list[i
     """
     sent: list[int] = []
     try:
-        with app.connection_for_write() as conn:
-            # One attempt, no retry loop: kombu would otherwise block the beat
-            # for many seconds per outage; the rows simply stay pending.
-            conn.ensure_connection(max_retries=0)
-            producer = conn.Producer()
+        with publisher.connect(app) as sender:
             for start in range(0, len(rows), PUBLISH_BATCH):
                 batch = rows[start:start + PUBLISH_BATCH]
-                # Room for every command of the batch: it is flushed once, when the block ends.
-                with producer.batch(max_size=4 * len(batch)):
-                    for row in batch:
-                        app.send_task(row["task"], args=row["args"], kwargs=row["kwargs"], **_send_options(row, producer, now))
+                sender.send(batch, now=now)
                 sent += [row["id"] for row in batch]
     finally:
         if sent:
@@ -324,42 +323,54 @@ def publish(app: Celery, rows: list[dict[str, Any]], *, now: datetime) -> list[i
     return sent
 
 
-def _send_options(row: dict[str, Any], producer: Any, now: datetime) -> dict[str, Any]:
-    options: dict[str, Any] = {
-        "task_id": row["celery_task_id"] or None,
-        "headers": {Execution.MESSAGE_HEADER: row["id"]},
-        "producer": producer,
-        # Fail fast: a broker outage must not stall the caller.
-        "retry": False,
-        **time_limits(row["timeout"]),
-    }
-    if row["queue"]:
-        options["queue"] = row["queue"]
-    if row["priority"] is not None:
-        options["priority"] = row["priority"]
-    start_at = row["scheduled_for"] + timedelta(
-        seconds=policies.jitter_offset(row.get("schedule_id") or 0, row["scheduled_for"], row.get("jitter"))
-    )
-    if start_at > now:
-        options["eta"] = start_at
-    return options
-
-
 def publish_pending(app: Celery, *, limit: int | None = None) -> int:
-    """Send ``pending`` executions to the broker and mark them ``queued``.
+    """Send up to ``limit`` ``pending`` executions to the broker and mark them ``queued``; return how many.
+
+    Any beat replica may run this, followers included, beside the leader
+    that commits the rows. Each batch is one short transaction: lock up to
+    ``PUBLISH_BATCH`` pending rows that no other publisher holds
+    (``executions.pending_rows(locked=True)``), push them, mark them
+    ``queued``, commit. So two publishers send different batches, and a row
+    is sent twice only if a commit fails after its push (the worker claims
+    it once all the same). SQLite has no row locks: see ``_publishing_transaction``.
 
     Buffered rows whose schedule went idle are released first; rows still
     held are not sent. A schedule's ``jitter`` delays its message by a
-    per-slot amount (``policies.jitter_offset``). Returns how many were
-    sent. A broker error stops the pass and leaves the remaining rows
-    ``pending`` for the next one; the caller decides whether to log.
+    per-slot amount (``policies.jitter_offset``). A broker error stops the
+    pass and propagates: the batches sent before it are committed
+    ``queued``, the failed one and the rest stay ``pending`` for the next
+    pass; the caller decides whether to log.
     """
     limit = limit or settings.DISPATCH_BATCH_SIZE
     executions.release_buffered()
-    pending = executions.pending_rows(limit=limit)
-    if not pending:
-        return 0
-    return len(publish(app, pending, now=leases.db_now()))
+    sent = 0
+    with ExitStack() as stack:
+        sender = None
+        while sent < limit:
+            with _publishing_transaction():
+                batch = executions.pending_rows(limit=min(PUBLISH_BATCH, limit - sent), locked=True)
+                if not batch:
+                    break
+                if sender is None:  # no broker connection for a pass with nothing to send
+                    sender = stack.enter_context(publisher.connect(app))
+                now = leases.db_now()
+                sender.send(batch, now=now)
+                executions.mark_queued([row["id"] for row in batch], now=now)
+            sent += len(batch)
+    return sent
+
+
+def _publishing_transaction() -> AbstractContextManager[Any]:
+    """The transaction one publishing batch runs in: a short one where rows lock, none on SQLite.
+
+    SQLite has no row locks, and its transactions take the whole database's
+    write lock when they begin (``transaction_mode`` IMMEDIATE): holding it
+    across the broker push would stall every other writer, a new leader's
+    takeover included, whenever a publisher is slow or frozen. There each
+    statement commits by itself, as before, and a row two publishers read
+    at once is sent twice (claimed once).
+    """
+    return transaction.atomic() if connection.features.has_select_for_update else nullcontext()
 
 
 def submit(
@@ -374,6 +385,7 @@ def submit(
     countdown: float | None = None,
     max_retries: int = 0,
     retry_backoff: int = 1,
+    tenant: str = "",
     app: Celery | None = None,
 ) -> Execution:
     """Record an ad-hoc execution of ``task`` and send it once the transaction commits.
@@ -388,6 +400,9 @@ def submit(
     higher values in the 9 list, and by default groups them in steps 0, 3,
     6, 9); RabbitMQ runs higher values first, up to the queue's
     ``x-max-priority``.
+
+    ``tenant`` scopes the execution as a schedule's tenant scopes its own:
+    the API and the admin show it only to callers of that tenant (or unscoped).
     """
     app = app or current_app
     name = task if isinstance(task, str) else task.name
@@ -407,6 +422,8 @@ def submit(
             raise SubmissionInvalid(f"{label} must be a non-negative integer, got {value!r}.")
     if idempotency_key is not None and not (0 < len(idempotency_key) <= 255):
         raise SubmissionInvalid("idempotency_key must be 1 to 255 characters long.")
+    if not isinstance(tenant, str) or len(tenant) > TENANT_MAX:
+        raise SubmissionInvalid(f"tenant must be text of at most {TENANT_MAX} characters, got {tenant!r}.")
 
     now = leases.db_now()
     execution = Execution(
@@ -421,6 +438,7 @@ def submit(
         timeout=timeout,
         max_retries=max_retries,
         retry_backoff=retry_backoff,
+        tenant=tenant,
         celery_task_id=str(uuid.uuid4()),
     )
     execution, created = executions.record_one(execution)

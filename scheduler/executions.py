@@ -16,6 +16,10 @@ Lock order: a transaction that writes both takes the schedule row first,
 then the execution row, as the leader's dispatch does (it locks due
 schedules, then cancels their executions). The opposite order deadlocks on
 PostgreSQL (issue 14, item 6).
+
+Every move to a final status (and every row inserted final) is also
+counted, by a database trigger in the same statement, into the tallies
+``/metrics`` reads (``scheduler.models.tally``): no path here needs to.
 """
 from __future__ import annotations
 
@@ -26,7 +30,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
-from django.db import IntegrityError, transaction
+from django.db import IntegrityError, connections, transaction
 from django.db.models import (
     Case,
     CharField,
@@ -43,8 +47,10 @@ from django.db.models import (
     When,
 )
 from django.db.models.functions import Cast, Concat, Now
+from django.db.models.sql import UpdateQuery
 from django.db.transaction import TransactionManagementError
 
+from scheduler import overdue, tracing
 from scheduler.conf import settings
 from scheduler.models import Execution, Schedule
 
@@ -266,13 +272,23 @@ def message_rows(executions: QuerySet[Execution]) -> list[dict[str, Any]]:
     )
 
 
-def pending_rows(*, limit: int) -> list[dict[str, Any]]:
-    """Return up to ``limit`` unsent, not buffered executions as ``message_rows``, oldest first."""
-    return list(
-        Execution.objects.filter(status=Status.PENDING, held=False)
-        .order_by("created_at", "id")
-        .values(*MESSAGE_FIELDS, "schedule_id", jitter=F("schedule__jitter"))[:limit]
-    )
+def pending_rows(*, limit: int, locked: bool = False) -> list[dict[str, Any]]:
+    """Return up to ``limit`` unsent, not buffered executions as ``message_rows``, oldest first.
+
+    ``locked`` (inside a transaction) locks the rows returned and passes over
+    rows another transaction holds, so concurrent publishers take different
+    batches (``FOR UPDATE SKIP LOCKED`` of the execution rows only; the
+    schedule is outer-joined for its jitter). SQLite has no row locks and
+    Django ignores the clause there: a writer holds the whole database, so
+    publishers are serialised at their ``mark_queued``, and two that read
+    the same rows first both send them (the worker claims each once); the
+    beat publishes from its leader alone there.
+    """
+    rows = Execution.objects.filter(status=Status.PENDING, held=False)
+    if locked:
+        rows = rows.select_for_update(skip_locked=True, of=("self",))
+    rows = rows.order_by("created_at", "id").values(*MESSAGE_FIELDS, "schedule_id", jitter=F("schedule__jitter"))
+    return list(rows[:limit])
 
 
 def mark_queued(ids: Iterable[int], *, now: datetime) -> int:
@@ -348,17 +364,19 @@ def lost_retries_left(attempt: int, max_retries: int) -> bool:
     return attempt <= max_retries + settings.LOST_RETRIES
 
 
+@tracing.traced("scheduler.claim", tracing.claiming_attributes, tracing.claimed_attributes)
 def claim(*, worker: str, celery_task_id: str, execution_id: int | None = None, key: str = "") -> Execution | None:
     """Claim the execution ``execution_id`` (or the one with ``key``) for ``worker``; return it as claimed.
 
-    One conditional UPDATE under ``claimable()``. A running row claimed again
-    belongs to a worker that stopped renewing, so it gets the next attempt.
-    ``None`` means nothing was claimable (a duplicate delivery).
+    One conditional UPDATE under ``claimable()`` that returns the row as it
+    wrote it (one round trip). A running row claimed again belongs to a
+    worker that stopped renewing, so it gets the next attempt. ``None``
+    means nothing was claimable (a duplicate delivery).
     """
     target = Execution.objects.filter(pk=execution_id) if execution_id is not None else Execution.objects.filter(
         idempotency_key=key
     )
-    claimed = _move(
+    execution = _move_returning(
         target.claimable(),
         Status.RUNNING,
         worker=worker,
@@ -370,11 +388,6 @@ def claim(*, worker: str, celery_task_id: str, execution_id: int | None = None, 
             When(status=Status.RUNNING, then=_NEXT_ATTEMPT), default=F("attempt"), output_field=PositiveIntegerField()
         ),
     )
-    if not claimed:
-        return None
-    # Read back by who claimed it: the claim cannot have expired in between,
-    # but an operator may have cancelled it, and then nothing is ours.
-    execution = target.filter(worker=worker, status=Status.RUNNING).first()
     if execution is not None and execution.timeout:
         _hold_to_time_limit(Claim.of(execution), execution.timeout)
     return execution
@@ -449,6 +462,7 @@ def release(held: Claim) -> bool:
     return bool(held.rows().update(lease_expires_at=_db_now_plus(-1)))
 
 
+@tracing.traced("scheduler.finish", tracing.claim_attributes)
 def finish(held: Claim, *, status: str, result: Any = None, error: str = "", traceback_text: str = "") -> bool:
     """Record the outcome of ``held`` and count it on its schedule.
 
@@ -467,6 +481,7 @@ def finish(held: Claim, *, status: str, result: Any = None, error: str = "", tra
     return finished
 
 
+@tracing.traced("scheduler.finish", tracing.claim_attributes)
 def finish_in_transaction(held: Claim) -> bool:
     """Record ``held`` ``succeeded`` inside the caller's open transaction, if the claim still holds.
 
@@ -509,6 +524,7 @@ def fail_exhausted(held: Claim) -> str | None:
     return reason
 
 
+@tracing.traced("scheduler.retry", tracing.claim_attributes)
 def retry(held: Claim, *, delay_seconds: float, error: str = "", traceback_text: str = "") -> bool:
     """Move ``held`` to ``retrying`` as the next attempt, due in ``delay_seconds``; False if the claim moved on.
 
@@ -665,6 +681,8 @@ def count_run(schedule_id: int, *, status: str, error: str, started_at: datetime
     }
     if started_at is not None:  # an execution failed before it started leaves the last run as it was
         fields["last_run_at"] = started_at
+    if succeeded:  # the dead man's switch: a success moves the overdue deadline forward
+        fields.update(overdue.after_success())
     trips = Q(pause_after_failures__gt=0, pause_after_failures__lte=F("consecutive_failures") + 1, paused_reason="")
     if not succeeded:
         fields["last_error"] = error
@@ -702,6 +720,32 @@ def count_run(schedule_id: int, *, status: str, error: str, started_at: datetime
 def _move(rows: QuerySet[Execution], to: str, **fields: Any) -> int:
     """Move ``rows`` to status ``to`` where ``Execution.TRANSITIONS`` allows it; return how many moved."""
     return rows.filter(status__in=Execution.moves_to(to)).update(status=to, **fields)
+
+
+def _move_returning(rows: QuerySet[Execution], to: str, **fields: Any) -> Execution | None:
+    """``_move`` one row and return it as written, by ``UPDATE ... RETURNING``; ``None`` if it did not move.
+
+    PostgreSQL and SQLite (3.35+) both return the updated row, so nothing can
+    change it between the write and the read. Django's ``update()`` returns
+    a count only: the statement is its own, with the row's columns appended.
+    """
+    query = rows.filter(status__in=Execution.moves_to(to)).query.chain(UpdateQuery)
+    query.add_update_values({"status": to, **fields})
+    update_sql, params = query.get_compiler(rows.db).as_sql()
+    columns = [field.get_col(Execution._meta.db_table) for field in Execution._meta.concrete_fields]
+    db = connections[rows.db]
+    returning = ", ".join(db.ops.quote_name(column.target.column) for column in columns)
+    with transaction.mark_for_rollback_on_error(using=rows.db), db.cursor() as cursor:
+        cursor.execute(f"{update_sql} RETURNING {returning}", params)
+        row = cursor.fetchone()
+    if row is None:
+        return None
+    values = []
+    for column, value in zip(columns, row, strict=True):
+        for convert in db.ops.get_db_converters(column) + column.get_db_converters(db):
+            value = convert(value, column, db)
+        values.append(value)
+    return Execution.from_db(rows.db, [field.attname for field in Execution._meta.concrete_fields], values)
 
 
 def _db_now_plus(seconds: float) -> ExpressionWrapper:

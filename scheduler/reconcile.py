@@ -29,7 +29,7 @@ from django.db.models import F, Q
 from django.db.models.functions import Now
 from kombu.exceptions import OperationalError as BrokerError
 
-from scheduler import broker, dispatch, executions, policies, timing
+from scheduler import broker, dispatch, executions, policies, timing, tracing
 from scheduler.conf import settings
 from scheduler.exceptions import BrokerUnavailable, ScheduleInvalid
 from scheduler.models import Execution, Instance, Schedule
@@ -116,6 +116,7 @@ class _AuditCursor:
 _CURSOR = _AuditCursor()
 
 
+@tracing.traced("scheduler.reconcile", after=tracing.reconciled_attributes)
 def reconcile(*, now: datetime, dry_run: bool = False, repair: bool = False, app: Celery | None = None) -> ReconcileReport:
     """Run one reconcile pass against the database clock ``now``; return what it changed.
 
@@ -289,6 +290,7 @@ class _BrokerResend:
 _BROKER_RESEND = _BrokerResend()
 
 
+@tracing.traced("scheduler.reconcile.broker_check", after=tracing.reconciled_attributes)
 def resend_after_broker_restart(
     *, now: datetime, app: Celery | None = None, sent_before: datetime | None = None
 ) -> ReconcileReport:

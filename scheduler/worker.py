@@ -47,12 +47,12 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from celery import Task, current_task
-from celery.signals import worker_process_init
+from celery.signals import task_postrun, task_prerun, worker_init, worker_process_init
 from celery.exceptions import Ignore, Retry, SoftTimeLimitExceeded, WorkerLostError
 from celery.worker.request import Request
-from django.db import DatabaseError, InterfaceError, OperationalError, connection
+from django.db import DatabaseError, InterfaceError, OperationalError, close_old_connections, connection, connections
 
-from scheduler import clock, executions, logs, policies
+from scheduler import clock, executions, logs, policies, tracing
 from scheduler.conf import settings
 from scheduler.exceptions import NotInTask
 from scheduler.executions import Claim
@@ -130,6 +130,34 @@ def _in_pool_child(**_: Any) -> None:
     _renewer.exit_on_loss = True
 
 
+# --- database connections ----------------------------------------------------------------
+
+
+@worker_init.connect
+def _keep_connections(**_: Any) -> None:
+    """Let this worker's processes keep a database connection across tasks (``WORKER_CONN_MAX_AGE``).
+
+    Opening one per task costs more than the guard's own statements. Set in
+    the main process before the pool forks, so every child inherits it; a
+    reused connection is checked first (``CONN_HEALTH_CHECKS``), so one the
+    server dropped meanwhile is replaced, not used.
+    """
+    for alias in connections:
+        connections.settings[alias].update(CONN_MAX_AGE=settings.WORKER_CONN_MAX_AGE, CONN_HEALTH_CHECKS=True)
+
+
+@task_prerun.connect
+@task_postrun.connect
+def _close_old_connections(sender: Task, **_: Any) -> None:
+    """Close a connection past its age or left unusable, around each task (as Django does around a request).
+
+    Celery's Django fixup no longer closes it every task (``CELERY_DB_REUSE_MAX``
+    in the settings). An eager call runs inside its caller's transaction: left alone.
+    """
+    if not getattr(sender.request, "is_eager", False):
+        close_old_connections()
+
+
 # --- the guard -------------------------------------------------------------------------
 
 
@@ -188,7 +216,8 @@ class ExecutionTask(Task):
             return super().__call__(*args, **kwargs)
         try:
             try:
-                value = self.run(*args, **kwargs)
+                with tracing.claim_span("scheduler.run", claim):
+                    value = self.run(*args, **kwargs)
             finally:
                 # Before any outcome is written: the renewer must not take the
                 # claim this attempt ends itself for a lost one and stop the process.

@@ -166,6 +166,19 @@ def checkpointed(items: int, pause_after: int = 0) -> int:
     return items
 
 
+@shared_task(name="tests.connection_uses")
+def connection_uses() -> int:
+    """Return how many tasks have used this task's database connection, this one included.
+
+    A temporary table lives as long as its connection: a fresh connection counts 1.
+    """
+    with connection.cursor() as cursor:
+        cursor.execute("CREATE TEMPORARY TABLE IF NOT EXISTS test_connection_uses (n integer)")
+        cursor.execute("INSERT INTO test_connection_uses VALUES (1)")
+        cursor.execute("SELECT count(*) FROM test_connection_uses")
+        return cursor.fetchone()[0]
+
+
 def side_effects() -> list[tuple[int, int, int]]:
     """Return the committed rows of ``SIDE_EFFECT_TABLE``: (execution_id, attempt, pid)."""
     with connection.cursor() as cursor:

@@ -1,16 +1,22 @@
 """Messages published in batches (one Redis pipeline per batch) run on an unmodified worker as sent.
 
-``dispatch.publish`` pushes its messages through kombu's publish batch; the
-messages themselves are Celery's own. Here more rows than one batch holds go
-out in one pass, with every option the beat sets (execution id header,
-queue, priority, time limits, an ETA from jitter), and a plain
+``scheduler.publisher`` builds Celery's own messages and pushes each batch
+in one Redis pipeline. Here more rows than one batch holds go out in one
+pass, with every option the beat sets (execution id header, queue,
+priority, time limits, an ETA from jitter), and a plain
 ``celery -A project worker`` runs them: each is claimed by its header, its
 ETA and time limit are honoured, and its result is stored.
+
+Publishing is spread over the beat replicas on PostgreSQL: a follower
+publishes pending rows, and two publishers over the same rows send each one
+once (row locks with ``SKIP LOCKED``). SQLite has no row locks, so there only
+the leader publishes; the duplicates are counted on both.
 """
 from __future__ import annotations
 
+import json
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from datetime import timedelta
 
 import pytest
@@ -18,7 +24,7 @@ import redis
 from django_celery_results.models import TaskResult
 
 from project.celery import app
-from scheduler import dispatch, executions, leases, policies
+from scheduler import dispatch, executions, leases, policies, publisher
 from scheduler.models import Execution, Schedule
 from tests import tasks as test_tasks
 from tests.processes import CeleryProcess, wait_until
@@ -28,6 +34,8 @@ pytestmark = pytest.mark.django_db(transaction=True)
 Start = Callable[..., CeleryProcess]
 Status = Execution.Status
 QUEUE = "batched"
+#: kombu's Redis transport keeps a list per priority step, named ``<queue>\x06\x16<step>``.
+PRIORITY_SEP = "\x06\x16"
 ROWS = dispatch.PUBLISH_BATCH + 150  # more than one batch
 JITTER = 4  # seconds
 
@@ -54,9 +62,15 @@ def test_batched_messages__run_on_a_plain_worker_with_header_queue_priority_limi
     rows.append(pending(limited, now, now=now))
     executions.insert(rows)
 
-    # When one publishing pass sends them all, and a plain worker consumes the queue
+    # When one publishing pass sends them all by the fast path (Redis pipelines) ...
+    with publisher.connect(app) as sender:
+        assert sender.fast
     assert dispatch.publish_pending(app, limit=len(rows)) == len(rows)
     assert not Execution.objects.filter(status=Status.PENDING).exists()
+    # ... the prioritised ones into their priority step's list, the others into the queue's own
+    assert redis_client.llen(f"{QUEUE}{PRIORITY_SEP}3") == ROWS
+    assert redis_client.llen(QUEUE) == 2
+    # and a plain worker consumes only that queue
     worker = celery_processes("worker", "w1", queues=QUEUE, concurrency=4)
 
     # Then every one ran once, claimed through its header (no ad-hoc row was made for it)
@@ -76,3 +90,74 @@ def test_batched_messages__run_on_a_plain_worker_with_header_queue_priority_limi
     assert delayed.started_at >= slot + timedelta(seconds=policies.jitter_offset(jittered.pk, slot, JITTER))
     # and the time limit stopped the one that overran it
     assert "time limit" in Execution.objects.get(schedule=limited).error.lower()
+
+
+@pytest.fixture
+def lease_held_elsewhere(db_vendor: str) -> Iterator[None]:
+    """Hold the beat lease in this process (and, on PostgreSQL, the holder's instance lock), so beats started stay followers."""
+    lock = leases.InstanceLock("elsewhere")
+    if db_vendor == "postgresql":
+        # Without it, a beat would find the holder's process gone and take the lease.
+        assert lock.try_acquire()
+    assert leases.acquire("beat", "elsewhere", ttl=600) is not None
+    yield
+    lock.close()
+
+
+def _pending_rows(count: int) -> list[int]:
+    now = leases.db_now()
+    # Disabled: a leader commits nothing more for it, only these rows wait.
+    schedule = Schedule.objects.create(name="many", task="tests.record", interval=3600, enabled=False)
+    rows = [pending(schedule, now - timedelta(seconds=n), now=now) for n in range(count)]
+    executions.insert(rows)
+    return list(Execution.objects.values_list("pk", flat=True))
+
+
+def _none_pending() -> bool:
+    return not Execution.objects.filter(status=Status.PENDING).exists()
+
+
+def _sent_ids(client: redis.Redis) -> list[int]:
+    return [json.loads(raw)["headers"][Execution.MESSAGE_HEADER] for raw in client.lrange("celery", 0, -1)]
+
+
+def test_follower__publishes_pending_rows_where_rows_lock(
+    lease_held_elsewhere: None, celery_processes: Start, redis_client: redis.Redis, db_vendor: str
+) -> None:
+    # Given a lease held elsewhere, so the beat started stays a follower
+    beat = celery_processes("beat", "follower")
+    beat.wait_for_log(r"beat replica \S+ started", timeout=30)
+    # When pending rows appear (the leader elsewhere committed them)
+    ids = _pending_rows(50)
+    if db_vendor == "postgresql":
+        # Then the follower sends them and marks them queued, once each, without leading
+        assert wait_until(_none_pending, timeout=30), beat.log()[-3000:]
+        assert sorted(_sent_ids(redis_client)) == sorted(ids)
+    else:
+        # Then on SQLite (no row locks, one writer) it leaves them to the leader
+        assert not wait_until(_none_pending, timeout=5)
+        assert _sent_ids(redis_client) == []
+    assert leases.current("beat").holder == "elsewhere"
+    assert "leadership acquired" not in beat.log()
+
+
+def test_two_publishers__every_row_queued_and_duplicates_counted(
+    request: pytest.FixtureRequest, celery_processes: Start, redis_client: redis.Redis, db_vendor: str
+) -> None:
+    # Given two beats: on PostgreSQL two followers that both publish (the lease
+    # is held elsewhere); on SQLite a leader and a follower (only the leader publishes)
+    if db_vendor == "postgresql":
+        request.getfixturevalue("lease_held_elsewhere")
+    beats = [celery_processes("beat", f"publisher{n}") for n in (1, 2)]
+    for beat in beats:
+        beat.wait_for_log(r"beat replica \S+ started", timeout=30)
+    # When 2,000 pending rows appear at once
+    ids = _pending_rows(2000)
+    # Then every row is queued and sent ...
+    assert wait_until(_none_pending, timeout=60, interval=0.2), [beat.log()[-2000:] for beat in beats]
+    sent = Counter(_sent_ids(redis_client))
+    assert set(sent) == set(ids)
+    duplicates = sum(sent.values()) - len(sent)
+    print(f"two publishers on {db_vendor}: {len(ids)} rows, {duplicates} sent twice")
+    # ... each once (PostgreSQL: SKIP LOCKED keeps the two off each other's rows)
+    assert duplicates == 0

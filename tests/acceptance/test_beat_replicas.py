@@ -10,6 +10,7 @@ from datetime import timedelta
 
 import pytest
 import redis
+from django.db import connection
 
 from scheduler import leases
 from scheduler.models import Execution, Lease, Schedule
@@ -135,6 +136,78 @@ def test_leader_killed__follower_takes_over_without_losing_a_slot(
     worker.wait_for_log(r"ready\.", timeout=30)
     assert_every_slot_once(schedules)
     assert_each_ran_once(wait_for_runs(redis_client))
+
+
+#: A lease long enough that a takeover well within it cannot be the TTL's doing.
+LONG_TTL = {"lease_ttl_seconds": 15, "lease_renew_seconds": 2}
+#: The bound for a takeover that must not wait for the TTL (a third of it).
+FAST_TAKEOVER_SECONDS = 5.0
+
+
+def beat_lock_waiters() -> int:
+    """Count beat sessions blocked on another replica's instance lock (PostgreSQL)."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT count(*) FROM pg_stat_activity "
+            "WHERE application_name = 'scheduler-instance-lock' AND wait_event_type = 'Lock'"
+        )
+        return cursor.fetchone()[0]
+
+
+@pytest.mark.parametrize("kill_signal", [signal.SIGTERM, signal.SIGKILL], ids=["sigterm", "sigkill"])
+def test_leader_stopped__follower_leads_well_within_the_ttl(
+    celery_processes: Start, db_vendor: str, kill_signal: int
+) -> None:
+    # Given three replicas with a 15 s lease, one leading and, on PostgreSQL,
+    # the two others blocked on its instance lock
+    beats = [celery_processes("beat", f"beat{i}", **LONG_TTL) for i in range(3)]
+    leader = leader_process(beats)
+    before = leases.current("beat")
+    if db_vendor == "postgresql":
+        assert wait_until(lambda: beat_lock_waiters() == 2, timeout=30), "the followers are not waiting on the leader's lock"
+
+    # When the leader is stopped
+    leader.send(kill_signal)
+
+    # Then another replica leads within a third of the TTL: the release is
+    # notified (SIGTERM), the dead process's lock comes free (SIGKILL on
+    # PostgreSQL). A SIGKILLed leader on SQLite leaves no proof it is gone,
+    # so there the lease must run out first.
+    fast = kill_signal == signal.SIGTERM or db_vendor == "postgresql"
+    bound = FAST_TAKEOVER_SECONDS if fast else LONG_TTL["lease_ttl_seconds"] + 10
+    assert wait_until(lambda: leases.current("beat").token > before.token, timeout=bound), f"no takeover within {bound}s"
+    after = leases.current("beat")
+    assert after.holder not in ("", before.holder)
+    if not fast:
+        assert after.acquired_at >= before.expires_at, "an unexpired lease was taken without proof"
+    if kill_signal == signal.SIGKILL and db_vendor == "postgresql":
+        assert any("previous holder's session is gone" in beat.log() for beat in beats if beat is not leader)
+
+
+def test_follower_waiting__stops_promptly_on_sigterm(celery_processes: Start, db_vendor: str) -> None:
+    # Given a leader, and a follower whose every wait for it lasts 60 s
+    leader = leader_process([celery_processes("beat", "leader")])
+    token = leases.current("beat").token
+    follower = celery_processes("beat", "follower", follower_retry_seconds=60)
+    follower.wait_for_log(r"beat replica \S+ started", timeout=30)
+    if db_vendor == "postgresql":
+        assert wait_until(lambda: beat_lock_waiters() == 1, timeout=30), "the follower is not blocked on the leader's lock"
+    else:
+        time.sleep(2)  # SQLite: it sleeps between polls
+
+    # When the follower gets SIGTERM in the middle of that wait
+    follower.send(signal.SIGTERM)
+
+    # Then it exits within a few seconds, leaves no session queued on the
+    # lock, and the leader leads on undisturbed
+    try:
+        follower.popen.wait(10)
+    except subprocess.TimeoutExpired:
+        raise AssertionError(f"the waiting follower did not stop on SIGTERM; log tail:\n{follower.log()[-3000:]}") from None
+    if db_vendor == "postgresql":
+        assert wait_until(lambda: beat_lock_waiters() == 0, timeout=5), "the follower's lock wait outlived it"
+    assert leader.alive()
+    assert leases.current("beat").token == token
 
 
 def test_paused_leader__commits_nothing_after_losing_the_lease(celery_processes: Start) -> None:

@@ -73,7 +73,7 @@ def test_leadership__signals_heartbeat_and_fenced_dispatch(redis_url: str) -> No
     signals.leadership_acquired.connect(on_acquired)
     signals.leadership_lost.connect(on_lost)
     scheduler = LeaderScheduler(app, lazy=True)
-    usurper_lock = leases.AdvisoryLock("beat")
+    usurper_lock = leases.InstanceLock("usurper")
     try:
         # Given a replica that became leader and wrote its heartbeat
         scheduler.tick()
@@ -93,11 +93,10 @@ def test_leadership__signals_heartbeat_and_fenced_dispatch(redis_url: str) -> No
         assert scheduler.lease is None
         assert events[-1] == ("lost", token, "lost")
         if connection.vendor == "postgresql":
-            # A live leader holds the advisory lock too (it takes it as soon
-            # as the stepped-down replica frees it); without it, a follower
-            # would take the lease over by force.
+            # A live leader holds its instance lock; were it free, the
+            # follower would take the lease as from a dead process.
             assert usurper_lock.try_acquire()
-        scheduler.tick()  # as a follower: heartbeat without leadership
+        scheduler.tick()  # as a follower: heartbeat without leadership (waits out the holder's lock on PostgreSQL)
         assert scheduler.lease is None
         assert Instance.objects.get(instance_id=scheduler.instance_id).is_leader is False
     finally:

@@ -1,10 +1,12 @@
 """dispatch_due and publish_pending against the real database: overlap, limits, completion, pause."""
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from datetime import datetime, timedelta
 
 import pytest
+import redis
 
 from scheduler import dispatch, leases
 from scheduler.models import Execution, Schedule
@@ -182,7 +184,7 @@ def test_pause_and_resume__keep_history_and_owe_nothing_for_the_pause(lease: lea
     assert report.missed == report.missed_not_recorded == 0
 
 
-def test_jitter__message_delayed_by_the_slots_offset(lease: leases.LeaseHandle, redis_url: str) -> None:
+def test_jitter__message_delayed_by_the_slots_offset(lease: leases.LeaseHandle, redis_client: redis.Redis) -> None:
     from project.celery import app
     from scheduler.policies import jitter_offset
 
@@ -191,16 +193,6 @@ def test_jitter__message_delayed_by_the_slots_offset(lease: leases.LeaseHandle, 
     slot = last_slot()
     due_at(target, slot)
     dispatch.dispatch_due(lease)
-    sent: list[dict] = []
-    original = app.send_task
-
-    def record(name: str, **options: object) -> object:
-        sent.append(options)
-        return original(name, **options)
-
-    app.send_task = record  # type: ignore[method-assign]
-    try:
-        assert dispatch.publish_pending(app) == 1
-    finally:
-        del app.send_task
-    assert sent[0]["eta"] == slot + timedelta(seconds=jitter_offset(target.pk, slot, 86_400))
+    assert dispatch.publish_pending(app) == 1
+    (sent,) = [json.loads(raw) for raw in redis_client.lrange("celery", 0, -1)]
+    assert sent["headers"]["eta"] == (slot + timedelta(seconds=jitter_offset(target.pk, slot, 86_400))).isoformat()

@@ -1,0 +1,158 @@
+"""Commit cost: what the leader's dispatch transaction costs per execution, by kind of schedule.
+
+In this process (no beat, no broker), ``dispatch.dispatch_due`` commits N
+schedules that are all due at one instant, pass after pass until none is
+left, on each database. Kinds:
+
+- ``interval``: hourly schedules; each advances to its next slot,
+- ``one-off``: ``run_at`` schedules; each fires once and turns itself off,
+- ``max_runs``: hourly schedules with ``max_runs=1``; each turns itself off too.
+
+Reported per kind and database: the wall time of all passes and the cost per
+execution (µs). Only the commit is measured: nothing is published.
+``--profile`` also prints the functions with the most own time for each kind.
+
+Run: ``python -m bench.commit_cost [--schedules 10000] [--databases postgresql,sqlite] [--profile]``
+(it starts its own PostgreSQL). Writes ``bench/results/commit_cost.json``.
+"""
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import json
+import pstats
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+from bench.common import ROOT, django_env, migrate, table, write_results
+
+KINDS = ("interval", "one-off", "max_runs")
+HOTSPOTS = 12
+
+
+# --- inside one database's child process ------------------------------------------------
+
+
+def _load(kind: str, count: int) -> None:
+    """Insert ``count`` schedules of ``kind``, all due one second ago (database clock)."""
+    from scheduler import leases
+    from scheduler.models import Execution, Schedule
+
+    Execution.objects.all().delete()
+    Schedule.objects.all().delete()
+    due = leases.db_now() - timedelta(seconds=1)
+    # Interval slots are start_at + k * interval: starting at ``due`` makes ``due`` a slot.
+    timing: dict[str, Any] = {"run_at": due} if kind == "one-off" else {"interval": 3600, "start_at": due}
+    if kind == "max_runs":
+        timing["max_runs"] = 1
+    # bulk_create skips save(): next_run_at is set here, as save() would.
+    Schedule.objects.bulk_create(
+        (Schedule(name=f"bench-{kind}-{number}", task="bench.noop", next_run_at=due, **timing) for number in range(count)),
+        batch_size=1000,
+    )
+
+
+def _measure_kind(kind: str, count: int, *, profile: bool) -> dict[str, Any]:
+    from scheduler import dispatch, leases
+    from scheduler.models import Execution
+
+    _load(kind, count)
+    lease = leases.acquire("beat", "bench-commit", ttl=600)
+    assert lease is not None
+    profiler = cProfile.Profile() if profile else None
+    passes = 0
+    started = time.perf_counter()
+    if profiler:
+        profiler.enable()
+    while True:
+        report = dispatch.dispatch_due(lease)
+        passes += 1
+        if not report.more:
+            break
+    if profiler:
+        profiler.disable()
+    seconds = time.perf_counter() - started
+    leases.release(lease)
+    executions = Execution.objects.count()
+    if executions != count:
+        raise SystemExit(f"{kind}: {executions} executions committed for {count} due schedules")
+    result: dict[str, Any] = {
+        "kind": kind, "executions": executions, "passes": passes, "seconds": seconds,
+        "us_per_execution": seconds / executions * 1e6,
+    }
+    if profiler:
+        out = io.StringIO()
+        pstats.Stats(profiler, stream=out).sort_stats("tottime").print_stats(HOTSPOTS)
+        result["profile"] = out.getvalue()
+    return result
+
+
+def _measure_database(count: int, profile: bool) -> dict[str, Any]:
+    import django
+
+    django.setup()
+    from django.db import connection
+
+    return {"vendor": connection.vendor, "kinds": [_measure_kind(kind, count, profile=profile) for kind in KINDS]}
+
+
+# --- the orchestrator -------------------------------------------------------------------
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--schedules", type=int, default=10_000, help="due schedules per kind (default 10000)")
+    parser.add_argument("--databases", default="postgresql,sqlite", help="comma-separated: postgresql, sqlite")
+    parser.add_argument("--profile", action="store_true", help="print the hot spots of each kind")
+    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.schedules < 1:
+        parser.error("--schedules must be at least 1")
+    databases = [name.strip() for name in args.databases.split(",") if name.strip()]
+    if not databases or set(databases) - {"postgresql", "sqlite"}:
+        parser.error("--databases takes postgresql and/or sqlite")
+
+    if args.child:
+        print(json.dumps(_measure_database(args.schedules, args.profile)), flush=True)
+        return 0
+
+    from tests.services import postgres_cluster
+
+    results = []
+    with tempfile.TemporaryDirectory(prefix="bench-") as tmp, postgres_cluster() as pg_url:
+        for database in databases:
+            var_dir = Path(tmp) / database
+            url = pg_url if database == "postgresql" else f"sqlite:///{var_dir / 'bench.sqlite3'}"
+            # The production settings: no query log, as a deployed beat runs.
+            env = django_env(url, "redis://localhost:1/0", var_dir, debug=False)
+            migrate(env)
+            print(f"measuring on {database} ({args.schedules} due schedules x {len(KINDS)} kinds)...", flush=True)
+            command = [sys.executable, "-m", "bench.commit_cost", "--child", f"--schedules={args.schedules}"]
+            child = subprocess.run(
+                command + (["--profile"] if args.profile else []),
+                cwd=ROOT, env=env, stdout=subprocess.PIPE, text=True, check=True,
+            )
+            results.append(json.loads(child.stdout.strip().splitlines()[-1]))
+
+    rows = []
+    for result in results:
+        for kind in result["kinds"]:
+            rows.append([result["vendor"], kind["kind"], kind["executions"], kind["passes"], kind["seconds"],
+                         kind["us_per_execution"]])
+            if "profile" in kind:
+                print(f"\n--- {result['vendor']}, {kind['kind']}: most own time ---\n{kind.pop('profile')}")
+    print()
+    print(table(["database", "kind", "executions", "passes", "seconds", "µs/execution"], rows))
+    path = write_results("commit_cost", {"results": results})
+    print(f"wrote {path.relative_to(ROOT)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,287 @@
+"""Send execution messages: Celery's own messages, pushed to Redis in one pipeline per batch.
+
+``send_task`` costs most of a publishing pass: per message it looks up
+configuration, routes, merges options, sends signals and goes through
+kombu's producer. Here a pass routes each distinct (task, queue, priority)
+once, builds every message with the same Celery and kombu code that
+``send_task`` runs (``app.amqp.as_task_v2``, the producer's serialiser,
+the Redis channel's ``prepare_message``, envelope and priority list name)
+and pushes a batch with one LPUSH per list in one pipeline. An unmodified
+``celery worker`` cannot tell the messages apart (protocol 2, headers, ETA,
+time limits, priority, queue); ``tests/integration/test_publisher.py``
+compares them with ``send_task``'s field for field, less the random delivery tag.
+
+Celery's ``before_task_publish`` and ``after_task_publish`` signals are
+sent only when something listens to them (the fast path skips them
+otherwise, which is most of their cost); ``task-sent`` events, protocol 1,
+publishing from inside a task (parent and root ids), task-level
+``expires``, and routes to a named exchange take ``send_task``, as does
+every broker other than Redis. Nothing waits for these messages' results,
+so the result backend is not told of them (``on_task_call``).
+"""
+from __future__ import annotations
+
+import uuid
+from collections import defaultdict
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Any
+
+from celery import signals
+from celery.app.routes import MapRoute
+from celery.utils.nodenames import anon_nodename
+from celery.utils.saferepr import saferepr
+from kombu.exceptions import OperationalError as BrokerError
+from kombu.utils.json import dumps
+
+from scheduler import policies, tracing
+from scheduler.conf import settings
+from scheduler.models import Execution
+
+if TYPE_CHECKING:
+    from celery import Celery
+    from kombu import Connection
+
+
+#: Options a route may carry that the fast path expresses; any other sends by ``send_task``.
+_ROUTE_OPTIONS = frozenset({"queue", "exchange", "routing_key", "exchange_type", "priority", "serializer",
+                            "compression", "delivery_mode", "time_limit", "soft_time_limit"})
+
+
+def time_limits(timeout: int | None) -> dict[str, float]:
+    """Return Celery's time-limit options for an execution ``timeout`` (none when unset).
+
+    The soft limit raises ``SoftTimeLimitExceeded`` in the task at ``timeout``;
+    the hard limit kills the worker child ``TIMEOUT_GRACE_SECONDS`` later.
+    """
+    if not timeout:
+        return {}
+    return {"soft_time_limit": float(timeout), "time_limit": float(timeout) + settings.TIMEOUT_GRACE_SECONDS}
+
+
+def start_at(row: dict[str, Any]) -> datetime:
+    """When the row's message may run: its slot plus its schedule's jitter for that slot."""
+    return row["scheduled_for"] + timedelta(
+        seconds=policies.jitter_offset(row.get("schedule_id") or 0, row["scheduled_for"], row.get("jitter"))
+    )
+
+
+@dataclass(frozen=True)
+class _Route:
+    """What Celery's routing decided for one (task, queue, priority): the same for every such row."""
+
+    queue: str
+    priority: int | None
+    serializer: str
+    compression: str | None
+    delivery_mode: Any
+    time_limit: float | None
+    soft_time_limit: float | None
+
+
+@dataclass(frozen=True)
+class _Built:
+    """One message ready to push: its Redis list, the queue it routes to, the envelope, Celery's body."""
+
+    key: str
+    queue: str
+    message: dict[str, Any]
+    body: Any
+
+
+class Publisher:
+    """One broker connection for a publishing pass; ``send`` pushes one batch of rows.
+
+    A row has the ``executions.MESSAGE_FIELDS``, and ``schedule_id`` and
+    ``jitter`` when it belongs to a schedule with jitter.
+    """
+
+    def __init__(self, app: Celery, connection: Connection) -> None:
+        self.app = app
+        self.connection = connection
+        self.producer = connection.Producer()
+        conf = app.conf
+        self.fast = (
+            connection.transport.driver_type == "redis"
+            and conf.task_protocol == 2
+            and not conf.task_send_sent_event
+            # Inside a task, send_task adds the parent and root ids.
+            and app.current_worker_task is None
+        )
+        # Map routes depend on the task name only; any other router may read the arguments.
+        self._routes_by_name = all(isinstance(route, MapRoute) for route in app.amqp.routes)
+        self._routes: dict[tuple[str, str, int | None], _Route | None] = {}
+        # What as_task_v2 and send_task would look up per message (Celery's
+        # configuration lookups were a third of the cost), read once.
+        self._repr_maxlevels = conf.task_repr_maxlevels
+        self._origin = anon_nodename()
+        self._reply_to = app.thread_oid
+
+    @tracing.traced("scheduler.publish.batch", tracing.publish_attributes)
+    def send(self, rows: list[dict[str, Any]], *, now: datetime) -> None:
+        """Send one message per row; raise ``kombu.exceptions.OperationalError`` if the broker fails.
+
+        On failure, some of the messages may have been delivered: the caller
+        leaves the rows ``pending``, and a message sent twice is claimed once.
+        """
+        slow: list[dict[str, Any]] = []
+        if self.fast:
+            built = []
+            for row in rows:
+                message = self._build(row, now=now)
+                if message is None:
+                    slow.append(row)
+                else:
+                    built.append(message)
+            self._push(built)
+        else:
+            slow = rows
+        if slow:
+            self._send_tasks(slow, now=now)
+
+    # --- the fast path ----------------------------------------------------------------
+
+    def _route(self, row: dict[str, Any]) -> _Route | None:
+        """Celery's routing and options for the row, as ``send_task`` computes them; ``None`` if not expressible."""
+        key = (row["task"], row["queue"], row["priority"])
+        if self._routes_by_name and key in self._routes:
+            return self._routes[key]
+        amqp, conf = self.app.amqp, self.app.conf
+        task = self.app._tasks.get(row["task"])  # send_task's own lookup (no app finalisation)
+        exec_options = getattr(task, "_get_exec_options", None)
+        options = {k: v for k, v in (exec_options() if exec_options else {}).items() if v is not None}
+        if row["queue"]:
+            options["queue"] = row["queue"]
+        if row["priority"] is not None:
+            options["priority"] = row["priority"]
+        route: _Route | None = None
+        if "expires" not in options:
+            options = amqp.router.route(options, row["task"], row["args"], row["kwargs"], task)
+            route = self._expressible(options, conf)
+        if self._routes_by_name:
+            self._routes[key] = route
+        return route
+
+    def _expressible(self, options: dict[str, Any], conf: Any) -> _Route | None:
+        """Return the route when its message goes to one Redis list through the default exchange."""
+        if not set(options) <= _ROUTE_OPTIONS:
+            return None
+        queue = options.get("queue") or (None if options.get("exchange") else self.app.amqp.default_queue)
+        if queue is None:
+            return None
+        if isinstance(queue, str):
+            queue = self.app.amqp.queues[queue]
+        exchange_type = options.get("exchange_type") or getattr(queue.exchange, "type", "direct")
+        # send_task_message's rule: a direct exchange without both names is the default one.
+        if not ((not options.get("exchange") or not options.get("routing_key")) and exchange_type == "direct"):
+            return None
+        return _Route(
+            queue=queue.name,
+            priority=options.get("priority"),
+            serializer=options.get("serializer") or conf.task_serializer,
+            compression=options.get("compression") or conf.task_compression,
+            delivery_mode=options.get("delivery_mode") or queue.exchange.delivery_mode or conf.task_default_delivery_mode,
+            time_limit=options.get("time_limit"),
+            soft_time_limit=options.get("soft_time_limit"),
+        )
+
+    def _build(self, row: dict[str, Any], *, now: datetime) -> _Built | None:
+        """Return (Redis list, message) for the row, the message exactly as ``send_task`` would put it."""
+        route = self._route(row)
+        if route is None:
+            return None
+        limits = time_limits(row["timeout"]) or {"time_limit": route.time_limit, "soft_time_limit": route.soft_time_limit}
+        eta = start_at(row)
+        amqp = self.app.amqp
+        args, kwargs = row["args"] or (), row["kwargs"] or {}
+        headers, properties, body, _ = amqp.as_task_v2(
+            row["celery_task_id"] or str(uuid.uuid4()), row["task"], args, kwargs,
+            eta=eta if eta > now else None, reply_to=self._reply_to, ignore_result=None, origin=self._origin,
+            # Empty arguments (most schedules) repr alike either way, without saferepr's cost.
+            argsrepr=saferepr(args, amqp.argsrepr_maxsize, maxlevels=self._repr_maxlevels) if args else repr(args),
+            kwargsrepr=saferepr(kwargs, amqp.kwargsrepr_maxsize, maxlevels=self._repr_maxlevels) if kwargs else repr(kwargs),
+            **limits,
+        )
+        headers[Execution.MESSAGE_HEADER] = row["id"]
+        headers.update(tracing.message_headers(row))
+        if route.priority is not None:
+            properties["priority"] = route.priority
+        if signals.before_task_publish.receivers:
+            signals.before_task_publish.send(
+                sender=row["task"], body=body, exchange="", routing_key=route.queue, declare=[],
+                headers=headers, properties=properties, retry_policy={},
+            )
+        # kombu's Producer.publish, then the Redis channel's basic_publish and _put.
+        priority = properties.pop("priority", 0)
+        _, properties["delivery_mode"] = self.producer._delivery_details("", route.delivery_mode)
+        payload, content_type, content_encoding = self.producer._prepare(
+            body, route.serializer, None, None, route.compression, headers
+        )
+        channel = self.connection.default_channel
+        message = channel.prepare_message(payload, priority, content_type, content_encoding, headers, properties)
+        channel._inplace_augment_message(message, "", route.queue)
+        return _Built(channel._q_for_pri(route.queue, channel._get_message_priority(message)), route.queue, message, body)
+
+    def _push(self, built: list[_Built]) -> None:
+        """LPUSH every message in one pipeline, one command per list, oldest first out."""
+        if not built:
+            return
+        lists: defaultdict[str, list[str]] = defaultdict(list)
+        for item in built:
+            lists[item.key].append(dumps(item.message))
+        channel = self.connection.default_channel
+        try:
+            with channel.conn_or_acquire() as client, client.pipeline(transaction=False) as pipe:
+                for key, payloads in lists.items():
+                    pipe.lpush(key, *payloads)
+                for queue in {item.queue for item in built}:
+                    if queue in channel._expires:  # a queue declared with x-expires, as _put does
+                        for step in channel.priority_steps:
+                            pipe.pexpire(channel._q_for_pri(queue, step), channel._expires[queue])
+                pipe.execute()
+        except (*self.connection.connection_errors, *self.connection.channel_errors) as exc:
+            raise BrokerError(f"broker publish failed, delivery uncertain: {exc}") from exc
+        if signals.after_task_publish.receivers:
+            for item in built:
+                signals.after_task_publish.send(
+                    sender=item.message["headers"]["task"], body=item.body, headers=item.message["headers"],
+                    exchange="", routing_key=item.queue,
+                )
+
+    # --- the fallback: Celery's send_task ------------------------------------------------
+
+    def _send_tasks(self, rows: list[dict[str, Any]], *, now: datetime) -> None:
+        # Room for every command of the batch: kombu flushes it once, when the block ends.
+        with self.producer.batch(max_size=4 * len(rows)):
+            for row in rows:
+                self.app.send_task(row["task"], args=row["args"], kwargs=row["kwargs"], **self._options(row, now=now))
+
+    def _options(self, row: dict[str, Any], *, now: datetime) -> dict[str, Any]:
+        options: dict[str, Any] = {
+            "task_id": row["celery_task_id"] or None,
+            "headers": {Execution.MESSAGE_HEADER: row["id"], **tracing.message_headers(row)},
+            "producer": self.producer,
+            # Fail fast: a broker outage must not stall the caller.
+            "retry": False,
+            **time_limits(row["timeout"]),
+        }
+        if row["queue"]:
+            options["queue"] = row["queue"]
+        if row["priority"] is not None:
+            options["priority"] = row["priority"]
+        eta = start_at(row)
+        if eta > now:
+            options["eta"] = eta
+        return options
+
+
+@contextmanager
+def connect(app: Celery) -> Iterator[Publisher]:
+    """Yield a ``Publisher`` on a fresh broker connection; fail at once if the broker is unreachable."""
+    with app.connection_for_write() as conn:
+        # One attempt, no retry loop: kombu would otherwise block the beat
+        # for many seconds per outage; the rows simply stay pending.
+        conn.ensure_connection(max_retries=0)
+        yield Publisher(app, conn)
