@@ -111,8 +111,9 @@ def test_compose__monitoring_profile_runs_prometheus_and_grafana_with_their_file
     assert (PROMETHEUS / "alerts.yml", "/etc/prometheus/alerts.yml") in mounts["prometheus"]
     assert (ROOT / "docker" / "grafana" / "provisioning", "/etc/grafana/provisioning") in mounts["grafana"]
     assert (DASHBOARD.parent, "/var/lib/grafana/dashboards") in mounts["grafana"]
-    # Prometheus scrapes with Host "web": the web must accept it, whatever ALLOWED_HOSTS the operator set.
-    assert services["web"]["environment"]["ALLOWED_HOSTS"].split(",")[-1] == "web"
+    # Prometheus scrapes with Host "web" and the healthcheck asks 127.0.0.1: the web must accept
+    # both, whatever ALLOWED_HOSTS the operator set.
+    assert {"web", "127.0.0.1"} <= set(services["web"]["environment"]["ALLOWED_HOSTS"].split(","))
 
 
 def test_grafana_provisioning__datasource_and_dashboard_provider_point_at_each_other() -> None:
