@@ -736,7 +736,7 @@ class ExecutionAdmin(TenantScoped, ActionsNeedPermission, ReadOnlyAdmin):
         term = search_term.strip()
         if ":" in term:
             # Keys are ``schedule:<id>:<slot>``, ``retry:<id>:…``, ``celery:<task id>``: a
-            # prefix is one range scan of the ``execution_key_prefix`` index
+            # prefix is one range scan of the key's pattern index (PostgreSQL adds it for text keys)
             # (an exact key is a prefix of itself). Task ids have no colon.
             return queryset.filter(idempotency_key__startswith=term), False
         return super().get_search_results(request, queryset, search_term)
