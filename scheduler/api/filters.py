@@ -6,8 +6,10 @@ from datetime import datetime, timezone
 import django_filters
 from django import forms
 from django.core.exceptions import ValidationError
+from django.db.models.functions import Now
 from django_filters.fields import IsoDateTimeField
 
+from scheduler import overdue
 from scheduler.models import AuditEvent, Execution, Schedule
 from scheduler.models.schedule import EARLIEST, LATEST
 
@@ -38,6 +40,7 @@ class ScheduleFilter(django_filters.FilterSet):
     state = django_filters.ChoiceFilter(
         choices=[("active", "active"), ("paused", "paused"), ("disabled", "disabled")], method="filter_state",
     )
+    overdue = django_filters.BooleanFilter(method="filter_overdue")
 
     class Meta:
         model = Schedule
@@ -56,6 +59,10 @@ class ScheduleFilter(django_filters.FilterSet):
         if value == "paused":
             return queryset.exclude(paused_reason="")
         return queryset.filter(enabled=False)
+
+    def filter_overdue(self, queryset, name, value):  # type: ignore[no-untyped-def] -- django-filter's method hook
+        late = overdue.condition(now=Now())
+        return queryset.filter(late) if value else queryset.exclude(late)
 
 
 class ExecutionFilter(django_filters.FilterSet):

@@ -15,7 +15,7 @@ from django.db import IntegrityError, transaction
 from rest_framework import serializers
 from rest_framework.settings import api_settings
 
-from scheduler import leases, operations
+from scheduler import leases, operations, overdue
 from scheduler.api.authentication import caller
 from scheduler.backfill import DEFAULT_LIMIT
 from scheduler.models import AuditEvent, Execution, Lease, Schedule
@@ -51,6 +51,9 @@ class ScheduleSerializer(serializers.ModelSerializer):
 
     args = serializers.JSONField(required=False, validators=[_no_nul], help_text="JSON list of positional arguments.")
     kwargs = serializers.JSONField(required=False, validators=[_no_nul], help_text="JSON object of keyword arguments.")
+    overdue = serializers.SerializerMethodField(
+        help_text="Enabled, not paused, and no success within alert_after (or twice its longest gap between slots)."
+    )
 
     class Meta:
         model = Schedule
@@ -58,16 +61,22 @@ class ScheduleSerializer(serializers.ModelSerializer):
             "id", "name", "task", "args", "kwargs", "queue", "priority", "description", "tenant",
             "cron", "interval", "run_at", "timezone", "start_at", "end_at", "max_runs",
             "overlap", "catchup_window", "misfire", "jitter", "dst_gap", "dst_fold", "timeout",
-            "max_retries", "retry_backoff", "pause_after_failures",
+            "max_retries", "retry_backoff", "pause_after_failures", "alert_after",
             "enabled", "paused_reason", "disabled_reason", "next_run_at", "last_run_at", "last_status",
+            "last_success_at", "overdue",
             "total_runs", "total_missed", "consecutive_failures", "last_error", "created_at", "updated_at",
         )
         read_only_fields = (
-            "id", "disabled_reason", "next_run_at", "last_run_at", "last_status", "total_runs", "total_missed",
-            "consecutive_failures", "last_error", "created_at", "updated_at",
+            "id", "disabled_reason", "next_run_at", "last_run_at", "last_status", "last_success_at",
+            "total_runs", "total_missed", "consecutive_failures", "last_error", "created_at", "updated_at",
         )
         # The model's validation (below) checks the name once, with the admin's message.
         extra_kwargs = {"name": {"validators": []}}
+
+    def get_overdue(self, schedule: Schedule) -> bool:
+        # One database-clock reading per response, shared by a list's rows.
+        now = self.context.setdefault("db_now", leases.db_now())
+        return overdue.is_overdue(schedule, now=now)
 
     def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
         """Apply ``attrs`` to the schedule and validate it as the admin and the CLI do."""

@@ -14,6 +14,7 @@ from django.test import Client
 import tests.tasks  # noqa: F401 -- registers tests.record with the Celery app
 from scheduler import executions, leases
 from scheduler.models import Execution, Schedule
+from tests.integration.api_support import token_client
 
 pytestmark = pytest.mark.django_db
 
@@ -146,6 +147,12 @@ def test_overdue__shows_in_admin_cli_metrics_and_probe_and_never_when_paused_or_
     flagged = [line.split()[0] for line in out.getvalue().splitlines()[1:] if line.rstrip().endswith("OVERDUE")]
     assert flagged == ["late"]
 
+    # API: the filter lists only the late one, and each schedule says whether it is overdue
+    api = token_client("viewer", role="viewer")
+    assert [row["name"] for row in api.get("/api/v1/schedules/?overdue=true").json()["results"]] == ["late"]
+    flags = {row["name"]: row["overdue"] for row in api.get("/api/v1/schedules/").json()["results"]}
+    assert flags == {"late": True, "paused-late": False, "off-late": False, "fine": False}
+
     # /metrics: one overdue
     metrics = Client().get("/metrics").content.decode()
     assert re.search(r"^scheduler_schedules_overdue 1\.0$", metrics, re.MULTILINE)
@@ -160,6 +167,7 @@ def test_overdue__shows_in_admin_cli_metrics_and_probe_and_never_when_paused_or_
     assert staff.get("/admin/scheduler/schedule/").content.decode().count('class="overdue"') == 0
     response = Client().get("/healthz/schedules")
     assert (response.status_code, response.json()["overdue"]) == (200, [])
+    assert api.get("/api/v1/schedules/?overdue=true").json()["results"] == []
     metrics = Client().get("/metrics").content.decode()
     assert re.search(r"^scheduler_schedules_overdue 0\.0$", metrics, re.MULTILINE)
     assert f'scheduler_schedule_last_success_timestamp_seconds{{schedule="late"}}' in metrics
