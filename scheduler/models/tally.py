@@ -8,6 +8,9 @@ or rolls back with the status change, whichever process or path made it,
 and survives pruning and restarts. ``shard`` is the execution id modulo
 ``SHARDS``: concurrent finishes of one task spread over that many rows
 instead of queueing on one.
+
+On SQLite, a migration that rebuilds ``scheduler_execution`` (most field
+changes do) drops its triggers: it must create them again, as 0013 does.
 """
 from __future__ import annotations
 
