@@ -1,7 +1,6 @@
 """The dispatch commit writes due schedules by groups: one UPDATE per distinct write, each outcome kept."""
 from __future__ import annotations
 
-from collections.abc import Iterator
 from datetime import timedelta
 
 import pytest
@@ -14,14 +13,6 @@ from scheduler.models import Execution, Schedule
 pytestmark = pytest.mark.django_db(transaction=True)
 
 Status = Execution.Status
-
-
-@pytest.fixture
-def lease() -> Iterator[leases.LeaseHandle]:
-    handle = leases.acquire("beat", "test-leader", ttl=60)
-    assert handle is not None
-    yield handle
-    leases.release(handle)
 
 
 def schedule(name: str, **fields: object) -> Schedule:

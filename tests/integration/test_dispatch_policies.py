@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from datetime import datetime, timedelta
 
 import pytest
@@ -14,14 +13,6 @@ from scheduler.models import Execution, Schedule
 pytestmark = pytest.mark.django_db(transaction=True)
 
 Status = Execution.Status
-
-
-@pytest.fixture
-def lease() -> Iterator[leases.LeaseHandle]:
-    handle = leases.acquire("beat", "test-leader", ttl=60)
-    assert handle is not None
-    yield handle
-    leases.release(handle)
 
 
 def schedule(name: str, **fields: object) -> Schedule:

@@ -1,7 +1,6 @@
 """Counting runs: ``max_runs`` and one-offs count the slots the beat sent, nothing else."""
 from __future__ import annotations
 
-from collections.abc import Iterator
 from datetime import datetime, timedelta
 
 import pytest
@@ -14,14 +13,6 @@ from tests.processes import wait_until
 pytestmark = pytest.mark.django_db(transaction=True)
 
 Status = Execution.Status
-
-
-@pytest.fixture
-def lease() -> Iterator[leases.LeaseHandle]:
-    handle = leases.acquire("beat", "test-leader", ttl=60)
-    assert handle is not None
-    yield handle
-    leases.release(handle)
 
 
 def schedule(name: str, **fields: object) -> Schedule:
