@@ -27,12 +27,13 @@ from django.db.backends.signals import connection_created
 from django.db.models.functions import Now
 from kombu.exceptions import OperationalError as BrokerError
 
-from scheduler import dispatch, leases, logs, reconcile, signals, tracing
+from scheduler import dispatch, leases, logs, reconcile, shards, signals, tracing
 from scheduler.builtin_schedules import ensure_builtin_schedules
 from scheduler.conf import settings
 from scheduler.exceptions import LeaseLost
 from scheduler.models import Instance, Schedule
 from scheduler.settings_schedules import sync_beat_schedule
+from scheduler.shard_keeper import ShardKeeper
 
 logger = logging.getLogger(__name__)
 
@@ -60,6 +61,9 @@ class LeaderScheduler(Scheduler):
         self.instance_id = leases.new_instance_id()
         self.lease_name: str = settings.LEASE_NAME
         self.lease: leases.LeaseHandle | None = None
+        #: With ``SCHEDULER_SHARDS > 1``: the shards this replica holds (``self.lease`` stays ``None``).
+        self.shards: ShardKeeper | None = ShardKeeper(self.instance_id) if shards.is_sharded() else None
+        self._announced = False
         #: PostgreSQL: this replica's instance lock, and its wait for the holder's.
         self._instance_lock: leases.InstanceLock | None = None
         #: (holder, token) of a leader whose instance lock came free: its process is gone.
@@ -69,9 +73,6 @@ class LeaderScheduler(Scheduler):
         self._broker_down = False
         self._last_reconcile = time.monotonic()  # the first pass runs one interval after start
         self._last_broker_check = 0.0  # the first check runs at once
-        #: Database clock when this replica last became leader; its own sends
-        #: since then went to the broker it found (see ``_reconcile``).
-        self._leading_since: Any = None
         self._broker_checked_token: int | None = None
         self._reconciler: threading.Thread | None = None
         self._ticking = False
@@ -118,7 +119,9 @@ class LeaderScheduler(Scheduler):
             with tracing.span(
                 "scheduler.tick", instance_id=self.instance_id, lease_name=self.lease_name, lease_token=self.lease and self.lease.token
             ):
-                delay = self._tick()
+                delay = self._tick() if self.shards is None else self._tick_sharded()
+            if self.shards is not None:
+                return self._shard_wait(delay)
             return self._follower_wait(delay)
         except DatabaseError:
             logger.exception(
@@ -126,6 +129,9 @@ class LeaderScheduler(Scheduler):
                 extra={"action": "database_unavailable", "instance_id": self.instance_id},
             )
             self._step_down("database unavailable")
+            if self.shards is not None and (dropped := self.shards.forget()):
+                # Uncertain, so paused: taken again, under new tokens, once the database answers.
+                logger.warning("shards %s paused until the database answers", dropped, extra={"action": "shards_paused"})
             # Drop the broken connection so the next tick reconnects.
             connection.close()
             return settings.FOLLOWER_RETRY_SECONDS
@@ -147,6 +153,8 @@ class LeaderScheduler(Scheduler):
             return
         if self._interrupted:
             connection.close()
+        if self.shards is not None:
+            self._leave_shards()
         if self.lease is not None:
             token = self.lease.token
             try:
@@ -173,7 +181,8 @@ class LeaderScheduler(Scheduler):
 
     @property
     def info(self) -> str:
-        return f"    . lease -> {self.lease_name} (ttl {settings.LEASE_TTL_SECONDS}s, renew {settings.LEASE_RENEW_SECONDS}s)"
+        lease = f"{shards.count()} shards, leases {shards.lease_name(0)}..." if shards.is_sharded() else self.lease_name
+        return f"    . lease -> {lease} (ttl {settings.LEASE_TTL_SECONDS}s, renew {settings.LEASE_RENEW_SECONDS}s)"
 
     # --- one tick ---------------------------------------------------------------
 
@@ -196,6 +205,45 @@ class LeaderScheduler(Scheduler):
         except LeaseLost:
             self._step_down("lost")
             return 0.0
+        self._after_dispatch(report, token=lease.token)
+        more_pending = self._publish()
+        self._start_reconcile(lease)
+        if more_pending or report.more:
+            return 0.0
+        return self._seconds_until_next_work(report.db_now, elapsed=time.monotonic() - dispatch_started)
+
+    def _tick_sharded(self) -> float:
+        """One tick with shards: step the shards held towards the preferred ones, dispatch for those held."""
+        assert self.shards is not None
+        if connection.vendor == "postgresql" and not self._hold_instance_lock():
+            self.shards.forget()  # without our instance lock others may take our shards as gone's
+            return settings.FOLLOWER_RETRY_SECONDS
+        self._heartbeat()
+        if not self._announced and self._instance_lock is not None:
+            self._instance_lock.notify("joined")  # the others release the shards this replica should own now
+        self._announced = True
+        held = dict(self.shards.step())
+        # Publishing needs no lease (see ``_tick``); on SQLite only shard 0's holder publishes.
+        may_publish = connection.features.has_select_for_update or 0 in held
+        if not held:
+            return 0.0 if may_publish and self._publish() else settings.FOLLOWER_RETRY_SECONDS
+        dispatch_started = time.monotonic()
+        try:
+            report = dispatch.dispatch_due(held)
+        except LeaseLost as exc:
+            self.shards.forget(exc.names)
+            return 0.0
+        self._after_dispatch(report, token=None)
+        more_pending = may_publish and self._publish()
+        if 0 in held:
+            self._start_reconcile(held[0])  # shard 0's holder keeps house for all
+        if more_pending or report.more:
+            return 0.0
+        return self._seconds_until_next_work(
+            report.db_now, elapsed=time.monotonic() - dispatch_started, in_shards=list(held)
+        )
+
+    def _after_dispatch(self, report: dispatch.DispatchReport, *, token: int | None) -> None:
         self._revoke(report.cancelled_task_ids)
         for name, reason in report.completed:
             logger.info(
@@ -204,14 +252,9 @@ class LeaderScheduler(Scheduler):
             )
         for name, slot in report.fired:
             logger.info(
-                "dispatch %s slot %s (token %s)", name, slot.isoformat(), lease.token,
-                extra={"action": "dispatched", "schedule": name, "instance_id": self.instance_id, "token": lease.token},
+                "dispatch %s slot %s%s", name, slot.isoformat(), f" (token {token})" if token is not None else "",
+                extra={"action": "dispatched", "schedule": name, "instance_id": self.instance_id, "token": token},
             )
-        more_pending = self._publish()
-        self._start_reconcile(lease)
-        if more_pending or report.more:
-            return 0.0
-        return self._seconds_until_next_work(report.db_now, elapsed=time.monotonic() - dispatch_started)
 
     def _publish(self) -> bool:
         """Publish pending executions; return whether a full batch went out (maybe more)."""
@@ -274,7 +317,7 @@ class LeaderScheduler(Scheduler):
                 # found, so its first check re-sends only what was sent before it led.
                 first = self._broker_checked_token != lease.token
                 report = reconcile.resend_after_broker_restart(
-                    now=state.db_now, app=self.app, sent_before=self._leading_since if first else None
+                    now=state.db_now, app=self.app, sent_before=lease.acquired_at if first else None
                 )
                 self._broker_checked_token = lease.token
                 if report.changes:  # an unreachable broker is logged once by the tick's publish
@@ -307,26 +350,25 @@ class LeaderScheduler(Scheduler):
             # message refuses it, because a cancelled execution cannot be claimed.
             logger.warning("could not revoke %s: %s", task_ids, exc, extra={"action": "revoke_failed"})
 
-    def _seconds_until_next_work(self, db_now: Any, *, elapsed: float) -> float:
+    def _seconds_until_next_work(self, db_now: Any, *, elapsed: float, in_shards: list[int] | None = None) -> float:
         """Seconds until the next slot, renewal or loop bound, counted from now.
 
         ``db_now`` was read ``elapsed`` seconds ago, before this tick's work:
         without taking that off, the leader would oversleep every slot by the
         length of its own tick.
         """
-        next_due = (
-            Schedule.objects.active()
-            .filter(next_run_at__isnull=False)
-            .order_by("next_run_at")
-            .values_list("next_run_at", flat=True)
-            .first()
-        )
+        active = Schedule.objects.active()
+        if in_shards is not None:
+            active = active.filter(shard__in=in_shards)
+        next_due = active.filter(next_run_at__isnull=False).order_by("next_run_at").values_list("next_run_at", flat=True).first()
         candidates = [self.max_interval, self._seconds_until_renew()]
         if next_due is not None:
             candidates.append((next_due - db_now).total_seconds() - elapsed)
         return max(min(candidates), 0.0)
 
     def _seconds_until_renew(self) -> float:
+        if self.shards is not None:
+            return self.shards.seconds_until_renew()
         return settings.LEASE_RENEW_SECONDS - (time.monotonic() - self._last_renew)
 
     # --- leadership -------------------------------------------------------------
@@ -345,20 +387,16 @@ class LeaderScheduler(Scheduler):
                 return self.lease
 
         gone, self._holder_gone = self._holder_gone, None
-        if connection.vendor == "postgresql":
-            if self._instance_lock is None:
-                self._instance_lock = leases.InstanceLock(self.instance_id)
-            if not self._instance_lock.try_acquire():
-                # Followers take the lease from a holder whose instance lock
-                # is free: leading without ours would only be taken away.
-                return None
+        if connection.vendor == "postgresql" and not self._hold_instance_lock():
+            # Followers take the lease from a holder whose instance lock
+            # is free: leading without ours would only be taken away.
+            return None
         # ``gone``: the holder's process is gone, so take over now instead
         # of waiting for the TTL (unless someone else took over meanwhile).
         lease = leases.acquire(self.lease_name, self.instance_id, ttl=ttl, gone=gone)
         if lease is None:
             return None
         self.lease = lease
-        self._leading_since = lease.db_now
         logs.bind(token=lease.token)
         self._last_renew = time.monotonic()
         self._last_heartbeat = 0.0  # publish is_leader at once
@@ -369,6 +407,45 @@ class LeaderScheduler(Scheduler):
         )
         signals.leadership_acquired.send(sender=self.__class__, instance_id=self.instance_id, token=lease.token)
         return lease
+
+    def _hold_instance_lock(self) -> bool:
+        """PostgreSQL: take or keep this replica's instance lock; return whether held."""
+        if self._instance_lock is None:
+            self._instance_lock = leases.InstanceLock(self.instance_id)
+        return self._instance_lock.try_acquire()
+
+    def _shard_wait(self, delay: float) -> float:
+        """On PostgreSQL, spend a sharded replica's sleep waiting for a change among the replicas; return what is left.
+
+        The wait ends at once on any notification (a shard released, a replica
+        joined) or when the next replica in id order is gone (its instance
+        lock came free): then the others are told, and every replica takes
+        its new shards on its next tick instead of a TTL later.
+        """
+        if self._instance_lock is None or delay <= 0:
+            return delay
+        watched = self.shards.watched() if self.shards is not None else None
+        outcome = self._instance_lock.wait_for(watched, None, timeout=delay)
+        if outcome is None:
+            return delay
+        if outcome is leases.Wait.GONE:
+            self._instance_lock.notify(f"gone:{watched}")
+        return 0.0
+
+    def _leave_shards(self) -> None:
+        """Shutdown with shards: leave the live list first, then release, so the others take them at once."""
+        assert self.shards is not None
+        try:
+            Instance.objects.filter(instance_id=self.instance_id).delete()
+            released = self.shards.release_all()
+        except DatabaseError:
+            logger.exception("could not release the shards on shutdown; they expire by themselves")
+            return
+        if released:
+            logger.info(
+                "shards released by %s on shutdown: %s", self.instance_id, ", ".join(released),
+                extra={"action": "shards_released", "instance_id": self.instance_id, "leases": released},
+            )
 
     def _follower_wait(self, delay: float) -> float:
         """On PostgreSQL, spend a follower's sleep waiting for the holder to go; return what is left to sleep.
@@ -403,12 +480,15 @@ class LeaderScheduler(Scheduler):
         signals.leadership_lost.send(sender=self.__class__, instance_id=self.instance_id, token=token, reason=reason)
         self._last_heartbeat = 0.0
 
+    def _leads(self) -> bool:
+        return self.lease is not None or bool(self.shards and self.shards.held)
+
     def _heartbeat(self) -> None:
         if time.monotonic() - self._last_heartbeat < settings.LEASE_RENEW_SECONDS:
             return
         Instance.objects.update_or_create(
             instance_id=self.instance_id,
-            defaults={"last_seen": Now(), "is_leader": self.lease is not None},
+            defaults={"last_seen": Now(), "is_leader": self._leads()},
             create_defaults={
                 "role": Instance.Role.BEAT,
                 "hostname": socket.gethostname(),
@@ -416,7 +496,7 @@ class LeaderScheduler(Scheduler):
                 "version": celery_version,
                 "started_at": Now(),
                 "last_seen": Now(),
-                "is_leader": self.lease is not None,
+                "is_leader": self._leads(),
             },
         )
         self._last_heartbeat = time.monotonic()

@@ -14,6 +14,8 @@ from scheduler.conf import settings
 
 #: The beat scheduler every replica must run: anything else fires without the lease.
 LEADER_SCHEDULER = "scheduler.beat:LeaderScheduler"
+#: Most shards: ``Schedule.shard`` is a small integer, and each shard is a lease row every replica reads per tick.
+MAX_SHARDS = 1024
 
 
 @register()
@@ -27,6 +29,21 @@ def check_lease_timing(app_configs: Any = None, **kwargs: Any) -> list[Error]:
                 f"SCHEDULER_LEASE_RENEW_SECONDS ({renew}).",
                 hint="With the defaults, TTL 10 s and renewals every 2 s, a leader may miss four renewals.",
                 id="scheduler.E001",
+            )
+        ]
+    return []
+
+
+@register()
+def check_shards(app_configs: Any = None, **kwargs: Any) -> list[Error]:
+    """``SCHEDULER_SHARDS`` is a whole number from 1 to ``MAX_SHARDS``."""
+    shards = settings.SHARDS
+    if isinstance(shards, bool) or not isinstance(shards, int) or not 1 <= shards <= MAX_SHARDS:
+        return [
+            Error(
+                f"SCHEDULER_SHARDS must be a whole number from 1 to {MAX_SHARDS}, got {shards!r}.",
+                hint="1 runs one leader; more split the schedules across the beat replicas.",
+                id="scheduler.E006",
             )
         ]
     return []

@@ -14,6 +14,10 @@ from django.conf import settings as django_settings
 class Defaults:
     #: Name of the lease row the beat replicas compete for.
     LEASE_NAME: str = "beat"
+    #: Shards the schedules are split into, each fenced by its own lease
+    #: ``<LEASE_NAME>:<k>`` and dispatched by whichever replica holds it
+    #: (``scheduler.shards``); 1 keeps one leader and the one ``LEASE_NAME`` lease.
+    SHARDS: int = 1
     #: How long a lease is valid after each acquire or renew.
     LEASE_TTL_SECONDS: float = 10.0
     #: How often the leader renews its lease.

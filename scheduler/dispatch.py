@@ -14,7 +14,7 @@ import logging
 import time
 import uuid
 from collections import defaultdict
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, ExitStack, nullcontext
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -109,7 +109,12 @@ class _Planned:
     error: str = ""
 
 
-def dispatch_due(lease: leases.LeaseHandle, *, batch_size: int | None = None) -> DispatchReport:
+#: What a dispatch pass commits under: the one beat lease (every schedule),
+#: or {shard: its lease} for the shards this replica holds.
+Fence = leases.LeaseHandle | Mapping[int, leases.LeaseHandle]
+
+
+def dispatch_due(fence: Fence, *, batch_size: int | None = None) -> DispatchReport:
     """Commit Execution rows for the due slots and advance the schedules.
 
     The slots are planned outside any transaction, from due rows read
@@ -125,22 +130,29 @@ def dispatch_due(lease: leases.LeaseHandle, *, batch_size: int | None = None) ->
     twice. The catch-up window, misfire, overlap and ``max_runs`` decide
     which slots are sent and which are recorded ``missed`` or ``skipped``;
     a schedule with no slots left turns itself off with a reason.
+
+    Given shards (``{shard: lease}``), only their schedules are read, each
+    transaction locks and checks the leases of the shards it writes for, and
+    a schedule is written only while it is still in one of them.
     """
     batch_size = batch_size or settings.DISPATCH_BATCH_SIZE
     now = leases.db_now()
-    planned, more = _plan(now=now, batch_size=batch_size)
+    shards = fence if isinstance(fence, Mapping) else None
+    planned, more = _plan(now=now, batch_size=batch_size, shards=shards)
     report = DispatchReport(db_now=now, more=more)
     for chunk in _chunks(planned):
         started = time.monotonic()
-        _commit(chunk, lease=lease, now=now, report=report)
+        _commit(chunk, fence=fence, now=now, report=report)
         report.transactions += 1
         report.longest_transaction_seconds = max(report.longest_transaction_seconds, time.monotonic() - started)
     return report
 
 
-def _plan(*, now: datetime, batch_size: int) -> tuple[list[_Planned], bool]:
+def _plan(*, now: datetime, batch_size: int, shards: Collection[int] | None) -> tuple[list[_Planned], bool]:
     """Plan the on-time due schedules, then backlog ones within budget; return them and whether more are due."""
     due = Schedule.objects.due(now=now)
+    if shards is not None:
+        due = due.filter(shard__in=sorted(shards))
     on_time = list(due.filter(next_run_at__gte=now - BACKLOG_AFTER)[:batch_size])
     backlog = list(due.filter(next_run_at__lt=now - BACKLOG_AFTER)[:batch_size])
     planned = [_plan_one(schedule, now=now) for schedule in on_time]
@@ -210,21 +222,35 @@ class _Write:
         return fields
 
 
+def _lease_for(fence: Fence) -> Callable[[int], leases.LeaseHandle]:
+    """Return shard -> the lease a schedule of that shard is committed under."""
+    if isinstance(fence, Mapping):
+        return fence.__getitem__
+    return lambda shard: fence
+
+
 @tracing.traced("scheduler.dispatch.commit", tracing.commit_attributes)
-def _commit(chunk: list[_Planned], *, lease: leases.LeaseHandle, now: datetime, report: DispatchReport) -> None:
+def _commit(chunk: list[_Planned], *, fence: Fence, now: datetime, report: DispatchReport) -> None:
     """Record one chunk of plans in one fenced transaction; skip schedules that moved since they were read."""
+    lease_for = _lease_for(fence)
     with transaction.atomic():
-        leases.assert_held(lease)
-        planned_from = {item.schedule.pk: (item.schedule.next_run_at, item.schedule.slots_sent) for item in chunk}
+        # Sharded, only the leases of the shards in this chunk are locked: the
+        # other shards' commits never wait on this one.
+        leases.assert_held_many(sorted({lease_for(item.schedule.shard) for item in chunk}, key=lambda lease: lease.name))
+        planned_from = {
+            item.schedule.pk: (item.schedule.next_run_at, item.schedule.slots_sent, item.schedule.shard)
+            for item in chunk
+        }
         # Locks the rows until commit (SQLite's write lock covers it there);
-        # a row a worker holds right now is left for the next pass.
+        # a row a worker holds right now is left for the next pass, and so
+        # is one moved to another shard meanwhile (``manage.py shards --assign``).
         unchanged = {
             pk
-            for pk, next_run_at, slots_sent in Schedule.objects.active()
+            for pk, next_run_at, slots_sent, shard in Schedule.objects.active()
             .filter(pk__in=planned_from)
             .select_for_update(skip_locked=True)
-            .values_list("pk", "next_run_at", "slots_sent")
-            if planned_from[pk] == (next_run_at, slots_sent)
+            .values_list("pk", "next_run_at", "slots_sent", "shard")
+            if planned_from[pk] == (next_run_at, slots_sent, shard)
         }
         chunk = [item for item in chunk if item.schedule.pk in unchanged]
         if not chunk:
@@ -250,7 +276,11 @@ def _commit(chunk: list[_Planned], *, lease: leases.LeaseHandle, now: datetime, 
             overlap, used_up = policies.cap_runs(overlap, max_runs=schedule.max_runs, sent=schedule.slots_sent)
             if overlap.cancel_in_flight:
                 to_cancel.append(schedule.pk)
-            build = functools.partial(executions.execution_for, schedule, token=lease.token, now=now)
+            lease = lease_for(schedule.shard)
+            build = functools.partial(
+                executions.execution_for, schedule, now=now,
+                token=lease.token, lease_name=lease.name, dispatcher=lease.holder,
+            )
             rows += [build(slot, status=Execution.Status.MISSED) for slot in plan.missed]
             rows += [build(slot, status=Execution.Status.SKIPPED) for slot in overlap.skipped]
             rows += [build(slot, status=Execution.Status.PENDING) for slot in overlap.run]

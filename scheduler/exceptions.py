@@ -16,6 +16,11 @@ class ScheduleInvalid(SchedulerError):
 class LeaseLost(SchedulerError):
     """The lease expired or was taken over before it could be renewed."""
 
+    def __init__(self, message: str | None = None, *, names: tuple[str, ...] = ()) -> None:
+        super().__init__(message or (f"Lost {', '.join(names)}" if names else None))
+        #: The leases found lost (one or several shards').
+        self.names = names
+
 
 class LeaseNotHeld(SchedulerError):
     """This instance does not hold the lease."""

@@ -104,10 +104,15 @@ def execution_for(
     status: str,
     now: datetime,
     token: int | None = None,
+    lease_name: str = "",
+    dispatcher: str = "",
     held: bool = False,
     trigger: str = Execution.Trigger.SCHEDULED,
 ) -> Execution:
-    """Return an unsaved Execution of ``schedule`` for ``slot`` (``token``: the beat lease it is under).
+    """Return an unsaved Execution of ``schedule`` for ``slot``.
+
+    ``lease_name`` and ``token`` name the beat lease it is committed under,
+    ``dispatcher`` the replica holding it; none for writes outside the beat.
 
     A ``pending`` one gets its Celery task id now, so a re-send reuses it;
     any other status is final and finished at ``now``.
@@ -122,6 +127,8 @@ def execution_for(
         status=status,
         held=held,
         lease_token=token,
+        lease_name=lease_name,
+        dispatcher=dispatcher,
         # Chosen before sending so a re-publish after a crash reuses the id.
         celery_task_id=str(uuid.uuid4()) if sent else "",
         finished_at=None if sent else now,

@@ -18,8 +18,10 @@ import select
 import selectors
 import socket
 import time
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Any
 
 import psycopg
 from django.db import DatabaseError, connection, transaction
@@ -49,6 +51,8 @@ class LeaseHandle:
     expires_at: datetime
     #: The database clock when the lease was last acquired or renewed.
     db_now: datetime
+    #: The database clock when this holder took it under this token.
+    acquired_at: datetime | None = None
 
 
 @dataclass(frozen=True)
@@ -80,8 +84,25 @@ def new_instance_id() -> str:
     return f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(3)}"
 
 
-def _ensure_row(name: str) -> None:
-    Lease.objects.bulk_create([Lease(name=name)], ignore_conflicts=True)
+def _ensure_rows(names: Sequence[str]) -> None:
+    Lease.objects.bulk_create([Lease(name=name) for name in names], ignore_conflicts=True)
+
+
+def _pairs(pairs: Sequence[tuple[Any, ...]]) -> tuple[str, list[Any]]:
+    """SQL ``(VALUES (%s, %s), ...)`` for row-value matching, and its parameters."""
+    rows = ", ".join("(" + ", ".join(["%s"] * len(pair)) + ")" for pair in pairs)
+    return f"(VALUES {rows})", [value for pair in pairs for value in pair]
+
+
+def _in(values: Sequence[Any]) -> str:
+    return "(" + ", ".join(["%s"] * len(values)) + ")"
+
+
+def _handle(
+    name: str, holder: str, token: Any, expires_at: Any, db_now: Any, acquired_at: datetime | None = None
+) -> LeaseHandle:
+    db_now = dbclock.as_datetime(db_now)
+    return LeaseHandle(name, holder, int(token), dbclock.as_datetime(expires_at), db_now, acquired_at or db_now)
 
 
 # --- operations ----------------------------------------------------------------------
@@ -98,33 +119,48 @@ def acquire(
     meanwhile keeps it. ``force`` takes it whatever its state (operators and
     tests). Return the handle, or ``None`` when someone else holds it.
     """
-    _ensure_row(name)
+    taken = acquire_many([name], holder, ttl=ttl, force=force, gone=[gone] if gone else ())
+    return taken[0] if taken else None
+
+
+def acquire_many(
+    names: Sequence[str],
+    holder: str,
+    *,
+    ttl: float,
+    force: bool = False,
+    gone: Sequence[tuple[str, int]] = (),
+) -> list[LeaseHandle]:
+    """Take, in one statement, each of ``names`` that is free, expired or ours (see ``acquire``); return those taken.
+
+    On PostgreSQL a lease row locked by someone else's open transaction (a
+    holder paused mid-commit) is skipped, never waited for: it is tried
+    again on the next tick.
+    """
+    if not names:
+        return []
+    _ensure_rows(names)
     now, plus = dbclock.now_sql(), dbclock.now_plus_sql()
+    takeable = f"(holder = %s OR holder = '' OR expires_at IS NULL OR expires_at < {now} OR %s"
+    takeable_params: list[Any] = [holder, force]
+    if gone:
+        values, gone_params = _pairs(list(gone))
+        takeable += f" OR (holder, token) IN {values}"
+        takeable_params += gone_params
+    takeable += ")"
+    where, params = f"name IN {_in(names)} AND {takeable}", [*names, *takeable_params]
+    if connection.features.has_select_for_update_skip_locked:
+        where = f"name IN (SELECT name FROM scheduler_lease WHERE {where} FOR UPDATE SKIP LOCKED) AND {takeable}"
+        params += takeable_params
     sql = (
         f"UPDATE scheduler_lease SET holder = %s, token = token + 1, "
         f"acquired_at = {now}, renewed_at = {now}, expires_at = {plus} "
-        f"WHERE name = %s AND (holder = %s OR holder = '' OR expires_at IS NULL "
-        f"OR expires_at < {now} OR %s OR (holder = %s AND token = %s)) "
-        f"RETURNING token, expires_at, {now}"
+        f"WHERE {where} RETURNING name, token, expires_at, {now}"
     )
-    gone_holder, gone_token = gone or (None, None)
-    params = [holder, dbclock.seconds_param(ttl), name, holder, force, gone_holder, gone_token]
-    try:
-        with transaction.atomic(), connection.cursor() as cursor:
-            if connection.vendor == "postgresql":
-                # A paused leader may hold the row lock mid-transaction; never
-                # block behind it, just try again on the next tick.
-                cursor.execute("SET LOCAL lock_timeout = '250ms'")
-            cursor.execute(sql, params)
-            row = cursor.fetchone()
-    except DatabaseError as exc:
-        if "lock timeout" in str(exc).lower():
-            return None
-        raise
-    if row is None:
-        return None
-    token, expires_at, db_now = row
-    return LeaseHandle(name, holder, int(token), dbclock.as_datetime(expires_at), dbclock.as_datetime(db_now))
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute(sql, [holder, dbclock.seconds_param(ttl), *params])
+        rows = cursor.fetchall()
+    return sorted((_handle(name, holder, *rest) for name, *rest in rows), key=lambda handle: handle.name)
 
 
 def renew(handle: LeaseHandle, *, ttl: float) -> LeaseHandle:
@@ -132,24 +168,39 @@ def renew(handle: LeaseHandle, *, ttl: float) -> LeaseHandle:
 
     Raise ``LeaseLost`` when the lease expired or was taken over.
     """
+    renewed = renew_many([handle], ttl=ttl)
+    if not renewed:
+        raise LeaseLost(names=(handle.name,))
+    return renewed[0]
+
+
+def renew_many(handles: Sequence[LeaseHandle], *, ttl: float) -> list[LeaseHandle]:
+    """Extend, in one statement, each lease still held unexpired under its holder and token; return those renewed.
+
+    A handle missing from the answer was lost (expired or taken over).
+    """
+    if not handles:
+        return []
     now, plus = dbclock.now_sql(), dbclock.now_plus_sql()
+    values, params = _pairs([(handle.name, handle.holder, handle.token) for handle in handles])
     sql = (
         f"UPDATE scheduler_lease SET renewed_at = {now}, expires_at = {plus} "
-        f"WHERE name = %s AND holder = %s AND token = %s AND expires_at > {now} "
-        f"RETURNING expires_at, {now}"
+        f"WHERE (name, holder, token) IN {values} AND expires_at > {now} "
+        f"RETURNING name, expires_at, {now}"
     )
     with connection.cursor() as cursor:
-        cursor.execute(sql, [dbclock.seconds_param(ttl), handle.name, handle.holder, handle.token])
-        row = cursor.fetchone()
-    if row is None:
-        raise LeaseLost()
-    expires_at, db_now = row
-    return LeaseHandle(handle.name, handle.holder, handle.token, dbclock.as_datetime(expires_at), dbclock.as_datetime(db_now))
+        cursor.execute(sql, [dbclock.seconds_param(ttl), *params])
+        rows = {name: rest for name, *rest in cursor.fetchall()}
+    return [
+        _handle(handle.name, handle.holder, handle.token, *rows[handle.name], acquired_at=handle.acquired_at)
+        for handle in handles
+        if handle.name in rows
+    ]
 
 
-def record_renew_failure(name: str) -> None:
-    """Count a refused renewal on the lease row (exported as a metric)."""
-    Lease.objects.filter(name=name).update(renew_failures=F("renew_failures") + 1)
+def record_renew_failure(*names: str) -> None:
+    """Count a refused renewal on each lease row (exported as a metric)."""
+    Lease.objects.filter(name__in=names).update(renew_failures=F("renew_failures") + 1)
 
 
 def release(handle: LeaseHandle) -> bool:
@@ -158,15 +209,28 @@ def release(handle: LeaseHandle) -> bool:
     On PostgreSQL the release also notifies ``RELEASE_CHANNEL`` (delivered
     when it commits), which waiting followers listen for.
     """
+    return bool(release_many([handle]))
+
+
+def release_many(handles: Sequence[LeaseHandle]) -> list[str]:
+    """Give up, in one statement, each lease still held under its holder and token; return the names released.
+
+    On PostgreSQL each release is notified on ``RELEASE_CHANNEL`` (payload:
+    the lease name), delivered when the transaction commits.
+    """
+    if not handles:
+        return []
+    values, params = _pairs([(handle.name, handle.holder, handle.token) for handle in handles])
     with transaction.atomic(), connection.cursor() as cursor:
         cursor.execute(
-            "UPDATE scheduler_lease SET holder = '', expires_at = NULL "
-            "WHERE name = %s AND holder = %s AND token = %s",
-            [handle.name, handle.holder, handle.token],
+            f"UPDATE scheduler_lease SET holder = '', expires_at = NULL "
+            f"WHERE (name, holder, token) IN {values} RETURNING name",
+            params,
         )
-        released = cursor.rowcount == 1
+        released = sorted(name for (name,) in cursor.fetchall())
         if released and connection.vendor == "postgresql":
-            cursor.execute("SELECT pg_notify(%s, %s)", [RELEASE_CHANNEL, handle.name])
+            notified, names = _pairs([(name,) for name in released])
+            cursor.execute(f"SELECT pg_notify(%s, name) FROM {notified} AS released(name)", [RELEASE_CHANNEL, *names])
     return released
 
 
@@ -178,20 +242,27 @@ def assert_held(handle: LeaseHandle) -> datetime:
     over between this check and the commit of what the caller writes.
     Raise ``LeaseLost`` when the holder, token or expiry no longer match.
     """
+    return assert_held_many([handle])
+
+
+def assert_held_many(handles: Sequence[LeaseHandle]) -> datetime:
+    """``assert_held`` for several leases in one statement; ``LeaseLost.names`` lists those lost."""
     if not connection.in_atomic_block:
         raise RuntimeError("assert_held() must run inside transaction.atomic()")
     now = dbclock.now_sql()
     lock = " FOR UPDATE" if connection.features.has_select_for_update else ""
+    values, params = _pairs([(handle.name, handle.holder, handle.token) for handle in handles])
     with connection.cursor() as cursor:
         cursor.execute(
-            f"SELECT {now} FROM scheduler_lease "
-            f"WHERE name = %s AND holder = %s AND token = %s AND expires_at > {now}{lock}",
-            [handle.name, handle.holder, handle.token],
+            f"SELECT name, {now} FROM scheduler_lease "
+            f"WHERE (name, holder, token) IN {values} AND expires_at > {now} ORDER BY name{lock}",
+            params,
         )
-        row = cursor.fetchone()
-    if row is None:
-        raise LeaseLost()
-    return dbclock.as_datetime(row[0])
+        rows = dict(cursor.fetchall())
+    lost = tuple(sorted({handle.name for handle in handles} - rows.keys()))
+    if lost:
+        raise LeaseLost(names=lost)
+    return dbclock.as_datetime(next(iter(rows.values())))
 
 
 def current(name: str) -> LeaseState:
@@ -280,18 +351,23 @@ class InstanceLock:
             self.close()
         return self.held
 
-    def wait_for(self, holder: str, lease_name: str, *, timeout: float) -> Wait | None:
+    def wait_for(self, holder: str | None, lease_name: str | None, *, timeout: float) -> Wait | None:
         """Wait up to ``timeout`` seconds for ``holder``'s process to go or for ``lease_name`` to be released.
 
+        ``lease_name=None`` ends the wait on any notification of
+        ``RELEASE_CHANNEL`` (a sharded replica: any shard released, any
+        replica joined or gone), and ``holder=None`` waits for notifications only.
         Return how the wait ended, or ``None`` when it could not run (a driver
         error: the connections are dropped and the caller sleeps instead).
         An interruption (SIGTERM's ``SystemExit``) drops the connections and
         propagates, so a shutdown never waits for the lock.
         """
-        key = _lock_key(holder)
         try:
             if self._released(lease_name):  # notified since the last wait
                 return Wait.RELEASED
+            if holder is None:
+                return self._listen(lease_name, timeout=timeout)
+            key = _lock_key(holder)
             conn = self._connection()
             conn.execute(f"SET lock_timeout = {max(1, round(timeout * 1000))}")
             pgconn = conn.pgconn
@@ -328,6 +404,13 @@ class InstanceLock:
             self.close()
             raise
 
+    def notify(self, payload: str) -> None:
+        """Wake every waiting replica (a sharded one's join, or a replica found gone); best effort."""
+        try:
+            self._connection().execute("SELECT pg_notify(%s, %s)", [RELEASE_CHANNEL, payload])
+        except psycopg.Error:
+            self.close()
+
     def close(self) -> None:
         """Drop both connections (which frees this replica's lock)."""
         self.held = False
@@ -353,13 +436,22 @@ class InstanceLock:
             self._listener.execute(f"LISTEN {RELEASE_CHANNEL}")
         return self._listener
 
-    def _released(self, lease_name: str) -> bool:
-        """Read the notifications received so far; return whether one released ``lease_name``."""
+    def _listen(self, lease_name: str | None, *, timeout: float) -> Wait:
+        socket_ = self._listening().pgconn.socket
+        deadline = time.monotonic() + timeout
+        while (left := deadline - time.monotonic()) > 0:
+            select.select([socket_], [], [], left)
+            if self._released(lease_name):
+                return Wait.RELEASED
+        return Wait.TIMEOUT
+
+    def _released(self, lease_name: str | None) -> bool:
+        """Read the notifications received so far; return whether one released ``lease_name`` (any, for ``None``)."""
         pgconn = self._listening().pgconn
         pgconn.consume_input()
         released = False
         while (notify := pgconn.notifies()) is not None:
-            released = released or notify.extra.decode() == lease_name
+            released = released or lease_name is None or notify.extra.decode() == lease_name
         return released
 
     def _lock_result(self, key: int, deadline: float) -> bool:
@@ -383,6 +475,19 @@ class InstanceLock:
         if granted:
             self._conn.execute("SELECT pg_advisory_unlock(%s)", [key])
         return granted
+
+
+def locked_instances(instance_ids: Collection[str]) -> set[str]:
+    """PostgreSQL only: those of ``instance_ids`` whose process holds its ``InstanceLock`` (is alive)."""
+    wanted = {_lock_key(instance_id): instance_id for instance_id in instance_ids}
+    with connection.cursor() as cursor:
+        # A bigint advisory key shows as its high and low 32 bits.
+        cursor.execute(
+            "SELECT (classid::bigint << 32) | objid::bigint FROM pg_locks "
+            "WHERE locktype = 'advisory' AND objsubid = 1 AND granted "
+            "AND database = (SELECT oid FROM pg_database WHERE datname = current_database())"
+        )
+        return {wanted[key] for (key,) in cursor.fetchall() if key in wanted}
 
 
 def _connect(application_name: str) -> psycopg.Connection:

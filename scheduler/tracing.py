@@ -31,7 +31,7 @@ import os
 import sys
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from contextlib import nullcontext
 from datetime import datetime
 from typing import Any, TypeVar
@@ -287,8 +287,11 @@ def message_headers(row: dict[str, Any]) -> dict[str, str]:
 # --- attributes of the hooked calls ----------------------------------------------------
 
 
-def commit_attributes(chunk: list[Any], *, lease: Any, **_: Any) -> dict[str, Any]:
-    return {"lease_name": lease.name, "lease_token": lease.token, "schedules": len(chunk)}
+def commit_attributes(chunk: list[Any], *, fence: Any, **_: Any) -> dict[str, Any]:
+    if isinstance(fence, Mapping):  # sharded: the leases of the shards in this chunk
+        held = sorted({fence[item.schedule.shard] for item in chunk}, key=lambda lease: lease.name)
+        return {"lease_name": ",".join(lease.name for lease in held), "schedules": len(chunk)}
+    return {"lease_name": fence.name, "lease_token": fence.token, "schedules": len(chunk)}
 
 
 def publish_attributes(sender: Any, rows: list[Any], **_: Any) -> dict[str, Any]:

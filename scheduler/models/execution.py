@@ -150,6 +150,10 @@ class Execution(models.Model):
     worker = models.CharField(max_length=255, blank=True, default="")
     #: Fencing token of the beat lease this execution was committed under.
     lease_token = models.BigIntegerField(null=True, blank=True)
+    #: The beat lease it was committed under (``beat``, or ``beat:<k>`` for shard k); empty when not by the beat.
+    lease_name = models.CharField(max_length=100, blank=True, default="")
+    #: Instance id of the beat replica that committed it.
+    dispatcher = models.CharField(max_length=255, blank=True, default="")
     #: When the worker's claim on it runs out unless renewed (the column keeps
     #: its historical name; "lease" otherwise means the beat's leadership).
     lease_expires_at = models.DateTimeField(null=True, blank=True)

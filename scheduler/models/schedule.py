@@ -8,9 +8,9 @@ from typing import Any
 from django.core.exceptions import NON_FIELD_ERRORS, ValidationError
 from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import connection, models, transaction
-from django.db.models import Q
+from django.db.models import F, Q
 
-from scheduler import clock, overdue, timing
+from scheduler import clock, overdue, shards, timing
 from scheduler.conf import settings
 from scheduler.exceptions import ScheduleInvalid
 
@@ -68,6 +68,22 @@ class ScheduleQuerySet(models.QuerySet):
         Served by the partial index ``schedule_due`` in one index range scan.
         """
         return self.active().filter(next_run_at__lte=now).order_by("next_run_at", "id")
+
+    def bulk_create(self, objs: Any, *args: Any, **kwargs: Any) -> list[Schedule]:
+        """Insert as Django does, then put each new row in its shard (its id was unknown before)."""
+        created = super().bulk_create(objs, *args, **kwargs)
+        if shards.is_sharded():
+            pks = [schedule.pk for schedule in created if schedule.pk is not None]
+            self.filter(pk__in=pks).update(shard=F("id") % shards.count())
+            for schedule in created:
+                if schedule.pk is not None:
+                    schedule.shard = shards.shard_of(schedule.pk)
+        return created
+
+    def assign_shards(self) -> int:
+        """Move every schedule whose ``shard`` is not ``id % SCHEDULER_SHARDS`` into it; return how many moved."""
+        home = F("id") % shards.count()
+        return self.exclude(shard=home).update(shard=home)
 
     def overdue(self, *, now: datetime) -> ScheduleQuerySet:
         """Return active schedules without a success for longer than their window (``scheduler.overdue``).
@@ -176,6 +192,8 @@ class Schedule(models.Model):
     disabled_reason = models.TextField(blank=True, default="", editable=False)
     paused_reason = models.TextField(blank=True, default="")
     next_run_at = models.DateTimeField(null=True, blank=True, editable=False)
+    #: ``id % SCHEDULER_SHARDS``: which shard lease fences its dispatch (``scheduler.shards``).
+    shard = models.PositiveSmallIntegerField(default=0, editable=False)
     last_run_at = models.DateTimeField(null=True, blank=True, editable=False)
     #: Final status of the last run (kept here so the admin can filter on it cheaply).
     last_status = models.CharField(max_length=20, blank=True, default="", editable=False)
@@ -218,6 +236,12 @@ class Schedule(models.Model):
             # The admin at a million rows: sort by next run, filter by last
             # status or paused, each an index range instead of a sort of the table.
             # (the admin breaks ties newest id first)
+            # The same per shard, for a replica that dispatches only the shards it holds.
+            models.Index(
+                fields=["shard", "next_run_at"],
+                name="schedule_shard_due",
+                condition=Q(enabled=True, paused_reason="", next_run_at__isnull=False),
+            ),
             models.Index(fields=["next_run_at", "-id"], name="schedule_next_run"),
             models.Index(fields=["last_status", "name"], name="schedule_last_status"),
             models.Index(fields=["name"], name="schedule_paused", condition=~Q(paused_reason="")),
@@ -357,6 +381,7 @@ class Schedule(models.Model):
             self.next_run_at = self.compute_next_run_at(now=now)
             self._follow_deadline_change()
             super().save(*args, **kwargs)
+            self._move_to_shard()
         else:
             changed = self.changed_fields()
             given = kwargs.pop("update_fields", None)
@@ -368,6 +393,13 @@ class Schedule(models.Model):
             elif fields:
                 super().save(*args, update_fields={*fields, "updated_at"}, **kwargs)
         self._loaded = self._stored()
+
+    def _move_to_shard(self) -> None:
+        """Put a new row in the shard of its id, once the insert has given it one."""
+        home = shards.shard_of(self.pk)
+        if home != self.shard:
+            type(self).objects.filter(pk=self.pk).update(shard=home)
+            self.shard = home
 
     def _follow_timing_change(self, changed: set[str], *, now: datetime) -> set[str]:
         """Recompute ``next_run_at`` and the overdue deadline (and move ``owed_since``); return the fields written.

@@ -85,14 +85,14 @@ def held_leader(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[[str], Hel
 
             monkeypatch.setattr(dispatch, "_commit", commit)
         else:
-            original_check = leases.assert_held
+            original_check = leases.assert_held_many
 
-            def assert_held(handle: leases.LeaseHandle) -> Any:
-                now = original_check(handle)
+            def assert_held_many(handles: list[leases.LeaseHandle]) -> Any:
+                now = original_check(handles)
                 leader.gate()
                 return now
 
-            monkeypatch.setattr(leases, "assert_held", assert_held)
+            monkeypatch.setattr(leases, "assert_held_many", assert_held_many)
         made.append(leader)
         return leader
 
