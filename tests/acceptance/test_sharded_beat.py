@@ -7,7 +7,6 @@ the same checks at a size it can carry on two cores.
 from __future__ import annotations
 
 import json
-import signal
 import time
 from collections import Counter
 from dataclasses import dataclass
