@@ -36,8 +36,12 @@ in this process by a ``LeaderScheduler`` under cProfile, and the functions
 with the most own time are reported (cProfile slows Python code down, so the
 profiled rate is lower than the real one).
 
+With ``--shards 1,2`` each replica count runs once per ``SCHEDULER_SHARDS``
+value too: with N > 1 every replica commits (and publishes) its own shards'
+schedules, so the commit, the bound of one leader, is spread over processes.
+
 Run: ``python -m bench.burst [--kind interval,oneoff] [--schedules 10000,100000] [--batch-sizes 500,2000]
-[--replicas 1,2] [--profile]``.
+[--replicas 1,2] [--shards 1,2] [--profile]``.
 Writes ``bench/results/burst.json``.
 """
 from __future__ import annotations
@@ -98,41 +102,61 @@ def _load_burst(kind: str, count: int, due: str) -> None:
     )
 
 
-def _wait_for_leader(process: subprocess.Popen[Any], timeout: float = 60) -> None:
+def _wait_for_leader(processes: list[subprocess.Popen[Any]], shards: int, timeout: float = 60) -> None:
+    """Wait until the lease is held, or with shards until every shard is held and spread over the replicas."""
     deadline = time.monotonic() + timeout
-    while not execute_sql("SELECT 1 FROM scheduler_lease WHERE holder <> '' AND expires_at > now()"):
-        if process.poll() is not None or time.monotonic() > deadline:
-            raise SystemExit("the beat did not take the lease")
+    holders = min(len(processes), shards) if shards > 1 else 1
+    while True:
+        held, spread = execute_sql(
+            "SELECT count(*), count(DISTINCT holder) FROM scheduler_lease WHERE holder <> '' AND expires_at > now()"
+        )[0]
+        if (held, spread) == (shards, holders):
+            time.sleep(1.0 if shards > 1 else 0)  # let a last voluntary release settle
+            return
+        if any(process.poll() is not None for process in processes) or time.monotonic() > deadline:
+            raise SystemExit("the beats did not take the lease(s)")
         time.sleep(0.05)
 
 
 def _leader_pid(processes: list[subprocess.Popen[Any]], timeout: float = 30) -> int:
-    """Return the pid of the replica holding the lease (from its heartbeat row)."""
+    """Return the pid of the replica holding the lease, or the most shards (from its heartbeat row)."""
     deadline = time.monotonic() + timeout
     pids = {process.pid for process in processes}
     while time.monotonic() < deadline:
-        rows = execute_sql("SELECT i.pid FROM scheduler_lease l JOIN scheduler_instance i ON i.instance_id = l.holder")
+        rows = execute_sql(
+            "SELECT i.pid FROM scheduler_lease l JOIN scheduler_instance i ON i.instance_id = l.holder "
+            "GROUP BY i.pid ORDER BY count(*) DESC"
+        )
         if rows and rows[0][0] in pids:
             return rows[0][0]
         time.sleep(0.05)
     raise SystemExit("no replica's heartbeat names the lease holder")
 
 
-def _burst(kind: str, count: int, batch_size: int, replicas: int, timeout: float, log: Path) -> dict[str, Any]:
-    """Time one burst through ``replicas`` real beat processes (one leads; on PostgreSQL the others publish too)."""
+def _burst(
+    kind: str, count: int, batch_size: int, replicas: int, shards: int, timeout: float, log: Path
+) -> dict[str, Any]:
+    """Time one burst through ``replicas`` real beat processes.
+
+    With one shard one leads and, on PostgreSQL, the others publish too;
+    with ``shards`` > 1 every replica commits its own shards' schedules.
+    """
     client = _reset()
+    execute_sql("TRUNCATE scheduler_lease")
     celery = str(Path(sys.executable).with_name("celery"))
-    env = {**os.environ, "SCHEDULER_DISPATCH_BATCH_SIZE": str(batch_size)}
+    env = {**os.environ, "SCHEDULER_DISPATCH_BATCH_SIZE": str(batch_size), "SCHEDULER_SHARDS": str(shards)}
     processes = []
     with log.open("wb") as out:
         for _ in range(replicas):
             processes.append(subprocess.Popen([celery, "-A", "project", "beat", "-l", "info", "--pidfile="], cwd=ROOT,
                                               env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True))
     try:
-        _wait_for_leader(processes[0])
+        _wait_for_leader(processes, shards)
         leader = _leader_pid(processes)
         (due,) = execute_sql(f"SELECT date_trunc('second', now()) + interval '{LEAD_SECONDS} seconds'")[0]
         _load_burst(kind, count, f"'{due.isoformat()}'::timestamptz")
+        if shards > 1:
+            execute_sql("UPDATE scheduler_schedule SET shard = id %% %s", [shards])
         start = due.timestamp()
         time.sleep(max(start - time.time(), 0))
         cpu0 = {process.pid: cpu_seconds(process.pid) for process in processes}
@@ -153,7 +177,7 @@ def _burst(kind: str, count: int, batch_size: int, replicas: int, timeout: float
             stop_process(process)
     rows, keys = execute_sql("SELECT count(*), count(DISTINCT idempotency_key) FROM scheduler_execution")[0]
     return {
-        "kind": kind, "batch_size": batch_size, "replicas": replicas, "schedules": count, "executions": rows,
+        "kind": kind, "batch_size": batch_size, "replicas": replicas, "shards": shards, "schedules": count, "executions": rows,
         "duplicates": rows - keys, "committed_seconds": committed, "published_seconds": published,
         "per_second": count / published if published else None, "leader_cpu_seconds": cpu[leader],
         "replicas_cpu_seconds": sum(cpu.values()), "peak_rss_mib": rss,
@@ -273,8 +297,8 @@ def _profile(kind: str, count: int) -> dict[str, Any]:
             "by_own_time": top(2), "by_cumulative_time": top(3)}
 
 
-def _child(kinds: list[str], counts: list[int], batch_sizes: list[int], replica_counts: list[int], timeout: float,
-           profile: bool, logs: Path) -> dict[str, Any]:
+def _child(kinds: list[str], counts: list[int], batch_sizes: list[int], replica_counts: list[int],
+           shard_counts: list[int], timeout: float, profile: bool, logs: Path) -> dict[str, Any]:
     import django
 
     django.setup()
@@ -285,10 +309,11 @@ def _child(kinds: list[str], counts: list[int], batch_sizes: list[int], replica_
         for kind in kinds:
             for batch_size in batch_sizes:
                 for replicas in replica_counts:
-                    print(f"burst of {count:,} {kind} schedules, batch size {batch_size:,}, {replicas} replica(s)...",
-                          file=sys.stderr, flush=True)
-                    runs.append(_burst(kind, count, batch_size, replicas, timeout,
-                                       logs / f"beat-{kind}-{count}-{batch_size}-{replicas}.log"))
+                    for shards in shard_counts:
+                        print(f"burst of {count:,} {kind} schedules, batch size {batch_size:,}, {replicas} replica(s), "
+                              f"{shards} shard(s)...", file=sys.stderr, flush=True)
+                        runs.append(_burst(kind, count, batch_size, replicas, shards, timeout,
+                                           logs / f"beat-{kind}-{count}-{batch_size}-{replicas}-{shards}.log"))
     ceilings = {"redis": _redis_ceiling(), "redis_one_connection": _redis_ceiling("-c", "1"),
                 "insert": _insert_ceiling(counts[0]), "send_task": _send_task_ceiling(counts[0]),
                 "publisher": _publisher_ceiling(counts[0])}
@@ -317,6 +342,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--schedules", default="10000", help="schedules due in the same second, one burst each (default 10000)")
     parser.add_argument("--batch-sizes", default="500,2000", help="SCHEDULER_DISPATCH_BATCH_SIZE values, one run each")
     parser.add_argument("--replicas", default="1,2", help="beat replicas, one run each (default 1,2: the follower publishes)")
+    parser.add_argument("--shards", default="1", help="SCHEDULER_SHARDS values, one run each (default 1: one leader)")
     parser.add_argument("--timeout", type=float, default=300.0, help="seconds a burst may take (default 300)")
     parser.add_argument("--profile", action="store_true", help="profile the leader even when the goal is met")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
@@ -324,17 +350,18 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         batch_sizes, counts, replica_counts = _numbers(args.batch_sizes), _numbers(args.schedules), _numbers(args.replicas)
+        shard_counts = _numbers(args.shards)
     except ValueError:
-        parser.error("--schedules, --batch-sizes and --replicas take comma-separated whole numbers")
+        parser.error("--schedules, --batch-sizes, --replicas and --shards take comma-separated whole numbers")
     kinds = [kind.strip() for kind in args.kind.split(",") if kind.strip()]
     if not kinds or not set(kinds) <= set(KINDS):
         parser.error(f"--kind takes {' and/or '.join(KINDS)}, comma-separated")
     if (not counts or min(counts) < 1 or not batch_sizes or min(batch_sizes) < 1 or not replica_counts
-            or min(replica_counts) < 1 or args.timeout <= 0):
-        parser.error("--schedules, --batch-sizes, --replicas and --timeout must be positive")
+            or min(replica_counts) < 1 or not shard_counts or min(shard_counts) < 1 or args.timeout <= 0):
+        parser.error("--schedules, --batch-sizes, --replicas, --shards and --timeout must be positive")
 
     if args.child:
-        result = _child(kinds, counts, batch_sizes, replica_counts, args.timeout, args.profile, Path(args.logs))
+        result = _child(kinds, counts, batch_sizes, replica_counts, shard_counts, args.timeout, args.profile, Path(args.logs))
         print(json.dumps(result), flush=True)
         return 0
 
@@ -346,7 +373,8 @@ def main(argv: list[str] | None = None) -> int:
         migrate(env)
         child = subprocess.run(
             [sys.executable, "-m", "bench.burst", "--child", f"--kind={args.kind}", f"--schedules={args.schedules}",
-             f"--batch-sizes={args.batch_sizes}", f"--replicas={args.replicas}", f"--timeout={args.timeout}", f"--logs={tmp}",
+             f"--batch-sizes={args.batch_sizes}", f"--replicas={args.replicas}", f"--shards={args.shards}",
+             f"--timeout={args.timeout}", f"--logs={tmp}",
              *(["--profile"] if args.profile else [])],
             cwd=ROOT, env=env, stdout=subprocess.PIPE, text=True, check=True,
         )
@@ -356,7 +384,8 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     for run in result["runs"]:
         rate = run["per_second"]
-        rows.append([f"{run['replicas']} replica(s), {run['kind']} x {run['schedules']:,}, batch {run['batch_size']:,}",
+        shards = f", {run['shards']} shards" if run.get("shards", 1) > 1 else ""
+        rows.append([f"{run['replicas']} replica(s){shards}, {run['kind']} x {run['schedules']:,}, batch {run['batch_size']:,}",
                      run["executions"],
                      run["committed_seconds"] or "-", run["published_seconds"] or "did not finish", rate or "-",
                      run["leader_cpu_seconds"], run["leader_cpu_seconds"] * 1000 / max(run["executions"], 1),
