@@ -34,7 +34,7 @@ from django.utils.timesince import timesince, timeuntil
 from django.utils.http import urlencode
 from django.utils.translation import ngettext
 
-from scheduler import audit, backfill, clock, cluster, dispatch, leases, metrics, operations, overdue, timing
+from scheduler import audit, backfill, clock, cluster, dispatch, leases, metrics, operations, overdue, shards, timing
 from scheduler.conf import settings
 from scheduler.exceptions import BackfillRefused, ScheduleInvalid
 from scheduler.models import AuditEvent, Execution, Instance, Lease, OperatorProfile, Schedule
@@ -897,18 +897,27 @@ class LeaseAdmin(ReadOnlyAdmin):
 
 
 def cluster_context() -> dict[str, Any]:
-    """The lease with seconds left, instances with heartbeat ages, and queue warnings.
+    """The lease with seconds left (with shards: every shard's), instances with heartbeat ages, and queue warnings.
 
-    The leader is the lease's holder, never an instance's own flag; an
-    instance silent past ``cluster.stale_after`` is shown stale. A missing
-    or stuck leader is warned about on every admin page (``base_site.html``).
-    Warned about here: a queue whose oldest queued execution has waited
-    longer than ``QUEUED_WARNING_SECONDS``.
+    The leader is the lease's holder, never an instance's own flag; with
+    shards, a beat leads while it holds any shard. An instance silent past
+    ``cluster.stale_after`` is shown stale. A missing or stuck leader (a
+    shard without an owner) is warned about on every admin page
+    (``base_site.html``). Warned about here: a queue whose oldest queued
+    execution has waited longer than ``QUEUED_WARNING_SECONDS``.
     """
-    state = leases.current(settings.LEASE_NAME)
-    now = state.db_now
-    renewed_age = (now - state.renewed_at).total_seconds() if state.renewed_at else None
-    members = cluster.members(leaders={state.holder} if state.is_held else set(), now=now)
+    view = cluster.shard_view() if shards.is_sharded() else None
+    if view is not None:
+        now, leaders = view.db_now, view.holders
+    else:
+        state = leases.current(settings.LEASE_NAME)
+        now, leaders = state.db_now, {state.holder} if state.is_held else set()
+    members = cluster.members(leaders=leaders, now=now)
+    if view is not None:
+        lease_context: dict[str, Any] = {"shards": _shard_context(view, members)}
+    else:
+        renewed_age = (now - state.renewed_at).total_seconds() if state.renewed_at else None
+        lease_context = {"lease": state, "renewed_age": renewed_age}
     # Workers do not record which queues they consume, so this cannot name a
     # queue with no consumer; a queue nobody claims from shows up by its age.
     stuck = [
@@ -917,12 +926,30 @@ def cluster_context() -> dict[str, Any]:
         if age > settings.QUEUED_WARNING_SECONDS
     ]
     return {
-        "lease": state,
-        "renewed_age": renewed_age,
+        **lease_context,
         "members": members,
         "stuck_queues": stuck,
         "queued_warning_seconds": settings.QUEUED_WARNING_SECONDS,
         "db_now": now,
+    }
+
+
+def _shard_context(view: cluster.ShardView, members: list[cluster.Member]) -> dict[str, Any]:
+    """Every shard's lease, the shards per replica, the shards not held, and held leases of no current shard."""
+    beats = cluster.fresh_beats(members)
+    return {
+        "count": view.count,
+        "leases": [
+            {
+                "shard": shard,
+                "state": state,
+                "renewed_age": (view.db_now - state.renewed_at).total_seconds() if state.is_held and state.renewed_at else None,
+            }
+            for shard, state in enumerate(view.leases)
+        ],
+        "replicas": view.by_replica(live=beats),
+        "not_held": [state.name for state in view.not_held],
+        "stray": [state for state in view.others if state.is_held],
     }
 
 
@@ -936,9 +963,9 @@ class InstanceAdmin(ReadOnlyAdmin):
     readonly_fields = ("leader",)
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[Instance]:
-        holds_lease = Lease.objects.filter(
-            name=settings.LEASE_NAME, holder=OuterRef("instance_id"), expires_at__gt=Now()
-        )
+        # With shards a beat leads while it holds any of them.
+        names = shards.lease_names() if shards.is_sharded() else [settings.LEASE_NAME]
+        holds_lease = Lease.objects.filter(name__in=names, holder=OuterRef("instance_id"), expires_at__gt=Now())
         return super().get_queryset(request).annotate(holds_lease=Exists(holds_lease))
 
     @admin.display(boolean=True, description="leader", ordering="holds_lease")

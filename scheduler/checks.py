@@ -1,6 +1,6 @@
 """Django system checks that catch scheduler misconfiguration at startup, not in production.
 
-Ids never change once released: ``scheduler.E001`` ... for errors.
+Ids never change once released: ``scheduler.E001`` ... for errors, ``scheduler.W001`` ... for warnings.
 """
 from __future__ import annotations
 
@@ -8,8 +8,10 @@ from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from django.conf import settings as django_settings
-from django.core.checks import Error, register
+from django.core.checks import Error, Tags, Warning, register
+from django.db import DatabaseError
 
+from scheduler import cluster
 from scheduler.conf import settings
 
 #: The beat scheduler every replica must run: anything else fires without the lease.
@@ -46,6 +48,33 @@ def check_shards(app_configs: Any = None, **kwargs: Any) -> list[Error]:
                 id="scheduler.E006",
             )
         ]
+    return []
+
+
+@register(Tags.database)
+def check_stranded_schedules(app_configs: Any = None, databases: Any = None, **kwargs: Any) -> list[Warning]:
+    """No active schedule sits in a shard past ``SCHEDULER_SHARDS``, where nothing dispatches it.
+
+    A database check (``manage.py check --database default``, and
+    ``migrate``): one probe of the index on ``(shard, next_run_at)``.
+    """
+    if not databases or check_shards():
+        return []
+    for alias in databases:
+        try:
+            stranded = cluster.stranded().using(alias).exists()
+        except DatabaseError:  # not migrated yet, or unreachable: other checks and commands say so
+            continue
+        if stranded:
+            return [
+                Warning(
+                    f"Active schedules are in a shard >= SCHEDULER_SHARDS ({settings.SHARDS}) on database {alias!r}: "
+                    "no beat replica dispatches them.",
+                    hint="Set SCHEDULER_SHARDS on every beat, then run `manage.py shards --assign` "
+                    "(`manage.py shards` counts them).",
+                    id="scheduler.W001",
+                )
+            ]
     return []
 
 

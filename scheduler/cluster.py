@@ -1,8 +1,10 @@
-"""Who leads and who is alive, as the lease row and the heartbeats say.
+"""Who leads and who is alive, as the lease rows and the heartbeats say.
 
 ``Instance.is_leader`` is what a beat last wrote about itself: a replica
 killed with SIGKILL never clears it, so after a crash several rows claim to
 lead. The leader is whoever holds the lease now; the flag is never read.
+With shards (``SCHEDULER_SHARDS > 1``) each shard's lease has its own
+leader, and ``shard_view`` reads them all at once.
 """
 from __future__ import annotations
 
@@ -10,8 +12,13 @@ from collections.abc import Collection
 from dataclasses import dataclass
 from datetime import datetime
 
+from django.db import connection
+
+from scheduler import dbclock, shards
 from scheduler.conf import settings
-from scheduler.models import Instance
+from scheduler.leases import LeaseState
+from scheduler.models import Instance, Schedule
+from scheduler.models.schedule import ScheduleQuerySet
 
 
 @dataclass(frozen=True)
@@ -53,3 +60,104 @@ def members(*, leaders: Collection[str], now: datetime) -> list[Member]:
         age = max((now - instance.last_seen).total_seconds(), 0.0)
         rows.append(Member(instance, instance.instance_id in leaders, age, stale_after(instance.role)))
     return sorted(rows, key=lambda m: (m.instance.role, not m.is_leader, m.instance.instance_id))
+
+
+def fresh_beats(members: list[Member]) -> list[str]:
+    """Return the instance ids of the beat replicas among ``members`` whose heartbeat is not stale."""
+    return [m.instance.instance_id for m in members if m.instance.role == Instance.Role.BEAT and not m.is_stale]
+
+
+@dataclass(frozen=True)
+class ShardView:
+    """Every shard lease as of one database-clock moment (``SCHEDULER_SHARDS > 1``)."""
+
+    db_now: datetime
+    #: ``leases[k]`` is shard ``k``'s lease; a row never created reads free (token 0).
+    leases: list[LeaseState]
+    #: Lease rows that fence no shard of this count: the unsharded lease, or
+    #: shards past N left by a larger count (a replica still on the old count holds them).
+    others: list[LeaseState]
+
+    @property
+    def count(self) -> int:
+        return len(self.leases)
+
+    @property
+    def not_held(self) -> list[LeaseState]:
+        return [state for state in self.leases if not state.is_held]
+
+    def unowned(self, *, within: float) -> list[LeaseState]:
+        """Return the shards whose lease no holder renewed within ``within`` seconds (database clock)."""
+        return [state for state in self.leases if not state.is_held or _renewed_age(state) > within]
+
+    def by_replica(self, *, live: Collection[str] = ()) -> dict[str, list[int]]:
+        """Return {instance id: the shards it holds}, holders and ``live`` replicas (maybe none held), by id."""
+        held: dict[str, list[int]] = {instance_id: [] for instance_id in live}
+        for shard, state in enumerate(self.leases):
+            if state.is_held:
+                held.setdefault(state.holder, []).append(shard)
+        return dict(sorted(held.items()))
+
+    @property
+    def holders(self) -> set[str]:
+        """Every instance holding a lease now, a shard's or another (both dispatch)."""
+        return {state.holder for state in (*self.leases, *self.others) if state.is_held}
+
+
+def shard_view(count: int | None = None) -> ShardView:
+    """Return the shard leases of ``count`` shards (default ``SCHEDULER_SHARDS``) and the other lease rows.
+
+    One query: every lease row (one per shard, plus a few) with the
+    database clock, which also answers when the table is empty.
+    """
+    count = count or shards.count()
+    now_sql = dbclock.now_sql()
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"SELECT clock.db_now, name, holder, token, acquired_at, renewed_at, expires_at "
+            f"FROM (SELECT {now_sql} AS db_now) AS clock LEFT JOIN scheduler_lease ON 1 = 1 ORDER BY name",
+            [],
+        )
+        rows = cursor.fetchall()
+    db_now = dbclock.as_datetime(rows[0][0])
+    assert db_now is not None
+    states = {
+        name: LeaseState(name, holder, int(token), *map(dbclock.as_datetime, times), db_now)
+        for _, name, holder, token, *times in rows
+        if name is not None  # the clock's own row when no lease exists yet
+    }
+    names = shards.lease_names(count)
+    return ShardView(
+        db_now=db_now,
+        leases=[states.pop(name, None) or LeaseState(name, "", 0, None, None, None, db_now) for name in names],
+        others=list(states.values()),
+    )
+
+
+def shard_ranges(numbers: list[int]) -> str:
+    """Return ``0-3, 7, 9-10`` for [0, 1, 2, 3, 7, 9, 10] (sorted): a replica's shards on one short line."""
+    spans: list[list[int]] = []
+    for number in numbers:
+        if spans and number == spans[-1][1] + 1:
+            spans[-1][1] = number
+        else:
+            spans.append([number, number])
+    return ", ".join(str(first) if first == last else f"{first}-{last}" for first, last in spans)
+
+
+def _renewed_age(state: LeaseState) -> float:
+    if state.renewed_at is None:
+        return float("inf")
+    return (state.db_now - state.renewed_at).total_seconds()
+
+
+def stranded(count: int | None = None) -> ScheduleQuerySet:
+    """Return the active schedules no replica dispatches: in a shard >= ``count`` (left by a larger count).
+
+    Empty unsharded: one leader dispatches every shard. Through the partial
+    index on ``(shard, next_run_at)``, so ``.exists()`` is one index probe.
+    """
+    count = count or shards.count()
+    if count == 1:
+        return Schedule.objects.none()
+    return Schedule.objects.active().filter(next_run_at__isnull=False, shard__gte=count)

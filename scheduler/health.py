@@ -5,7 +5,11 @@ web pods' readiness probe, so it must not depend on the beat, or the admin
 would leave the load balancer exactly during a beat outage, when operators
 need it. ``/leaderz`` is the dead man's switch for alerting, not routing:
 200 only when a beat leader renewed its lease within twice the renew
-interval (database clock). Both answer 503 otherwise, with a JSON body
+interval (database clock); with shards (``SCHEDULER_SHARDS > 1``), only
+when every shard's lease was, so a shard with no live owner, whose
+schedules nobody dispatches, is named there and never fails ``/readyz``
+(a beat problem must not take the web out of the load balancer). Both
+answer 503 otherwise, with a JSON body
 naming each failed check. ``/healthz/schedules`` is the per-schedule dead
 man's switch (``scheduler.overdue``) for those who want to probe it: 503
 naming the overdue schedules; it is about the jobs, so ``/readyz`` ignores it.
@@ -20,12 +24,14 @@ from django.http import HttpRequest, JsonResponse
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET
 
-from scheduler import leases
+from scheduler import cluster, leases, shards
 from scheduler.conf import settings
 from scheduler.models import Schedule
 
 #: Seconds to wait for the broker before calling it unreachable.
 BROKER_TIMEOUT = 2.0
+#: ``/leaderz`` names at most this many shards without an owner.
+SHARD_NAMES = 50
 #: ``/healthz/schedules`` names at most this many overdue schedules ...
 OVERDUE_NAMES = 100
 #: ... and counts them up to this many, so the probe stays cheap in a mass outage.
@@ -61,8 +67,10 @@ def check_broker() -> Check:
 
 
 def check_leader() -> Check:
-    """A leader renewed the lease within 2x the renew interval, on the database clock."""
+    """A leader renewed the lease within 2x the renew interval, on the database clock; with shards, every shard's."""
     limit = 2 * settings.LEASE_RENEW_SECONDS
+    if shards.is_sharded():
+        return _check_shards(limit)
     state = leases.current(settings.LEASE_NAME)
     if not state.is_held or state.renewed_at is None:
         return Check(False, "no beat replica holds the lease: nothing is being dispatched")
@@ -70,6 +78,20 @@ def check_leader() -> Check:
     if age > limit:
         return Check(False, f"the leader last renewed {age:.1f}s ago (limit {limit:.1f}s): it may be stuck")
     return Check(True, f"{state.holder} renewed {age:.1f}s ago (token {state.token})")
+
+
+def _check_shards(limit: float) -> Check:
+    """Every shard's lease renewed within ``limit`` seconds: one read of the lease table."""
+    view = cluster.shard_view()
+    unowned = [state.name for state in view.unowned(within=limit)]
+    if unowned:
+        named = ", ".join(unowned[:SHARD_NAMES]) + (", ..." if len(unowned) > SHARD_NAMES else "")
+        return Check(
+            False,
+            f"{len(unowned)} of {view.count} shards have no owner that renewed within {limit:.1f}s, "
+            f"so their schedules are not dispatched: {named}",
+        )
+    return Check(True, f"all {view.count} shards renewed within {limit:.1f}s by {len(view.by_replica())} replicas")
 
 
 def overdue_schedules() -> tuple[list[str], int]:

@@ -29,7 +29,7 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector, CollectorRegistry
 
-from scheduler import cluster, leases
+from scheduler import cluster, leases, shards
 from scheduler.conf import settings
 from scheduler.models import DurationTally, Execution, ExecutionTally, Instance, Lease, Schedule
 from scheduler.models.tally import DURATION_BUCKETS
@@ -81,11 +81,14 @@ class DatabaseCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         now = leases.db_now()
+        view = cluster.shard_view() if shards.is_sharded() else None
+        members = _members(view, now=now)
         yield self._executions_total()
         yield self._task_duration()
         yield self._executions_current()
         yield self._dispatch_lag(since=now - WINDOW)
-        yield from self._leases(now)
+        yield from self._leases(view, now=now)
+        yield from self._shards(view, members)
 
         queued = GaugeMetricFamily(
             "scheduler_oldest_queued_seconds",
@@ -108,7 +111,7 @@ class DatabaseCollector(Collector):
             value=_capped_count(Schedule.objects.overdue(now=now)),
         )
         yield from self._last_success()
-        yield from self._instances(now)
+        yield from self._instances(members)
 
     def _executions_total(self) -> CounterMetricFamily:
         total = CounterMetricFamily(
@@ -184,7 +187,7 @@ class DatabaseCollector(Collector):
             gsum_value=(counts["late_sum"] or timedelta(0)).total_seconds(),
         )
 
-    def _leases(self, now: datetime) -> Iterator[Metric]:
+    def _leases(self, view: cluster.ShardView | None, *, now: datetime) -> Iterator[Metric]:
         changes = CounterMetricFamily(
             "scheduler_leader_changes", "Leadership acquisitions (the lease's fencing token).", labels=["lease"]
         )
@@ -192,7 +195,10 @@ class DatabaseCollector(Collector):
             "scheduler_lease_renew_failures", "Renewals refused because the lease was lost.", labels=["lease"]
         )
         present = GaugeMetricFamily(
-            "scheduler_leader_present", "1 while someone holds the lease unexpired (database clock), else 0.", labels=["lease"]
+            "scheduler_leader_present",
+            "1 while someone holds the lease unexpired (database clock), else 0; "
+            "with shards, the beat's lease reads 1 only while every shard's lease is held.",
+            labels=["lease"],
         )
         held = {settings.LEASE_NAME: False}  # the beat's lease is reported even before anyone took it
         for name, token, renew_failures, holder, expires_at in Lease.objects.values_list(
@@ -200,12 +206,49 @@ class DatabaseCollector(Collector):
         ):
             changes.add_metric([name], token)
             failures.add_metric([name], renew_failures)
-            held[name] = bool(holder) and expires_at is not None and expires_at > now
+            if shards.shard_of_lease(name) is None:  # a shard's lease is in scheduler_shard_held
+                held[name] = bool(holder) and expires_at is not None and expires_at > now
+        if view is not None:
+            held[settings.LEASE_NAME] = not view.not_held
         for name, is_held in sorted(held.items()):
             present.add_metric([name], int(is_held))
         yield changes
         yield failures
         yield present
+
+    def _shards(self, view: cluster.ShardView | None, members: list[cluster.Member]) -> Iterator[Metric]:
+        """Per shard: held or not, and by whom; per replica: how many. Bounded by ``SCHEDULER_SHARDS`` (at most 1,024)."""
+        count = shards.count()
+        yield GaugeMetricFamily(
+            "scheduler_shards", "Shards the schedules are split into (SCHEDULER_SHARDS; 1: one leader).", value=count
+        )
+        held = GaugeMetricFamily(
+            "scheduler_shard_held", "1 while a beat replica holds the shard's lease unexpired, else 0.", labels=["shard"]
+        )
+        leader = GaugeMetricFamily(
+            "scheduler_shard_leader_info", "1 for each held shard, labelled with the replica holding it.",
+            labels=["shard", "instance"],
+        )
+        per_replica = GaugeMetricFamily(
+            "scheduler_shards_held",
+            "Shards each beat replica holds (beats with a fresh heartbeat included at 0).",
+            labels=["instance"],
+        )
+        stranded = GaugeMetricFamily(
+            "scheduler_schedules_stranded",
+            f"Active schedules in a shard >= SCHEDULER_SHARDS (left by a larger count): not dispatched until "
+            f"manage.py shards --assign (counted up to {COUNT_CAP}).",
+            value=_capped_count(cluster.stranded(count)),
+        )
+        if view is not None:
+            for shard, state in enumerate(view.leases):
+                held.add_metric([str(shard)], int(state.is_held))
+                if state.is_held:
+                    leader.add_metric([str(shard), state.holder], 1)
+            beats = cluster.fresh_beats(members)
+            for instance_id, owned in view.by_replica(live=beats).items():
+                per_replica.add_metric([instance_id], len(owned))
+        yield from (held, leader, per_replica, stranded)
 
     def _last_success(self) -> Iterator[GaugeMetricFamily]:
         limit = settings.METRICS_PER_SCHEDULE_LIMIT
@@ -222,12 +265,10 @@ class DatabaseCollector(Collector):
                 last.add_metric([name], moment.timestamp())
         yield last
 
-    def _instances(self, now: datetime) -> Iterator[GaugeMetricFamily]:
-        state = leases.current(settings.LEASE_NAME)
-        members = cluster.members(leaders={state.holder} if state.is_held else set(), now=now)
+    def _instances(self, members: list[cluster.Member]) -> Iterator[GaugeMetricFamily]:
         instances = GaugeMetricFamily(
             "scheduler_instances",
-            "Instances with a fresh heartbeat, by role; leader: holds the lease.",
+            "Instances with a fresh heartbeat, by role; leader: holds the lease (with shards: any shard's).",
             labels=["role", "leader"],
         )
         alive = Counter((m.instance.role, m.is_leader) for m in members if not m.is_stale)
@@ -245,6 +286,14 @@ class DatabaseCollector(Collector):
         for member in members:
             ages.add_metric([member.instance.instance_id, member.instance.role, str(member.is_stale).lower()], member.age)
         yield ages
+
+
+def _members(view: cluster.ShardView | None, *, now: datetime) -> list[cluster.Member]:
+    """Every registered instance; a leader holds the beat's lease, or with shards any lease."""
+    if view is not None:
+        return cluster.members(leaders=view.holders, now=now)
+    state = leases.current(settings.LEASE_NAME)
+    return cluster.members(leaders={state.holder} if state.is_held else set(), now=now)
 
 
 _registry = CollectorRegistry(auto_describe=False)

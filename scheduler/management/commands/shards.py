@@ -1,0 +1,125 @@
+"""``manage.py shards``: the shard count, schedules per shard, the stranded ones, and who should own which shard.
+
+A schedule is dispatched under the lease of its stored ``shard``, which is
+``id % SCHEDULER_SHARDS`` when it was saved. After the count changes, a
+schedule whose shard is not ``id % N`` is misplaced; if its shard is past
+the new count it is stranded: no replica holds that shard's lease, so it is
+not dispatched until ``--assign`` moves it (``Schedule.objects.assign_shards``).
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from django.core.management.base import CommandError, CommandParser
+from django.db.models import Count, F, Q
+
+from scheduler import cluster, shard_keeper, shards
+from scheduler.checks import check_shards
+from scheduler.management.base import SchedulerCommand
+from scheduler.models import Schedule
+
+
+class Command(SchedulerCommand):
+    help = """Show SCHEDULER_SHARDS, the schedules in each shard, and the shards each live beat replica should own.
+
+A schedule is dispatched by whichever beat replica holds its shard's lease.
+"not in id % N" counts schedules left in their old shard after the count
+changed; those in a shard past the count are STRANDED: not dispatched until
+--assign moves every schedule into shard id % N. --assign is safe while the
+beats run (each dispatch re-checks a schedule's shard under its row lock).
+Counting reads every schedule once; --assign writes only those it moves.
+
+examples:
+  manage.py shards
+  manage.py shards --assign --dry-run
+  manage.py shards --assign
+  manage.py shards --json | jq '.stranded'"""
+
+    writes = True
+    # An invalid SCHEDULER_SHARDS is refused in one line by handle(), not by Django's check report.
+    requires_system_checks: list[str] = []
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument(
+            "--assign", action="store_true", help="move every schedule whose shard is not id %% N into it, and say how many moved"
+        )
+        self.add_common_arguments(parser)
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        errors = check_shards()
+        if errors:
+            raise CommandError(errors[0].msg)
+        if options["dry_run"] and not options["assign"]:
+            raise CommandError("--dry-run goes with --assign: the report alone changes nothing")
+        count = shards.count()
+        if options["assign"]:
+            self._assign(count, dry_run=options["dry_run"], as_json=options["json"])
+        else:
+            self._report(count, as_json=options["json"])
+
+    def _assign(self, count: int, *, dry_run: bool, as_json: bool) -> None:
+        if dry_run:
+            moved = Schedule.objects.exclude(shard=F("id") % count).count()
+        else:
+            moved = Schedule.objects.assign_shards()
+        verb = "would move" if dry_run else "moved"
+        self.emit(
+            {"shards": count, "moved": moved, "dry_run": dry_run},
+            as_json=as_json,
+            text=f"{verb} {moved} schedule{'s' if moved != 1 else ''} into shard id % {count}",
+        )
+
+    def _report(self, count: int, *, as_json: bool) -> None:
+        rows = (
+            Schedule.objects.order_by("shard")
+            .values("shard")
+            .annotate(schedules=Count("id"), misplaced=Count("id", filter=~Q(shard=F("id") % count)))
+        )
+        by_shard = [{**row, "stranded": count > 1 and row["shard"] >= count} for row in rows]
+        total = sum(row["schedules"] for row in by_shard)
+        misplaced = sum(row["misplaced"] for row in by_shard)
+        stranded = sum(row["schedules"] for row in by_shard if row["stranded"])
+        replicas = _replicas(count) if count > 1 else {}
+
+        lines = [f"shards: {count} (SCHEDULER_SHARDS)" + ("; 1 runs one leader for every schedule" if count == 1 else "")]
+        lines.append(
+            f"schedules: {total}; not in shard id % {count}: {misplaced}"
+            + (f"; STRANDED in shards >= {count}: {stranded} (not dispatched until manage.py shards --assign)" if stranded else "")
+        )
+        if by_shard:
+            lines.append(f"  {'shard':>5}  {'schedules':>9}  {'not in id % N':>13}")
+            lines += [
+                f"  {row['shard']:>5}  {row['schedules']:>9}  {row['misplaced']:>13}" + ("  STRANDED" if row["stranded"] else "")
+                for row in by_shard
+            ]
+        if count > 1:
+            lines.append(f"live beat replicas: {len(replicas)}")
+            lines += [
+                f"  {instance_id}  prefers {_listed(row['preferred'])} (holds {_listed(row['held'])})"
+                for instance_id, row in replicas.items()
+            ]
+            if not replicas:
+                lines.append("  none live (a heartbeat within the lease TTL; on PostgreSQL, its instance lock held)")
+        data = {
+            "shards": count,
+            "schedules": total,
+            "misplaced": misplaced,
+            "stranded": stranded,
+            "by_shard": by_shard,
+            "replicas": replicas,
+        }
+        self.emit(data, as_json=as_json, text=lines)
+
+
+def _replicas(count: int) -> dict[str, dict[str, list[int]]]:
+    """{live beat replica: the shards it should own (rendezvous, as the beats compute it) and those it holds}."""
+    live = shard_keeper.live_beats()
+    preferred: dict[str, list[int]] = {instance_id: [] for instance_id in sorted(live)}
+    for shard, owner in sorted(shards.preferred_owners(live, count).items()):
+        preferred[owner].append(shard)
+    held = cluster.shard_view(count).by_replica(live=live)
+    return {instance_id: {"preferred": preferred[instance_id], "held": held[instance_id]} for instance_id in preferred}
+
+
+def _listed(numbers: list[int]) -> str:
+    return cluster.shard_ranges(numbers) or "none"
