@@ -1,7 +1,6 @@
 """``leases`` and ``prune_executions`` commands: output, and bad input that changes nothing."""
 from __future__ import annotations
 
-import io
 import json
 import os
 import re
@@ -10,29 +9,14 @@ import sys
 from datetime import timedelta
 
 import pytest
-from django.core.management import call_command
-from django.core.management.base import CommandError
 from django.db.models.functions import Now
 
 from scheduler import leases
 from scheduler.models import Execution, Instance, Lease, Schedule
 from tests import processes
+from tests.integration.command_support import refused, run
 
 Status = Execution.Status
-
-
-def run(*args: str) -> str:
-    out = io.StringIO()
-    call_command(*args, stdout=out, stderr=io.StringIO())
-    return out.getvalue()
-
-
-def refused(*args: str) -> str:
-    with pytest.raises(CommandError) as caught:
-        run(*args)
-    message = str(caught.value)
-    assert "\n" not in message and caught.value.returncode == 1
-    return message
 
 
 @pytest.mark.django_db

@@ -1,7 +1,6 @@
 """``reconcile`` and ``backfill`` commands: output, ``--json``, ``--dry-run``, and bad input that changes nothing."""
 from __future__ import annotations
 
-import io
 import json
 from datetime import datetime, timedelta
 from typing import Any
@@ -9,11 +8,10 @@ from zoneinfo import ZoneInfo
 
 import pytest
 import redis
-from django.core.management import call_command
-from django.core.management.base import CommandError
 
 from scheduler import leases
 from scheduler.models import Execution, Instance, Schedule
+from tests.integration.command_support import refused, run
 
 pytestmark = pytest.mark.django_db
 
@@ -25,20 +23,6 @@ def lost_counts_against_max_retries(settings: Any) -> None:
 
 Status = Execution.Status
 HOUR = timedelta(hours=1)
-
-
-def run(*args: str) -> str:
-    out = io.StringIO()
-    call_command(*args, stdout=out, stderr=io.StringIO())
-    return out.getvalue()
-
-
-def refused(*args: str) -> str:
-    with pytest.raises(CommandError) as caught:
-        run(*args)
-    message = str(caught.value)
-    assert "\n" not in message and caught.value.returncode == 1
-    return message
 
 
 def lost_execution_and_stale_instance() -> Execution:

@@ -7,14 +7,12 @@ import os
 import re
 import subprocess
 import sys
-from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any
 
 import pytest
 from django.contrib.auth import get_user_model
 from django.core.management import call_command
-from django.core.management.base import CommandError
 from django.db import connection
 from django.template import Context, Template
 from django.test import Client, RequestFactory
@@ -23,6 +21,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from scheduler import checks, leases, shards
 from scheduler.conf import settings as scheduler_settings
 from scheduler.models import Instance, Lease, Schedule
+from tests.integration.command_support import refused, run
 from tests.processes import ROOT
 
 pytestmark = pytest.mark.django_db
@@ -33,20 +32,6 @@ SHARDS = 4
 @pytest.fixture
 def sharded(settings: Any) -> None:
     settings.SCHEDULER_SHARDS = SHARDS
-
-
-def run(*args: str) -> str:
-    out = io.StringIO()
-    call_command(*args, stdout=out, stderr=io.StringIO())
-    return out.getvalue()
-
-
-def refused(*args: str) -> str:
-    with pytest.raises(CommandError) as caught:
-        run(*args)
-    message = str(caught.value)
-    assert "\n" not in message and caught.value.returncode == 1
-    return message
 
 
 def beat(instance_id: str, *, age: float = 1.0) -> Instance:
