@@ -41,6 +41,7 @@ chaos:
 # Benchmarks (each starts its own PostgreSQL and Redis); results in bench/results/.
 bench: venv
 	$(VENV)/bin/python -m bench.failover
+	$(VENV)/bin/python -m bench.shards
 	$(VENV)/bin/python -m bench.scale
 	$(VENV)/bin/python -m bench.burst
 	$(VENV)/bin/python -m bench.tick_backlog
