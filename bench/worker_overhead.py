@@ -13,6 +13,13 @@ when the last result is stored. Kinds:
 
 Run: ``python -m bench.worker_overhead [--tasks 2000] [--rounds 2] [--databases postgresql,sqlite]``
 (it starts its own PostgreSQL and Redis). Writes ``bench/results/worker_overhead.json``.
+
+``--profile`` runs each kind on a worker of its own whose pool children time
+where each task goes (``bench.profiling``), and measures the CPU each
+process used per task (worker, pool children, PostgreSQL, Redis). It prints
+the breakdown and writes ``bench/results/worker_overhead_profile.json``
+instead; its rates are slowed a little by the timers, so they are not the
+benchmark's figures.
 """
 from __future__ import annotations
 
@@ -25,10 +32,13 @@ import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from bench.common import ROOT, django_env, migrate, table, write_results
+from bench import profiling
+from bench.common import ROOT, cpu_seconds, django_env, execute_sql, migrate, stop_process, table, write_results
 
 KINDS = ("plain", "guarded", "guarded ad-hoc")
 WORKER_NAME = "bench-worker"
@@ -38,63 +48,141 @@ GOAL_RATIO = 0.8
 # --- inside one database's child process ------------------------------------------------
 
 
-def _measure_database(tasks: int, rounds: int) -> dict[str, Any]:
+def _measure_database(tasks: int, rounds: int, profile_dir: str | None) -> dict[str, Any]:
+    """Run every kind ``rounds`` times on one worker; with ``profile_dir``, one profiled worker per kind."""
     import django
 
     django.setup()
     from django.db import connection
-    from django_celery_results.models import TaskResult
 
     from project.celery import app
-    from scheduler import dispatch, executions, leases
-    from scheduler.models import Execution
 
+    samples: dict[str, list[float]] = {kind: [] for kind in KINDS}
+    result: dict[str, Any] = {"vendor": connection.vendor, "tasks_per_round": tasks, "rounds": rounds}
+    if profile_dir is None:
+        with _worker(app) as (_, destination):
+            for round_number in range(rounds):
+                for kind in KINDS:
+                    samples[kind].append(_run_kind(app, destination, kind, tasks, round_number))
+    else:
+        result["profile"] = {}
+        for kind in KINDS:
+            directory = Path(profile_dir) / kind.replace(" ", "-")
+            directory.mkdir(parents=True)
+            with _worker(app, profile_dir=directory) as (process, destination):
+                cpu = _CpuMeter(process.pid)
+                for round_number in range(rounds):
+                    samples[kind].append(_run_kind(app, destination, kind, tasks, round_number))
+                cpu_seconds = cpu.used()
+            result["profile"][kind] = {
+                "children": [json.loads(path.read_text()) for path in sorted(directory.glob("*.json"))],
+                "cpu_seconds": cpu_seconds,
+            }
+    result["tasks_per_second"] = samples
+    return result
+
+
+@contextmanager
+def _worker(app: Any, *, profile_dir: Path | None = None) -> Iterator[tuple[subprocess.Popen[bytes], list[str]]]:
+    """Run the benchmark's worker (prefork, 2 processes); yield it and its name for control commands."""
+    env = os.environ.copy()
+    include = "bench.tasks"
+    if profile_dir is not None:
+        env[profiling.DIRECTORY_VARIABLE] = str(profile_dir)
+        include += ",bench.profiling"
     worker = subprocess.Popen(
         [
             str(Path(sys.executable).with_name("celery")), "-A", "project", "worker", "-P", "prefork", "-c", "2",
-            "-n", f"{WORKER_NAME}@%h", "-Q", "bench.idle", "--include", "bench.tasks", "-l", "warning",
+            "-n", f"{WORKER_NAME}@%h", "-Q", "bench.idle", "--include", include, "-l", "warning",
             "--without-gossip", "--without-mingle", "--without-heartbeat",
         ],
         cwd=ROOT,
-        env=os.environ.copy(),
+        env=env,
         start_new_session=True,
     )
     try:
-        destination = _wait_for_worker(app)
-        samples: dict[str, list[float]] = {kind: [] for kind in KINDS}
-        for round_number in range(rounds):
-            for kind in KINDS:
-                queue = f"bench.{round_number}.{kind.replace(' ', '-')}"
-                TaskResult.objects.all().delete()
-                Execution.objects.all().delete()
-                if kind == "guarded":
-                    rows = Execution.objects.bulk_create(
-                        Execution(
-                            idempotency_key=f"bench:{uuid.uuid4()}", task="bench.noop", queue=queue,
-                            scheduled_for=leases.db_now(), celery_task_id=str(uuid.uuid4()),
-                        )
-                        for _ in range(tasks)
-                    )
-                    if connection.vendor != "postgresql":  # bulk_create returns ids on PostgreSQL only
-                        rows = list(Execution.objects.all())
-                    dispatch.publish(app, [executions.message_row(r) for r in rows], now=leases.db_now())
-                else:
-                    name = "bench.noop_plain" if kind == "plain" else "bench.noop"
-                    with app.producer_or_acquire() as producer:
-                        for _ in range(tasks):
-                            app.send_task(name, queue=queue, producer=producer)
-                started = time.monotonic()
-                app.control.add_consumer(queue, destination=destination, reply=True, timeout=10)
-                _wait_for_results(TaskResult, tasks)
-                samples[kind].append(tasks / (time.monotonic() - started))
-                app.control.cancel_consumer(queue, destination=destination, reply=True, timeout=10)
-        return {"vendor": connection.vendor, "tasks_per_round": tasks, "rounds": rounds, "tasks_per_second": samples}
+        yield worker, _wait_for_worker(app)
     finally:
-        worker.terminate()
-        try:
-            worker.wait(30)
-        except subprocess.TimeoutExpired:
-            os.killpg(worker.pid, 9)
+        # A warm shutdown: each pool child exits through its exit hook (the profile is written there).
+        stop_process(worker, timeout=60)
+
+
+def _run_kind(app: Any, destination: list[str], kind: str, tasks: int, round_number: int) -> float:
+    """Queue ``tasks`` messages of ``kind``, let the worker consume them; return tasks per second."""
+    from django.db import connection
+    from django_celery_results.models import TaskResult
+
+    from scheduler import dispatch, executions, leases
+    from scheduler.models import Execution
+
+    queue = f"bench.{round_number}.{kind.replace(' ', '-')}"
+    TaskResult.objects.all().delete()
+    Execution.objects.all().delete()
+    if kind == "guarded":
+        rows = Execution.objects.bulk_create(
+            Execution(
+                idempotency_key=f"bench:{uuid.uuid4()}", task="bench.noop", queue=queue,
+                scheduled_for=leases.db_now(), celery_task_id=str(uuid.uuid4()),
+            )
+            for _ in range(tasks)
+        )
+        if connection.vendor != "postgresql":  # bulk_create returns ids on PostgreSQL only
+            rows = list(Execution.objects.all())
+        dispatch.publish(app, [executions.message_row(r) for r in rows], now=leases.db_now())
+    else:
+        name = "bench.noop_plain" if kind == "plain" else "bench.noop"
+        with app.producer_or_acquire() as producer:
+            for _ in range(tasks):
+                app.send_task(name, queue=queue, producer=producer)
+    started = time.monotonic()
+    app.control.add_consumer(queue, destination=destination, reply=True, timeout=10)
+    _wait_for_results(TaskResult, tasks)
+    rate = tasks / (time.monotonic() - started)
+    app.control.cancel_consumer(queue, destination=destination, reply=True, timeout=10)
+    return rate
+
+
+class _CpuMeter:
+    """CPU seconds used, from now on, by the worker, its pool children, the database server and Redis."""
+
+    def __init__(self, worker_pid: int) -> None:
+        self._worker_pid = worker_pid
+        self._start = self._read()
+
+    def used(self) -> dict[str, float]:
+        end = self._read()
+        return {
+            group: sum(seconds - self._start.get(group, {}).get(pid, 0.0) for pid, seconds in pids.items())
+            for group, pids in end.items()
+        }
+
+    def _read(self) -> dict[str, dict[int, float]]:
+        from django.db import connection
+
+        children = Path(f"/proc/{self._worker_pid}/task/{self._worker_pid}/children").read_text().split()
+        groups = {
+            "worker main process": [self._worker_pid],
+            "pool children": [int(pid) for pid in children],
+            "redis-server": [int(_redis().info("server")["process_id"])],
+        }
+        if connection.vendor == "postgresql":
+            # Every process of this cluster but the benchmark's own backend (which polls for results).
+            pids = [pid for (pid,) in execute_sql("SELECT pid FROM pg_stat_activity WHERE pid <> pg_backend_pid()")]
+            groups["postgresql server"] = pids
+        return {group: {pid: _cpu(pid) for pid in pids} for group, pids in groups.items()}
+
+
+def _cpu(pid: int) -> float:
+    try:
+        return cpu_seconds(pid)
+    except OSError:  # exited meanwhile
+        return 0.0
+
+
+def _redis() -> Any:
+    import redis
+
+    return redis.Redis.from_url(os.environ["REDIS_URL"])
 
 
 def _wait_for_worker(app: Any) -> list[str]:
@@ -123,7 +211,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tasks", type=int, default=2000, help="messages per kind and round (default 2000)")
     parser.add_argument("--rounds", type=int, default=2, help="rounds; kinds alternate within each (default 2)")
     parser.add_argument("--databases", default="postgresql,sqlite", help="comma-separated: postgresql, sqlite")
+    parser.add_argument("--profile", action="store_true", help="break each task's time down (bench.profiling)")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--profile-dir", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.tasks < 1 or args.rounds < 1:
         parser.error("--tasks and --rounds must be at least 1")
@@ -132,7 +222,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--databases takes postgresql and/or sqlite")
 
     if args.child:
-        print(json.dumps(_measure_database(args.tasks, args.rounds)), flush=True)
+        print(json.dumps(_measure_database(args.tasks, args.rounds, args.profile_dir)), flush=True)
         return 0
 
     from tests.services import postgres_cluster, redis_server
@@ -143,13 +233,15 @@ def main(argv: list[str] | None = None) -> int:
         for database in databases:
             var_dir = Path(tmp) / database
             url = pg_url if database == "postgresql" else f"sqlite:///{var_dir / 'bench.sqlite3'}"
-            env = django_env(url, redis_url, var_dir)
+            # Production settings, as a deployed worker runs: DEBUG's query log
+            # costs every statement extra work (on SQLite, one more query each).
+            env = django_env(url, redis_url, var_dir, debug=False)
             migrate(env)
             print(f"measuring on {database} ({args.tasks} tasks x {len(KINDS)} kinds x {args.rounds} rounds)...", flush=True)
-            child = subprocess.run(
-                [sys.executable, "-m", "bench.worker_overhead", "--child", f"--tasks={args.tasks}", f"--rounds={args.rounds}"],
-                cwd=ROOT, env=env, stdout=subprocess.PIPE, text=True, check=True,
-            )
+            command = [sys.executable, "-m", "bench.worker_overhead", "--child", f"--tasks={args.tasks}", f"--rounds={args.rounds}"]
+            if args.profile:
+                command.append(f"--profile-dir={Path(tmp) / database / 'profile'}")
+            child = subprocess.run(command, cwd=ROOT, env=env, stdout=subprocess.PIPE, text=True, check=True)
             results.append(json.loads(child.stdout.strip().splitlines()[-1]))
 
     rows, summary = [], []
@@ -169,14 +261,51 @@ def main(argv: list[str] | None = None) -> int:
     load_after = os.getloadavg()
     print(f"\nload average (1, 5, 15 min): before {load_before}, after {load_after}")
     print(f"goal: guarded / plain >= {GOAL_RATIO}; lowest measured ratio {worst:.2f} -> {'met' if worst >= GOAL_RATIO else 'NOT met'}")
-    path = write_results(
-        "worker_overhead",
-        {"worker": "celery prefork, concurrency 2, Redis broker, django-db results",
-         "goal_ratio": GOAL_RATIO, "lowest_ratio": worst, "results": summary,
-         "load_average": {"before": load_before, "after": load_after}},
-    )
+    payload = {"worker": "celery prefork, concurrency 2, Redis broker, django-db results",
+               "goal_ratio": GOAL_RATIO, "lowest_ratio": worst, "results": summary,
+               "load_average": {"before": load_before, "after": load_after}}
+    if args.profile:
+        payload["profile"] = _profile_summary(results)
+    path = write_results("worker_overhead_profile" if args.profile else "worker_overhead", payload)
     print(f"wrote {path.relative_to(ROOT)}")
     return 0
+
+
+def _profile_summary(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Print and return, per database and kind, milliseconds per task: where the pool child spends them, and CPU."""
+    summary = []
+    for result in results:
+        for kind in KINDS:
+            profile = result["profile"][kind]
+            children = profile["children"]
+            tasks = sum(child["tasks"] for child in children)
+            buckets: dict[str, list[float]] = {}
+            for child in children:
+                for name, seconds in child["seconds"].items():
+                    entry = buckets.setdefault(name, [0.0, 0.0, 0.0])
+                    entry[0] += seconds
+                    entry[1] += child["db_seconds"].get(name, 0.0)
+                    entry[2] += child["queries"].get(name, 0)
+            between = sum(child["window_seconds"] - child["in_tasks_seconds"] for child in children)
+            buckets["between tasks (pool: receive, reply, wait)"] = [between, 0.0, 0.0]
+            wall = {name: round(seconds / tasks * 1000, 3) for name, (seconds, _, _) in buckets.items()}
+            rows = sorted(
+                ([name, seconds / tasks * 1000, db / tasks * 1000, queries / tasks] for name, (seconds, db, queries) in buckets.items()),
+                key=lambda row: -row[1],
+            )
+            rows.append(["total (pool child, per task)", sum(row[1] for row in rows), sum(row[2] for row in rows), sum(row[3] for row in rows)])
+            cpu = {group: round(seconds / tasks * 1000, 3) for group, seconds in profile["cpu_seconds"].items()}
+            print(f"\n{result['vendor']}, {kind}: {tasks} tasks over {len(children)} pool children")
+            print(table(["wall ms per task, by bucket", "ms", "of which in queries", "queries"], rows))
+            print("CPU ms per task: " + ", ".join(f"{group} {ms:.3f}" for group, ms in cpu.items()) + f"; total {sum(cpu.values()):.3f}")
+            summary.append({
+                "database": result["vendor"], "kind": kind, "tasks": tasks,
+                "wall_ms_per_task": wall,
+                "query_ms_per_task": {name: round(db / tasks * 1000, 3) for name, (_, db, _) in buckets.items() if db},
+                "queries_per_task": {name: round(q / tasks, 3) for name, (_, _, q) in buckets.items() if q},
+                "cpu_ms_per_task": cpu,
+            })
+    return summary
 
 
 if __name__ == "__main__":

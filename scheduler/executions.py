@@ -25,12 +25,12 @@ from __future__ import annotations
 
 import logging
 import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
-from django.db import IntegrityError, connections, transaction
+from django.db import IntegrityError, transaction
 from django.db.models import (
     Case,
     CharField,
@@ -47,12 +47,14 @@ from django.db.models import (
     When,
 )
 from django.db.models.functions import Cast, Concat, Now
-from django.db.models.sql import UpdateQuery
+from django.db.models.constants import OnConflict
+from django.db.models.sql import InsertQuery, UpdateQuery
 from django.db.transaction import TransactionManagementError
 
-from scheduler import overdue, tracing
+from scheduler import bulk_insert, overdue, tracing
 from scheduler.conf import settings
 from scheduler.models import Execution, Schedule
+from scheduler.prepared import Param, Prepared, RowReader
 
 logger = logging.getLogger(__name__)
 
@@ -175,8 +177,13 @@ def _copied(source: Schedule | Execution) -> dict[str, Any]:
 
 
 def insert(rows: list[Execution]) -> None:
-    """Insert ``rows``, ignoring any whose key exists: the database decides what fires once."""
-    Execution.objects.bulk_create(rows, ignore_conflicts=True, batch_size=_BATCH)
+    """Insert ``rows``, ignoring any whose key exists: the database decides what fires once.
+
+    The rows ``bulk_create(rows, ignore_conflicts=True)`` would write, without
+    its per-row field preparation (``bulk_insert``): the leader's commit
+    inserts thousands at a time.
+    """
+    bulk_insert.insert_ignoring_conflicts(rows, batch_size=_BATCH)
 
 
 def record_slots(
@@ -241,25 +248,46 @@ def record_one(execution: Execution) -> tuple[Execution, bool]:
 def record_ad_hoc(
     celery_task_id: str, *, task: str, args: Any, kwargs: Any, queue: str, timeout: int | None, now: datetime
 ) -> str:
-    """Record a plain Celery call as a ``queued`` Execution keyed by its task id (once); return the key."""
+    """Record a plain Celery call as a ``queued`` Execution keyed by its task id (once); return the key.
+
+    What ``insert([row])`` writes, by a statement compiled once per process:
+    a worker runs this for every such task.
+    """
     ad_hoc = ad_hoc_key(celery_task_id)
-    insert(
-        [
-            Execution(
-                idempotency_key=ad_hoc,
-                trigger=Execution.Trigger.SUBMIT,
-                task=task,
-                args=list(args or ()),
-                kwargs=dict(kwargs or {}),
-                queue=queue,
-                scheduled_for=now,
-                status=Status.QUEUED,
-                celery_task_id=celery_task_id,
-                timeout=timeout,
-            )
-        ]
+    row = Execution(
+        idempotency_key=ad_hoc,
+        trigger=Execution.Trigger.SUBMIT,
+        task=task,
+        args=list(args or ()),
+        kwargs=dict(kwargs or {}),
+        queue=queue,
+        scheduled_for=now,
+        status=Status.QUEUED,
+        celery_task_id=celery_task_id,
+        timeout=timeout,
     )
+    # pre_save: the value bulk_create would write (``created_at`` is filled in here).
+    _AD_HOC.execute(Execution.objects.db, (), {field.attname: field.pre_save(row, True) for field in _inserted()})
     return ad_hoc
+
+
+def _inserted() -> list[Any]:
+    """The columns an insert writes: every concrete one but the id."""
+    return [field for field in Execution._meta.concrete_fields if not field.primary_key]
+
+
+def _ad_hoc_sql(using: str) -> tuple[str, list[Any]]:
+    """One row's ``INSERT`` that skips a row whose key exists, every column a ``Param``."""
+    template = Execution()
+    for field in _inserted():
+        setattr(template, field.attname, Param(field.attname, field))
+    query = InsertQuery(Execution, on_conflict=OnConflict.IGNORE)
+    query.insert_values(_inserted(), [template], raw=True)  # raw: the values are the Params, not pre_save's
+    [(sql, params)] = query.get_compiler(using).as_sql()
+    return sql, list(params)
+
+
+_AD_HOC = Prepared(_ad_hoc_sql)
 
 
 # --- messages -------------------------------------------------------------------------
@@ -376,28 +404,49 @@ def claim(*, worker: str, celery_task_id: str, execution_id: int | None = None, 
     """Claim the execution ``execution_id`` (or the one with ``key``) for ``worker``; return it as claimed.
 
     One conditional UPDATE under ``claimable()`` that returns the row as it
-    wrote it (one round trip). A running row claimed again belongs to a
-    worker that stopped renewing, so it gets the next attempt. ``None``
-    means nothing was claimable (a duplicate delivery).
+    wrote it (one round trip; PostgreSQL and SQLite 3.35+ both have
+    ``UPDATE ... RETURNING``, so nothing can change the row between the write
+    and the read). A running row claimed again belongs to a worker that
+    stopped renewing, so it gets the next attempt. ``None`` means nothing was
+    claimable (a duplicate delivery).
     """
-    target = Execution.objects.filter(pk=execution_id) if execution_id is not None else Execution.objects.filter(
-        idempotency_key=key
-    )
-    execution = _move_returning(
-        target.claimable(),
-        Status.RUNNING,
-        worker=worker,
-        celery_task_id=celery_task_id,
+    using = Execution.objects.db
+    by_id = execution_id is not None
+    values = {"target": execution_id if by_id else key, "worker": worker, "celery_task_id": celery_task_id}
+    row = _CLAIM.execute(using, (by_id, settings.CLAIM_SECONDS), values)
+    if row is None:
+        return None
+    execution = _ROW.read(using, row)
+    if execution.timeout:
+        _hold_to_time_limit(Claim.of(execution), execution.timeout)
+    return execution
+
+
+def _claim_sql(using: str, by_id: bool, claim_seconds: float) -> tuple[str, list[Any]]:
+    """The claim's UPDATE ... RETURNING, compiled once per database (``Prepared``)."""
+    if by_id:
+        target = Execution.objects.filter(pk=Param("target", Execution._meta.pk))
+    else:
+        target = Execution.objects.filter(idempotency_key=Param("target", _field("idempotency_key")))
+    sql, params = _update_sql(
+        _moving(target.claimable(), Status.RUNNING),
+        using,
+        status=Status.RUNNING,
+        worker=Param("worker", _field("worker")),
+        celery_task_id=Param("celery_task_id", _field("celery_task_id")),
         started_at=Now(),
         finished_at=None,
-        lease_expires_at=_db_now_plus(settings.CLAIM_SECONDS),
+        lease_expires_at=_db_now_plus(claim_seconds),
         attempt=Case(
             When(status=Status.RUNNING, then=_NEXT_ATTEMPT), default=F("attempt"), output_field=PositiveIntegerField()
         ),
     )
-    if execution is not None and execution.timeout:
-        _hold_to_time_limit(Claim.of(execution), execution.timeout)
-    return execution
+    return f"{sql} RETURNING {_ROW.columns(using)}", params
+
+
+#: The statements a worker runs for every task, compiled once per process (``scheduler.prepared``).
+_CLAIM = Prepared(_claim_sql)
+_ROW = RowReader(Execution)
 
 
 def _hold_to_time_limit(held: Claim, timeout: int) -> None:
@@ -476,8 +525,8 @@ def finish(held: Claim, *, status: str, result: Any = None, error: str = "", tra
     Returns False, having written nothing, when the claim moved on.
     """
     finished = _record_outcome(
-        held.rows(), held.schedule_id, held.started_at,
-        status=status, result=result, error=error, traceback_text=traceback_text,
+        lambda: _finish_held(held, status, result, error, traceback_text),
+        held.schedule_id, held.started_at, status=status, error=error,
     )
     if not finished:
         logger.warning(
@@ -501,13 +550,16 @@ def finish_in_transaction(held: Claim) -> bool:
     """
     if not transaction.get_connection().in_atomic_block:
         raise TransactionManagementError("finish_in_transaction() needs the caller's transaction.atomic()")
-    return _record_outcome(held.rows(), held.schedule_id, held.started_at, status=Status.SUCCEEDED)
+    return _record_outcome(
+        lambda: _finish_held(held, Status.SUCCEEDED, None, "", ""), held.schedule_id, held.started_at,
+        status=Status.SUCCEEDED,
+    )
 
 
 def record_result(held: Claim, result: Any) -> bool:
     """Store ``result`` on the execution ``held``'s fenced block recorded ``succeeded``; False if it is not that."""
-    succeeded = Execution.objects.filter(pk=held.execution_id, attempt=held.attempt, status=Status.SUCCEEDED)
-    return bool(succeeded.update(result=result))
+    values = {"id": held.execution_id, "attempt": held.attempt, "result": result}
+    return bool(_RESULT.execute(Execution.objects.db, (), values))
 
 
 def save_checkpoint(held: Claim, data: Any) -> bool:
@@ -605,7 +657,10 @@ def retry_lost(execution_id: int, *, due: datetime) -> bool:
 def fail_lost(execution: Execution, *, reason: str) -> bool:
     """Record a ``lost`` execution ``failed`` with ``reason`` and count it on its schedule."""
     lost = Execution.objects.filter(pk=execution.pk, status=Status.LOST)
-    return _record_outcome(lost, execution.schedule_id, execution.started_at, status=Status.FAILED, error=reason)
+    return _record_outcome(
+        lambda: _finish_rows(lost, Status.FAILED, None, reason, ""), execution.schedule_id, execution.started_at,
+        status=Status.FAILED, error=reason,
+    )
 
 
 def fail_unrun(execution_id: int, *, reason: str) -> bool:
@@ -618,7 +673,10 @@ def fail_unrun(execution_id: int, *, reason: str) -> bool:
     if execution is None:
         return False
     waiting = Execution.objects.filter(pk=execution_id, status__in=Execution.WAITING_STATUSES)
-    return _record_outcome(waiting, execution.schedule_id, execution.started_at, status=Status.FAILED, error=reason)
+    return _record_outcome(
+        lambda: _finish_rows(waiting, Status.FAILED, None, reason, ""), execution.schedule_id, execution.started_at,
+        status=Status.FAILED, error=reason,
+    )
 
 
 def cancel(execution_id: int, *, reason: str, now: datetime) -> bool:
@@ -648,27 +706,67 @@ def _cancel(rows: QuerySet[Execution], *, reason: str, now: datetime) -> int:
 
 
 def _record_outcome(
-    rows: QuerySet[Execution], schedule_id: int | None, started_at: datetime | None, *, status: str,
-    result: Any = None, error: str = "", traceback_text: str = "",
+    write: Callable[[], int], schedule_id: int | None, started_at: datetime | None, *, status: str, error: str = "",
 ) -> bool:
-    """Write the final ``status`` onto ``rows`` (a conditional match); count it on the schedule when written."""
+    """Write the final ``status`` with ``write`` (a conditional UPDATE); count it on the schedule when written."""
     if schedule_id is None:  # one statement: the common ad-hoc path stays cheap
-        return bool(_finish_rows(rows, status, result, error, traceback_text))
+        return bool(write())
     with transaction.atomic():
         # Schedule row first, then the execution: the leader's order (module docstring).
         if not Schedule.objects.select_for_update().filter(pk=schedule_id).values_list("pk", flat=True).first():
-            return bool(_finish_rows(rows, status, result, error, traceback_text))  # the schedule was deleted
-        finished = _finish_rows(rows, status, result, error, traceback_text)
+            return bool(write())  # the schedule was deleted
+        finished = write()
         if finished:
             count_run(schedule_id, status=status, error=error, started_at=started_at)
     return bool(finished)
 
 
+#: What a final status writes besides the status (``result``, ``error`` and ``traceback`` come with it).
+_FINISHED = {"finished_at": Now(), "lease_expires_at": None}
+
+
 def _finish_rows(rows: QuerySet[Execution], status: str, result: Any, error: str, traceback_text: str) -> int:
     assert status in Execution.FINAL_STATUSES, status
-    return _move(
-        rows, status, finished_at=Now(), lease_expires_at=None, result=result, error=error, traceback=traceback_text
+    return _move(rows, status, **_FINISHED, result=result, error=error, traceback=traceback_text)
+
+
+def _finish_held(held: Claim, status: str, result: Any, error: str, traceback_text: str) -> int:
+    """``_finish_rows`` of ``held.rows()``, by the statement compiled once per status (the worker's path)."""
+    assert status in Execution.FINAL_STATUSES, status
+    values = {
+        "id": held.execution_id, "attempt": held.attempt, "result": result, "error": error, "traceback": traceback_text,
+    }
+    return _FINISH.execute(Execution.objects.db, (status,), values)
+
+
+def _held_rows() -> QuerySet[Execution]:
+    """``Claim.rows()`` with the claim's id and attempt as ``Param``s."""
+    return Execution.objects.filter(
+        pk=Param("id", Execution._meta.pk), attempt=Param("attempt", _field("attempt")), status=Status.RUNNING
     )
+
+
+def _finish_sql(using: str, status: str) -> tuple[str, list[Any]]:
+    return _update_sql(
+        _moving(_held_rows(), status),
+        using,
+        status=status,
+        **_FINISHED,
+        result=Param("result", _field("result")),
+        error=Param("error", _field("error")),
+        traceback=Param("traceback", _field("traceback")),
+    )
+
+
+def _result_sql(using: str) -> tuple[str, list[Any]]:
+    succeeded = Execution.objects.filter(
+        pk=Param("id", Execution._meta.pk), attempt=Param("attempt", _field("attempt")), status=Status.SUCCEEDED
+    )
+    return _update_sql(succeeded, using, result=Param("result", _field("result")))
+
+
+_FINISH = Prepared(_finish_sql)
+_RESULT = Prepared(_result_sql)
 
 
 def count_run(schedule_id: int, *, status: str, error: str, started_at: datetime | None) -> None:
@@ -726,33 +824,23 @@ def count_run(schedule_id: int, *, status: str, error: str, started_at: datetime
 
 def _move(rows: QuerySet[Execution], to: str, **fields: Any) -> int:
     """Move ``rows`` to status ``to`` where ``Execution.TRANSITIONS`` allows it; return how many moved."""
-    return rows.filter(status__in=Execution.moves_to(to)).update(status=to, **fields)
+    return _moving(rows, to).update(status=to, **fields)
 
 
-def _move_returning(rows: QuerySet[Execution], to: str, **fields: Any) -> Execution | None:
-    """``_move`` one row and return it as written, by ``UPDATE ... RETURNING``; ``None`` if it did not move.
+def _moving(rows: QuerySet[Execution], to: str) -> QuerySet[Execution]:
+    """Those of ``rows`` that ``Execution.TRANSITIONS`` lets move to ``to``: every status write filters so."""
+    return rows.filter(status__in=Execution.moves_to(to))
 
-    PostgreSQL and SQLite (3.35+) both return the updated row, so nothing can
-    change it between the write and the read. Django's ``update()`` returns
-    a count only: the statement is its own, with the row's columns appended.
-    """
-    query = rows.filter(status__in=Execution.moves_to(to)).query.chain(UpdateQuery)
-    query.add_update_values({"status": to, **fields})
-    update_sql, params = query.get_compiler(rows.db).as_sql()
-    columns = [field.get_col(Execution._meta.db_table) for field in Execution._meta.concrete_fields]
-    db = connections[rows.db]
-    returning = ", ".join(db.ops.quote_name(column.target.column) for column in columns)
-    with transaction.mark_for_rollback_on_error(using=rows.db), db.cursor() as cursor:
-        cursor.execute(f"{update_sql} RETURNING {returning}", params)
-        row = cursor.fetchone()
-    if row is None:
-        return None
-    values = []
-    for column, value in zip(columns, row, strict=True):
-        for convert in db.ops.get_db_converters(column) + column.get_db_converters(db):
-            value = convert(value, column, db)
-        values.append(value)
-    return Execution.from_db(rows.db, [field.attname for field in Execution._meta.concrete_fields], values)
+
+def _update_sql(rows: QuerySet[Execution], using: str, **fields: Any) -> tuple[str, list[Any]]:
+    """The SQL and parameters of ``rows.update(**fields)`` on ``using``, not run (``Prepared`` runs it)."""
+    query = rows.query.chain(UpdateQuery)
+    query.add_update_values(fields)
+    return query.get_compiler(using).as_sql()
+
+
+def _field(name: str) -> Any:
+    return Execution._meta.get_field(name)
 
 
 def _db_now_plus(seconds: float) -> ExpressionWrapper:

@@ -63,7 +63,8 @@ def plan_due(
     ``max_runs`` is not applied here but after the overlap policy
     (``cap_runs``); ``runs_so_far`` only tells whether a one-off was sent.
     """
-    spec = replace(spec, max_runs=None)
+    if spec.max_runs is not None:  # replace() validates the whole timing again: only when there is a cap
+        spec = replace(spec, max_runs=None)
     cutoff = now - timedelta(seconds=catchup_window)
     missed: list[datetime] = []
     missed_not_recorded = 0

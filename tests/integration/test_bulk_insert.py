@@ -1,0 +1,175 @@
+"""executions.insert (scheduler.bulk_insert): the rows bulk_create wrote, conflicts ignored, at a lower cost."""
+from __future__ import annotations
+
+from datetime import datetime, timedelta, timezone
+from typing import Any
+
+import pytest
+import time_machine
+from django.db import connection
+
+from scheduler import executions
+from scheduler.models import Execution, Schedule
+from scheduler.models.tally import ExecutionTally
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+Status = Execution.Status
+AT = datetime(2026, 3, 29, 1, 30, 15, 123456, tzinfo=timezone.utc)
+
+
+def schedule(name: str = "nightly", **fields: Any) -> Schedule:
+    return Schedule.objects.create(
+        name=name, task="scheduler.echo", interval=3600, start_at=AT, next_run_at=AT, **fields
+    )
+
+
+def varied_rows(prefix: str, source: Schedule, earlier: Execution) -> list[Execution]:
+    """Rows as every caller builds them, covering each column's kinds of value."""
+    build = executions.execution_for
+    rows = [
+        build(source, AT, status=Status.PENDING, now=AT, token=2**40),
+        build(source, AT - timedelta(hours=1), status=Status.MISSED, now=AT, token=3),
+        build(source, AT - timedelta(hours=2), status=Status.SKIPPED, now=AT),
+        build(source, AT + timedelta(hours=1), status=Status.PENDING, now=AT, held=True, token=7),
+        Execution(
+            idempotency_key="ad-hoc",
+            trigger=Execution.Trigger.SUBMIT,
+            task="scheduler.echo",
+            args=[1, "zwei", None, 3.5, {"nested": ["ü", True]}],
+            kwargs={"quote": 'say "hi"\\n', "emoji": "\N{SNOWMAN}", "empty": {}},
+            queue="slow",
+            priority=9,
+            scheduled_for=AT.astimezone(timezone(timedelta(hours=2))),  # aware, not UTC
+            status="queued",  # a plain string, where dispatch passes a Status member
+            timeout=30,
+            max_retries=2,
+            retry_backoff=5,
+            celery_task_id="ad-hoc-task",
+            tenant="acme",
+            worker="w@host",
+            result={"value": 1},
+            checkpoint=[],
+            error="boom\nline two",
+            attempt_errors=[{"attempt": 1, "error": "x", "at": AT.isoformat()}],
+            retry_of=earlier,
+        ),
+    ]
+    for number, row in enumerate(rows):
+        row.idempotency_key = f"{prefix}{row.idempotency_key}"
+        if row.celery_task_id:  # a fresh uuid4 for pending rows: the same in both copies instead
+            row.celery_task_id = f"task-{number}"
+    return rows
+
+
+def stored(prefix: str) -> list[tuple[Any, ...]]:
+    """Every column of the rows whose key starts with ``prefix``, as the database returns it, but id and key."""
+    table = Execution._meta.db_table
+    with connection.cursor() as cursor:
+        cursor.execute(f"SELECT * FROM {table} WHERE idempotency_key LIKE %s ORDER BY idempotency_key", [f"{prefix}%"])
+        names = [column[0] for column in cursor.description]
+        rows = cursor.fetchall()
+    skipped = {"id", "idempotency_key"}
+    return [tuple((name, value) for name, value in zip(names, row) if name not in skipped) for row in rows]
+
+
+def test_insert__writes_every_column_as_bulk_create_wrote_it() -> None:
+    # Given rows of every kind, built twice
+    source = schedule(args=["a", 1], kwargs={"k": [1, 2]}, queue="q", priority=3, timeout=60, tenant="acme")
+    earlier = Execution.objects.create(idempotency_key="earlier", task="scheduler.echo", scheduled_for=AT)
+    with time_machine.travel(AT + timedelta(seconds=5), tick=False):  # created_at (auto_now_add) equal in both
+        # When one copy goes through bulk_create and the other through insert
+        Execution.objects.bulk_create(varied_rows("a:", source, earlier), ignore_conflicts=True)
+        inserted = varied_rows("b:", source, earlier)
+        executions.insert(inserted)
+
+    # Then the database holds the same values, column by column, in the same representation
+    expected, got = stored("a:"), stored("b:")
+    assert len(got) == 5
+    for want, have in zip(expected, got, strict=True):
+        assert have == want
+    # And the instances have their created_at filled in, as bulk_create leaves them
+    assert {row.created_at for row in inserted} == {AT + timedelta(seconds=5)}
+
+
+def test_insert__ignores_rows_whose_key_exists() -> None:
+    # Given an execution already recorded for a slot
+    source = schedule()
+    first = executions.execution_for(source, AT, status=Status.PENDING, now=AT)
+    executions.insert([first])
+    before = Execution.objects.values().get(idempotency_key=first.idempotency_key)
+
+    # When the same slot and a new one are inserted
+    again = executions.execution_for(source, AT, status=Status.MISSED, now=AT)
+    later = executions.execution_for(source, AT + timedelta(hours=1), status=Status.PENDING, now=AT)
+    executions.insert([again, later])
+
+    # Then the existing row is untouched and only the new slot is added
+    assert Execution.objects.values().get(idempotency_key=first.idempotency_key) == before
+    assert Execution.objects.count() == 2
+    assert Execution.objects.get(idempotency_key=later.idempotency_key).status == Status.PENDING
+
+
+def test_insert__more_rows_than_one_batch() -> None:
+    # Given more rows than one statement takes
+    source = schedule()
+    rows = [
+        executions.execution_for(source, AT + timedelta(hours=hour), status=Status.PENDING, now=AT)
+        for hour in range(2_500)
+    ]
+
+    # When they are inserted
+    executions.insert(rows)
+
+    # Then every one is stored, each with its own slot and Celery task id
+    assert Execution.objects.count() == 2_500
+    assert len(set(Execution.objects.values_list("celery_task_id", flat=True))) == 2_500
+    assert Execution.objects.order_by("scheduled_for").last().scheduled_for == AT + timedelta(hours=2_499)
+
+
+def test_insert__final_rows_are_tallied_by_the_trigger() -> None:
+    # Given a schedule with nothing tallied yet
+    source = schedule()
+
+    # When missed and skipped rows are inserted, one of them twice (ignored the second time)
+    missed = executions.execution_for(source, AT - timedelta(hours=1), status=Status.MISSED, now=AT)
+    executions.insert([missed])
+    executions.insert(
+        [
+            executions.execution_for(source, AT - timedelta(hours=1), status=Status.MISSED, now=AT),
+            executions.execution_for(source, AT - timedelta(hours=2), status=Status.MISSED, now=AT),
+            executions.execution_for(source, AT - timedelta(hours=3), status=Status.SKIPPED, now=AT),
+            executions.execution_for(source, AT, status=Status.PENDING, now=AT),
+        ]
+    )
+
+    # Then the database's trigger counted each stored final row once, and the pending one not at all
+    counted = {
+        status: sum(ExecutionTally.objects.filter(status=status, task="scheduler.echo").values_list("count", flat=True))
+        for status in (Status.MISSED, Status.SKIPPED, Status.PENDING)
+    }
+    assert counted == {Status.MISSED: 2, Status.SKIPPED: 1, Status.PENDING: 0}
+
+
+def test_insert__unsaved_schedule_is_refused_and_nothing_written() -> None:
+    # Given a row of a schedule that was never saved
+    unsaved = Schedule(name="unsaved", task="scheduler.echo", interval=60, start_at=AT)
+    row = Execution(idempotency_key="k", task="scheduler.echo", scheduled_for=AT, schedule=unsaved)
+
+    # When it is inserted, then it is refused as bulk_create refuses it
+    with pytest.raises(ValueError, match="unsaved related object 'schedule'"):
+        executions.insert([row])
+    assert not Execution.objects.exists()
+
+
+def test_insert__schedule_saved_after_assignment_gives_its_id() -> None:
+    # Given a row built before its schedule was saved
+    source = Schedule(name="late", task="scheduler.echo", interval=60, start_at=AT)
+    row = Execution(idempotency_key="k", task="scheduler.echo", scheduled_for=AT, schedule=source)
+    source.save()
+
+    # When it is inserted
+    executions.insert([row])
+
+    # Then it belongs to the schedule, as with bulk_create
+    assert Execution.objects.get(idempotency_key="k").schedule_id == source.pk

@@ -1,0 +1,98 @@
+"""The worker's per-task statements, compiled once per process (``scheduler.prepared``), write what the ORM writes."""
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+import pytest
+
+from scheduler import executions, leases
+from scheduler.executions import Claim
+from scheduler.models import Execution
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+Status = Execution.Status
+#: Every column but those that differ between two rows by design.
+COMPARED = [
+    field.attname for field in Execution._meta.concrete_fields
+    if field.attname not in ("id", "idempotency_key", "created_at", "started_at", "finished_at", "lease_expires_at")
+]
+
+
+def queued(*keys: str) -> None:
+    now = leases.db_now()
+    for key in keys:
+        Execution.objects.create(idempotency_key=key, task="scheduler.echo", scheduled_for=now)
+
+
+def claimed(key: str) -> Claim:
+    execution = executions.claim(worker="w@host:1", celery_task_id="celery-1", key=key)
+    assert execution is not None
+    return Claim.of(execution)
+
+
+def columns(key: str) -> dict[str, Any]:
+    return Execution.objects.filter(idempotency_key=key).values(*COMPARED).get()
+
+
+@pytest.mark.parametrize("result", [None, {"rows": [1, 2]}, ["a"], "text", 0, False])
+@pytest.mark.parametrize("status", [Status.SUCCEEDED, Status.FAILED, Status.TIMED_OUT])
+def test_finish__writes_the_row_the_orm_update_writes(status: str, result: Any) -> None:
+    # Given two running executions, one finished by the worker's statement, one by the ORM's update
+    queued("prepared", "orm")
+    held, other = claimed("prepared"), claimed("orm")
+    # When both record the same outcome
+    assert executions.finish(held, status=status, result=result, error="boom", traceback_text="tb")
+    assert executions._finish_rows(other.rows(), status, result, "boom", "tb") == 1
+    # Then the rows are alike, a None result included (SQL NULL, not JSON null)
+    assert columns("prepared") == columns("orm")
+    assert Execution.objects.filter(result__isnull=True).count() == (2 if result is None else 0)
+
+
+def test_finish__by_a_superseded_attempt_writes_nothing() -> None:
+    # Given an execution taken over by attempt 2 after attempt 1's claim ran out
+    queued("e")
+    stale = claimed("e")
+    Execution.objects.filter(idempotency_key="e").update(lease_expires_at=leases.db_now() - timedelta(seconds=5))
+    current = claimed("e")
+    # When attempt 1 records its outcome and its result
+    finished = executions.finish(stale, status=Status.SUCCEEDED, result="stale")
+    stored = executions.record_result(stale, "stale")
+    # Then neither lands; attempt 2 still runs
+    assert (finished, stored) == (False, False)
+    assert Execution.objects.values_list("status", "attempt", "result").get() == (Status.RUNNING, current.attempt, None)
+
+
+def test_claim__follows_a_changed_claim_length(settings: Any) -> None:
+    # Given a claim made with one claim length (the statement is compiled with it)
+    settings.SCHEDULER_CLAIM_SECONDS = 60
+    queued("short", "long")
+    claimed("short")
+    # When the setting changes and another execution is claimed
+    settings.SCHEDULER_CLAIM_SECONDS = 3600
+    claimed("long")
+    # Then each claim lasts as long as the setting said when it was made
+    now = leases.db_now()
+    expires = dict(Execution.objects.values_list("idempotency_key", "lease_expires_at"))
+    assert now + timedelta(seconds=30) < expires["short"] < now + timedelta(seconds=90)
+    assert now + timedelta(seconds=3000) < expires["long"] < now + timedelta(seconds=3700)
+
+
+def test_record_ad_hoc__writes_the_row_insert_writes_once() -> None:
+    # Given a plain Celery call recorded by the worker, and the same row inserted by executions.insert
+    now = leases.db_now()
+    call = {"task": "scheduler.echo", "args": (1, "a"), "kwargs": {"k": [1]}, "queue": "q", "timeout": 30, "now": now}
+    key = executions.record_ad_hoc("celery-1", **call)
+    executions.insert([
+        Execution(
+            idempotency_key="orm", trigger=Execution.Trigger.SUBMIT, task="scheduler.echo", args=[1, "a"],
+            kwargs={"k": [1]}, queue="q", scheduled_for=now, status=Status.QUEUED, celery_task_id="celery-1", timeout=30,
+        )
+    ])
+    # When the same message is recorded again (a redelivery)
+    assert executions.record_ad_hoc("celery-1", **call) == key
+    # Then there is one row for it, alike the inserted one, stamped with its creation time
+    assert Execution.objects.filter(idempotency_key=key).count() == 1
+    assert columns(key) == columns("orm")
+    assert Execution.objects.get(idempotency_key=key).created_at is not None
