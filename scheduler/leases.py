@@ -37,6 +37,8 @@ RELEASE_CHANNEL = "scheduler_lease"
 #: How long past its own bound the lock wait may take before it is dropped
 #: (the server ends it at ``lock_timeout``; this only guards a silent server).
 WAIT_GRACE_SECONDS = 2.0
+#: How often (ms) the server checks that a replica blocked in a lock wait is still there.
+CLIENT_CHECK_MS = 50
 LOCK_NOT_AVAILABLE = b"55P03"
 QUERY_CANCELED = b"57014"
 
@@ -428,6 +430,13 @@ class InstanceLock:
         if self._conn is None or self._conn.closed:
             self.held = False
             self._conn = _connect("scheduler-instance-lock")
+            # This session spends its time blocked in another replica's lock
+            # (``wait_for``), where the server would not notice this process
+            # die until the wait ended, and would keep its lock, the proof of
+            # life, held that long: make it look for its client every 50 ms
+            # (PostgreSQL 14 and later; older servers notice at the wait's end).
+            if self._conn.info.server_version >= 140000:
+                self._conn.execute(f"SET client_connection_check_interval = {CLIENT_CHECK_MS}")
         return self._conn
 
     def _listening(self) -> psycopg.Connection:
