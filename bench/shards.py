@@ -58,12 +58,11 @@ import tempfile
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from bench.common import ROOT, cpu_seconds, django_env, migrate, percentile, table, write_results
-from tests.processes import CeleryProcess, beat_argv
+from tests.processes import CeleryProcess, beat_argv, wait_until
 
 SIGNALS = {"SIGKILL": signal.SIGKILL, "SIGTERM": signal.SIGTERM}
 #: Lease settings of the replicas (the documented defaults, as ``bench.failover``).
@@ -79,15 +78,6 @@ READY = r"beat replica \S+ started"
 
 def _log(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
-
-
-def _wait(predicate: Callable[[], Any], timeout: float, interval: float = 0.05) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value or time.monotonic() >= deadline:
-            return value
-        time.sleep(interval)
 
 
 def spread(counts: list[int]) -> dict[str, Any]:
@@ -130,7 +120,7 @@ class Replicas:
 
     def wait_ready(self) -> None:
         for process in self.live:
-            if not _wait(lambda p=process: re.search(READY, p.log()), STARTUP_WAIT, 0.2):
+            if not wait_until(lambda p=process: re.search(READY, p.log()), timeout=STARTUP_WAIT, interval=0.2):
                 raise SystemExit(f"{process.name} did not start within {STARTUP_WAIT:.0f}s")
 
     def replace(self, process: CeleryProcess) -> None:
@@ -166,7 +156,7 @@ def _balanced(count: int, replicas: Replicas) -> dict[str, tuple[str, int]] | No
 
 
 def _wait_balanced(count: int, replicas: Replicas, what: str) -> dict[str, tuple[str, int]]:
-    held = _wait(lambda: _balanced(count, replicas), BALANCE_WAIT, 0.1)
+    held = wait_until(lambda: _balanced(count, replicas), timeout=BALANCE_WAIT, interval=0.1)
     if not held:
         loads = Counter(holder for holder, _ in _holders(count).values())
         raise SystemExit(f"the shards did not spread over the replicas within {BALANCE_WAIT:.0f}s {what}: {dict(loads)}")
@@ -223,7 +213,7 @@ def _steady(count: int, replicas: Replicas, seconds: float, first_id: int) -> di
     ended = leases.db_now()
     cpu = {pid: cpu_seconds(pid) - used for pid, used in cpu0.items()}
     after = _holders(count)
-    _wait(lambda: _caught_up(first_id), BALANCE_WAIT, 0.1)  # the window's last slots are committed too
+    wait_until(lambda: _caught_up(first_id), timeout=BALANCE_WAIT, interval=0.1)  # the window's last slots are committed too
 
     def per_replica(rows: Any) -> Counter[int]:
         by_dispatcher = rows.values_list("dispatcher").annotate(n=Count("id")).values_list("dispatcher", "n")
@@ -279,7 +269,7 @@ def _kill_loop(count: int, replicas: Replicas, sig: int, kills: int, rng: random
                     taken[name] = acquired_at.timestamp() - killed_db
             return len(taken) == len(theirs)
 
-        _wait(all_taken, TAKEOVER_WAIT, 0.01)
+        wait_until(all_taken, timeout=TAKEOVER_WAIT, interval=0.01)
         not_taken += len(theirs) - len(taken)
         gaps += taken.values()
         samples.append({"pid": victim.pid, "killed_at": killed_at, "db_offset_seconds": offset, "shards": len(theirs),
@@ -347,7 +337,7 @@ def _measure_database(replica_counts: list[int], count: int, schedules: int, sec
                 replicas.start()
             replicas.wait_ready()
             _wait_balanced(count, replicas, "at start")
-            if not _wait(lambda: _caught_up(first_id), BALANCE_WAIT, 0.2):
+            if not wait_until(lambda: _caught_up(first_id), timeout=BALANCE_WAIT, interval=0.2):
                 raise SystemExit(f"the replicas did not catch up with the schedules within {BALANCE_WAIT:.0f}s")
             steady = _steady(count, replicas, seconds, first_id)
             _log(f"  steady: {steady['executions']} executions in {steady['window_seconds']:.1f}s, "
