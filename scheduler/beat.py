@@ -216,7 +216,7 @@ class LeaderScheduler(Scheduler):
         """One tick with shards: step the shards held towards the preferred ones, dispatch for those held."""
         assert self.shards is not None
         if connection.vendor == "postgresql" and not self._hold_instance_lock():
-            self.shards.forget()  # without our instance lock others may take our shards as gone's
+            self.shards.forget()  # without our instance lock the others take our shards as a gone replica's
             return settings.FOLLOWER_RETRY_SECONDS
         self._heartbeat()
         if not self._announced and self._instance_lock is not None:
