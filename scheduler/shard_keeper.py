@@ -43,6 +43,16 @@ def live_beats() -> set[str]:
     return recent
 
 
+def _by_shard(handles: list[leases.LeaseHandle]) -> dict[int, leases.LeaseHandle]:
+    """{shard: handle} for handles of shard leases (the keeper only ever asks for those)."""
+    by_shard = {}
+    for handle in handles:
+        shard = shards.shard_of_lease(handle.name)
+        assert shard is not None, handle.name
+        by_shard[shard] = handle
+    return by_shard
+
+
 class ShardKeeper:
     """The shard leases one replica holds, kept in step with the live replicas."""
 
@@ -101,7 +111,7 @@ class ShardKeeper:
     def _renew(self, ttl: float) -> None:
         renewed = leases.renew_many(list(self.held.values()), ttl=ttl)
         lost = tuple(sorted({lease.name for lease in self.held.values()} - {lease.name for lease in renewed}))
-        self.held = {shards.shard_of_lease(lease.name): lease for lease in renewed}  # type: ignore[misc]
+        self.held = _by_shard(renewed)
         self._last_renew = time.monotonic()
         if lost:
             leases.record_renew_failure(*lost)
@@ -137,7 +147,7 @@ class ShardKeeper:
             return
         if not self.held:
             self._last_renew = time.monotonic()
-        self.held.update({shards.shard_of_lease(lease.name): lease for lease in taken})  # type: ignore[misc]
+        self.held.update(_by_shard(taken))
         logger.info(
             "shards taken by %s: %s", self.instance_id, ", ".join(f"{lease.name} (token {lease.token})" for lease in taken),
             extra={"action": "shards_acquired", "instance_id": self.instance_id, "leases": [lease.name for lease in taken]},
