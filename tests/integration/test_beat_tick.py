@@ -154,18 +154,7 @@ def test_database_outage__leader_steps_down_and_recovers(redis_url: str) -> None
         scheduler.tick()
         assert scheduler.lease is not None
         # When the database drops the beat's connection
-        if connection.vendor == "postgresql":
-            with connection.cursor() as cursor:
-                cursor.execute("SELECT pg_backend_pid()")
-                (pid,) = cursor.fetchone()
-            killer = connections["default"].__class__(connection.settings_dict, alias="killer")
-            try:
-                with killer.cursor() as cursor:
-                    cursor.execute("SELECT pg_terminate_backend(%s)", [pid])
-            finally:
-                killer.close()
-        else:
-            connection.connection.close()  # the driver connection dies under Django
+        _cut_connection()
         delay = scheduler.tick()
         # Then it stops leading (it cannot prove its lease) without raising
         assert scheduler.lease is None
@@ -175,3 +164,44 @@ def test_database_outage__leader_steps_down_and_recovers(redis_url: str) -> None
         assert scheduler.lease is not None
     finally:
         scheduler.close()
+
+
+def test_database_outage__sharded_replica_pauses_its_shards_and_retakes_them_under_new_tokens(
+    redis_url: str, settings: object
+) -> None:
+    settings.SCHEDULER_SHARDS = 4  # type: ignore[attr-defined]
+    scheduler = LeaderScheduler(app, lazy=True)
+    try:
+        # Given a replica alone holding every shard
+        scheduler.tick()
+        assert scheduler.shards is not None and sorted(scheduler.shards.held) == [0, 1, 2, 3]
+        before = {shard: lease.token for shard, lease in scheduler.shards.held.items()}
+        # When the database drops the beat's connection
+        _cut_connection()
+        delay = scheduler.tick()
+        # Then it drops every shard (uncertain, so paused) without raising
+        assert scheduler.shards.held == {}
+        assert delay > 0
+        # ... and once the database answers takes them again, each under a new token
+        scheduler.tick()
+        after = {shard: lease.token for shard, lease in scheduler.shards.held.items()}
+        assert sorted(after) == [0, 1, 2, 3]
+        assert all(after[shard] > before[shard] for shard in after)
+    finally:
+        scheduler.close()
+
+
+def _cut_connection() -> None:
+    """Kill this test's database connection from outside (PostgreSQL) or under Django (SQLite)."""
+    if connection.vendor == "postgresql":
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_backend_pid()")
+            (pid,) = cursor.fetchone()
+        killer = connections["default"].__class__(connection.settings_dict, alias="killer")
+        try:
+            with killer.cursor() as cursor:
+                cursor.execute("SELECT pg_terminate_backend(%s)", [pid])
+        finally:
+            killer.close()
+    else:
+        connection.connection.close()  # the driver connection dies under Django

@@ -6,15 +6,13 @@ the rows the command then reads with SQL.
 """
 from __future__ import annotations
 
-import io
+import functools
 import json
 from datetime import datetime, timezone
 from decimal import Decimal
 
 import pytest
 from celery.schedules import crontab
-from django.core.management import call_command
-from django.core.management.base import CommandError
 from django.db import connection
 from django_celery_beat.models import (
     ClockedSchedule,
@@ -27,6 +25,7 @@ from django_celery_beat.schedulers import ModelEntry
 
 from project.celery import app
 from scheduler.models import Schedule
+from tests.integration import command_support
 
 pytestmark = pytest.mark.django_db
 
@@ -66,18 +65,8 @@ EXPECTED_LINES = {
 }
 
 
-def run(*args: str) -> str:
-    out = io.StringIO()
-    call_command("import_celery_beat", *args, stdout=out, stderr=io.StringIO())
-    return out.getvalue()
-
-
-def refused(*args: str) -> str:
-    with pytest.raises(CommandError) as caught:
-        run(*args)
-    message = str(caught.value)
-    assert "\n" not in message and caught.value.returncode == 1
-    return message
+run = functools.partial(command_support.run, "import_celery_beat")
+refused = functools.partial(command_support.refused, "import_celery_beat")
 
 
 @pytest.fixture
