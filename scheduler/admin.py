@@ -34,11 +34,13 @@ from django.utils.timesince import timesince, timeuntil
 from django.utils.http import urlencode
 from django.utils.translation import ngettext
 
-from scheduler import audit, backfill, clock, cluster, dispatch, leases, metrics, operations, overdue, shards, timing
+from scheduler import (
+    audit, backfill, clock, cluster, dispatch, leases, metrics, operations, overdue, shards, task_policy, timing,
+)
 from scheduler.conf import settings
-from scheduler.exceptions import BackfillRefused, ScheduleInvalid
+from scheduler.exceptions import BackfillRefused, ScheduleInvalid, TaskRefused
 from scheduler.models import AuditEvent, Execution, Instance, Lease, OperatorProfile, Schedule
-from scheduler.models.operator_profile import tenant_of
+from scheduler.tenancy import EVERY_TENANT, Scope, scope_of_user
 from scheduler.models.schedule import EARLIEST, LATEST, TIMING_REQUIRED
 
 #: How many upcoming slots the schedule page previews.
@@ -234,12 +236,10 @@ class ActionsNeedPermission:
 
 
 class TenantScoped:
-    """A staff user bound to a tenant (``OperatorProfile``) sees and changes only that tenant's rows."""
+    """A staff user sees and changes only the rows of its scope: its tenant, every tenant, or none (``tenancy``)."""
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[Any]:
-        queryset = super().get_queryset(request)  # type: ignore[misc]
-        tenant = tenant_of(request.user)
-        return queryset.filter(tenant=tenant) if tenant else queryset
+        return scope_of_user(request.user).filter(super().get_queryset(request))  # type: ignore[misc]
 
 
 class BackfillForm(forms.Form):
@@ -263,6 +263,9 @@ class ScheduleForm(forms.ModelForm):
         help_text="Set the one-off time to now, so it runs at once (a one-off time in the past is refused).",
     )
 
+    #: The editing user's scope; ``ScheduleAdmin.get_form`` sets it for each request.
+    scope: Scope = EVERY_TENANT
+
     class Meta:
         model = Schedule
         fields = "__all__"
@@ -270,6 +273,9 @@ class ScheduleForm(forms.ModelForm):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        if self.scope.is_bound:
+            # The tenant is read-only for a bound user: its name checks and task policy need it now.
+            self.instance.tenant = self.scope.tenant
         # The form field would say "≥ 0" for a negative number and the model "≥ 1" for 0.
         for name in AT_LEAST_ONE_FIELDS:
             field = self.fields.get(name)
@@ -282,6 +288,13 @@ class ScheduleForm(forms.ModelForm):
 
     def clean(self) -> dict[str, Any]:
         cleaned = super().clean()
+        task = cleaned.get("task") or self.instance.task
+        if task and "task" not in self._errors:
+            tenant = self.instance.tenant if self.scope.is_bound else cleaned.get("tenant", self.instance.tenant)
+            try:
+                task_policy.ensure_scope_allows(task, tenant=tenant, scope=self.scope)
+            except TaskRefused as exc:
+                self.add_error("task" if "task" in self.fields else None, str(exc))
         if cleaned.get("run_at_now"):
             cleaned["run_at"] = leases.db_now()
         elif cleaned.get("run_at") is not None and "run_at" in self.changed_data:
@@ -360,10 +373,18 @@ class ScheduleAdmin(TenantScoped, ActionsNeedPermission, admin.ModelAdmin):
         ("Recent executions", {"fields": ("recent_executions", "backfill_link")}),
     )
 
+    def get_form(self, request: HttpRequest, obj: Schedule | None = None, change: bool = False, **kwargs: Any) -> Any:
+        form = super().get_form(request, obj, change, **kwargs)
+        return type(form.__name__, (form,), {"scope": scope_of_user(request.user)})
+
     def get_readonly_fields(self, request: HttpRequest, obj: Schedule | None = None) -> Any:
         readonly = super().get_readonly_fields(request, obj)
         # Bound to a tenant: its schedules get that tenant, and cannot be given another.
-        return (*readonly, "tenant") if tenant_of(request.user) else readonly
+        return (*readonly, "tenant") if scope_of_user(request.user).is_bound else readonly
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        # A user bound to no tenant has no tenant to add a schedule to.
+        return super().has_add_permission(request) and not scope_of_user(request.user).sees_nothing
 
     def get_fieldsets(self, request: HttpRequest, obj: Schedule | None = None) -> Any:
         if obj is not None:
@@ -545,7 +566,7 @@ class ScheduleAdmin(TenantScoped, ActionsNeedPermission, admin.ModelAdmin):
 
         try:
             with transaction.atomic():
-                result = operations.run_now(schedule, app=app)
+                result = operations.run_now(schedule, app=app, scope=scope_of_user(request.user))
                 audit.record(
                     audit.user_actor(request.user), "run_now", schedule, changes={"execution": [None, result.execution.pk]}
                 )
@@ -577,11 +598,12 @@ class ScheduleAdmin(TenantScoped, ActionsNeedPermission, admin.ModelAdmin):
 
             confirm = "confirm" in request.POST
             try:
+                task_policy.ensure_scope_allows(schedule.task, tenant=schedule.tenant, scope=scope_of_user(request.user))
                 report = backfill.backfill(
                     schedule, start=form.cleaned_data["start"], end=form.cleaned_data["end"],
                     now=leases.db_now(), dry_run=not confirm, app=app,
                 )
-            except BackfillRefused as exc:
+            except (BackfillRefused, TaskRefused) as exc:
                 form.add_error(None, str(exc))
             else:
                 if confirm:
@@ -617,9 +639,9 @@ class ScheduleAdmin(TenantScoped, ActionsNeedPermission, admin.ModelAdmin):
         return TemplateResponse(request, "admin/scheduler/schedule/backfill.html", context)
 
     def save_model(self, request: HttpRequest, obj: Schedule, form: forms.ModelForm, change: bool) -> None:
-        tenant = tenant_of(request.user)
-        if tenant and not change:
-            obj.tenant = tenant
+        scope = scope_of_user(request.user)
+        if scope.is_bound and not change:
+            obj.tenant = scope.tenant
         before = audit.snapshot(Schedule.objects.filter(pk=obj.pk).first()) if change else {}
         with transaction.atomic():
             # Only the fields the operator changed: the leader and the workers write
@@ -655,10 +677,11 @@ class ScheduleAdmin(TenantScoped, ActionsNeedPermission, admin.ModelAdmin):
         from project.celery import app
 
         sent, problems = 0, []
+        scope = scope_of_user(request.user)
         for schedule in queryset:
             try:
                 with transaction.atomic():
-                    result = operations.run_now(schedule, app=app)
+                    result = operations.run_now(schedule, app=app, scope=scope)
                     audit.record(
                         audit.user_actor(request.user), "run_now", schedule,
                         changes={"execution": [None, result.execution.pk]},
@@ -768,9 +791,13 @@ class ExecutionAdmin(TenantScoped, ActionsNeedPermission, ReadOnlyAdmin):
             raise PermissionDenied(f"You may not {action} executions.")
         if action not in ("retry", "cancel"):
             raise Http404(f"No action {action!r}.")
-        act = operations.retry_execution if action == "retry" else operations.cancel_execution
+        scope = scope_of_user(request.user)
+        if action == "retry":
+            act = lambda e: operations.retry_execution(e, app=app, scope=scope)  # noqa: E731
+        else:
+            act = lambda e: operations.cancel_execution(e, app=app)  # noqa: E731
         try:
-            result = self._audited(request, action, execution, lambda e: act(e, app=app))
+            result = self._audited(request, action, execution, act)
         except operations.ActionRefused as exc:
             self.message_user(request, str(exc), level=messages.WARNING)
             return redirect("admin:scheduler_execution_change", execution.pk)
@@ -793,7 +820,8 @@ class ExecutionAdmin(TenantScoped, ActionsNeedPermission, ReadOnlyAdmin):
     def retry(self, request: HttpRequest, queryset: QuerySet[Execution]) -> None:
         from project.celery import app
 
-        self._apply(request, queryset, lambda e: operations.retry_execution(e, app=app), "retry")
+        scope = scope_of_user(request.user)
+        self._apply(request, queryset, lambda e: operations.retry_execution(e, app=app, scope=scope), "retry")
 
     @admin.action(description="Cancel selected executions", permissions=["cancel"])
     def cancel(self, request: HttpRequest, queryset: QuerySet[Execution]) -> None:
@@ -988,9 +1016,22 @@ class AuditEventAdmin(TenantScoped, ReadOnlyAdmin):
 class OperatorProfileAdmin(admin.ModelAdmin):
     """Binds a staff user to a tenant: the admin and the API then show that user only that tenant's rows."""
 
-    list_display = ("user", "tenant")
+    list_display = ("user", "tenant", "all_tenants")
+    list_filter = ("all_tenants",)
     search_fields = ("user__username", "tenant")
     raw_id_fields = ("user",)
+
+    # Binding decides what everyone else sees: only superusers change it,
+    # whatever permissions a group grants.
+    def has_module_permission(self, request: HttpRequest) -> bool:
+        return request.user.is_active and request.user.is_superuser
+
+    def has_view_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return self.has_module_permission(request)
+
+    has_add_permission = has_module_permission  # type: ignore[assignment]
+    has_change_permission = has_view_permission
+    has_delete_permission = has_view_permission
 
     def save_model(self, request: HttpRequest, obj: OperatorProfile, form: forms.ModelForm, change: bool) -> None:
         before = audit.snapshot(OperatorProfile.objects.filter(pk=obj.pk).first()) if change else {}

@@ -14,7 +14,7 @@ from django.core.serializers.json import DjangoJSONEncoder
 from django.db.models import Model
 
 from scheduler.models import AuditEvent
-from scheduler.models.operator_profile import tenant_of
+from scheduler.tenancy import scope_of_user
 
 #: Fields left out of ``changes``: one that changes on every save and says
 #: nothing, and a secret's hash, which the trail must not spread.
@@ -36,7 +36,8 @@ CLI = Actor(AuditEvent.ActorType.CLI, "cli")
 
 def user_actor(user: Any) -> Actor:
     """Return the actor for a logged-in user (the admin, or the API with a session)."""
-    return Actor(AuditEvent.ActorType.USER, user.get_username(), tenant_of(user))
+    scope = scope_of_user(user)
+    return Actor(AuditEvent.ActorType.USER, user.get_username(), scope.tenant if scope.is_bound else "")
 
 
 def snapshot(obj: Model | None) -> dict[str, Any]:

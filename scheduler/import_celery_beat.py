@@ -24,6 +24,7 @@ from scheduler import operations
 from scheduler.exceptions import SchedulerError
 from scheduler.management.base import validation_message
 from scheduler.models import Schedule
+from scheduler.tenancy import EVERY_TENANT
 
 if TYPE_CHECKING:
     from celery import Celery
@@ -185,7 +186,7 @@ def _import_one(row: dict[str, Any], *, app: Celery, dry_run: bool) -> TaskOutco
         return TaskOutcome(name=name, outcome=REFUSED, reason=str(exc))
     schedule = Schedule(**fields)
     try:
-        operations.validate_schedule(schedule, app=app)
+        operations.validate_schedule(schedule, app=app, scope=EVERY_TENANT)
     except ValidationError as exc:
         return TaskOutcome(name=name, outcome=REFUSED, reason=validation_message(exc))
     if not dry_run:

@@ -17,9 +17,10 @@ from django.core.exceptions import ValidationError
 from django.db import transaction
 from kombu.exceptions import OperationalError as BrokerError
 
-from scheduler import dispatch, executions, leases
-from scheduler.exceptions import SchedulerError
+from scheduler import dispatch, executions, leases, task_policy
+from scheduler.exceptions import SchedulerError, TaskRefused
 from scheduler.models import Execution, Schedule
+from scheduler.tenancy import Scope
 
 if TYPE_CHECKING:
     from celery import Celery
@@ -34,7 +35,7 @@ RUN_AT_GRACE = timedelta(seconds=10)
 
 
 class ActionRefused(SchedulerError):
-    """The action cannot be taken: its task is unknown, or the execution is in the wrong state."""
+    """The action cannot be taken: its task is unknown or not the caller's to run, or the execution is in the wrong state."""
 
 
 class RunAtInPast(SchedulerError):
@@ -54,14 +55,22 @@ class ActionResult:
     broker_error: str = ""
 
 
-def ensure_task(app: Celery, name: str) -> None:
-    """Raise ``ActionRefused`` unless ``name`` is a task of ``app``."""
+def ensure_task(app: Celery, name: str, *, tenant: str, scope: Scope) -> None:
+    """Raise ``ActionRefused`` unless a caller of ``scope`` may run ``name`` for a row of ``tenant``, and it is a task of ``app``.
+
+    The task policy (``scheduler.task_policy``) is asked first, so a reserved
+    task is refused as such whether or not this process registered it.
+    """
+    try:
+        task_policy.ensure_scope_allows(name, tenant=tenant, scope=scope)
+    except TaskRefused as exc:
+        raise ActionRefused(str(exc)) from None
     if not dispatch.is_task_registered(name, app=app):
         raise ActionRefused(f"Unknown task {name!r}: no task with that name is registered.")
 
 
-def validate_schedule(schedule: Schedule, *, app: Celery) -> None:
-    """Run the model's validation and check that the task exists; raise one ValidationError with every problem."""
+def validate_schedule(schedule: Schedule, *, app: Celery, scope: Scope) -> None:
+    """Run the model's validation and check that the task exists and ``scope`` may run it; raise one ValidationError with every problem."""
     errors: dict[str, list[ValidationError]] = {}
     try:
         schedule.full_clean()
@@ -69,7 +78,7 @@ def validate_schedule(schedule: Schedule, *, app: Celery) -> None:
         errors = exc.update_error_dict(errors)
     if schedule.task:
         try:
-            ensure_task(app, schedule.task)
+            ensure_task(app, schedule.task, tenant=schedule.tenant, scope=scope)
         except ActionRefused as exc:
             errors.setdefault("task", []).append(ValidationError(str(exc)))
     if errors:
@@ -89,9 +98,9 @@ def ensure_run_at_ahead(run_at: datetime | None, *, now: datetime, hint: str) ->
         )
 
 
-def run_now(schedule: Schedule, *, app: Celery) -> ActionResult:
+def run_now(schedule: Schedule, *, app: Celery, scope: Scope) -> ActionResult:
     """Record an execution of ``schedule`` for now, outside its timing, and send it after commit."""
-    ensure_task(app, schedule.task)
+    ensure_task(app, schedule.task, tenant=schedule.tenant, scope=scope)
     return _record_and_send(executions.run_now_for(schedule, now=leases.db_now()), app=app)
 
 
@@ -103,10 +112,10 @@ def ensure_retryable(execution: Execution) -> None:
         )
 
 
-def retry_execution(execution: Execution, *, app: Celery) -> ActionResult:
+def retry_execution(execution: Execution, *, app: Celery, scope: Scope) -> ActionResult:
     """Record a new execution that re-runs ``execution`` now, as attempt 1, and send it after commit."""
     ensure_retryable(execution)
-    ensure_task(app, execution.task)
+    ensure_task(app, execution.task, tenant=execution.tenant, scope=scope)
     return _record_and_send(executions.retry_for(execution, now=leases.db_now()), app=app)
 
 

@@ -16,8 +16,8 @@ from rest_framework.request import Request
 from scheduler import audit, leases
 from scheduler.models import ApiToken, AuditEvent
 from scheduler.models.api_token import hash_token
-from scheduler.models.operator_profile import tenant_of
-from scheduler.permissions import OPERATOR_GROUP
+from scheduler.permissions import OPERATOR_GROUP, VIEWER_GROUP
+from scheduler.tenancy import Scope, scope_of_token, scope_of_user
 
 
 #: ``last_used_at`` is kept to this precision.
@@ -77,10 +77,9 @@ class BearerTokenAuthentication(authentication.BaseAuthentication):
 class Caller:
     """An authenticated caller as the API sees it."""
 
-    #: ``viewer``, ``operator``, or empty for a user who is not staff (no access).
+    #: ``viewer``, ``operator``, or empty for a user in neither group (no access).
     role: str
-    #: Empty: every tenant.
-    tenant: str
+    scope: Scope
     actor: audit.Actor
 
     @property
@@ -95,19 +94,25 @@ def caller(request: Request) -> Caller:
         return cached
     if isinstance(request.auth, ApiToken):
         token = request.auth
-        result = Caller(token.role, token.tenant, audit.Actor(AuditEvent.ActorType.TOKEN, token.name, token.tenant))
+        result = Caller(token.role, scope_of_token(token), audit.Actor(AuditEvent.ActorType.TOKEN, token.name, token.tenant))
     else:
-        result = Caller(user_role(request.user), tenant_of(request.user), audit.user_actor(request.user))
+        result = Caller(user_role(request.user), scope_of_user(request.user), audit.user_actor(request.user))
     request._scheduler_caller = result
     return result
 
 
 def user_role(user: Any) -> str:
-    """Return a session user's role: operators are superusers and members of the operator group; other staff view."""
+    """Return a session user's role from its groups: superusers and the operator group operate, the viewer group views.
+
+    Being staff alone grants nothing: it only lets a user log in to the admin.
+    """
     if not user.is_active or not user.is_staff:
         return ""
-    if user.is_superuser or user.groups.filter(name=OPERATOR_GROUP).exists():
+    if user.is_superuser:
         return ApiToken.Role.OPERATOR
-    return ApiToken.Role.VIEWER
+    groups = set(user.groups.filter(name__in=(OPERATOR_GROUP, VIEWER_GROUP)).values_list("name", flat=True))
+    if OPERATOR_GROUP in groups:
+        return ApiToken.Role.OPERATOR
+    return ApiToken.Role.VIEWER if VIEWER_GROUP in groups else ""
 
 

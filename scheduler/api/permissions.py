@@ -23,7 +23,7 @@ class HasRole(permissions.BasePermission):
             return False
         who = caller(request)
         if not who.role:
-            self.message = "Only staff users may use the API."
+            self.message = "Only staff users in the viewer or operator group may use the API."
             return False
         return request.method in permissions.SAFE_METHODS or who.is_operator
 
@@ -34,4 +34,4 @@ class Unscoped(permissions.BasePermission):
     message = "This action touches every tenant: it needs an operator bound to no tenant."
 
     def has_permission(self, request: Request, view: Any) -> bool:
-        return not caller(request).tenant
+        return caller(request).scope.every_tenant

@@ -18,6 +18,8 @@ from rest_framework.settings import api_settings
 from scheduler import leases, operations, overdue
 from scheduler.api.authentication import caller
 from scheduler.backfill import DEFAULT_LIMIT
+from scheduler.conf import settings
+from scheduler.limits import PAUSED_REASON_MAX_CHARS
 from scheduler.models import AuditEvent, Execution, Lease, Schedule
 from scheduler.models.schedule import EARLIEST, LATEST
 
@@ -70,8 +72,9 @@ class ScheduleSerializer(serializers.ModelSerializer):
             "id", "disabled_reason", "next_run_at", "last_run_at", "last_status", "last_success_at",
             "total_runs", "total_missed", "consecutive_failures", "last_error", "created_at", "updated_at",
         )
-        # The model's validation (below) checks the name once, with the admin's message.
+        # The model's validation (below) checks the name once, within the tenant, with the admin's message.
         extra_kwargs = {"name": {"validators": []}}
+        validators: list[Any] = []
 
     def get_overdue(self, schedule: Schedule) -> bool:
         # One database-clock reading per response, shared by a list's rows.
@@ -80,11 +83,15 @@ class ScheduleSerializer(serializers.ModelSerializer):
 
     def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
         """Apply ``attrs`` to the schedule and validate it as the admin and the CLI do."""
-        who = caller(self.context["request"])
-        if who.tenant and attrs.get("tenant", who.tenant) != who.tenant:
-            raise serializers.ValidationError({"tenant": [f"You may only use your own tenant, {who.tenant!r}."]})
-        if who.tenant:
-            attrs["tenant"] = who.tenant
+        scope = caller(self.context["request"]).scope
+        if scope.sees_nothing:
+            raise serializers.ValidationError(
+                {"tenant": ["You are bound to no tenant: ask an administrator to bind you to one."]}
+            )
+        if scope.is_bound and attrs.get("tenant", scope.tenant) != scope.tenant:
+            raise serializers.ValidationError({"tenant": [f"You may only use your own tenant, {scope.tenant!r}."]})
+        if scope.is_bound:
+            attrs["tenant"] = scope.tenant
         if any(attrs.get(field) not in (None, "") for field in TIMING_FIELDS):
             # One timing replaces the others: a schedule has exactly one.
             attrs = {"cron": "", "interval": None, "run_at": None, **attrs}
@@ -94,7 +101,7 @@ class ScheduleSerializer(serializers.ModelSerializer):
         from project.celery import app
 
         try:
-            operations.validate_schedule(schedule, app=app)
+            operations.validate_schedule(schedule, app=app, scope=scope)
             if "run_at" in schedule.changed_fields() or (self.instance is None and schedule.run_at):
                 operations.ensure_run_at_ahead(
                     schedule.run_at, now=leases.db_now(),
@@ -121,7 +128,7 @@ class ScheduleSerializer(serializers.ModelSerializer):
         except IntegrityError:
             # Another request took the name between the check and the write: the
             # unique constraint decides, with the validation's own message.
-            if Schedule.objects.filter(name=schedule.name).exclude(pk=schedule.pk).exists():
+            if Schedule.objects.filter(tenant=schedule.tenant, name=schedule.name).exclude(pk=schedule.pk).exists():
                 message = Schedule._meta.get_field("name").error_messages["unique"] % {
                     "model_name": "Schedule", "field_label": "Name",
                 }
@@ -157,7 +164,7 @@ class AuditEventSerializer(serializers.ModelSerializer):
 
 
 class PauseSerializer(serializers.Serializer):
-    reason = serializers.CharField(required=False, allow_blank=True, default="", max_length=1000)
+    reason = serializers.CharField(required=False, allow_blank=True, default="", max_length=PAUSED_REASON_MAX_CHARS)
 
 
 class NextQuerySerializer(serializers.Serializer):
@@ -180,11 +187,21 @@ def _in_range(value: Any) -> Any:
     return value
 
 
+def _within_backfill_cap(value: int) -> int:
+    cap = settings.BACKFILL_MAX_SLOTS
+    if value > cap:
+        raise serializers.ValidationError(f"At most {cap:,} (SCHEDULER_BACKFILL_MAX_SLOTS).")
+    return value
+
+
 class BackfillRequestSerializer(serializers.Serializer):
     start = serializers.DateTimeField(validators=[_in_range])
     end = serializers.DateTimeField(validators=[_in_range])
     dry_run = serializers.BooleanField(default=True, help_text="Preview only (the default); false records the slots.")
-    limit = serializers.IntegerField(default=DEFAULT_LIMIT, min_value=1, max_value=100_000)
+    limit = serializers.IntegerField(
+        default=DEFAULT_LIMIT, min_value=1, validators=[_within_backfill_cap],
+        help_text="Refuse a range of more slots than this; at most SCHEDULER_BACKFILL_MAX_SLOTS (10,000 by default).",
+    )
 
 
 class SlotSerializer(serializers.Serializer):

@@ -31,8 +31,10 @@ class ApiToken(models.Model):
     #: ``hash_token`` of the token; the token itself is shown once, at creation.
     token_hash = models.CharField(max_length=64, unique=True, editable=False)
     role = models.CharField(max_length=10, choices=Role.choices)
-    #: Empty: every tenant (an unscoped token).
+    #: The one tenant the token reads and changes.
     tenant = models.CharField(max_length=100, blank=True, default="")
+    #: Every tenant instead (an unscoped token); a token with neither sees nothing.
+    all_tenants = models.BooleanField(default=False)
     expires_at = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
     last_used_at = models.DateTimeField(null=True, blank=True, editable=False)
@@ -46,11 +48,16 @@ class ApiToken(models.Model):
         return self.name
 
     @classmethod
-    def issue(cls, name: str, *, role: str, tenant: str = "", expires_at: datetime | None = None) -> tuple[ApiToken, str]:
+    def issue(
+        cls, name: str, *, role: str, tenant: str = "", all_tenants: bool = False, expires_at: datetime | None = None
+    ) -> tuple[ApiToken, str]:
         """Create a token; return the row and the token itself, which is stored nowhere."""
+        if all_tenants and tenant:
+            raise ValueError("A token is bound to one tenant or to all tenants, not both.")
         raw = TOKEN_PREFIX + secrets.token_urlsafe(32)
         token = cls.objects.create(
-            name=name, token_hash=hash_token(raw), role=role, tenant=tenant, expires_at=expires_at
+            name=name, token_hash=hash_token(raw), role=role, tenant=tenant, all_tenants=all_tenants,
+            expires_at=expires_at,
         )
         return token, raw
 

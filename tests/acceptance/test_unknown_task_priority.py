@@ -11,6 +11,7 @@ import scheduler
 from project.celery import app
 from scheduler import dispatch, executions, leases, operations
 from scheduler.models import Execution, Schedule
+from scheduler.tenancy import EVERY_TENANT
 from tests import tasks as test_tasks
 from tests.processes import CeleryProcess, wait_until
 
@@ -110,7 +111,7 @@ def test_priority__carried_by_the_message_and_honoured_by_a_real_worker(
     # Given executions sent before any worker runs: a schedule's run-now at priority 9, then
     # submissions at priority 4, none and 0
     schedule = Schedule.objects.create(name="low", task="tests.record", kwargs={"label": "p9"}, interval=3600, priority=9)
-    p9 = operations.run_now(schedule, app=app).execution
+    p9 = operations.run_now(schedule, app=app, scope=EVERY_TENANT).execution
     p4 = scheduler.submit("tests.record", kwargs={"label": "p4"}, priority=4)
     unset = scheduler.submit("tests.record", kwargs={"label": "unset"})
     p0 = scheduler.submit("tests.record", kwargs={"label": "p0"}, priority=0)

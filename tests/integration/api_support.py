@@ -6,21 +6,31 @@ from typing import Any
 
 from django.test import Client
 
+import tests.tasks
 from scheduler import leases
-from scheduler.models import ApiToken, AuditEvent, Execution, Schedule
+from scheduler.models import ApiToken, AuditEvent, Execution, OperatorProfile, Schedule
 
 TENANT_A = "tenant-a"
 TENANT_B = "tenant-b"
+#: A task a tenant may run (``scheduler.*`` and ``celery.*`` are reserved); importing
+#: ``tests.tasks`` registers it in this process.
+TENANT_TASK = tests.tasks.record.name
 
 
 def token_client(name: str, *, role: str, tenant: str = "") -> Client:
-    """Return a test client sending a fresh token's ``Authorization: Bearer`` header."""
-    _, raw = ApiToken.issue(name, role=role, tenant=tenant)
+    """Return a test client sending a fresh token's ``Authorization: Bearer`` header (no tenant: all tenants)."""
+    _, raw = ApiToken.issue(name, role=role, tenant=tenant, all_tenants=not tenant)
     return Client(HTTP_AUTHORIZATION=f"Bearer {raw}")
 
 
+def bind(user: Any, tenant: str = "") -> Any:
+    """Bind a staff user to ``tenant``, or to all tenants when none is given; return the user."""
+    OperatorProfile.objects.create(user=user, tenant=tenant, all_tenants=not tenant)
+    return user
+
+
 def make_schedule(name: str, *, tenant: str = "", **fields: Any) -> Schedule:
-    schedule = Schedule(name=name, task="scheduler.echo", interval=60, tenant=tenant, **fields)
+    schedule = Schedule(name=name, task=TENANT_TASK if tenant else "scheduler.echo", interval=60, tenant=tenant, **fields)
     schedule.full_clean()
     schedule.save(now=leases.db_now())
     return schedule

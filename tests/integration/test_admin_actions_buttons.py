@@ -14,6 +14,7 @@ from django.test.utils import CaptureQueriesContext
 from scheduler import leases
 from scheduler.models import Execution, Schedule
 from scheduler.permissions import OPERATOR_GROUP, VIEWER_GROUP
+from tests.integration.api_support import bind
 
 pytestmark = pytest.mark.django_db
 
@@ -26,7 +27,7 @@ def _client(*, superuser: bool = False, group: str = "") -> Client:
     if superuser:
         user = users.create_superuser("root", "root@example.invalid", "pw")
     else:
-        user = users.create_user(group.replace(" ", "-"), password="pw", is_staff=True)
+        user = bind(users.create_user(group.replace(" ", "-"), password="pw", is_staff=True))
         user.groups.add(Group.objects.get(name=group))
     client = Client()
     client.force_login(user)

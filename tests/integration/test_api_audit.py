@@ -15,7 +15,7 @@ from django.test import Client
 from scheduler import leases, tasks
 from scheduler.models import AuditEvent, Execution, OperatorProfile, Schedule
 from scheduler.permissions import OPERATOR_GROUP
-from tests.integration.api_support import TENANT_A, TENANT_B, make_execution, make_schedule, token_client
+from tests.integration.api_support import TENANT_A, TENANT_B, TENANT_TASK, make_execution, make_schedule, token_client
 
 pytestmark = pytest.mark.django_db
 
@@ -39,8 +39,8 @@ def staff_client(username: str, *, superuser: bool = False, tenant: str = "") ->
     )
     if not superuser:
         user.groups.add(Group.objects.get(name=OPERATOR_GROUP))
-    if tenant:
-        OperatorProfile.objects.create(user=user, tenant=tenant)
+    if not superuser:
+        OperatorProfile.objects.create(user=user, tenant=tenant, all_tenants=not tenant)
     client = Client()
     client.force_login(user)
     return client
@@ -52,7 +52,7 @@ def test_audit__api_writes(redis_client: object) -> None:
 
     # When: it creates, edits, pauses, runs and deletes a schedule
     created = client.post(
-        "/api/v1/schedules/", {"name": "audited", "task": "scheduler.echo", "interval": 60},
+        "/api/v1/schedules/", {"name": "audited", "task": TENANT_TASK, "interval": 60},
         content_type="application/json",
     ).json()
     pk = created["id"]

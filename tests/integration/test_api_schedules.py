@@ -15,8 +15,9 @@ from project.celery import app
 from scheduler import dispatch, leases, operations
 from scheduler.exceptions import SubmissionInvalid
 from scheduler.models import Execution, OperatorProfile, Schedule
-from scheduler.permissions import OPERATOR_GROUP
-from tests.integration.api_support import TENANT_A, TENANT_B, make_schedule, tables, token_client
+from scheduler.permissions import OPERATOR_GROUP, VIEWER_GROUP
+from scheduler.tenancy import EVERY_TENANT
+from tests.integration.api_support import TENANT_A, TENANT_B, bind, make_schedule, tables, token_client
 
 pytestmark = pytest.mark.django_db
 
@@ -34,7 +35,7 @@ def operator() -> Client:
 def model_errors(**fields: Any) -> dict[str, list[str]]:
     """Return the messages the admin's and the CLI's validation gives for a schedule with ``fields``."""
     try:
-        operations.validate_schedule(Schedule(**fields), app=app)
+        operations.validate_schedule(Schedule(**fields), app=app, scope=EVERY_TENANT)
     except ValidationError as exc:
         return {("non_field_errors" if key == "__all__" else key): value for key, value in exc.message_dict.items()}
     return {}
@@ -117,7 +118,8 @@ def test_schedule_backfill__preview_then_confirm(operator: Client, redis_client:
 def test_sessions__staff_roles_csrf_and_tenant() -> None:
     # Given: a staff viewer, a staff operator bound to tenant A (group member), and a non-staff user
     users = get_user_model().objects
-    viewer = users.create_user("vic", password="pw", is_staff=True)
+    viewer = bind(users.create_user("vic", password="pw", is_staff=True))
+    viewer.groups.add(Group.objects.get(name=VIEWER_GROUP))
     operator = users.create_user("opal", password="pw", is_staff=True)
     operator.groups.add(Group.objects.get(name=OPERATOR_GROUP))
     OperatorProfile.objects.create(user=operator, tenant=TENANT_A)

@@ -21,6 +21,7 @@ from scheduler.models import Execution
 from tests.integration.api_support import (
     TENANT_A,
     TENANT_B,
+    TENANT_TASK,
     make_execution,
     make_schedule,
     tables,
@@ -49,7 +50,7 @@ class Endpoint:
 ENDPOINTS = (
     Endpoint("schedules list", "get", "/api/v1/schedules/", "list", 200),
     Endpoint("schedules create", "post", "/api/v1/schedules/", "create", 201,
-             {"name": "created-here", "task": "scheduler.echo", "interval": 30}),
+             {"name": "created-here", "task": TENANT_TASK, "interval": 30}),
     Endpoint("schedule retrieve", "get", "/api/v1/schedules/{schedule}/", "read", 200),
     Endpoint("schedule update", "patch", "/api/v1/schedules/{schedule}/", "write", 200, {"description": "edited"}),
     Endpoint("schedule delete", "delete", "/api/v1/schedules/{schedule}/", "write", 204),
@@ -177,7 +178,7 @@ def test_api_tenant_matrix__created_schedules_get_the_callers_tenant(world: dict
 
     # When: it creates a schedule naming tenant B
     response = client.post(
-        "/api/v1/schedules/", {"name": "sneaky", "task": "scheduler.echo", "interval": 30, "tenant": TENANT_B},
+        "/api/v1/schedules/", {"name": "sneaky", "task": TENANT_TASK, "interval": 30, "tenant": TENANT_B},
         content_type="application/json",
     )
 
@@ -188,7 +189,7 @@ def test_api_tenant_matrix__created_schedules_get_the_callers_tenant(world: dict
 
     # When: it creates one without a tenant; Then: the schedule is A's
     response = client.post(
-        "/api/v1/schedules/", {"name": "mine", "task": "scheduler.echo", "interval": 30}, content_type="application/json"
+        "/api/v1/schedules/", {"name": "mine", "task": TENANT_TASK, "interval": 30}, content_type="application/json"
     )
     assert response.status_code == 201
     assert response.json()["tenant"] == TENANT_A

@@ -26,6 +26,7 @@ from scheduler.beat import LeaderScheduler
 from scheduler.conf import settings as scheduler_settings
 from scheduler.models import Execution, Schedule
 from scheduler.reconcile import AUDIT_SCHEDULES, reconcile
+from scheduler.tenancy import EVERY_TENANT
 from tests.processes import wait_until
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -222,7 +223,7 @@ def command_update(pk: int) -> Callable[[], None]:
 
     def write() -> None:
         schedule.description = "edited"
-        operations.validate_schedule(schedule, app=app)
+        operations.validate_schedule(schedule, app=app, scope=EVERY_TENANT)
         operations.save_schedule(schedule, now=leases.db_now())
 
     return write

@@ -13,6 +13,7 @@ from project.celery import app
 from scheduler import dispatch, executions, leases, operations
 from scheduler.exceptions import SubmissionInvalid
 from scheduler.models import Execution, Schedule
+from scheduler.tenancy import EVERY_TENANT
 from tests import tasks as test_tasks  # noqa: F401  (registers tests.record with the app)
 
 pytestmark = pytest.mark.django_db
@@ -77,7 +78,7 @@ def test_retry__carries_the_priority(
     )
     # When an operator retries it
     with django_capture_on_commit_callbacks(execute=True):
-        retry = operations.retry_execution(failed, app=app).execution
+        retry = operations.retry_execution(failed, app=app, scope=EVERY_TENANT).execution
     # Then the new execution and its message have the same priority
     assert Execution.objects.get(pk=retry.pk).priority == 9
     assert _sent(redis_client, f"celery{PRIORITY_SEP}9") == [(retry.pk, 9)]

@@ -16,12 +16,14 @@ from scheduler import checks
 from scheduler.models import Schedule
 from scheduler.permissions import OPERATOR_GROUP, VIEWER_GROUP
 from tests.processes import ROOT
+from tests.integration.api_support import bind
 
 PRODUCTION_ENV = {
     "DJANGO_DEBUG": "0",
     "SECRET_KEY": secrets.token_urlsafe(50),
     "ALLOWED_HOSTS": "scheduler.example.com",
     "REDIS_URL": "redis://redis.example.com:6379/0",
+    "SCHEDULER_METRICS_TOKEN": secrets.token_urlsafe(32),
 }
 
 
@@ -100,7 +102,7 @@ def test_https_redirect__spares_the_probes_and_metrics(path: str, redis_url: str
 
 
 def _member_of(group: str) -> Client:
-    user = get_user_model().objects.create_user(f"{group.replace(' ', '-')}", password="pw", is_staff=True)
+    user = bind(get_user_model().objects.create_user(f"{group.replace(' ', '-')}", password="pw", is_staff=True))
     user.groups.add(Group.objects.get(name=group))
     client = Client()
     client.force_login(user)

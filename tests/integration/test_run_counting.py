@@ -8,6 +8,7 @@ import pytest
 from scheduler import dispatch, executions, leases
 from scheduler.models import Execution, Schedule
 from scheduler.prune import prune_executions
+from scheduler.tenancy import EVERY_TENANT
 from tests.processes import wait_until
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -45,7 +46,7 @@ def test_one_off__run_now_first_does_not_use_up_its_slot(lease: leases.LeaseHand
     # Given a one-off that is due, run by hand once to try it out
     run_at = leases.db_now() - timedelta(seconds=1)
     target = schedule("once", run_at=run_at)
-    operations.run_now(target, app=app)
+    operations.run_now(target, app=app, scope=EVERY_TENANT)
 
     # When the leader dispatches
     report = dispatch.dispatch_due(lease)

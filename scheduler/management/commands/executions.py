@@ -20,6 +20,7 @@ from scheduler.management.base import (
     whole_number,
 )
 from scheduler.models import Execution, Schedule
+from scheduler.tenancy import EVERY_TENANT
 
 
 class Command(SchedulerCommand):
@@ -129,7 +130,7 @@ Run "manage.py executions ACTION --help" for the options of each action."""
         execution = _get(execution_id)
         if dry_run:
             operations.ensure_retryable(execution)
-            operations.ensure_task(app, execution.task)
+            operations.ensure_task(app, execution.task, tenant=execution.tenant, scope=EVERY_TENANT)
             self.emit(
                 {"dry_run": True, "retry_of": execution.pk},
                 as_json=json,
@@ -137,7 +138,7 @@ Run "manage.py executions ACTION --help" for the options of each action."""
             )
             return
         with transaction.atomic():
-            result = operations.retry_execution(execution, app=app)
+            result = operations.retry_execution(execution, app=app, scope=EVERY_TENANT)
             audit.record(audit.CLI, "retry", execution, changes={"retried_by": [None, result.execution.pk]})
         retry = result.execution
         text = (

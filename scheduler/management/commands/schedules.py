@@ -25,6 +25,7 @@ from scheduler.management.base import (
 from scheduler.models import Schedule
 from scheduler.overdue import is_overdue
 from scheduler.models.schedule import integer_range
+from scheduler.tenancy import EVERY_TENANT
 
 #: Options of ``create`` and ``update`` that set one model field each: flag, field, argparse keywords.
 FIELD_OPTIONS: tuple[tuple[str, str, dict[str, Any]], ...] = (
@@ -197,7 +198,7 @@ Run "manage.py schedules ACTION --help" for the options of each action."""
         if run_now:
             changes.update(cron="", interval=None, run_at=now)
         schedule = Schedule(name=name, enabled=not disabled, **changes)
-        operations.validate_schedule(schedule, app=app)
+        operations.validate_schedule(schedule, app=app, scope=EVERY_TENANT)
         operations.ensure_run_at_ahead(
             schedule.run_at, now=now, hint="Give a future time, or use --run-now (instead of --at) to run it now."
         )
@@ -216,7 +217,7 @@ Run "manage.py schedules ACTION --help" for the options of each action."""
             raise CommandError("Nothing to change: give at least one option, e.g. --cron or --queue.")
         for field, value in changes.items():
             setattr(schedule, field, value)
-        operations.validate_schedule(schedule, app=app)
+        operations.validate_schedule(schedule, app=app, scope=EVERY_TENANT)
         if "run_at" in schedule.changed_fields():
             operations.ensure_run_at_ahead(
                 schedule.run_at, now=leases.db_now(),
@@ -268,7 +269,7 @@ Run "manage.py schedules ACTION --help" for the options of each action."""
     def _run_now(self, name: str, *, json: bool, dry_run: bool, **options: Any) -> None:
         schedule = _get(name)
         if dry_run:
-            operations.ensure_task(app, schedule.task)
+            operations.ensure_task(app, schedule.task, tenant=schedule.tenant, scope=EVERY_TENANT)
             self.emit(
                 {"dry_run": True, "schedule": schedule.name, "task": schedule.task},
                 as_json=json,
@@ -276,7 +277,7 @@ Run "manage.py schedules ACTION --help" for the options of each action."""
             )
             return
         with transaction.atomic():
-            result = operations.run_now(schedule, app=app)
+            result = operations.run_now(schedule, app=app, scope=EVERY_TENANT)
             audit.record(audit.CLI, "run_now", schedule, changes={"execution": [None, result.execution.pk]})
         execution = result.execution
         text = (
