@@ -121,3 +121,19 @@ def check_time_zones(app_configs: Any = None, **kwargs: Any) -> list[Error]:
             Error("USE_TZ is off; schedules, leases and executions need aware datetimes.", id="scheduler.E005")
         )
     return errors
+
+
+@register(Tags.security, deploy=True)
+def check_metrics_token(app_configs: Any = None, **kwargs: Any) -> list[Warning]:
+    """In production, ``/metrics`` and ``/healthz/schedules`` should take a token (``manage.py check --deploy``)."""
+    if django_settings.DEBUG or (settings.METRICS_TOKEN or "").strip():
+        return []
+    return [
+        Warning(
+            "SCHEDULER_METRICS_TOKEN is not set: /metrics and /healthz/schedules name every tenant's "
+            "schedules, tasks, queues and hosts to anyone who can reach the web.",
+            hint="Set SCHEDULER_METRICS_TOKEN and give Prometheus the same token (authorization: credentials_file), "
+            "or add scheduler.W002 to SILENCED_SYSTEM_CHECKS if only your monitoring can reach the web.",
+            id="scheduler.W002",
+        )
+    ]

@@ -64,6 +64,9 @@ class Defaults:
     #: ``/metrics`` exposes one ``scheduler_schedule_last_success_timestamp_seconds`` series per
     #: schedule only while there are at most this many schedules (label cardinality).
     METRICS_PER_SCHEDULE_LIMIT: int = 1000
+    #: Bearer token ``/metrics`` and ``/healthz/schedules`` require (``Authorization: Bearer <token>``);
+    #: empty (the default): both are open, as Prometheus expects.
+    METRICS_TOKEN: str = ""
     #: Create the built-in housekeeping schedules when a beat starts (if missing).
     BUILTIN_SCHEDULES: bool = True
     #: The daily prune deletes finished executions older than this many days ...

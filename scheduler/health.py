@@ -10,12 +10,17 @@ when every shard's lease was, so a shard with no live owner, whose
 schedules nobody dispatches, is named there and never fails ``/readyz``
 (a beat problem must not take the web out of the load balancer). Both
 answer 503 otherwise, with a JSON body
-naming each failed check. ``/healthz/schedules`` is the per-schedule dead
+naming each failed check; a service that does not answer is named, never
+quoted (the driver's message, with its host, port and user, goes to the
+log). ``/healthz/schedules`` is the per-schedule dead
 man's switch (``scheduler.overdue``) for those who want to probe it: 503
 naming the overdue schedules; it is about the jobs, so ``/readyz`` ignores it.
+It names every tenant's schedules, so it takes ``SCHEDULER_METRICS_TOKEN``
+like ``/metrics`` (``scheduler.metrics_token``).
 """
 from __future__ import annotations
 
+import logging
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -26,7 +31,10 @@ from django.views.decorators.http import require_GET
 
 from scheduler import cluster, leases, shards
 from scheduler.conf import settings
+from scheduler.metrics_token import token_required
 from scheduler.models import Schedule
+
+logger = logging.getLogger(__name__)
 
 #: Seconds to wait for the broker before calling it unreachable.
 BROKER_TIMEOUT = 2.0
@@ -50,7 +58,7 @@ def check_database() -> Check:
             cursor.execute("SELECT 1")
     except DatabaseError as exc:
         connection.close()  # a broken connection must not be reused by the next request
-        return Check(False, f"database unreachable: {_first_line(exc)}")
+        return _unreachable("database", exc)
     return Check(True, "database answers")
 
 
@@ -62,7 +70,7 @@ def check_broker() -> Check:
         with app.connection_for_read(transport_options=options) as conn:
             conn.ensure_connection(max_retries=0, timeout=BROKER_TIMEOUT)
     except Exception as exc:  # noqa: BLE001 -- any transport error means "not reachable"
-        return Check(False, f"broker unreachable: {_first_line(exc)}")
+        return _unreachable("broker", exc)
     return Check(True, "broker answers")
 
 
@@ -136,6 +144,7 @@ def leaderz(request: HttpRequest) -> JsonResponse:
 
 @never_cache
 @require_GET
+@token_required
 def schedules(request: HttpRequest) -> JsonResponse:
     """503 naming the overdue schedules (the per-schedule dead man's switch), else 200."""
     database = check_database()
@@ -161,5 +170,10 @@ def _answer(checks: dict[str, Check], *, ok: str, not_ok: str, extra: dict[str, 
     return JsonResponse(body, status=503 if failed else 200)
 
 
-def _first_line(exc: BaseException) -> str:
-    return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+def _unreachable(component: str, exc: BaseException) -> Check:
+    """A failed check that names ``component`` only; the driver's message, which names hosts, ports and users, is logged."""
+    logger.warning(
+        "%s unreachable: %s", component, str(exc).strip() or type(exc).__name__,
+        extra={"action": f"{component}_unreachable"},
+    )
+    return Check(False, f"{component} unreachable")

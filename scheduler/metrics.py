@@ -7,6 +7,10 @@ execution tallies a trigger keeps: ``scheduler.models.tally``), so
 ``rate()`` works across pruning, restarts and any number of web processes.
 Every query uses an index and reads a bounded number of rows: a scrape costs
 the same with a million schedules (``bench/scrape.py``).
+
+The series name every tenant's schedules, tasks and queues: a series that
+names a schedule carries its ``tenant`` too, and the endpoint takes
+``SCHEDULER_METRICS_TOKEN`` (``scheduler.metrics_token``).
 """
 from __future__ import annotations
 
@@ -31,6 +35,7 @@ from prometheus_client.registry import Collector, CollectorRegistry
 
 from scheduler import cluster, leases, shards
 from scheduler.conf import settings
+from scheduler.metrics_token import token_required
 from scheduler.models import DurationTally, Execution, ExecutionTally, Instance, Lease, Schedule
 from scheduler.models.tally import DURATION_BUCKETS
 
@@ -255,14 +260,18 @@ class DatabaseCollector(Collector):
         last = GaugeMetricFamily(
             "scheduler_schedule_last_success_timestamp_seconds",
             f"Unix time of each schedule's last successful run; left out above {limit} schedules "
-            "(SCHEDULER_METRICS_PER_SCHEDULE_LIMIT).",
-            labels=["schedule"],
+            '(SCHEDULER_METRICS_PER_SCHEDULE_LIMIT); tenant "": bound to no tenant.',
+            labels=["schedule", "tenant"],
         )
         # Counting at most limit + 1 rows keeps the check bounded at any size.
         if Schedule.objects.values("pk")[: limit + 1].count() <= limit:
-            rows = Schedule.objects.filter(last_success_at__isnull=False).order_by().values_list("name", "last_success_at")
-            for name, moment in sorted(rows):
-                last.add_metric([name], moment.timestamp())
+            rows = (
+                Schedule.objects.filter(last_success_at__isnull=False)
+                .order_by()
+                .values_list("name", "tenant", "last_success_at")
+            )
+            for name, tenant, moment in sorted(rows):
+                last.add_metric([name, tenant], moment.timestamp())
         yield last
 
     def _instances(self, members: list[cluster.Member]) -> Iterator[GaugeMetricFamily]:
@@ -302,5 +311,6 @@ _registry.register(DatabaseCollector())
 
 @never_cache
 @require_GET
+@token_required
 def metrics(request: HttpRequest) -> HttpResponse:
     return HttpResponse(generate_latest(_registry), content_type=CONTENT_TYPE_LATEST)

@@ -9,6 +9,8 @@ import sys
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
+from pathlib import Path
+from typing import IO
 from datetime import timedelta
 
 import pytest
@@ -80,7 +82,7 @@ def test_leaderz__released_lease_is_503(client: Client, leader: leases.LeaseHand
     assert client.get("/leaderz").status_code == 503
 
 
-def _serve(env_overrides: dict[str, str]) -> tuple[subprocess.Popen[bytes], int]:
+def _serve(env_overrides: dict[str, str], stderr: IO[bytes] | int = subprocess.DEVNULL) -> tuple[subprocess.Popen[bytes], int]:
     """Serve the project's WSGI app in a child process with a changed environment."""
     port = free_port()
     env = {**os.environ, "DJANGO_DEBUG": "1", "DATABASE_URL": processes.test_database_url(), **env_overrides}
@@ -88,7 +90,7 @@ def _serve(env_overrides: dict[str, str]) -> tuple[subprocess.Popen[bytes], int]
         "import sys; from wsgiref.simple_server import make_server; from project.wsgi import application; "
         f"make_server('127.0.0.1', {port}, application).serve_forever()"
     )
-    server = subprocess.Popen([sys.executable, "-c", code], cwd=processes.ROOT, env=env, stderr=subprocess.DEVNULL)
+    server = subprocess.Popen([sys.executable, "-c", code], cwd=processes.ROOT, env=env, stderr=stderr)
     return server, port
 
 
@@ -134,6 +136,39 @@ def test_probes__unreachable_service_is_503_naming_it(redis_url: str, broken: st
     assert body["failed"] == failed
     assert "unreachable" in body["checks"][broken]["detail"]
     assert alive == 200
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("broken", ["database", "broker"])
+def test_readyz__names_the_failed_component_never_the_driver_message(
+    redis_url: str, tmp_path: Path, broken: str
+) -> None:
+    # Given a web process whose database (or broker) refuses connections on a closed port
+    dead_port = free_port()
+    overrides = {"REDIS_URL": redis_url, "SCHEDULER_LOG_FORMAT": "plain"}
+    if broken == "database":
+        overrides["DATABASE_URL"] = f"postgres://nobody@127.0.0.1:{dead_port}/nothing"
+    else:
+        overrides["REDIS_URL"] = f"redis://127.0.0.1:{dead_port}/0"
+    log = tmp_path / "web.log"
+    with log.open("wb") as stderr:
+        server, port = _serve(overrides, stderr=stderr)
+        try:
+            assert processes.wait_until(lambda: _get(port, "/readyz")[0], timeout=20), "the web process never answered"
+            status, body = _get(port, "/readyz")
+        finally:
+            server.terminate()
+            server.wait(10)
+    # Then the body names the component that failed, and nothing the driver said
+    assert status == 503, body
+    assert body["failed"] == [broken]
+    assert body["checks"][broken] == {"ok": False, "detail": f"{broken} unreachable"}
+    text = json.dumps(body)
+    for driver_says in (str(dead_port), "127.0.0.1", "refused", "nobody", "Error", "connect"):
+        assert driver_says not in text, text
+    # And the driver's message is in the server's log, for the operator
+    logged = log.read_text()
+    assert f"{broken} unreachable" in logged and str(dead_port) in logged, logged
 
 
 def _metrics(client: Client) -> str:

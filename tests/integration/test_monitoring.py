@@ -82,9 +82,14 @@ def test_alert_rules__each_has_severity_summary_description_and_runbook() -> Non
         assert re.fullmatch(r"docs/runbooks/[a-z0-9-]+\.md", annotations["runbook_url"]), rule["alert"]
 
 
-def test_prometheus_config__scrapes_web_and_loads_the_rules() -> None:
-    # promtool also checks the rule files the configuration names
-    result = _promtool("check", "config", "docker/prometheus/prometheus.yml")
+def test_prometheus_config__scrapes_web_and_loads_the_rules(tmp_path: Path) -> None:
+    # Given the files as the container sees them in /etc/prometheus: the configuration, the
+    # rules, and the token file its entrypoint writes (empty without SCHEDULER_METRICS_TOKEN)
+    for name in ("prometheus.yml", "alerts.yml"):
+        shutil.copy(PROMETHEUS / name, tmp_path / name)
+    (tmp_path / "metrics_token").write_text("")
+    # promtool also checks the rule files and the credentials file the configuration names
+    result = _promtool("check", "config", str(tmp_path / "prometheus.yml"))
     assert result.returncode == 0, result.stdout + result.stderr
     config = yaml.safe_load((PROMETHEUS / "prometheus.yml").read_text())
     assert config["rule_files"] == ["alerts.yml"]
@@ -92,6 +97,7 @@ def test_prometheus_config__scrapes_web_and_loads_the_rules() -> None:
     # The rules' up{job="scheduler"} names this job.
     assert job["job_name"] == "scheduler" and job["metrics_path"] == "/metrics"
     assert job["static_configs"] == [{"targets": ["web:8000"]}]
+    assert job["authorization"]["credentials_file"] == "metrics_token"
 
 
 def test_compose__monitoring_profile_runs_prometheus_and_grafana_with_their_files(tmp_path: Path) -> None:
@@ -173,3 +179,16 @@ def test_dashboard_and_rules__every_query_names_a_metric_that_metrics_exports(cl
         if names - exported:
             missing[rule["alert"]] = sorted(names - exported)
     assert not missing, f"not exported by /metrics: {missing}"
+
+
+def test_dashboard_and_rules__per_schedule_series_are_grouped_by_tenant_too() -> None:
+    # A schedule's name is unique, but a reader needs to know whose it is (and may filter by it)
+    exprs = [(title, expr) for title, expr in _dashboard_queries()]
+    exprs += [(rule["alert"], rule["expr"]) for rule in _rules()]
+    for title, expr in exprs:
+        for grouping in re.findall(r"\b(?:by|without)\s*\(([^)]*)\)", expr):
+            labels = {label.strip() for label in grouping.split(",")}
+            if "schedule" in labels:
+                assert "tenant" in labels, (title, expr)
+    per_schedule = [title for title, expr in exprs if "scheduler_schedule_last_success_timestamp_seconds" in expr]
+    assert per_schedule, "the dashboard shows no per-schedule series"

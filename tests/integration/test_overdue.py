@@ -170,12 +170,12 @@ def test_overdue__shows_in_admin_cli_metrics_and_probe_and_never_when_paused_or_
     assert api.get("/api/v1/schedules/?overdue=true").json()["results"] == []
     metrics = Client().get("/metrics").content.decode()
     assert re.search(r"^scheduler_schedules_overdue 0\.0$", metrics, re.MULTILINE)
-    assert f'scheduler_schedule_last_success_timestamp_seconds{{schedule="late"}}' in metrics
+    assert 'scheduler_schedule_last_success_timestamp_seconds{schedule="late",tenant=""}' in metrics
 
 
 def test_last_success_series__switched_off_above_the_limit(settings: object, late: dict[str, Schedule]) -> None:
     succeed(late["fine"], "a")
-    series = 'scheduler_schedule_last_success_timestamp_seconds{schedule="fine"}'
+    series = 'scheduler_schedule_last_success_timestamp_seconds{schedule="fine",tenant=""}'
     assert series in Client().get("/metrics").content.decode()
     # When there are more schedules than the limit
     settings.SCHEDULER_METRICS_PER_SCHEDULE_LIMIT = 3  # type: ignore[attr-defined]
