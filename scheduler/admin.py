@@ -16,11 +16,12 @@ from zoneinfo import ZoneInfo
 from django import forms
 from django.core.validators import MinValueValidator
 from django.contrib import admin, messages
-from django.core.exceptions import NON_FIELD_ERRORS, PermissionDenied
+from django.core.exceptions import NON_FIELD_ERRORS, PermissionDenied, ValidationError
 from django.core.paginator import Paginator
 from django.db import connection, transaction
 from django.db.models import Exists, OuterRef, QuerySet
 from django.db.models.functions import Now
+from django.forms.fields import InvalidJSONInput
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseNotAllowed
 from django.shortcuts import get_object_or_404, redirect
 from django.template.response import TemplateResponse
@@ -38,10 +39,15 @@ from scheduler import (
     audit, backfill, clock, cluster, dispatch, leases, metrics, operations, overdue, shards, task_policy, timing,
 )
 from scheduler.conf import settings
-from scheduler.exceptions import BackfillRefused, ScheduleInvalid, TaskRefused
+from scheduler.exceptions import BackfillRefused, BackfillTooLarge, ScheduleInvalid, TaskRefused
+from scheduler.limits import (
+    ARGUMENT_LABELS, PAUSED_REASON_MAX_CHARS, argument_problem, depth_problem, nests_deeper_than,
+)
 from scheduler.models import AuditEvent, Execution, Instance, Lease, OperatorProfile, Schedule
-from scheduler.tenancy import EVERY_TENANT, Scope, scope_of_user
 from scheduler.models.schedule import EARLIEST, LATEST, TIMING_REQUIRED
+from scheduler.tenancy import EVERY_TENANT, Scope, scope_of_user
+
+from scheduler import result_admin  # noqa: F401  (imported to replace django-celery-results' pages with scoped ones)
 
 #: How many upcoming slots the schedule page previews.
 PREVIEW_COUNT = 5
@@ -242,6 +248,39 @@ class TenantScoped:
         return scope_of_user(request.user).filter(super().get_queryset(request))  # type: ignore[misc]
 
 
+class ArgumentsField(forms.JSONField):
+    """The ``args`` form field: JSON within the argument limits (``scheduler.limits``), never a recursion."""
+
+    #: How the limits' messages name the field, as the model's validation does.
+    limit_label = ARGUMENT_LABELS["args"]
+
+    def to_python(self, value: Any) -> Any:
+        try:
+            converted = super().to_python(value)
+        except RecursionError:
+            # Deeper than json.loads can go at all: far past the depth limit.
+            raise forms.ValidationError(depth_problem(self.limit_label)) from None
+        problem = argument_problem(converted, label=self.limit_label)
+        if problem:
+            raise forms.ValidationError(problem)
+        return converted
+
+    def bound_data(self, data: Any, initial: Any) -> Any:
+        # The form shown again with its errors: JSON past the depth limit is shown
+        # as typed, not decoded and encoded again (both recurse).
+        try:
+            value = super().bound_data(data, initial)
+        except RecursionError:
+            return InvalidJSONInput(data)
+        return InvalidJSONInput(data) if nests_deeper_than(value, settings.ARGS_MAX_DEPTH) else value
+
+
+class KeywordArgumentsField(ArgumentsField):
+    """The ``kwargs`` form field."""
+
+    limit_label = ARGUMENT_LABELS["kwargs"]
+
+
 class BackfillForm(forms.Form):
     start = forms.DateTimeField(help_text="UTC, e.g. 2026-03-01 00:00:00")
     end = forms.DateTimeField(help_text="UTC; not in the future")
@@ -269,6 +308,7 @@ class ScheduleForm(forms.ModelForm):
     class Meta:
         model = Schedule
         fields = "__all__"
+        field_classes = {"args": ArgumentsField, "kwargs": KeywordArgumentsField}
         widgets = {"task": DatalistInput(registered_task_names, attrs={"class": "vTextField", "autocomplete": "off"})}
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -276,6 +316,10 @@ class ScheduleForm(forms.ModelForm):
         if self.scope.is_bound:
             # The tenant is read-only for a bound user: its name checks and task policy need it now.
             self.instance.tenant = self.scope.tenant
+        if not self.scope.every_tenant and "task" in self.fields:
+            self.fields["task"].widget.suggestions = lambda: [
+                name for name in registered_task_names() if not task_policy.is_reserved(name)
+            ]
         # The form field would say "≥ 0" for a negative number and the model "≥ 1" for 0.
         for name in AT_LEAST_ONE_FIELDS:
             field = self.fields.get(name)
@@ -527,7 +571,8 @@ class ScheduleAdmin(TenantScoped, ActionsNeedPermission, admin.ModelAdmin):
                 ("resume", "Resume") if schedule.is_paused else ("pause", "Pause"),
                 ("disable", "Disable") if schedule.enabled else ("enable", "Enable"),
             ]
-        return super().change_view(request, object_id, form_url, {**(extra_context or {}), "buttons": buttons})
+        context = {**(extra_context or {}), "buttons": buttons, "pause_reason_max": PAUSED_REASON_MAX_CHARS}
+        return super().change_view(request, object_id, form_url, context)
 
     def object_action_view(self, request: HttpRequest, pk: int, action: str) -> HttpResponse:
         """One button of the schedule page: a POST, permission-checked as the list's actions are."""
@@ -543,15 +588,19 @@ class ScheduleAdmin(TenantScoped, ActionsNeedPermission, admin.ModelAdmin):
             self._run_one_now(request, schedule)
             return redirect("admin:scheduler_schedule_change", schedule.pk)
         before = audit.snapshot(schedule)
-        with transaction.atomic():
-            if action == "pause":
-                reason = request.POST.get("reason", "").strip() or f"Paused by {request.user} in the admin"
-                operations.pause_schedule(schedule, reason, now=now)
-            elif action == "resume":
-                operations.resume_schedule(schedule, now=now)
-            else:
-                operations.set_enabled(schedule, action == "enable", now=now)
-            audit.record(audit.user_actor(request.user), action, schedule, before=before)
+        try:
+            with transaction.atomic():
+                if action == "pause":
+                    reason = request.POST.get("reason", "").strip() or f"Paused by {request.user} in the admin"
+                    operations.pause_schedule(schedule, reason, now=now)
+                elif action == "resume":
+                    operations.resume_schedule(schedule, now=now)
+                else:
+                    operations.set_enabled(schedule, action == "enable", now=now)
+                audit.record(audit.user_actor(request.user), action, schedule, before=before)
+        except ValidationError as exc:  # a pause reason over its length limit; nothing was written
+            self.message_user(request, " ".join(exc.messages), level=messages.ERROR)
+            return redirect("admin:scheduler_schedule_change", schedule.pk)
         if action == "pause":
             self.message_user(request, f"Schedule {schedule.name} paused: {schedule.paused_reason}")
         elif action == "resume":
@@ -603,6 +652,8 @@ class ScheduleAdmin(TenantScoped, ActionsNeedPermission, admin.ModelAdmin):
                     schedule, start=form.cleaned_data["start"], end=form.cleaned_data["end"],
                     now=leases.db_now(), dry_run=not confirm, app=app,
                 )
+            except BackfillTooLarge as exc:
+                form.add_error("end", str(exc))
             except (BackfillRefused, TaskRefused) as exc:
                 form.add_error(None, str(exc))
             else:
