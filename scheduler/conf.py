@@ -75,6 +75,10 @@ class Defaults:
     PRUNE_KEEP_LAST: int = 100
     #: Requests each API token (or session user) may make, as ``N/second|minute|hour|day``.
     API_THROTTLE_RATE: str = "1200/minute"
+    #: What tenants may schedule, beyond the reserved ``celery.*`` and ``scheduler.*``
+    #: that no tenant may: ``{tenant: [glob, ...]}``, with ``"*"`` as the default for
+    #: tenants not listed. Empty (the default): any task that is not reserved.
+    TENANT_TASKS: dict[str, list[str]] = {}
 
 
 #: Deprecated names still read when the new one is not set: {old name: new name}.

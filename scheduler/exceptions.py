@@ -13,6 +13,10 @@ class ScheduleInvalid(SchedulerError):
     """The schedule's timing is invalid."""
 
 
+class TaskRefused(SchedulerError):
+    """The caller may not schedule or run this task; nothing was written."""
+
+
 class LeaseLost(SchedulerError):
     """The lease expired or was taken over before it could be renewed."""
 

@@ -27,13 +27,13 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from scheduler import audit, backfill, cluster, leases, operations, reconcile
+from scheduler import audit, backfill, cluster, leases, operations, reconcile, task_policy
 from scheduler.api import serializers as s
 from scheduler.api.authentication import caller
 from scheduler.api.filters import AuditEventFilter, ExecutionFilter, ScheduleFilter
 from scheduler.api.permissions import HasRole, Unscoped
 from scheduler.conf import settings
-from scheduler.exceptions import BackfillRefused
+from scheduler.exceptions import BackfillRefused, TaskRefused
 from scheduler.models import AuditEvent, Execution, Lease, Schedule
 
 #: Executions whose dispatch lag ``stats`` summarises, newest first.
@@ -75,9 +75,16 @@ class NewestFirst(CursorPagination):
 
 
 def scoped(queryset: QuerySet[Any], request: Request) -> QuerySet[Any]:
-    """Return ``queryset`` narrowed to the caller's tenant (all rows for an unscoped caller)."""
-    tenant = caller(request).tenant
-    return queryset.filter(tenant=tenant) if tenant else queryset
+    """Return ``queryset`` narrowed to the caller's scope (all rows for an unscoped caller, none for an unbound one)."""
+    return caller(request).scope.filter(queryset)
+
+
+def ensure_task_allowed(request: Request, task: str, *, tenant: str) -> None:
+    """Answer 400 with a field error on ``task`` unless the caller may run ``task`` for a row of ``tenant``."""
+    try:
+        task_policy.ensure_scope_allows(task, tenant=tenant, scope=caller(request).scope)
+    except TaskRefused as exc:
+        raise exceptions.ValidationError({"task": [str(exc)]}) from None
 
 
 def etag(schedule: Schedule) -> str:
@@ -158,9 +165,14 @@ class ScheduleViewSet(
             instance.delete()
             audit.record(caller(self.request).actor, "delete", instance, before=before, deleted=True)
 
-    def _change(self, request: Request, name: str, change: Callable[[Schedule, datetime], None]) -> Response:
+    def _change(
+        self, request: Request, name: str, change: Callable[[Schedule, datetime], None], *, runs: bool = False
+    ) -> Response:
+        """Apply ``change`` to the locked schedule and audit it; ``runs``: the change lets the schedule fire."""
         with transaction.atomic():
             schedule = self._locked()
+            if runs:
+                ensure_task_allowed(request, schedule.task, tenant=schedule.tenant)
             before = audit.snapshot(schedule)
             change(schedule, leases.db_now())
             audit.record(caller(request).actor, name, schedule, before=before)
@@ -179,13 +191,17 @@ class ScheduleViewSet(
     @action(detail=True, methods=["post"])
     def resume(self, request: Request, pk: str) -> Response:
         """Resume from the next slot after now; reset the failure count."""
-        return self._change(request, "resume", lambda schedule, now: operations.resume_schedule(schedule, now=now))
+        return self._change(
+            request, "resume", lambda schedule, now: operations.resume_schedule(schedule, now=now), runs=True
+        )
 
     @extend_schema(request=None, responses=s.ScheduleSerializer)
     @action(detail=True, methods=["post"])
     def enable(self, request: Request, pk: str) -> Response:
         """Turn on; it fires from its next slot after now."""
-        return self._change(request, "enable", lambda schedule, now: operations.set_enabled(schedule, True, now=now))
+        return self._change(
+            request, "enable", lambda schedule, now: operations.set_enabled(schedule, True, now=now), runs=True
+        )
 
     @extend_schema(request=None, responses=s.ScheduleSerializer)
     @action(detail=True, methods=["post"])
@@ -198,9 +214,10 @@ class ScheduleViewSet(
     def run_now(self, request: Request, pk: str) -> Response:
         """Record an execution for now, outside the timing, and send it once recorded."""
         schedule = self.get_object()
+        ensure_task_allowed(request, schedule.task, tenant=schedule.tenant)
         try:
             with transaction.atomic():
-                result = operations.run_now(schedule, app=_celery_app())
+                result = operations.run_now(schedule, app=_celery_app(), scope=caller(request).scope)
                 audit.record(caller(request).actor, "run_now", schedule, changes={"execution": [None, result.execution.pk]})
         except operations.ActionRefused as exc:
             raise Refused(str(exc)) from None
@@ -224,6 +241,7 @@ class ScheduleViewSet(
     def backfill(self, request: Request, pk: str) -> Response:
         """Preview (``dry_run``, the default) or record one execution per past slot in [start, end] that has none."""
         schedule = self.get_object()
+        ensure_task_allowed(request, schedule.task, tenant=schedule.tenant)
         params = s.BackfillRequestSerializer(data=request.data)
         params.is_valid(raise_exception=True)
         options = params.validated_data
@@ -261,9 +279,10 @@ class ExecutionViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, ScopedV
     def retry(self, request: Request, pk: str) -> Response:
         """Record a new execution that re-runs this finished (or lost) one now."""
         execution = self.get_object()
+        ensure_task_allowed(request, execution.task, tenant=execution.tenant)
         try:
             with transaction.atomic():
-                result = operations.retry_execution(execution, app=_celery_app())
+                result = operations.retry_execution(execution, app=_celery_app(), scope=caller(request).scope)
                 audit.record(caller(request).actor, "retry", execution, changes={"retried_by": [None, result.execution.pk]})
         except operations.ActionRefused as exc:
             raise Refused(str(exc)) from None

@@ -126,7 +126,8 @@ class Schedule(models.Model):
         #: ... at both occurrences.
         BOTH = "both", "both occurrences"
 
-    name = models.CharField(max_length=200, unique=True)
+    #: Unique within its tenant (``schedule_name_per_tenant``), so one tenant can neither learn nor block another's names.
+    name = models.CharField(max_length=200, db_index=True)
     task = models.CharField(max_length=255, db_index=True, help_text="Dotted name of the Celery task.")
     args = models.JSONField(default=list, blank=True, help_text="JSON list of positional arguments.")
     kwargs = models.JSONField(default=dict, blank=True, help_text="JSON object of keyword arguments.")
@@ -253,6 +254,7 @@ class Schedule(models.Model):
             ),
         ]
         constraints = [
+            models.UniqueConstraint(fields=["tenant", "name"], name="schedule_name_per_tenant"),
             models.CheckConstraint(
                 name="schedule_exactly_one_timing",
                 condition=(
@@ -438,14 +440,15 @@ class Schedule(models.Model):
     # --- validation -----------------------------------------------------------
 
     def get_constraints(self) -> list[tuple[type[models.Model], list[Any]]]:
-        """Return the constraints ``full_clean`` checks: none of the check constraints.
+        """Return the constraints ``full_clean`` checks: none of these, ``clean()`` states each in words.
 
-        ``clean()`` and the field validators state each check constraint's rule
-        in words; checking the constraint too would repeat the message with the
-        constraint's internal name. The constraints stay the database's guard.
+        Checking a check constraint too would repeat its message with the
+        constraint's internal name; the name's uniqueness is checked on the
+        name, within the tenant, even when a form leaves the tenant out. The
+        constraints stay the database's guard.
         """
         return [
-            (model, [c for c in constraints if not isinstance(c, models.CheckConstraint)])
+            (model, [c for c in constraints if not isinstance(c, (models.CheckConstraint, models.UniqueConstraint))])
             for model, constraints in super().get_constraints()
         ]
 
@@ -480,6 +483,9 @@ class Schedule(models.Model):
                 add(field, "Must be from 1970-01-01 to 8999-12-31.")
         if self.name and not self.name.strip():
             add("name", "This field cannot be blank.")
+        elif self.name and Schedule.objects.filter(tenant=self.tenant, name=self.name).exclude(pk=self.pk).exists():
+            # Only this tenant's names are looked at: the message tells nothing of another's.
+            add("name", "Schedule with this Name already exists.")
         if self.catchup_window == 0:
             add(
                 "catchup_window",
