@@ -144,7 +144,7 @@ def test_audit__cli_writes() -> None:
     call_command("schedules", "create", "from-cli", "--task", "scheduler.echo", "--every", "60", stdout=out)
     call_command("schedules", "pause", "from-cli", "--reason", "by hand", stdout=out)
     call_command("schedules", "pause", "from-cli", "--reason", "dry", "--dry-run", stdout=out)
-    call_command("api_tokens", "create", "ci", "--role", "viewer", stdout=out)
+    call_command("api_tokens", "create", "ci", "--role", "viewer", "--all-tenants", stdout=out)
     call_command("api_tokens", "revoke", "ci", stdout=out)
 
     # Then: each write is an event by "cli"; the dry run left none
