@@ -28,7 +28,7 @@ from django.db.models import Model
 from django.utils.dateparse import parse_datetime
 from kombu.exceptions import OperationalError as BrokerError
 
-from scheduler.models.schedule import EARLIEST, LATEST
+from scheduler.models.schedule import EARLIEST, LATEST, Schedule
 
 #: ``30d``, ``12h``, ``90m``, ``45s``, ``2w`` (a number and one unit).
 _DURATION = re.compile(r"^\s*(\d+)\s*([smhdw])\s*$")
@@ -272,3 +272,21 @@ def text_value(value: Any) -> str:
     if isinstance(value, (list, dict)):
         return json.dumps(value)
     return str(value)
+
+
+def find_schedule(reference: str) -> Schedule:
+    """Return the schedule named ``reference``, or whose id it is; a name several tenants use must be given as an id.
+
+    Names are unique per tenant only, so the command line (which sees every
+    tenant) refuses to guess between two schedules of one name.
+    """
+    named = list(Schedule.objects.filter(name=reference).order_by("tenant")[:10])
+    if len(named) == 1:
+        return named[0]
+    if len(named) > 1:
+        choices = ", ".join(f"{s.pk} (tenant {s.tenant or '-'})" for s in named)
+        raise CommandError(f"{len(named)} schedules are named {reference!r}: give one's id instead: {choices}")
+    found = Schedule.objects.filter(pk=int(reference)).first() if reference.isdigit() else None
+    if found is None:
+        raise CommandError(f"No schedule named {reference!r}")
+    return found

@@ -130,7 +130,7 @@ def test_backfill__dry_run_lists_local_and_utc_times_and_writes_nothing(hourly: 
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["nope", "--start", "2020-01-01", "--end", "2020-01-02"], "no schedule named 'nope'"),
+        (["nope", "--start", "2020-01-01", "--end", "2020-01-02"], "No schedule named 'nope'"),
         (["hourly", "--start", "yesterday", "--end", "2020-01-02"], "--start 'yesterday' is not an ISO-8601 date"),
         (["hourly", "--start", "2020-01-02", "--end", "2020-01-01"], "must be after start"),
         (["hourly", "--start", "2020-01-01", "--end", "2999-01-01"], "only past slots can be backfilled"),

@@ -479,3 +479,25 @@ def test_process__run_now_while_the_broker_is_down_leaves_the_execution_pending(
     assert execution.status == Status.PENDING and execution.celery_task_id
     assert "still pending: the broker is unreachable" in result.stdout
     assert "Traceback" not in result.stderr
+
+
+def test_names_per_tenant__a_name_two_tenants_use_is_named_by_id(tenant_twins: tuple[Schedule, Schedule]) -> None:
+    # Given: acme and globex both have a schedule named "nightly"
+    acme, globex = tenant_twins
+    # When: the command line names it
+    message = refused("show", "nightly")
+    # Then: it refuses to guess and lists the ids, and either id works
+    assert message == f"2 schedules are named 'nightly': give one's id instead: {acme.pk} (tenant acme), {globex.pk} (tenant globex)"
+    out = io.StringIO()
+    call_command("schedules", "show", str(globex.pk), "--json", stdout=out)
+    assert json.loads(out.getvalue())["tenant"] == "globex"
+
+
+@pytest.fixture
+def tenant_twins() -> tuple[Schedule, Schedule]:
+    twins = []
+    for tenant in ("acme", "globex"):
+        schedule = Schedule(name="nightly", task="scheduler.echo", interval=60, tenant=tenant)
+        schedule.save()
+        twins.append(schedule)
+    return twins[0], twins[1]

@@ -10,8 +10,7 @@ from django.core.management.base import CommandError, CommandParser
 from scheduler import audit, leases
 from scheduler.backfill import DEFAULT_LIMIT, BackfillReport, backfill
 from scheduler.exceptions import BackfillRefused
-from scheduler.management.base import SchedulerCommand, non_negative_int, parse_iso, positive_number
-from scheduler.models import Schedule
+from scheduler.management.base import SchedulerCommand, find_schedule, non_negative_int, parse_iso, positive_number
 
 
 class Command(SchedulerCommand):
@@ -44,9 +43,7 @@ examples:
     def handle(self, *args: Any, **options: Any) -> None:
         start = parse_iso(options["start"], name="--start")
         end = parse_iso(options["end"], name="--end")
-        schedule = Schedule.objects.filter(name=options["schedule"]).first()
-        if schedule is None:
-            raise CommandError(f"no schedule named {options['schedule']!r}")
+        schedule = find_schedule(options["schedule"])
         as_json = options["json"]
         try:
             report = backfill(

@@ -12,6 +12,7 @@ from scheduler.exceptions import SchedulerError
 from scheduler.management.base import (
     BIGINT_MAX,
     SchedulerCommand,
+    find_schedule,
     model_fields,
     non_negative_int,
     parse_iso,
@@ -19,7 +20,7 @@ from scheduler.management.base import (
     text_value,
     whole_number,
 )
-from scheduler.models import Execution, Schedule
+from scheduler.models import Execution
 from scheduler.tenancy import EVERY_TENANT
 
 
@@ -93,10 +94,7 @@ Run "manage.py executions ACTION --help" for the options of each action."""
         if trigger:
             executions = executions.filter(trigger=trigger)
         if schedule is not None:
-            found = Schedule.objects.filter(name=schedule).first()
-            if found is None:
-                raise CommandError(f"No schedule named {schedule!r}")
-            executions = executions.filter(schedule=found)
+            executions = executions.filter(schedule=find_schedule(schedule))
         if since is not None:
             executions = executions.filter(scheduled_for__gte=parse_iso(since, name="--since"))
         rows = list(executions[:limit] if limit else executions)

@@ -17,6 +17,7 @@ from scheduler.exceptions import SchedulerError
 from scheduler.management.base import (
     SchedulerCommand,
     model_fields,
+    find_schedule,
     parse_iso,
     parse_json,
     text_table,
@@ -340,10 +341,7 @@ def _add_field_options(parser: CommandParser, *, creating: bool) -> None:
 
 
 def _get(name: str) -> Schedule:
-    schedule = Schedule.objects.filter(name=name).first()
-    if schedule is None:
-        raise CommandError(f"No schedule named {name!r}")
-    return schedule
+    return find_schedule(name)
 
 
 def _changes(options: dict[str, Any]) -> dict[str, Any]:
