@@ -60,3 +60,29 @@ class FenceRefused(SchedulerError):
 
 class CheckpointInvalid(SchedulerError):
     """The checkpoint was refused: it must be JSON of at most 64 KB; nothing was written."""
+
+
+class MessageRefused(SchedulerError):
+    """The message was not sent for the execution it names (another task name or task id); it was not touched."""
+
+    def __init__(
+        self,
+        message: str | None = None,
+        *,
+        reason: str = "",
+        execution_id: int | None = None,
+        task: str = "",
+        celery_task_id: str = "",
+        message_task: str = "",
+        message_task_id: str = "",
+    ) -> None:
+        super().__init__(message)
+        #: ``task_mismatch`` or ``task_id_mismatch`` (``scheduler.executions.REFUSAL_REASONS``).
+        self.reason = reason
+        #: The execution the message named, and its task and Celery task id.
+        self.execution_id = execution_id
+        self.task = task
+        self.celery_task_id = celery_task_id
+        #: What the message itself carried.
+        self.message_task = message_task
+        self.message_task_id = message_task_id

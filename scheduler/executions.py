@@ -53,7 +53,9 @@ from django.db.transaction import TransactionManagementError
 
 from scheduler import bulk_insert, overdue, tracing
 from scheduler.conf import settings
-from scheduler.models import Execution, Schedule
+from scheduler.exceptions import MessageRefused
+from scheduler.models import Execution, ExecutionTally, Schedule
+from scheduler.models.tally import MESSAGE_REFUSED, SHARDS
 from scheduler.prepared import Param, Prepared, RowReader
 
 logger = logging.getLogger(__name__)
@@ -400,21 +402,34 @@ def lost_retries_left(attempt: int, max_retries: int) -> bool:
 
 
 @tracing.traced("scheduler.claim", tracing.claiming_attributes, tracing.claimed_attributes)
-def claim(*, worker: str, celery_task_id: str, execution_id: int | None = None, key: str = "") -> Execution | None:
+def claim(
+    *, worker: str, task: str, celery_task_id: str, execution_id: int | None = None, key: str = ""
+) -> Execution | None:
     """Claim the execution ``execution_id`` (or the one with ``key``) for ``worker``; return it as claimed.
 
-    One conditional UPDATE under ``claimable()`` that returns the row as it
-    wrote it (one round trip; PostgreSQL and SQLite 3.35+ both have
-    ``UPDATE ... RETURNING``, so nothing can change the row between the write
-    and the read). A running row claimed again belongs to a worker that
-    stopped renewing, so it gets the next attempt. ``None`` means nothing was
-    claimable (a duplicate delivery).
+    ``task`` and ``celery_task_id`` are the message's task name and task id:
+    only the message sent for the execution claims it, so both must equal
+    the row's (every row that is sent has its task id from the moment it is
+    recorded; a re-send and Celery's own retry keep it). One conditional
+    UPDATE under ``claimable()`` that returns the row as it wrote it (one
+    round trip; PostgreSQL and SQLite 3.35+ both have ``UPDATE ...
+    RETURNING``, so nothing can change the row between the write and the
+    read). A running row claimed again belongs to a worker that stopped
+    renewing, so it gets the next attempt.
+
+    ``None`` means nothing was claimable (a duplicate delivery). A message
+    that was not sent for the execution raises ``MessageRefused``, counted
+    by reason, and changes nothing: told apart from a duplicate by one read
+    on this path only.
     """
     using = Execution.objects.db
     by_id = execution_id is not None
-    values = {"target": execution_id if by_id else key, "worker": worker, "celery_task_id": celery_task_id}
+    target = execution_id if by_id else key
+    values = {"target": target, "worker": worker, "task": task, "celery_task_id": celery_task_id}
     row = _CLAIM.execute(using, (by_id, settings.CLAIM_SECONDS), values)
     if row is None:
+        rows = Execution.objects.filter(pk=target) if by_id else Execution.objects.filter(idempotency_key=target)
+        _refuse_unless_sent_for(rows.values_list("pk", "task", "celery_task_id").first(), task, celery_task_id)
         return None
     execution = _ROW.read(using, row)
     if execution.timeout:
@@ -424,16 +439,19 @@ def claim(*, worker: str, celery_task_id: str, execution_id: int | None = None, 
 
 def _claim_sql(using: str, by_id: bool, claim_seconds: float) -> tuple[str, list[Any]]:
     """The claim's UPDATE ... RETURNING, compiled once per database (``Prepared``)."""
+    # The message's own task name and task id are matched, never written.
+    sent_for = Execution.objects.filter(
+        task=Param("task", _field("task")), celery_task_id=Param("celery_task_id", _field("celery_task_id"))
+    )
     if by_id:
-        target = Execution.objects.filter(pk=Param("target", Execution._meta.pk))
+        target = sent_for.filter(pk=Param("target", Execution._meta.pk))
     else:
-        target = Execution.objects.filter(idempotency_key=Param("target", _field("idempotency_key")))
+        target = sent_for.filter(idempotency_key=Param("target", _field("idempotency_key")))
     sql, params = _update_sql(
         _moving(target.claimable(), Status.RUNNING),
         using,
         status=Status.RUNNING,
         worker=Param("worker", _field("worker")),
-        celery_task_id=Param("celery_task_id", _field("celery_task_id")),
         started_at=Now(),
         finished_at=None,
         lease_expires_at=_db_now_plus(claim_seconds),
@@ -447,6 +465,54 @@ def _claim_sql(using: str, by_id: bool, claim_seconds: float) -> tuple[str, list
 #: The statements a worker runs for every task, compiled once per process (``scheduler.prepared``).
 _CLAIM = Prepared(_claim_sql)
 _ROW = RowReader(Execution)
+
+#: Why a message was refused: it names the execution under another task name, or another task id.
+TASK_MISMATCH = "task_mismatch"
+TASK_ID_MISMATCH = "task_id_mismatch"
+REFUSAL_REASONS = (TASK_MISMATCH, TASK_ID_MISMATCH)
+
+
+def _refuse_unless_sent_for(found: tuple[int, str, str] | None, task: str, celery_task_id: str) -> None:
+    """Raise ``MessageRefused`` (counted) unless a message of ``task`` and ``celery_task_id`` was sent for ``found``.
+
+    ``found`` is an execution's (id, task, Celery task id), or ``None``
+    when there is no such execution. A row's task and task id never change
+    once recorded, so after a conditional write changed nothing, this read
+    of them tells a refusal from a duplicate.
+    """
+    if found is None:
+        return
+    execution_id, row_task, row_task_id = found
+    if row_task != task:
+        reason = TASK_MISMATCH
+    elif row_task_id != celery_task_id:
+        reason = TASK_ID_MISMATCH
+    else:
+        return
+    _count_refused(reason, execution_id)
+    raise MessageRefused(
+        f"message {celery_task_id} (task {task}) refused for execution {execution_id} "
+        f"(task {row_task}, celery id {row_task_id}): {reason}",
+        reason=reason,
+        execution_id=execution_id,
+        task=row_task,
+        celery_task_id=row_task_id,
+        message_task=task,
+        message_task_id=celery_task_id,
+    )
+
+
+def _count_refused(reason: str, execution_id: int) -> None:
+    """Add one refused message to its tally row (``/metrics``: ``scheduler_messages_refused_total``)."""
+    tally = {"status": MESSAGE_REFUSED, "task": "", "trigger": reason, "shard": execution_id % SHARDS}
+    rows = ExecutionTally.objects.filter(**tally)
+    if rows.update(count=F("count") + 1):
+        return
+    try:
+        with transaction.atomic():
+            ExecutionTally.objects.create(**tally, count=1)
+    except IntegrityError:  # another refusal created the row meanwhile
+        rows.update(count=F("count") + 1)
 
 
 def _hold_to_time_limit(held: Claim, timeout: int) -> None:
@@ -663,16 +729,24 @@ def fail_lost(execution: Execution, *, reason: str) -> bool:
     )
 
 
-def fail_unrun(execution_id: int, *, reason: str) -> bool:
+def fail_unrun(execution_id: int, *, task: str, celery_task_id: str, reason: str) -> bool:
     """Record a waiting execution ``failed`` with ``reason`` without running it; count it on its schedule.
 
-    Only a ``pending``, ``queued`` or ``retrying`` row changes: one that runs
-    or has finished keeps its status. Returns whether the row changed.
+    For a worker that rejected the message ``task``/``celery_task_id``
+    sent for it: a message that names the execution under another task
+    name or task id raises ``MessageRefused`` (counted), as a claim would,
+    and changes nothing. Only a ``pending``, ``queued`` or ``retrying`` row
+    changes: one that runs or has finished keeps its status. Returns
+    whether the row changed.
     """
-    execution = Execution.objects.filter(pk=execution_id).only("pk", "schedule_id", "started_at").first()
+    read = ("pk", "schedule_id", "started_at", "task", "celery_task_id")
+    execution = Execution.objects.filter(pk=execution_id).only(*read).first()
     if execution is None:
         return False
-    waiting = Execution.objects.filter(pk=execution_id, status__in=Execution.WAITING_STATUSES)
+    _refuse_unless_sent_for((execution.pk, execution.task, execution.celery_task_id), task, celery_task_id)
+    waiting = Execution.objects.filter(
+        pk=execution_id, status__in=Execution.WAITING_STATUSES, task=task, celery_task_id=celery_task_id
+    )
     return _record_outcome(
         lambda: _finish_rows(waiting, Status.FAILED, None, reason, ""), execution.schedule_id, execution.started_at,
         status=Status.FAILED, error=reason,

@@ -33,11 +33,11 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector, CollectorRegistry
 
-from scheduler import cluster, leases, shards
+from scheduler import cluster, executions, leases, shards
 from scheduler.conf import settings
 from scheduler.metrics_token import token_required
 from scheduler.models import DurationTally, Execution, ExecutionTally, Instance, Lease, Schedule
-from scheduler.models.tally import DURATION_BUCKETS
+from scheduler.models.tally import DURATION_BUCKETS, MESSAGE_REFUSED
 
 #: Scheduled slots sent within this window feed the dispatch lag histogram.
 WINDOW = timedelta(hours=1)
@@ -89,6 +89,7 @@ class DatabaseCollector(Collector):
         view = cluster.shard_view() if shards.is_sharded() else None
         members = _members(view, now=now)
         yield self._executions_total()
+        yield self._messages_refused()
         yield self._task_duration()
         yield self._executions_current()
         yield self._dispatch_lag(since=now - WINDOW)
@@ -125,13 +126,28 @@ class DatabaseCollector(Collector):
             labels=["status", "task", "trigger"],
         )
         rows = (
-            ExecutionTally.objects.values_list("status", "task", "trigger")
+            ExecutionTally.objects.exclude(status=MESSAGE_REFUSED)
+            .values_list("status", "task", "trigger")
             .annotate(count=Sum("count"))
             .order_by("status", "task", "trigger")
         )
         for status, task, trigger, count in rows:
             total.add_metric([status, task, trigger], count)
         return total
+
+    def _messages_refused(self) -> CounterMetricFamily:
+        refused = CounterMetricFamily(
+            "scheduler_messages_refused",
+            "Messages refused by a worker, not run, because they were not sent for the execution they name "
+            "(task_mismatch: another task name; task_id_mismatch: another task id); the execution was left as it was.",
+            labels=["reason"],
+        )
+        counts = dict.fromkeys(executions.REFUSAL_REASONS, 0)
+        rows = ExecutionTally.objects.filter(status=MESSAGE_REFUSED).values_list("trigger").annotate(count=Sum("count"))
+        counts.update(rows.order_by())
+        for reason, count in sorted(counts.items()):
+            refused.add_metric([reason], count)
+        return refused
 
     def _task_duration(self) -> HistogramMetricFamily:
         histogram = HistogramMetricFamily(

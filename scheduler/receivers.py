@@ -3,7 +3,9 @@
 A message whose task the worker does not know, or cannot accept, is
 rejected by Celery without a requeue: no worker would ever claim its
 execution, and reconcile would re-send it forever. The receivers below
-record such an execution ``failed`` with the reason instead.
+record such an execution ``failed`` with the reason instead, if the message
+was sent for it (its task name and task id are the execution's); another
+message that names it is refused, logged and counted, as the claim does.
 """
 from __future__ import annotations
 
@@ -19,6 +21,7 @@ from django.db import DatabaseError, close_old_connections
 from django.db.models.functions import Now
 
 from scheduler.conf import settings
+from scheduler.exceptions import MessageRefused
 from scheduler.models import Execution, Instance
 from scheduler.executions import fail_unrun
 
@@ -97,13 +100,24 @@ def fail_rejected_message(
 
 
 def _fail_refused(message: Any, reason: str) -> None:
-    execution_id = (getattr(message, "headers", None) or {}).get(Execution.MESSAGE_HEADER)
+    headers = getattr(message, "headers", None) or {}
+    execution_id = headers.get(Execution.MESSAGE_HEADER)
     if execution_id is None:
         return  # a plain Celery call: no execution was recorded for it
     # The main process may have been idle for hours: drop a connection past its age first.
     close_old_connections()
     try:
-        failed = fail_unrun(int(execution_id), reason=reason)
+        # Only the message sent for the execution may fail it: its task name and task id must be the row's.
+        failed = fail_unrun(
+            int(execution_id), task=str(headers.get("task") or ""), celery_task_id=str(headers.get("id") or ""),
+            reason=reason,
+        )
+    except MessageRefused as refused:
+        logger.warning(
+            "%s; not failed", refused,
+            extra={"action": "message_refused", "execution_id": refused.execution_id, "reason": refused.reason},
+        )
+        return
     except (DatabaseError, TypeError, ValueError):
         # The row stays waiting; reconcile re-sends it and the next refusal records it.
         logger.exception("could not record execution %s as failed: %s", execution_id, reason)

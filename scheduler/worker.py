@@ -3,7 +3,11 @@
 Before a task body runs, the worker claims its Execution row with one
 conditional UPDATE. When nothing is claimed, the message is a duplicate
 delivery (the execution is already running elsewhere, or done): it is
-acknowledged, logged and not run. While the body runs, the process's claim
+acknowledged, logged and not run. Only the message sent for an execution
+claims it: its task name and task id must be the row's, so a message that
+merely names the execution in its header (one a ``celery.group`` carried,
+say) is refused the same way, and logged and counted as refused
+(``scheduler_messages_refused_total``). While the body runs, the process's claim
 renewer (``scheduler.renewer``) renews the claims of what that process runs,
 in one UPDATE per interval; a worker that dies stops renewing, and once its
 claim expires the execution may be claimed again, as the next attempt. Every
@@ -54,7 +58,7 @@ from django.db import DatabaseError, InterfaceError, OperationalError, close_old
 
 from scheduler import clock, executions, logs, policies, tracing
 from scheduler.conf import settings
-from scheduler.exceptions import NotInTask
+from scheduler.exceptions import MessageRefused, NotInTask
 from scheduler.executions import Claim
 from scheduler.models import Execution
 from scheduler.renewer import ClaimRenewer
@@ -171,25 +175,19 @@ class ExecutionTask(Task):
     # --- claim ---------------------------------------------------------------------
 
     def before_start(self, task_id: str, args: Any, kwargs: Any) -> None:
-        """Claim this message's execution, or refuse a duplicate delivery with ``Ignore``."""
+        """Claim this message's execution, or refuse it with ``Ignore``: a duplicate, or not sent for it."""
         execution_id = (self.request.headers or {}).get(Execution.MESSAGE_HEADER)
         # The pool child's own identity: the main process finds this claim by it (GuardedRequest).
         worker = executions.worker_identity(self.request.hostname, os.getpid())
         since = _renewer.now()  # before the claim: the local deadline never outlasts the database's
-        if execution_id is not None:
-            execution = _reconnecting(executions.claim, worker=worker, celery_task_id=task_id, execution_id=execution_id)
-        else:
-            limits = self.request.timelimit or (None, None)
-            key = executions.record_ad_hoc(
-                task_id,
-                task=self.name,
-                args=args,
-                kwargs=kwargs,
-                queue=(self.request.delivery_info or {}).get("routing_key") or "",
-                timeout=int(limits[1]) if limits[1] else None,
-                now=clock.now(),
+        try:
+            execution = self._claim(task_id, args, kwargs, worker=worker, execution_id=execution_id)
+        except MessageRefused as refused:
+            logger.warning(
+                "%s; acknowledged, not run", refused,
+                extra={"action": "message_refused", "execution_id": refused.execution_id, "reason": refused.reason},
             )
-            execution = _reconnecting(executions.claim, worker=worker, celery_task_id=task_id, key=key)
+            raise Ignore() from None
         if execution is None:
             logger.warning(
                 "duplicate delivery of execution %s (task %s, celery id %s): not run",
@@ -205,6 +203,24 @@ class ExecutionTask(Task):
         setattr(self.request, _CLAIM_ATTR, claim)
         logs.bind(execution_id=execution.pk, schedule=execution.schedule_id)
         _renewer.hold(claim, since=since, timeout=execution.timeout)
+
+    def _claim(self, task_id: str, args: Any, kwargs: Any, *, worker: str, execution_id: Any) -> Execution | None:
+        """Claim the execution the message names, or else its ad-hoc one (recorded first), as this message."""
+        if execution_id is not None:
+            return _reconnecting(
+                executions.claim, worker=worker, task=self.name, celery_task_id=task_id, execution_id=execution_id
+            )
+        limits = self.request.timelimit or (None, None)
+        key = executions.record_ad_hoc(
+            task_id,
+            task=self.name,
+            args=args,
+            kwargs=kwargs,
+            queue=(self.request.delivery_info or {}).get("routing_key") or "",
+            timeout=int(limits[1]) if limits[1] else None,
+            now=clock.now(),
+        )
+        return _reconnecting(executions.claim, worker=worker, task=self.name, celery_task_id=task_id, key=key)
 
     # --- run and record --------------------------------------------------------------
 

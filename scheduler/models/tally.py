@@ -20,6 +20,9 @@ from django.db import models
 SHARDS = 8
 #: Upper bounds (seconds) of the run-time buckets; the trigger in migration 0012 writes the same list.
 DURATION_BUCKETS = (0.1, 0.5, 1.0, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0, 3600.0)
+#: ``ExecutionTally.status`` of the rows that count messages a worker refused (not an execution's status:
+#: no trigger writes it); ``trigger`` holds the reason and ``task`` is empty (``executions.claim``).
+MESSAGE_REFUSED = "refused"
 
 
 class ExecutionTally(models.Model):

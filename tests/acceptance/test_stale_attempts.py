@@ -45,7 +45,9 @@ def running_on(execution: Execution, worker: CeleryProcess) -> Execution:
 def taken_over(execution: Execution) -> dict[str, Any]:
     """Wait for A's claim to expire, claim the execution as worker B (attempt 2); return B's row state."""
     assert wait_until(lambda: Execution.objects.claimable().filter(pk=execution.pk).exists(), timeout=10)
-    successor = executions.claim(worker=SUCCESSOR, celery_task_id=execution.celery_task_id, execution_id=execution.pk)
+    successor = executions.claim(
+        worker=SUCCESSOR, task=execution.task, celery_task_id=execution.celery_task_id, execution_id=execution.pk
+    )
     assert successor is not None and successor.attempt == 2
     return claim_state(execution)
 

@@ -19,6 +19,7 @@ WATCHED = ("status", "attempt", "worker", "lease_expires_at", "finished_at", "er
 
 
 def row(status: str = Status.QUEUED, *, key: str = "e", **fields: Any) -> Execution:
+    fields.setdefault("celery_task_id", f"celery-{key}")
     return Execution.objects.create(
         idempotency_key=key, task="scheduler.echo", scheduled_for=leases.db_now(), status=status, **fields
     )
@@ -34,7 +35,8 @@ def expire_claim(execution_id: int) -> None:
 
 
 def claimed(execution_id: int, worker: str) -> Claim:
-    execution = executions.claim(worker=worker, celery_task_id="celery-1", execution_id=execution_id)
+    task, task_id = Execution.objects.filter(pk=execution_id).values_list("task", "celery_task_id").get()
+    execution = executions.claim(worker=worker, task=task, celery_task_id=task_id, execution_id=execution_id)
     assert execution is not None, f"{worker} could not claim execution {execution_id}"
     return Claim.of(execution)
 
@@ -76,10 +78,14 @@ def test_finished_execution__refuses_claim_cancel_queue_fail_and_retry(final: st
     execution = row(final)
     before = state(execution.pk)
     # When every owner function that starts from a live state is tried on it
-    assert executions.claim(worker="w@host:1", celery_task_id="c", execution_id=execution.pk) is None
+    assert executions.claim(
+        worker="w@host:1", task=execution.task, celery_task_id=execution.celery_task_id, execution_id=execution.pk
+    ) is None
     assert not executions.cancel(execution.pk, reason="no", now=leases.db_now())
     assert executions.mark_queued([execution.pk], now=leases.db_now()) == 0
-    assert not executions.fail_unrun(execution.pk, reason="no")
+    assert not executions.fail_unrun(
+        execution.pk, task=execution.task, celery_task_id=execution.celery_task_id, reason="no"
+    )
     assert not executions.retry_lost(execution.pk, due=leases.db_now())
     assert not executions.fail_lost(execution, reason="no")
     # Then nothing changed
@@ -90,7 +96,9 @@ def test_running_execution__not_failed_as_unrun_nor_retried_as_lost() -> None:
     execution = row()
     claimed(execution.pk, "w@host:1")
     before = state(execution.pk)
-    assert not executions.fail_unrun(execution.pk, reason="refused")
+    assert not executions.fail_unrun(
+        execution.pk, task=execution.task, celery_task_id=execution.celery_task_id, reason="refused"
+    )
     assert not executions.retry_lost(execution.pk, due=leases.db_now())
     assert executions.mark_queued([execution.pk], now=leases.db_now()) == 0
     assert state(execution.pk) == before

@@ -42,15 +42,17 @@ def no_background_renewal(settings: Any) -> None:
 
 
 def queued(**fields: Any) -> Execution:
+    key = f"fenced:{Execution.objects.count()}"
     return Execution.objects.create(
-        idempotency_key=f"fenced:{Execution.objects.count()}", task="tests.integration.body",
+        idempotency_key=key, task="tests.integration.body", celery_task_id=key,
         scheduled_for=leases.db_now(), status=Status.QUEUED, **fields,
     )
 
 
 def run(execution: Execution, step: Callable[[], Any]) -> Any:
     """Run ``step`` as the body of ``execution`` under the guard; return its value or raise its error."""
-    return body.apply(kwargs={"step": step}, headers={Execution.MESSAGE_HEADER: execution.pk}, throw=True).get()
+    headers = {Execution.MESSAGE_HEADER: execution.pk}
+    return body.apply(kwargs={"step": step}, task_id=execution.celery_task_id, headers=headers, throw=True).get()
 
 
 def invoice() -> None:
@@ -64,9 +66,12 @@ def invoice() -> None:
 
 def take_over() -> None:
     """Let another worker claim the running execution as the next attempt, as after a freeze past the claim."""
-    execution_id = scheduler.current_execution().pk
-    Execution.objects.filter(pk=execution_id).update(lease_expires_at=leases.db_now() - timedelta(seconds=5))
-    assert executions.claim(worker=SUCCESSOR, celery_task_id="successor", execution_id=execution_id) is not None
+    running = scheduler.current_execution()
+    Execution.objects.filter(pk=running.pk).update(lease_expires_at=leases.db_now() - timedelta(seconds=5))
+    successor = executions.claim(
+        worker=SUCCESSOR, task=running.task, celery_task_id=running.celery_task_id, execution_id=running.pk
+    )
+    assert successor is not None
 
 
 def fresh(execution: Execution) -> Execution:

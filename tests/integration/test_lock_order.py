@@ -66,7 +66,9 @@ def test_finishes_and_cancel_previous_ticks_at_once__no_deadlock_and_every_succe
         pick = random.Random(number)
         while not stop.is_set():
             waiting = Execution.objects.filter(status=Status.PENDING, held=False).order_by("?").first()
-            execution = waiting and executions.claim(worker=identity, celery_task_id="c", execution_id=waiting.pk)
+            execution = waiting and executions.claim(
+                worker=identity, task=waiting.task, celery_task_id=waiting.celery_task_id, execution_id=waiting.pk
+            )
             if not execution:
                 time.sleep(0.005)
                 continue

@@ -39,9 +39,12 @@ def total(samples: dict[str, float], status: str, task: str = "tests.record", tr
 def running(schedule: Schedule | None = None, key: str = "k", task: str = "tests.record") -> executions.Claim:
     """Record an execution and claim it as a worker would; return the claim."""
     execution, _ = executions.record_one(
-        Execution(idempotency_key=key, task=task, schedule=schedule, scheduled_for=leases.db_now(), status=Status.PENDING)
+        Execution(
+            idempotency_key=key, task=task, schedule=schedule, scheduled_for=leases.db_now(), status=Status.PENDING,
+            celery_task_id=f"c-{key}",
+        )
     )
-    claimed = executions.claim(worker="w:1", celery_task_id=f"c-{key}", execution_id=execution.pk)
+    claimed = executions.claim(worker="w:1", task=task, celery_task_id=f"c-{key}", execution_id=execution.pk)
     assert claimed is not None
     return executions.Claim.of(claimed)
 

@@ -35,9 +35,11 @@ def make(name: str, *, now: datetime = T0, **fields: object) -> Schedule:
 def succeed(schedule: Schedule, key: str) -> None:
     """Run one execution of ``schedule`` to success through the worker's claim and finish."""
     execution, _ = executions.record_one(
-        Execution(idempotency_key=key, task=schedule.task, schedule=schedule, scheduled_for=leases.db_now())
+        Execution(
+            idempotency_key=key, task=schedule.task, schedule=schedule, scheduled_for=leases.db_now(), celery_task_id=key
+        )
     )
-    claimed = executions.claim(worker="w:1", celery_task_id=key, execution_id=execution.pk)
+    claimed = executions.claim(worker="w:1", task=schedule.task, celery_task_id=key, execution_id=execution.pk)
     assert claimed is not None and executions.finish(executions.Claim.of(claimed), status=Execution.Status.SUCCEEDED)
 
 
@@ -101,9 +103,11 @@ def test_failure__leaves_the_deadline_where_the_last_success_put_it() -> None:
     schedule.refresh_from_db()
     deadline = schedule.overdue_at
     execution, _ = executions.record_one(
-        Execution(idempotency_key="b", task=schedule.task, schedule=schedule, scheduled_for=leases.db_now())
+        Execution(
+            idempotency_key="b", task=schedule.task, schedule=schedule, scheduled_for=leases.db_now(), celery_task_id="b"
+        )
     )
-    claimed = executions.claim(worker="w:1", celery_task_id="b", execution_id=execution.pk)
+    claimed = executions.claim(worker="w:1", task=schedule.task, celery_task_id="b", execution_id=execution.pk)
     assert claimed is not None
     assert executions.finish(executions.Claim.of(claimed), status=Execution.Status.FAILED, error="boom")
     schedule.refresh_from_db()

@@ -29,7 +29,9 @@ def _schedule(name: str = "often", **fields: object) -> Schedule:
 
 
 def _claim(execution_id: int, worker: str = "w@host:1") -> Claim:
-    claimed = executions.claim(worker=worker, celery_task_id="c", execution_id=execution_id)
+    """Claim the execution as its own message would (its task name and task id)."""
+    task, task_id = Execution.objects.filter(pk=execution_id).values_list("task", "celery_task_id").get()
+    claimed = executions.claim(worker=worker, task=task, celery_task_id=task_id, execution_id=execution_id)
     assert claimed is not None
     return Claim.of(claimed)
 
@@ -87,7 +89,8 @@ def test_trigger__slots_reconcile_repairs_stay_scheduled() -> None:
 def test_attempt_errors__each_retried_attempt_and_the_last_are_listed() -> None:
     # Given an execution allowed two retries that fails three times
     execution = Execution.objects.create(
-        idempotency_key="k", task="scheduler.echo", scheduled_for=leases.db_now(), status=Status.QUEUED, max_retries=2
+        idempotency_key="k", task="scheduler.echo", scheduled_for=leases.db_now(), status=Status.QUEUED, max_retries=2,
+        celery_task_id="c",
     )
     for attempt in (1, 2):
         held = _claim(execution.pk)
@@ -111,7 +114,8 @@ def test_attempt_errors__each_retried_attempt_and_the_last_are_listed() -> None:
 
 def test_attempt_errors__a_stale_holder_appends_nothing() -> None:
     execution = Execution.objects.create(
-        idempotency_key="k", task="scheduler.echo", scheduled_for=leases.db_now(), status=Status.QUEUED, max_retries=3
+        idempotency_key="k", task="scheduler.echo", scheduled_for=leases.db_now(), status=Status.QUEUED, max_retries=3,
+        celery_task_id="c",
     )
     stale = _claim(execution.pk, "a@host:1")
     Execution.objects.filter(pk=execution.pk).update(lease_expires_at=leases.db_now() - timedelta(seconds=5))

@@ -23,11 +23,11 @@ COMPARED = [
 def queued(*keys: str) -> None:
     now = leases.db_now()
     for key in keys:
-        Execution.objects.create(idempotency_key=key, task="scheduler.echo", scheduled_for=now)
+        Execution.objects.create(idempotency_key=key, task="scheduler.echo", scheduled_for=now, celery_task_id="celery-1")
 
 
 def claimed(key: str) -> Claim:
-    execution = executions.claim(worker="w@host:1", celery_task_id="celery-1", key=key)
+    execution = executions.claim(worker="w@host:1", task="scheduler.echo", celery_task_id="celery-1", key=key)
     assert execution is not None
     return Claim.of(execution)
 

@@ -1,0 +1,160 @@
+"""A real worker runs a message against an execution only if the message was sent for it (guarantee 13).
+
+Tenant B has a queued execution of ``tests.record`` with its own Celery task
+id. Messages that name B's execution id in their header but carry another
+task name, or B's task name under another task id, are refused by the
+worker: acknowledged, not run, logged and counted, and B's row is left as
+it was. A message of a task the worker does not know cannot fail B's
+execution, and ``celery.group`` cannot smuggle such a message in either.
+B's own message, published the way the beat publishes it, then runs once.
+"""
+from __future__ import annotations
+
+import re
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import redis
+from celery import signature
+from django.test import Client
+
+from project.celery import app
+from scheduler import dispatch, executions, leases
+from scheduler.models import Execution, Schedule
+from tests import tasks as test_tasks
+from tests.processes import CeleryProcess, wait_until
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+Start = Callable[..., CeleryProcess]
+HEADER = Execution.MESSAGE_HEADER
+REFUSED = re.compile(r"^scheduler_messages_refused_total\{reason=\"(\w+)\"\} (\S+)$", re.MULTILINE)
+
+
+def queued_for_tenant_b() -> Execution:
+    """Record one slot of tenant B's schedule and mark it sent; its message is still on its way."""
+    schedule = Schedule(name="b-report", task="tests.record", kwargs={"label": "b"}, interval=3600, tenant="b")
+    schedule.full_clean()
+    schedule.save(now=leases.db_now())
+    now = leases.db_now()
+    [row] = executions.record_slots(schedule, [(now, Execution.Status.PENDING)], now=now)
+    assert executions.mark_queued([row["id"]], now=now) == 1
+    execution = Execution.objects.get(pk=row["id"])
+    assert execution.celery_task_id and execution.status == Execution.Status.QUEUED
+    return execution
+
+
+def row_state(execution: Execution) -> dict[str, Any]:
+    return Execution.objects.filter(pk=execution.pk).values().get()
+
+
+def refusals_logged(worker: CeleryProcess) -> list[str]:
+    return [line for line in worker.log().splitlines() if "refused for execution" in line]
+
+
+def refused_counts() -> dict[str, float]:
+    """Scrape ``/metrics`` as Prometheus would; return the refused-message counter by reason."""
+    response = Client().get("/metrics")
+    assert response.status_code == 200
+    return {reason: float(value) for reason, value in REFUSED.findall(response.content.decode())}
+
+
+def wait_final(execution: Execution, *, timeout: float = 30.0) -> Execution:
+    done = wait_until(
+        lambda: Execution.objects.filter(pk=execution.pk, status__in=Execution.FINAL_STATUSES).first(), timeout=timeout
+    )
+    assert done, f"execution {execution.pk} never finished: {row_state(execution)}"
+    return done  # type: ignore[return-value]
+
+
+def publish_as_the_beat_does(execution: Execution) -> None:
+    dispatch.publish(app, [executions.message_row(execution)], now=leases.db_now())
+
+
+def test_messages_not_sent_for_the_execution__refused_then_its_own_runs_once(
+    celery_processes: Start, redis_client: redis.Redis
+) -> None:
+    # Given tenant B's queued execution and a worker
+    b = queued_for_tenant_b()
+    before = row_state(b)
+    worker = celery_processes("worker", "w1")
+    worker.wait_for_log(r"ready\.")
+    # When a message names B's execution with another task name (under B's own task id)
+    app.send_task("tests.steps", args=[1, 0.0], task_id=b.celery_task_id, headers={HEADER: b.pk})
+    # And another names it with B's task name under another task id
+    intruder = str(uuid.uuid4())
+    app.send_task("tests.record", kwargs={"label": "intruder"}, task_id=intruder, headers={HEADER: b.pk})
+    # Then the worker refuses both: logged with both sides' ids, counted, nothing ran, B's row untouched
+    assert wait_until(lambda: len(refusals_logged(worker)) == 2, timeout=20), worker.log()[-3000:]
+    first, second = sorted(refusals_logged(worker), key=lambda line: "tests.steps" not in line)
+    assert f"message {b.celery_task_id} (task tests.steps) refused for execution {b.pk} " in first
+    assert f"(task tests.record, celery id {b.celery_task_id}): task_mismatch" in first
+    assert f"message {intruder} (task tests.record) refused for execution {b.pk} " in second
+    assert f"(task tests.record, celery id {b.celery_task_id}): task_id_mismatch" in second
+    assert refused_counts() == {"task_mismatch": 1.0, "task_id_mismatch": 1.0}
+    assert test_tasks.runs(redis_client) == [] and test_tasks.events(redis_client, test_tasks.STEPS_KEY) == []
+    assert row_state(b) == before
+    # When B's own message is published the way the beat publishes it
+    publish_as_the_beat_does(b)
+    # Then B's body runs exactly once, as B's first attempt, and the row ends succeeded
+    done = wait_final(b)
+    assert (done.status, done.attempt, done.result) == (Execution.Status.SUCCEEDED, 1, "b")
+    assert done.celery_task_id == b.celery_task_id
+    assert [(run["execution_id"], run["label"]) for run in test_tasks.runs(redis_client)] == [(b.pk, "b")]
+    assert len(refusals_logged(worker)) == 2
+
+
+def test_message_of_an_unknown_task_naming_b__does_not_fail_b(celery_processes: Start, redis_client: redis.Redis) -> None:
+    # Given tenant B's queued execution and a worker
+    b = queued_for_tenant_b()
+    before = row_state(b)
+    worker = celery_processes("worker", "w1")
+    worker.wait_for_log(r"ready\.")
+    # When a message of a task no worker knows names B's execution (the worker rejects it)
+    app.send_task("no.such.task", task_id=b.celery_task_id, headers={HEADER: b.pk})
+    # Then the rejection does not fail B: refused, logged and counted, the row untouched
+    worker.wait_for_log(r"Received unregistered task of type 'no\.such\.task'")
+    assert wait_until(lambda: len(refusals_logged(worker)) == 1, timeout=20), worker.log()[-3000:]
+    assert refusals_logged(worker)[0].endswith(": task_mismatch; not failed")
+    assert refused_counts() == {"task_mismatch": 1.0, "task_id_mismatch": 0.0}
+    assert row_state(b) == before
+    # And B's own message still runs it once
+    publish_as_the_beat_does(b)
+    done = wait_final(b)
+    assert (done.status, done.attempt, done.result) == (Execution.Status.SUCCEEDED, 1, "b")
+    assert [(run["execution_id"], run["label"]) for run in test_tasks.runs(redis_client)] == [(b.pk, "b")]
+
+
+def test_celery_group_carrying_a_message_for_b__runs_nothing_against_b(
+    celery_processes: Start, redis_client: redis.Redis
+) -> None:
+    # Given tenant B's queued execution and a worker
+    b = queued_for_tenant_b()
+    before = row_state(b)
+    worker = celery_processes("worker", "w1")
+    worker.wait_for_log(r"ready\.")
+    # When a celery.group runs whose argument is a whole message for B's execution: B's task, B's header
+    inner_id, group_id = str(uuid.uuid4()), str(uuid.uuid4())
+    smuggled = signature("tests.record", kwargs={"label": "hijack"}, task_id=inner_id, headers={HEADER: b.pk})
+    results = [[group_id, None], [[[inner_id, None], None]]]
+    group = app.send_task("celery.group", args=[[dict(smuggled)], results, group_id, []])
+    # Then the group's own execution ran, and the message it sent was refused
+    assert wait_until(
+        lambda: Execution.objects.filter(
+            idempotency_key=executions.ad_hoc_key(group.id), status__in=Execution.FINAL_STATUSES
+        ).exists(),
+        timeout=20,
+    ), worker.log()[-3000:]
+    assert wait_until(lambda: len(refusals_logged(worker)) == 1, timeout=20), worker.log()[-3000:]
+    assert f"message {inner_id} (task tests.record) refused for execution {b.pk} " in refusals_logged(worker)[0]
+    assert refused_counts() == {"task_mismatch": 0.0, "task_id_mismatch": 1.0}
+    # And nothing ran against B's row
+    assert test_tasks.runs(redis_client) == []
+    assert row_state(b) == before
+    # When B's own message comes, B runs once
+    publish_as_the_beat_does(b)
+    done = wait_final(b)
+    assert (done.status, done.attempt, done.result) == (Execution.Status.SUCCEEDED, 1, "b")
+    assert [(run["execution_id"], run["label"]) for run in test_tasks.runs(redis_client)] == [(b.pk, "b")]
