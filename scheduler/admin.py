@@ -646,22 +646,24 @@ class ScheduleAdmin(TenantScoped, ActionsNeedPermission, admin.ModelAdmin):
             from project.celery import app
 
             confirm = "confirm" in request.POST
+            start, end = form.cleaned_data["start"], form.cleaned_data["end"]
             try:
                 task_policy.ensure_scope_allows(schedule.task, tenant=schedule.tenant, scope=scope_of_user(request.user))
-                report = backfill.backfill(
-                    schedule, start=form.cleaned_data["start"], end=form.cleaned_data["end"],
-                    now=leases.db_now(), dry_run=not confirm, app=app,
-                )
+                # Committed once the range is accepted, before the first execution; completed after.
+                with audit.operation(
+                    audit.user_actor(request.user), "backfill", schedule, changes={"start": start, "end": end}, start=False
+                ) as op:
+                    report = backfill.backfill(
+                        schedule, start=start, end=end, now=leases.db_now(), dry_run=not confirm, app=app,
+                        on_start=op.start,
+                    )
+                    op.done(report.outcome)
             except BackfillTooLarge as exc:
                 form.add_error("end", str(exc))
             except (BackfillRefused, TaskRefused) as exc:
                 form.add_error(None, str(exc))
             else:
                 if confirm:
-                    audit.record(
-                        audit.user_actor(request.user), "backfill", schedule,
-                        changes={"start": report.start, "end": report.end, "created": report.created},
-                    )
                     self.message_user(
                         request,
                         f"Backfill of {schedule.name}: {report.created} execution(s) recorded, "
@@ -1084,18 +1086,5 @@ class OperatorProfileAdmin(admin.ModelAdmin):
     has_change_permission = has_view_permission
     has_delete_permission = has_view_permission
 
-    def save_model(self, request: HttpRequest, obj: OperatorProfile, form: forms.ModelForm, change: bool) -> None:
-        before = audit.snapshot(OperatorProfile.objects.filter(pk=obj.pk).first()) if change else {}
-        with transaction.atomic():
-            super().save_model(request, obj, form, change)
-            audit.record(audit.user_actor(request.user), "update" if change else "create", obj, before=before, tenant="")
-
-    def delete_model(self, request: HttpRequest, obj: OperatorProfile) -> None:
-        with transaction.atomic():
-            before = audit.snapshot(obj)
-            super().delete_model(request, obj)
-            audit.record(audit.user_actor(request.user), "delete", obj, before=before, deleted=True, tenant="")
-
-    def delete_queryset(self, request: HttpRequest, queryset: QuerySet[OperatorProfile]) -> None:
-        for profile in queryset:
-            self.delete_model(request, profile)
+    # No save_model/delete_model audit here: scheduler.access_audit records
+    # every profile change, the admin's included, once, in its transaction.

@@ -13,8 +13,11 @@ class SchedulerConfig(AppConfig):
         from django.db.models.signals import post_migrate
 
         # Imported for their side effects: registering checks and signal receivers.
-        from scheduler import checks, receivers, tracing  # noqa: F401
+        from scheduler import access_audit, checks, receivers, tracing  # noqa: F401
         from scheduler.permissions import ensure_groups
+
+        # Users, groups, permissions and operator profiles, whoever changes them.
+        access_audit.connect()
 
         # After every app's post_migrate (the permissions exist by then).
         post_migrate.connect(ensure_groups, dispatch_uid="scheduler.ensure_groups")

@@ -73,6 +73,15 @@ class BackfillReport:
     #: Slots not recorded because sending failed under a ``rate``.
     not_recorded: int = 0
 
+    @property
+    def outcome(self) -> dict[str, int | str]:
+        """Return what it did, for its audit event: executions recorded and sent, slots left alone or not recorded."""
+        counts: dict[str, int | str] = {
+            "created": self.created, "already_present": self.already_present, "published": self.published,
+            "not_recorded": self.not_recorded,
+        }
+        return {**counts, "broker_error": self.broker_error} if self.broker_error else counts
+
 
 def existing(schedule: Schedule, slots: Iterable[datetime]) -> dict[datetime, tuple[int, str]]:
     """Return {slot: (execution id, status)} for the slots of ``schedule`` that have an execution."""
@@ -124,6 +133,7 @@ def backfill(
     rate: float | None = None,
     progress: Callable[[int, int], None] | None = None,
     app: Celery | None = None,
+    on_start: Callable[[], None] | None = None,
 ) -> BackfillReport:
     """Record and send one execution per slot of ``schedule`` in [``start``, ``end``] that has none.
 
@@ -132,6 +142,9 @@ def backfill(
     ``PROGRESS_EVERY`` slots. After a broker error nothing more is sent: the
     rows are recorded ``pending`` for the beat leader to send (under a
     ``rate``, recording stops after that batch too), and the report says so.
+    ``on_start()`` is called once the range is accepted, before the first
+    execution is recorded (never on a dry run): the caller's audit event is
+    committed there, so a crash part-way still leaves it.
     """
     slots = slots_in_range(schedule, start=start, end=end, now=now, limit=limit)
     present = existing(schedule, slots)
@@ -142,6 +155,8 @@ def backfill(
     )
     if dry_run:
         return report
+    if on_start:
+        on_start()
     app = app or current_app
     missing = [state.scheduled_for for state in states if state.execution_id is None]
     batch = BATCH_SIZE if rate is None else max(1, min(BATCH_SIZE, int(rate)))

@@ -24,15 +24,27 @@ _VISIBLE = (
 
 
 def ensure_groups(**kwargs: Any) -> None:
-    """Create or update both groups (a ``post_migrate`` receiver; idempotent)."""
+    """Create or update both groups (a ``post_migrate`` receiver; idempotent).
+
+    Restoring the permissions of a group someone changed is audited, by
+    "system" (``scheduler.access_audit``); a ``migrate`` that changes nothing
+    records nothing. Creating a missing group is not: that is the
+    installation (a new database, or each test's flush), not anyone's change.
+    """
     from django.contrib.auth.models import Group, Permission
+
+    from scheduler.access_audit import unaudited
 
     view = [f"view_{model}" for _, model in _VISIBLE]
     manage = ["add_schedule", "change_schedule", "delete_schedule"]
     permissions = {p.codename: p for p in Permission.objects.filter(codename__in=[*view, *manage])}
     if len(permissions) < len(view) + len(manage):
         return  # permissions not created yet (first migrate of a partial app set)
-    viewer, _ = Group.objects.get_or_create(name=VIEWER_GROUP)
-    viewer.permissions.set([permissions[c] for c in view])
-    operator, _ = Group.objects.get_or_create(name=OPERATOR_GROUP)
-    operator.permissions.set([permissions[c] for c in (*view, *manage)])
+    for name, codenames in ((VIEWER_GROUP, view), (OPERATOR_GROUP, [*view, *manage])):
+        wanted = [permissions[c] for c in codenames]
+        group = Group.objects.filter(name=name).first()
+        if group is None:
+            with unaudited():
+                Group.objects.create(name=name).permissions.set(wanted)
+        else:
+            group.permissions.set(wanted)

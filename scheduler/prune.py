@@ -1,7 +1,7 @@
 """Delete old finished executions in batches, keeping the newest of each schedule if asked."""
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -77,11 +77,15 @@ def prune_executions(
     return PruneReport(matched=matched, deleted=deleted, dry_run=False)
 
 
-def prune_audit_events(*, older_than: datetime, batch_size: int = BATCH_SIZE) -> int:
-    """Delete audit events recorded before ``older_than``, ``batch_size`` rows per statement; return how many."""
+def prune_audit_events(*, older_than: datetime, keep: Collection[int] = (), batch_size: int = BATCH_SIZE) -> int:
+    """Delete audit events recorded before ``older_than``, ``batch_size`` rows per statement; return how many.
+
+    The events whose ids are in ``keep`` stay whatever their age: a prune's own event.
+    """
+    old = AuditEvent.objects.filter(created_at__lt=older_than).exclude(pk__in=keep)
     deleted = 0
     while True:
-        ids = list(AuditEvent.objects.filter(created_at__lt=older_than).values_list("pk", flat=True)[:batch_size])
+        ids = list(old.values_list("pk", flat=True)[:batch_size])
         if not ids:
             return deleted
         deleted += AuditEvent.objects.filter(pk__in=ids).delete()[0]

@@ -93,6 +93,12 @@ class ReconcileReport:
         """Return {kind: number of changes} for the kinds present."""
         return dict(Counter(change.kind for change in self.changes))
 
+    @property
+    def outcome(self) -> dict[str, int | str]:
+        """Return the counts by kind, and why sending stopped if it did: what the pass's audit event keeps."""
+        counts: dict[str, int | str] = dict(self.counts)
+        return {**counts, "publish_error": self.publish_error} if self.publish_error else counts
+
     def summary(self) -> str:
         """Return one line counting the changes by kind."""
         if not self.changes:

@@ -7,7 +7,7 @@ from typing import Any
 
 from celery import shared_task
 
-from scheduler import leases, prune
+from scheduler import audit, leases, prune
 from scheduler.conf import settings
 from scheduler.exceptions import PruneRefused
 
@@ -26,7 +26,9 @@ def _count(value: Any, *, name: str, minimum: int, maximum: int | None = None) -
 def prune_executions(older_than_days: int | None = None, keep_last: int | None = None) -> dict[str, Any]:
     """Delete finished executions older than ``older_than_days``, keeping each schedule's newest ``keep_last``.
 
-    Audit events older than ``older_than_days`` go too.
+    Audit events older than ``older_than_days`` go too, never this prune's
+    own: its event (by "system") is committed before the work, with the
+    cutoff, and completed with both counts after.
 
     The built-in schedule "builtin: prune executions" runs this daily. Each
     argument, when given (in that schedule's kwargs), wins over its setting,
@@ -39,9 +41,12 @@ def prune_executions(older_than_days: int | None = None, keep_last: int | None =
     )
     keep = _count(settings.PRUNE_KEEP_LAST if keep_last is None else keep_last, name="keep_last", minimum=0)
     cutoff = leases.db_now() - timedelta(days=days)
-    report = prune.prune_executions(older_than=cutoff, keep_last=keep)
-    # The audit trail is kept as long as the executions it speaks of.
-    audit_deleted = prune.prune_audit_events(older_than=cutoff)
+    wanted = {"older_than": cutoff, "keep_last": keep}
+    with audit.operation(audit.SYSTEM, "prune", object_type="scheduler.execution", changes=wanted) as op:
+        report = prune.prune_executions(older_than=cutoff, keep_last=keep)
+        # The audit trail is kept as long as the executions it speaks of.
+        audit_deleted = prune.prune_audit_events(older_than=cutoff, keep=[op.event.pk] if op.event else [])
+        op.done({"deleted": report.deleted, "audit_events_deleted": audit_deleted})
     return {
         "older_than": cutoff.isoformat(), "keep_last": keep, "deleted": report.deleted,
         "audit_events_deleted": audit_deleted,

@@ -3,7 +3,8 @@
 Every queryset is scoped to the caller's tenant first, so another tenant's
 object answers 404 everywhere, actions included. Writes go through
 ``scheduler.operations`` (as in the admin and the CLI) and each leaves an
-``AuditEvent`` in the same transaction.
+``AuditEvent`` in the same transaction; a backfill and a reconcile, many
+transactions each, commit theirs before the work and complete it after.
 """
 from __future__ import annotations
 
@@ -245,18 +246,17 @@ class ScheduleViewSet(
         params = s.BackfillRequestSerializer(data=request.data)
         params.is_valid(raise_exception=True)
         options = params.validated_data
+        window = {"start": options["start"], "end": options["end"]}
         try:
-            report = backfill.backfill(
-                schedule, start=options["start"], end=options["end"], now=leases.db_now(),
-                dry_run=options["dry_run"], limit=options["limit"], app=_celery_app(),
-            )
+            # Committed once the range is accepted, before the first execution; completed after.
+            with audit.operation(caller(request).actor, "backfill", schedule, changes=window, start=False) as op:
+                report = backfill.backfill(
+                    schedule, start=options["start"], end=options["end"], now=leases.db_now(),
+                    dry_run=options["dry_run"], limit=options["limit"], app=_celery_app(), on_start=op.start,
+                )
+                op.done(report.outcome)
         except BackfillRefused as exc:
             raise Refused(str(exc)) from None
-        if not report.dry_run:
-            audit.record(
-                caller(request).actor, "backfill", schedule,
-                changes={"start": options["start"], "end": options["end"], "created": report.created},
-            )
         return Response(s.BackfillReportSerializer(asdict(report)).data)
 
 
@@ -349,11 +349,13 @@ class ReconcileView(APIView):
         params = s.ReconcileRequestSerializer(data=request.data)
         params.is_valid(raise_exception=True)
         options = params.validated_data
-        report = reconcile.reconcile(
-            now=leases.db_now(), dry_run=options["dry_run"], repair=options["repair"], app=_celery_app()
-        )
-        if not report.dry_run and report.changes:
-            audit.record(caller(request).actor, "reconcile", object_type="reconcile", changes=report.counts)
+        dry_run, repair = options["dry_run"], options["repair"]
+        # A pass is many transactions: its event is committed before it, completed with its counts after.
+        with audit.operation(
+            caller(request).actor, "reconcile", object_type="reconcile", changes={"repair": repair}, start=not dry_run
+        ) as op:
+            report = reconcile.reconcile(now=leases.db_now(), dry_run=dry_run, repair=repair, app=_celery_app())
+            op.done(report.outcome)
         return Response(s.ReconcileReportSerializer({**report.as_dict(), "summary": report.summary()}).data)
 
 

@@ -13,9 +13,11 @@ class AuditEvent(models.Model):
         TOKEN = "token", "token"
         #: A management command.
         CLI = "cli", "cli"
+        #: Nobody at hand: the daily prune, or code changing users outside a request.
+        SYSTEM = "system", "system"
 
     actor_type = models.CharField(max_length=10, choices=ActorType.choices)
-    #: The user's name, the token's name, or ``cli``.
+    #: The user's name, the token's name, ``cli`` or ``system``.
     actor = models.CharField(max_length=150)
     #: ``create``, ``update``, ``delete``, ``pause``, ``run_now``, ``retry``, ...
     action = models.CharField(max_length=50)
@@ -23,7 +25,8 @@ class AuditEvent(models.Model):
     object_type = models.CharField(max_length=100)
     object_id = models.CharField(max_length=100, blank=True, default="")
     object_repr = models.CharField(max_length=255, blank=True, default="")
-    #: ``{field: [before, after]}`` for the fields the write changed, or what the action did.
+    #: ``{field: [before, after]}`` for the fields the write changed, or what the action did (a long
+    #: one's parameters and counts, and its ``state``: started, completed or failed).
     changes = models.JSONField(default=dict, blank=True)
     #: The tenant of the object (or of the actor when the object has none).
     tenant = models.CharField(max_length=100, blank=True, default="", db_index=True)

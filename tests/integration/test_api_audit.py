@@ -171,9 +171,11 @@ def test_audit__pruned_with_the_executions() -> None:
     # When: the daily prune runs
     result = tasks.prune_executions(older_than_days=30)
 
-    # Then: the old event is gone, the new one kept
+    # Then: the old event is gone, the new one kept, and the prune recorded itself
     assert result["audit_events_deleted"] == 1
-    assert [e.pk for e in events()] == [new.pk]
+    kept, prune = events()
+    assert kept.pk == new.pk
+    assert (prune.actor_type, prune.action, prune.changes["audit_events_deleted"]) == ("system", "prune", 1)
 
 
 def test_admin_tenant_scoping__staff_bound_to_a_tenant_sees_only_its_rows() -> None:

@@ -46,15 +46,17 @@ examples:
         schedule = find_schedule(options["schedule"])
         as_json = options["json"]
         try:
-            report = backfill(
-                schedule, start=start, end=end, now=leases.db_now(), dry_run=options["dry_run"],
-                limit=options["limit"], rate=options["rate"],
-                progress=None if as_json else lambda done, total: self.stderr.write(f"{done}/{total} slots recorded and sent..."),
-            )
+            # Committed once the range is accepted, before the first execution; completed after.
+            with audit.operation(audit.CLI, "backfill", schedule, changes={"start": start, "end": end}, start=False) as op:
+                report = backfill(
+                    schedule, start=start, end=end, now=leases.db_now(), dry_run=options["dry_run"],
+                    limit=options["limit"], rate=options["rate"],
+                    progress=None if as_json else lambda done, total: self.stderr.write(f"{done}/{total} slots recorded and sent..."),
+                    on_start=op.start,
+                )
+                op.done(report.outcome)
         except BackfillRefused as exc:
             raise CommandError(str(exc)) from None
-        if not report.dry_run:
-            audit.record(audit.CLI, "backfill", schedule, changes={"start": start, "end": end, "created": report.created})
         self.emit(asdict(report), as_json=as_json, text=_lines(report, ZoneInfo(schedule.timezone)))
         if report.not_recorded:
             raise CommandError(

@@ -10,7 +10,9 @@ from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.core.exceptions import ValidationError
 from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.db import transaction
 
+from scheduler import audit
 from scheduler.models import Schedule
 
 DEMO_SCHEDULES = (
@@ -26,6 +28,11 @@ class Command(BaseCommand):
         parser.add_argument("--username", default="admin")
 
     def handle(self, *args: Any, username: str, **options: Any) -> None:
+        # The login's audit event (scheduler.access_audit) names the command line.
+        with audit.acting(audit.CLI):
+            self._handle(username)
+
+    def _handle(self, username: str) -> None:
         password_file = Path(settings.VAR_DIR) / "admin-password.txt"
         User = get_user_model()
         try:
@@ -46,7 +53,9 @@ class Command(BaseCommand):
             if not Schedule.objects.filter(name=values["name"]).exists():
                 schedule = Schedule(**values)
                 schedule.full_clean()
-                schedule.save()
+                with transaction.atomic():
+                    schedule.save()
+                    audit.record(audit.CLI, "create", schedule)
         self.stdout.write(
             f"Admin: http://127.0.0.1:{os.environ.get('WEB_PORT', '8000')}/admin/  login {username} / {password}\n"
             f"Demo schedules: {', '.join(v['name'] for v in DEMO_SCHEDULES)}"

@@ -5,7 +5,7 @@ from dataclasses import asdict
 from typing import Any
 
 from django.core.management.base import CommandError, CommandParser
-from django.db import DEFAULT_DB_ALIAS
+from django.db import DEFAULT_DB_ALIAS, transaction
 
 from project.celery import app
 from scheduler import audit
@@ -50,13 +50,15 @@ examples:
 
     def handle(self, *args: Any, **options: Any) -> None:
         try:
-            report = import_periodic_tasks(using=options["database"], app=app, dry_run=options["dry_run"])
+            # The schedules and their events in one transaction: none without the other.
+            with transaction.atomic():
+                report = import_periodic_tasks(using=options["database"], app=app, dry_run=options["dry_run"])
+                if not report.dry_run:
+                    imported = [task.name for task in report.tasks if task.outcome == IMPORTED]
+                    for schedule in Schedule.objects.filter(name__in=imported):
+                        audit.record(audit.CLI, "import", schedule)
         except CeleryBeatImportRefused as exc:
             raise CommandError(str(exc)) from None
-        if not report.dry_run:
-            imported = [task.name for task in report.tasks if task.outcome == IMPORTED]
-            for schedule in Schedule.objects.filter(name__in=imported):
-                audit.record(audit.CLI, "import", schedule)
         self.emit(asdict(report), as_json=options["json"], text=_lines(report))
 
 

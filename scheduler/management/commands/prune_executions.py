@@ -43,18 +43,21 @@ examples:
         if not age:
             raise CommandError("--older-than must be longer than 0")
         cutoff = leases.db_now() - age
-        report = prune_executions(
-            older_than=cutoff,
-            keep_last=options["keep_last"],
-            statuses=options["status"],
-            dry_run=options["dry_run"],
-            progress=None if options["json"] else lambda n: self.stderr.write(f"deleted {n}..."),
-        )
-        if report.deleted:
-            audit.record(
-                audit.CLI, "prune", object_type="scheduler.execution",
-                changes={"older_than": cutoff, "deleted": report.deleted},
+        dry_run = options["dry_run"]
+        # Committed before the first batch, completed with the count after: a crash part-way leaves it "started".
+        # Audit events are not pruned here: the daily task keeps them as long as SCHEDULER_PRUNE_OLDER_THAN_DAYS.
+        wanted = {"older_than": cutoff, "keep_last": options["keep_last"], "statuses": options["status"] or []}
+        with audit.operation(
+            audit.CLI, "prune", object_type="scheduler.execution", changes=wanted, start=not dry_run
+        ) as op:
+            report = prune_executions(
+                older_than=cutoff,
+                keep_last=options["keep_last"],
+                statuses=options["status"],
+                dry_run=dry_run,
+                progress=None if options["json"] else lambda n: self.stderr.write(f"deleted {n}..."),
             )
+            op.done({"deleted": report.deleted})
         verb = "would delete" if report.dry_run else "deleted"
         count = report.matched if report.dry_run else report.deleted
         self.emit(

@@ -46,9 +46,13 @@ examples:
         self.add_common_arguments(parser)
 
     def handle(self, *args: Any, **options: Any) -> None:
-        report = reconcile(now=leases.db_now(), dry_run=options["dry_run"], repair=options["repair"])
-        if not report.dry_run and report.changes:
-            audit.record(audit.CLI, "reconcile", object_type="reconcile", changes=report.counts)
+        dry_run, repair = options["dry_run"], options["repair"]
+        # A pass is many transactions: its event is committed before it, completed with its counts after.
+        with audit.operation(
+            audit.CLI, "reconcile", object_type="reconcile", changes={"repair": repair}, start=not dry_run
+        ) as op:
+            report = reconcile(now=leases.db_now(), dry_run=dry_run, repair=repair)
+            op.done(report.outcome)
         lines = [_line(change) for change in report.changes]
         lines.append(("dry run, nothing changed: " if report.dry_run else "reconcile: ") + report.summary())
         self.emit(report.as_dict(), as_json=options["json"], text=lines)

@@ -11,9 +11,10 @@ from __future__ import annotations
 from typing import Any
 
 from django.core.management.base import CommandError, CommandParser
+from django.db import transaction
 from django.db.models import Count, F, Q
 
-from scheduler import cluster, shard_keeper, shards
+from scheduler import audit, cluster, shard_keeper, shards
 from scheduler.checks import check_shards
 from scheduler.management.base import SchedulerCommand
 from scheduler.models import Schedule
@@ -61,7 +62,13 @@ examples:
         if dry_run:
             moved = Schedule.objects.exclude(shard=F("id") % count).count()
         else:
-            moved = Schedule.objects.assign_shards()
+            with transaction.atomic():
+                moved = Schedule.objects.assign_shards()
+                if moved:
+                    audit.record(
+                        audit.CLI, "assign_shards", object_type="scheduler.schedule",
+                        changes={"shards": count, "moved": moved}, tenant="",
+                    )
         verb = "would move" if dry_run else "moved"
         self.emit(
             {"shards": count, "moved": moved, "dry_run": dry_run},
