@@ -23,13 +23,15 @@ from celery import current_app
 from kombu.exceptions import OperationalError as BrokerError
 
 from scheduler import dispatch, executions, timing
-from scheduler.exceptions import BackfillRefused, ScheduleInvalid
+from scheduler.conf import settings
+from scheduler.exceptions import BackfillRefused, BackfillTooLarge, ScheduleInvalid
 from scheduler.models import Execution, Schedule
 
 if TYPE_CHECKING:
     from celery import Celery
 
-#: Most slots one backfill covers unless the caller allows more.
+#: Most slots one backfill covers unless the caller allows more, up to the cap
+#: (``SCHEDULER_BACKFILL_MAX_SLOTS``, or the call's ``max_slots``).
 DEFAULT_LIMIT = 1000
 #: Slots recorded and sent per batch (fewer under a low ``rate``).
 BATCH_SIZE = 500
@@ -95,13 +97,19 @@ def existing(schedule: Schedule, slots: Iterable[datetime]) -> dict[datetime, tu
     return found
 
 
-def slots_in_range(schedule: Schedule, *, start: datetime, end: datetime, now: datetime, limit: int) -> list[datetime]:
+def slots_in_range(
+    schedule: Schedule, *, start: datetime, end: datetime, now: datetime, limit: int, max_slots: int | None = None
+) -> list[datetime]:
     """Return the slots of ``schedule`` in [``start``, ``end``]; raise ``BackfillRefused`` when that is not allowed.
 
     Refused: an empty or reversed range, an ``end`` later than ``now`` (only
     past slots are backfilled; the beat owns the future), an invalid timing,
-    and more than ``limit`` slots (the message says how many there are).
+    and (``BackfillTooLarge``) more than ``limit`` slots or more than the cap,
+    ``max_slots`` or else ``SCHEDULER_BACKFILL_MAX_SLOTS``, whichever is lower
+    (the message says how many there are).
     """
+    cap = settings.BACKFILL_MAX_SLOTS if max_slots is None else max_slots
+    bound = min(limit, cap)
     if end <= start:
         raise BackfillRefused(f"end ({end.isoformat()}) must be after start ({start.isoformat()})")
     if end > now:
@@ -110,14 +118,21 @@ def slots_in_range(schedule: Schedule, *, start: datetime, end: datetime, now: d
         )
     try:
         spec = schedule.timing
-        slots = timing.slots_between(spec, since=start - _TICK, until=end, limit=limit + 1)
-        if len(slots) <= limit:
+        slots = timing.slots_between(spec, since=start - _TICK, until=end, limit=bound + 1)
+        if len(slots) <= bound:
             return slots
         total = len(timing.slots_between(spec, since=start - _TICK, until=end, limit=COUNT_CAP + 1))
     except ScheduleInvalid as exc:
         raise BackfillRefused(f"schedule {schedule.name!r} has an invalid timing: {exc}") from None
     count = f"more than {COUNT_CAP:,}" if total > COUNT_CAP else f"{total:,}"
-    raise BackfillRefused(
+    if cap <= limit:
+        source = "SCHEDULER_BACKFILL_MAX_SLOTS" if max_slots is None else "max_slots of this call"
+        raise BackfillTooLarge(
+            f"the range holds {count} slots, more than the {cap:,} one backfill may record ({source}); "
+            "narrow the range",
+            capped=True,
+        )
+    raise BackfillTooLarge(
         f"the range holds {count} slots, more than the limit of {limit:,}; narrow the range or raise the limit"
     )
 
@@ -130,6 +145,7 @@ def backfill(
     now: datetime,
     dry_run: bool = False,
     limit: int = DEFAULT_LIMIT,
+    max_slots: int | None = None,
     rate: float | None = None,
     progress: Callable[[int, int], None] | None = None,
     app: Celery | None = None,
@@ -145,8 +161,12 @@ def backfill(
     ``on_start()`` is called once the range is accepted, before the first
     execution is recorded (never on a dry run): the caller's audit event is
     committed there, so a crash part-way still leaves it.
+
+    At most ``limit`` slots, and never more than the cap: ``max_slots`` when
+    the caller raises it for this call, else ``SCHEDULER_BACKFILL_MAX_SLOTS``.
+    A larger range is refused before anything is written.
     """
-    slots = slots_in_range(schedule, start=start, end=end, now=now, limit=limit)
+    slots = slots_in_range(schedule, start=start, end=end, now=now, limit=limit, max_slots=max_slots)
     present = existing(schedule, slots)
     states = tuple(SlotState(slot, *present.get(slot, (None, ""))) for slot in slots)
     report = BackfillReport(

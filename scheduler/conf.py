@@ -64,6 +64,14 @@ class Defaults:
     #: ``/metrics`` exposes one ``scheduler_schedule_last_success_timestamp_seconds`` series per
     #: schedule only while there are at most this many schedules (label cardinality).
     METRICS_PER_SCHEDULE_LIMIT: int = 1000
+    #: Largest ``args`` (and, separately, ``kwargs``) of a schedule or a submission, in bytes of compact JSON.
+    ARGS_MAX_BYTES: int = 65536
+    #: Deepest nesting of lists and objects in ``args`` or ``kwargs`` (``[]`` is one level).
+    #: The API refuses a request body nested more than twice this deep before it reaches a field.
+    ARGS_MAX_DEPTH: int = 32
+    #: Most slots one backfill may cover, so most executions it records: the API and the
+    #: admin refuse a larger range, ``manage.py backfill`` too unless given ``--max-slots``.
+    BACKFILL_MAX_SLOTS: int = 10_000
     #: Bearer token ``/metrics`` and ``/healthz/schedules`` require (``Authorization: Bearer <token>``);
     #: empty (the default): both are open, as Prometheus expects.
     METRICS_TOKEN: str = ""

@@ -25,7 +25,7 @@ from django.db import connection, transaction
 from django.db.models import Count, F, Q
 from kombu.exceptions import OperationalError as BrokerError
 
-from scheduler import executions, leases, policies, publisher, tracing
+from scheduler import executions, leases, limits, policies, publisher, tracing
 from scheduler.conf import settings
 from scheduler.exceptions import ScheduleInvalid, SubmissionInvalid
 from scheduler.models import Execution, Schedule
@@ -505,6 +505,10 @@ def _checked_arguments(args: Sequence[Any], kwargs: dict[str, Any] | None) -> tu
     kwargs = {} if kwargs is None else kwargs
     if not isinstance(kwargs, dict) or not all(isinstance(key, str) for key in kwargs):
         raise SubmissionInvalid("kwargs must be a dict with string keys.")
+    for label, value in (("args", args), ("kwargs", kwargs)):
+        problem = limits.argument_problem(value, label=label)
+        if problem:
+            raise SubmissionInvalid(problem)
     try:
         json.dumps([list(args), kwargs])
     except (TypeError, ValueError) as exc:

@@ -38,6 +38,16 @@ class BackfillRefused(SchedulerError):
     """The backfill was refused; nothing was written."""
 
 
+class BackfillTooLarge(BackfillRefused):
+    """The range holds more slots than one backfill may record; nothing was written."""
+
+    def __init__(self, message: str | None = None, *, capped: bool = False) -> None:
+        super().__init__(message)
+        #: The bound was the cap (``SCHEDULER_BACKFILL_MAX_SLOTS`` or the call's
+        #: ``max_slots``), not the caller's lower ``limit``.
+        self.capped = capped
+
+
 class BrokerUnavailable(SchedulerError):
     """The broker did not answer."""
 

@@ -19,12 +19,17 @@ ERRORS: dict[str, tuple[Any, str]] = {
     "404": (ErrorSerializer, "No such object (or it belongs to another tenant)."),
     "429": (ErrorSerializer, "Too many requests for this token; see Retry-After."),
 }
+#: Answers of every operation that takes a body, besides ``ERRORS``.
+BODY_ERRORS: dict[str, tuple[Any, str]] = {
+    "413": (ErrorSerializer, "The request body is larger than DATA_UPLOAD_MAX_MEMORY_SIZE."),
+}
 
 
 class ApiSchema(AutoSchema):
     def _get_response_bodies(self, direction: str = "response") -> dict[str, Any]:
         responses = super()._get_response_bodies(direction)
-        for code, (body, description) in ERRORS.items():
+        errors = {**ERRORS, **(BODY_ERRORS if self.method in ("POST", "PUT", "PATCH") else {})}
+        for code, (body, description) in errors.items():
             if code not in responses:
                 responses[code] = self._get_response_for_code(
                     OpenApiResponse(body, description=description), code, direction=direction

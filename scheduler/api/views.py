@@ -32,9 +32,10 @@ from scheduler import audit, backfill, cluster, leases, operations, reconcile, t
 from scheduler.api import serializers as s
 from scheduler.api.authentication import caller
 from scheduler.api.filters import AuditEventFilter, ExecutionFilter, ScheduleFilter
+from scheduler.api.parsers import BoundedBodies
 from scheduler.api.permissions import HasRole, Unscoped
 from scheduler.conf import settings
-from scheduler.exceptions import BackfillRefused, TaskRefused
+from scheduler.exceptions import BackfillRefused, BackfillTooLarge, TaskRefused
 from scheduler.models import AuditEvent, Execution, Lease, Schedule
 
 #: Executions whose dispatch lag ``stats`` summarises, newest first.
@@ -105,7 +106,7 @@ def _celery_app() -> Any:
     return app
 
 
-class ScopedViewSet(viewsets.GenericViewSet):
+class ScopedViewSet(BoundedBodies, viewsets.GenericViewSet):
     permission_classes = (HasRole,)
     filter_backends = (DjangoFilterBackend,)
 
@@ -255,6 +256,8 @@ class ScheduleViewSet(
                     dry_run=options["dry_run"], limit=options["limit"], app=_celery_app(), on_start=op.start,
                 )
                 op.done(report.outcome)
+        except BackfillTooLarge as exc:
+            raise exceptions.ValidationError({"end": [str(exc)]}) from None
         except BackfillRefused as exc:
             raise Refused(str(exc)) from None
         return Response(s.BackfillReportSerializer(asdict(report)).data)
@@ -314,7 +317,7 @@ class AuditEventViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, Scoped
 
 
 @extend_schema(tags=["cluster"], responses=s.ClusterSerializer)
-class ClusterView(APIView):
+class ClusterView(BoundedBodies, APIView):
     """Leases (one, or one per shard), who holds them, and every instance's heartbeat."""
 
     permission_classes = (HasRole,)
@@ -340,7 +343,7 @@ class ClusterView(APIView):
 
 
 @extend_schema(tags=["reconcile"], request=s.ReconcileRequestSerializer, responses=s.ReconcileReportSerializer)
-class ReconcileView(APIView):
+class ReconcileView(BoundedBodies, APIView):
     """Run one reconcile pass; a dry run unless ``{"dry_run": false}``. It touches every tenant."""
 
     permission_classes = (HasRole, Unscoped)
@@ -360,7 +363,7 @@ class ReconcileView(APIView):
 
 
 @extend_schema(tags=["stats"], parameters=[s.StatsQuerySerializer], responses=s.StatsSerializer)
-class StatsView(APIView):
+class StatsView(BoundedBodies, APIView):
     """Executions by status in a window (by slot time), dispatch lag, and the backlog now."""
 
     permission_classes = (HasRole,)

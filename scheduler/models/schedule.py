@@ -10,7 +10,7 @@ from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import connection, models, transaction
 from django.db.models import F, Q
 
-from scheduler import clock, overdue, shards, timing
+from scheduler import clock, limits, overdue, shards, timing
 from scheduler.conf import settings
 from scheduler.exceptions import ScheduleInvalid
 
@@ -329,8 +329,16 @@ class Schedule(models.Model):
         return times
 
     def pause(self, reason: str, *, now: datetime | None = None) -> None:
-        """Stop firing, keeping history; slots that fall in the pause are not owed later."""
-        self.paused_reason = reason.strip() or "Paused"
+        """Stop firing, keeping history; slots that fall in the pause are not owed later.
+
+        A reason longer than ``limits.PAUSED_REASON_MAX_CHARS`` raises
+        ``ValidationError`` on ``paused_reason`` and changes nothing.
+        """
+        reason = reason.strip() or "Paused"
+        problems = limits.text_problems(reason, limits.PAUSED_REASON_MAX_CHARS)
+        if problems:
+            raise ValidationError({"paused_reason": problems})
+        self.paused_reason = reason
         self.save(now=now)
 
     def resume(self, *, now: datetime | None = None) -> None:
@@ -451,6 +459,30 @@ class Schedule(models.Model):
             (model, [c for c in constraints if not isinstance(c, (models.CheckConstraint, models.UniqueConstraint))])
             for model, constraints in super().get_constraints()
         ]
+
+    def clean_fields(self, exclude: Any = None) -> None:
+        """Validate each field, the size limits (``scheduler.limits``) first.
+
+        Arguments past their depth limit are not handed to the field's own
+        validation: it encodes them with ``json.dumps``, which recurses.
+        """
+        exclude = set(exclude or ())
+        errors: dict[str, list[str]] = {}
+        for field, label in limits.ARGUMENT_LABELS.items():
+            problem = None if field in exclude else limits.argument_problem(getattr(self, field), label=label)
+            if problem:
+                errors[field] = [problem]
+                exclude.add(field)
+        for field, limit in (("description", limits.DESCRIPTION_MAX_CHARS), ("paused_reason", limits.PAUSED_REASON_MAX_CHARS)):
+            problems = [] if field in exclude else limits.text_problems(getattr(self, field), limit)
+            if problems:
+                errors[field] = problems
+        try:
+            super().clean_fields(exclude=exclude)
+        except ValidationError as exc:
+            errors = exc.update_error_dict(errors)
+        if errors:
+            raise ValidationError(errors)
 
     def clean(self) -> None:
         """Validate what field validators cannot: timing, zone, JSON shapes, bounds."""

@@ -9,8 +9,15 @@ from django.core.management.base import CommandError, CommandParser
 
 from scheduler import audit, leases
 from scheduler.backfill import DEFAULT_LIMIT, BackfillReport, backfill
-from scheduler.exceptions import BackfillRefused
-from scheduler.management.base import SchedulerCommand, find_schedule, non_negative_int, parse_iso, positive_number
+from scheduler.exceptions import BackfillRefused, BackfillTooLarge
+from scheduler.management.base import (
+    SchedulerCommand,
+    find_schedule,
+    non_negative_int,
+    parse_iso,
+    positive_number,
+    whole_number,
+)
 
 
 class Command(SchedulerCommand):
@@ -19,13 +26,15 @@ class Command(SchedulerCommand):
 Slots get the same idempotency keys the beat uses, so a slot that already
 has an execution (run, missed, skipped...) is left alone and running the same
 backfill again creates nothing. The range is inclusive, must lie in the past,
-and may hold at most --limit slots (default {DEFAULT_LIMIT}). Times without a
-zone are UTC.
+and may hold at most --limit slots (default {DEFAULT_LIMIT}), and never more
+than SCHEDULER_BACKFILL_MAX_SLOTS unless --max-slots raises that cap for this
+call. Times without a zone are UTC.
 
 examples:
   manage.py backfill nightly-report --start 2026-03-01 --end 2026-03-08 --dry-run
   manage.py backfill nightly-report --start 2026-03-01T00:00:00Z --end 2026-03-08T00:00:00Z
-  manage.py backfill sync --start 2026-03-01 --end 2026-03-02 --limit 5000 --rate 20"""
+  manage.py backfill sync --start 2026-03-01 --end 2026-03-02 --limit 5000 --rate 20
+  manage.py backfill sync --start 2026-01-01 --end 2026-03-01 --max-slots 50000 --rate 100"""
 
     writes = True
 
@@ -34,8 +43,12 @@ examples:
         parser.add_argument("--start", required=True, metavar="ISO", help="first instant of the range (inclusive)")
         parser.add_argument("--end", required=True, metavar="ISO", help="last instant of the range (inclusive, in the past)")
         parser.add_argument(
-            "--limit", type=non_negative_int, default=DEFAULT_LIMIT, metavar="N",
-            help=f"refuse a range holding more than N slots (default {DEFAULT_LIMIT})",
+            "--limit", type=non_negative_int, metavar="N",
+            help=f"refuse a range holding more than N slots (default {DEFAULT_LIMIT}, or --max-slots when given)",
+        )
+        parser.add_argument(
+            "--max-slots", type=whole_number(1), metavar="N",
+            help="raise the cap on slots one backfill may record (SCHEDULER_BACKFILL_MAX_SLOTS) to N for this call",
         )
         parser.add_argument("--rate", type=positive_number, metavar="PER_SECOND", help="send at most this many per second")
         self.add_common_arguments(parser)
@@ -45,16 +58,22 @@ examples:
         end = parse_iso(options["end"], name="--end")
         schedule = find_schedule(options["schedule"])
         as_json = options["json"]
+        max_slots = options["max_slots"]
+        # --limit, else the raised cap, else the default: --max-slots alone allows that many.
+        limit = options["limit"] if options["limit"] is not None else max_slots or DEFAULT_LIMIT
         try:
             # Committed once the range is accepted, before the first execution; completed after.
             with audit.operation(audit.CLI, "backfill", schedule, changes={"start": start, "end": end}, start=False) as op:
                 report = backfill(
                     schedule, start=start, end=end, now=leases.db_now(), dry_run=options["dry_run"],
-                    limit=options["limit"], rate=options["rate"],
+                    limit=limit, max_slots=max_slots, rate=options["rate"],
                     progress=None if as_json else lambda done, total: self.stderr.write(f"{done}/{total} slots recorded and sent..."),
                     on_start=op.start,
                 )
                 op.done(report.outcome)
+        except BackfillTooLarge as exc:
+            hint = "; to record more in this call, pass --max-slots N" if exc.capped else ""
+            raise CommandError(f"{exc}{hint}") from None
         except BackfillRefused as exc:
             raise CommandError(str(exc)) from None
         self.emit(asdict(report), as_json=as_json, text=_lines(report, ZoneInfo(schedule.timezone)))

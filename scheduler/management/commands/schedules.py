@@ -12,7 +12,7 @@ from django.core.management.base import CommandError, CommandParser
 from django.db import transaction
 
 from project.celery import app
-from scheduler import audit, clock, leases, operations
+from scheduler import audit, clock, leases, limits, operations
 from scheduler.exceptions import SchedulerError
 from scheduler.management.base import (
     SchedulerCommand,
@@ -55,8 +55,8 @@ FIELD_OPTIONS: tuple[tuple[str, str, dict[str, Any]], ...] = (
 )
 #: Options given as text and parsed in handle(), where a bad value is a one-line CommandError.
 VALUE_PARSERS: dict[str, Callable[[str], Any]] = {
-    "args": lambda value: parse_json(value, name="--args", kind=list),
-    "kwargs": lambda value: parse_json(value, name="--kwargs", kind=dict),
+    "args": lambda value: _arguments(value, field="args", kind=list),
+    "kwargs": lambda value: _arguments(value, field="kwargs", kind=dict),
     "start_at": lambda value: parse_iso(value, name="--start"),
     "end_at": lambda value: parse_iso(value, name="--end"),
     "run_at": lambda value: parse_iso(value, name="--at"),
@@ -364,6 +364,19 @@ def _rolled_back_if(dry_run: bool) -> Iterator[None]:
     with transaction.atomic():
         yield
         transaction.set_rollback(dry_run)
+
+
+def _arguments(value: str, *, field: str, kind: type) -> Any:
+    """Parse ``--args``/``--kwargs``; refuse, as the model's validation would, a value past the argument limits.
+
+    Checked here, before a Schedule holds the value: the model copies its
+    JSON fields when built, and that copy recurses.
+    """
+    parsed = parse_json(value, name=f"--{field}", kind=kind)
+    problem = limits.argument_problem(parsed, label=limits.ARGUMENT_LABELS[field])
+    if problem:
+        raise CommandError(f"{field}: {problem}")
+    return parsed
 
 
 def _field_number(field: str) -> Callable[[str], int]:

@@ -1,0 +1,85 @@
+"""Limits on what callers may store: the size and depth of task arguments, the length of free text.
+
+Every entry point (the admin, the commands, the API, ``submit()``) reaches
+these through the model's validation or ``dispatch.submit``, so a value is
+refused with the same message wherever it comes from.
+"""
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from django.core.exceptions import ValidationError
+from django.core.validators import MaxLengthValidator
+
+from scheduler.conf import settings
+
+#: Longest ``description`` of a schedule, in characters.
+DESCRIPTION_MAX_CHARS = 2000
+#: Longest ``paused_reason`` of a schedule (the pause action's reason), in characters.
+PAUSED_REASON_MAX_CHARS = 500
+
+#: How messages name a schedule's argument fields.
+ARGUMENT_LABELS = {"args": "Arguments", "kwargs": "Keyword arguments"}
+
+_CONTAINERS = (list, tuple, dict)
+
+
+def nests_deeper_than(value: Any, limit: int) -> bool:
+    """Return whether lists and objects in ``value`` nest more than ``limit`` levels (``[]`` is one).
+
+    Walked with a stack, not recursion, so a value of any depth is measured
+    without reaching Python's recursion limit; it stops at the first level
+    past ``limit``, so a value that contains itself ends too.
+    """
+    stack = [(value, 1)] if isinstance(value, _CONTAINERS) else []
+    while stack:
+        item, depth = stack.pop()
+        if depth > limit:
+            return True
+        children = item.values() if isinstance(item, dict) else item
+        stack.extend((child, depth + 1) for child in children if isinstance(child, _CONTAINERS))
+    return False
+
+
+def json_size(value: Any) -> int:
+    """Return the bytes of ``value`` as compact JSON in UTF-8 (how big it is stored and sent)."""
+    text = json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+    return len(text.encode("utf-8", "surrogatepass"))
+
+
+def argument_problem(value: Any, *, label: str) -> str | None:
+    """Return why ``value`` (task arguments) is refused, starting with ``label``, or None when it fits.
+
+    At most ``SCHEDULER_ARGS_MAX_DEPTH`` levels of nesting, then at most
+    ``SCHEDULER_ARGS_MAX_BYTES`` of compact JSON. The depth is checked first,
+    so the size is only measured on a value ``json.dumps`` can encode. A value
+    that is not JSON at all is left to the caller's own check.
+    """
+    if nests_deeper_than(value, settings.ARGS_MAX_DEPTH):
+        return depth_problem(label)
+    max_bytes = settings.ARGS_MAX_BYTES
+    try:
+        size = json_size(value)
+    except (TypeError, ValueError):
+        return None
+    if size > max_bytes:
+        return f"{label} are {size:,} bytes as JSON; at most {max_bytes:,} (SCHEDULER_ARGS_MAX_BYTES) are allowed."
+    return None
+
+
+def depth_problem(label: str) -> str:
+    """Return the message for task arguments nested past ``SCHEDULER_ARGS_MAX_DEPTH``, starting with ``label``."""
+    max_depth = settings.ARGS_MAX_DEPTH
+    return f"{label} nest more than {max_depth} levels deep; at most {max_depth} (SCHEDULER_ARGS_MAX_DEPTH) are allowed."
+
+
+def text_problems(value: Any, limit: int) -> list[str]:
+    """Return Django's "at most N characters" message for text longer than ``limit``, else nothing."""
+    if not isinstance(value, str):
+        return []
+    try:
+        MaxLengthValidator(limit)(value)
+    except ValidationError as exc:
+        return list(exc.messages)
+    return []
