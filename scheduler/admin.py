@@ -587,6 +587,10 @@ class ScheduleAdmin(TenantScoped, ActionsNeedPermission, admin.ModelAdmin):
         if action == "run_now":
             self._run_one_now(request, schedule)
             return redirect("admin:scheduler_schedule_change", schedule.pk)
+        refusal = self._refusal(request, schedule) if action in ("resume", "enable") else ""
+        if refusal:
+            self.message_user(request, refusal, level=messages.WARNING)
+            return redirect("admin:scheduler_schedule_change", schedule.pk)
         before = audit.snapshot(schedule)
         try:
             with transaction.atomic():
@@ -714,10 +718,25 @@ class ScheduleAdmin(TenantScoped, ActionsNeedPermission, admin.ModelAdmin):
 
     # --- actions -------------------------------------------------------------------
 
-    def _each(self, request: HttpRequest, queryset: QuerySet[Schedule], change: Any, verb: str) -> None:
+    def _refusal(self, request: HttpRequest, schedule: Schedule) -> str:
+        """Why the user may not let ``schedule`` fire (its task is not theirs to run); empty if they may."""
+        try:
+            task_policy.ensure_scope_allows(schedule.task, tenant=schedule.tenant, scope=scope_of_user(request.user))
+        except TaskRefused as exc:
+            return f"{schedule.name}: {exc}"
+        return ""
+
+    def _each(
+        self, request: HttpRequest, queryset: QuerySet[Schedule], change: Any, verb: str, *, runs: bool = False
+    ) -> None:
+        """Apply ``change`` to each schedule with its audit event; ``runs``: the change lets the schedule fire."""
         count = 0
         actor = audit.user_actor(request.user)
         for schedule in queryset:
+            refusal = self._refusal(request, schedule) if runs else ""
+            if refusal:
+                self.message_user(request, refusal, level=messages.WARNING)
+                continue
             before = audit.snapshot(schedule)
             with transaction.atomic():
                 change(schedule)
@@ -752,7 +771,7 @@ class ScheduleAdmin(TenantScoped, ActionsNeedPermission, admin.ModelAdmin):
 
     @admin.action(description="Enable selected schedules", permissions=["change"])
     def enable(self, request: HttpRequest, queryset: QuerySet[Schedule]) -> None:
-        self._each(request, queryset, lambda s: operations.set_enabled(s, True, now=leases.db_now()), "enabled")
+        self._each(request, queryset, lambda s: operations.set_enabled(s, True, now=leases.db_now()), "enabled", runs=True)
 
     @admin.action(description="Disable selected schedules", permissions=["change"])
     def disable(self, request: HttpRequest, queryset: QuerySet[Schedule]) -> None:
@@ -765,7 +784,7 @@ class ScheduleAdmin(TenantScoped, ActionsNeedPermission, admin.ModelAdmin):
 
     @admin.action(description="Resume selected schedules", permissions=["change"])
     def resume(self, request: HttpRequest, queryset: QuerySet[Schedule]) -> None:
-        self._each(request, queryset, lambda s: operations.resume_schedule(s, now=leases.db_now()), "resumed")
+        self._each(request, queryset, lambda s: operations.resume_schedule(s, now=leases.db_now()), "resumed", runs=True)
 
 
 class ReadOnlyAdmin(admin.ModelAdmin):

@@ -46,8 +46,14 @@ def world() -> dict[str, Any]:
     """acme's and globex's rows; a reserved-task schedule the deployer put in acme; a result of each tenant."""
     acme, globex = _schedule("nightly", ACME), _schedule("nightly", GLOBEX)
     housekeeping = _schedule("housekeeping", ACME, task="scheduler.prune_executions")
+    housekeeping_off = _schedule("housekeeping-off", ACME, task="scheduler.prune_executions")
+    housekeeping_off.enabled = False
+    housekeeping_off.save(now=leases.db_now())
+    housekeeping_paused = _schedule("housekeeping-paused", ACME, task="scheduler.prune_executions")
+    housekeeping_paused.pause("by the deployer", now=leases.db_now())
     rows = {
         "acme": acme, "globex": globex, "housekeeping": housekeeping,
+        "housekeeping_off": housekeeping_off, "housekeeping_paused": housekeeping_paused,
         "acme_done": make_execution(acme, "acme-done", Status.SUCCEEDED),
         "globex_done": make_execution(globex, "globex-done", Status.SUCCEEDED),
         "globex_waiting": make_execution(globex, "globex-waiting", Status.QUEUED),
@@ -124,6 +130,8 @@ def test_api__a_tenant_operator_cannot_change_a_schedule_to_a_reserved_task(
     ("label", "method", "path", "body"),
     [
         ("run now", "post", "/api/v1/schedules/{housekeeping}/run-now/", None),
+        ("enable", "post", "/api/v1/schedules/{housekeeping_off}/enable/", None),
+        ("resume", "post", "/api/v1/schedules/{housekeeping_paused}/resume/", None),
         ("backfill", "post", "/api/v1/schedules/{housekeeping}/backfill/", "BACKFILL"),
         ("edit", "patch", "/api/v1/schedules/{housekeeping}/", {"kwargs": {"older_than_days": 1, "keep_last": 0}}),
         ("retry", "post", "/api/v1/executions/{housekeeping_done}/retry/", None),
@@ -238,6 +246,10 @@ def test_admin__suggestions_hide_reserved_tasks_from_a_tenant(acme_staff: Client
     ("path", "data"),
     [
         ("/admin/scheduler/schedule/{housekeeping}/act/run_now/", {}),
+        ("/admin/scheduler/schedule/{housekeeping_off}/act/enable/", {}),
+        ("/admin/scheduler/schedule/", {"action": "enable", "_selected_action": "{housekeeping_off}"}),
+        ("/admin/scheduler/schedule/{housekeeping_paused}/act/resume/", {}),
+        ("/admin/scheduler/schedule/", {"action": "resume", "_selected_action": "{housekeeping_paused}"}),
         ("/admin/scheduler/schedule/", {"action": "run_now", "_selected_action": "{housekeeping}"}),
         ("/admin/scheduler/execution/{housekeeping_done}/act/retry/", {}),
         ("/admin/scheduler/execution/", {"action": "retry", "_selected_action": "{housekeeping_done}"}),
