@@ -1,5 +1,9 @@
 """Celery signal receivers (observe, never veto): a worker's heartbeat, and messages a worker refused.
 
+The heartbeat thread (``scheduler.heartbeat``) starts when the worker is
+ready and stops when it shuts down; it writes only after the worker's own
+consumer received the probe it sent through the broker.
+
 A message whose task the worker does not know, or cannot accept, is
 rejected by Celery without a requeue: no worker would ever claim its
 execution, and reconcile would re-send it forever. The receivers below
@@ -10,64 +14,36 @@ message that names it is refused, logged and counted, as the claim does.
 from __future__ import annotations
 
 import logging
-import os
 import socket
-import threading
 from typing import Any
 
-from celery import __version__ as celery_version
 from celery.signals import task_rejected, task_unknown, worker_ready, worker_shutdown
 from django.db import DatabaseError, close_old_connections
-from django.db.models.functions import Now
 
-from scheduler.conf import settings
+from scheduler import heartbeat
 from scheduler.exceptions import MessageRefused
 from scheduler.models import Execution, Instance
 from scheduler.executions import fail_unrun
 
 logger = logging.getLogger(__name__)
 
-_stop = threading.Event()
-
-
-def _instance_id(sender: Any) -> str:
-    return f"{getattr(sender, 'hostname', None) or socket.gethostname()}-{os.getpid()}"
-
-
-def _beat(instance_id: str) -> None:
-    """Write the worker's heartbeat now and then every renew interval, until shutdown."""
-    while True:
-        try:
-            Instance.objects.update_or_create(
-                instance_id=instance_id,
-                defaults={"last_seen": Now()},
-                create_defaults={
-                    "role": Instance.Role.WORKER,
-                    "hostname": socket.gethostname(),
-                    "pid": os.getpid(),
-                    "version": celery_version,
-                    "started_at": Now(),
-                    "last_seen": Now(),
-                },
-            )
-        except DatabaseError:
-            logger.warning("could not write the worker heartbeat; trying again", exc_info=True)
-            close_old_connections()
-        if _stop.wait(settings.CLAIM_RENEW_SECONDS):
-            return
+_heartbeat: heartbeat.Heartbeat | None = None
 
 
 @worker_ready.connect(dispatch_uid="scheduler.worker_heartbeat")
 def start_heartbeat(sender: Any = None, **kwargs: Any) -> None:
-    _stop.clear()
-    threading.Thread(target=_beat, args=(_instance_id(sender),), name="worker-heartbeat", daemon=True).start()
+    global _heartbeat
+    _heartbeat = heartbeat.Heartbeat(sender.app, getattr(sender, "hostname", "") or "")
+    _heartbeat.start()
 
 
 @worker_shutdown.connect(dispatch_uid="scheduler.worker_heartbeat_stop")
 def stop_heartbeat(sender: Any = None, **kwargs: Any) -> None:
-    _stop.set()
+    if _heartbeat is not None:
+        # So that it does not write the row again after it is deleted below.
+        _heartbeat.stop(timeout=2.0)
     try:
-        Instance.objects.filter(instance_id=_instance_id(sender)).delete()
+        Instance.objects.filter(instance_id=heartbeat.instance_id(getattr(sender, "hostname", "") or "")).delete()
     except DatabaseError:
         pass  # reconcile removes stale instances
 
