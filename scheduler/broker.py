@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 from kombu.exceptions import OperationalError
 
 from scheduler.exceptions import BrokerUnavailable
+from scheduler.failpoints import failpoint
 
 if TYPE_CHECKING:
     from celery import Celery
@@ -46,6 +47,7 @@ def _redis(app: Celery) -> Iterator[Any | None]:
 def unconfirmed_run(app: Celery) -> str | None:
     """Return the broker's ``run_id`` if messages sent before now may be lost from it, else ``None``."""
     with _redis(app) as client:
+        failpoint("broker.check")
         if client is None:
             return None
         run_id = client.info("server")["run_id"]

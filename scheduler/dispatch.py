@@ -28,6 +28,7 @@ from kombu.exceptions import OperationalError as BrokerError
 from scheduler import executions, leases, limits, policies, publisher, tracing
 from scheduler.conf import settings
 from scheduler.exceptions import ScheduleInvalid, SubmissionInvalid
+from scheduler.failpoints import failpoint
 from scheduler.models import Execution, Schedule
 
 if TYPE_CHECKING:
@@ -234,9 +235,11 @@ def _commit(chunk: list[_Planned], *, fence: Fence, now: datetime, report: Dispa
     """Record one chunk of plans in one fenced transaction; skip schedules that moved since they were read."""
     lease_for = _lease_for(fence)
     with transaction.atomic():
+        failpoint("dispatch.commit.before_fence")
         # Sharded, only the leases of the shards in this chunk are locked: the
         # other shards' commits never wait on this one.
         leases.assert_held_many(sorted({lease_for(item.schedule.shard) for item in chunk}, key=lambda lease: lease.name))
+        failpoint("dispatch.commit.after_fence")
         planned_from = {
             item.schedule.pk: (item.schedule.next_run_at, item.schedule.slots_sent, item.schedule.shard)
             for item in chunk
@@ -381,11 +384,15 @@ def publish_pending(app: Celery, *, limit: int | None = None) -> int:
                 batch = executions.pending_rows(limit=min(PUBLISH_BATCH, limit - sent), locked=True)
                 if not batch:
                     break
+                failpoint("publish.holding_batch")
                 if sender is None:  # no broker connection for a pass with nothing to send
                     sender = stack.enter_context(publisher.connect(app))
                 now = leases.db_now()
+                failpoint("publish.send")
                 sender.send(batch, now=now)
+                failpoint("publish.before_mark_queued")
                 executions.mark_queued([row["id"] for row in batch], now=now)
+                failpoint("publish.after_mark_queued")
             sent += len(batch)
     return sent
 

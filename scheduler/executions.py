@@ -54,6 +54,7 @@ from django.db.transaction import TransactionManagementError
 from scheduler import bulk_insert, overdue, tracing
 from scheduler.conf import settings
 from scheduler.exceptions import MessageRefused
+from scheduler.failpoints import failpoint
 from scheduler.models import Execution, ExecutionTally, Schedule
 from scheduler.models.tally import MESSAGE_REFUSED, SHARDS
 from scheduler.prepared import Param, Prepared, RowReader
@@ -426,12 +427,14 @@ def claim(
     by_id = execution_id is not None
     target = execution_id if by_id else key
     values = {"target": target, "worker": worker, "task": task, "celery_task_id": celery_task_id}
+    failpoint("worker.claim.before")
     row = _CLAIM.execute(using, (by_id, settings.CLAIM_SECONDS), values)
     if row is None:
         rows = Execution.objects.filter(pk=target) if by_id else Execution.objects.filter(idempotency_key=target)
         _refuse_unless_sent_for(rows.values_list("pk", "task", "celery_task_id").first(), task, celery_task_id)
         return None
     execution = _ROW.read(using, row)
+    failpoint("worker.claim.after")
     if execution.timeout:
         _hold_to_time_limit(Claim.of(execution), execution.timeout)
     return execution
@@ -790,6 +793,7 @@ def _record_outcome(
         if not Schedule.objects.select_for_update().filter(pk=schedule_id).values_list("pk", flat=True).first():
             return bool(write())  # the schedule was deleted
         finished = write()
+        failpoint("outcome.in_transaction")
         if finished:
             count_run(schedule_id, status=status, error=error, started_at=started_at)
     return bool(finished)

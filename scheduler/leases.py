@@ -30,6 +30,7 @@ from psycopg import pq
 
 from scheduler import dbclock
 from scheduler.exceptions import LeaseLost
+from scheduler.failpoints import failpoint
 from scheduler.models import Lease
 
 #: PostgreSQL channel of the NOTIFY ``release`` sends; the payload is the lease name.
@@ -162,6 +163,8 @@ def acquire_many(
     with transaction.atomic(), connection.cursor() as cursor:
         cursor.execute(sql, [holder, dbclock.seconds_param(ttl), *params])
         rows = cursor.fetchall()
+        if rows:
+            failpoint("lease.acquire")
     return sorted((_handle(name, holder, *rest) for name, *rest in rows), key=lambda handle: handle.name)
 
 
@@ -233,6 +236,8 @@ def release_many(handles: Sequence[LeaseHandle]) -> list[str]:
         if released and connection.vendor == "postgresql":
             notified, names = _pairs([(name,) for name in released])
             cursor.execute(f"SELECT pg_notify(%s, name) FROM {notified} AS released(name)", [RELEASE_CHANNEL, *names])
+        if released:
+            failpoint("lease.release")
     return released
 
 

@@ -32,6 +32,7 @@ from kombu.exceptions import OperationalError as BrokerError
 from scheduler import broker, dispatch, executions, policies, timing, tracing
 from scheduler.conf import settings
 from scheduler.exceptions import BrokerUnavailable, ScheduleInvalid
+from scheduler.failpoints import failpoint
 from scheduler.models import Execution, Instance, Schedule
 
 if TYPE_CHECKING:
@@ -173,6 +174,7 @@ def _recover_lost(*, now: datetime, dry_run: bool) -> tuple[list[Change], list[i
     changes: list[Change] = []
     retry: list[int] = []
     for execution in lost.order_by("id")[:BATCH_SIZE]:
+        failpoint("reconcile.after_mark_lost")
         attempt = execution.attempt
         if executions.lost_retries_left(attempt, execution.max_retries):
             change = Change(
@@ -256,6 +258,7 @@ def _send(app: Celery, ids: list[int], *, now: datetime) -> tuple[set[int], str]
     for index in range(0, len(ids), BATCH_SIZE):
         rows = _at_due_time(executions.message_rows(waiting.filter(id__in=ids[index : index + BATCH_SIZE])))
         try:
+            failpoint("reconcile.resend")
             sent.update(dispatch.publish(app, rows, now=now))
         except (BrokerError, OSError) as exc:
             unsent = len(set(ids) - sent)

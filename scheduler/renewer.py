@@ -57,6 +57,7 @@ from scheduler import executions
 from scheduler.conf import settings
 from scheduler.exceptions import ClaimLost
 from scheduler.executions import Claim
+from scheduler.failpoints import failpoint
 
 logger = logging.getLogger(__name__)
 
@@ -144,6 +145,7 @@ class ClaimRenewer:
             return
         sent = _now()
         try:
+            failpoint("worker.renew")
             renewed = executions.renew(held, seconds=settings.CLAIM_SECONDS)
             lost = executions.moved_on(held) if renewed < len(held) else set()
         except DatabaseError:

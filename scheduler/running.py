@@ -28,6 +28,7 @@ from django.db import transaction
 from scheduler import executions
 from scheduler.exceptions import CheckpointInvalid, ClaimLost, FenceRefused
 from scheduler.executions import Claim
+from scheduler.failpoints import failpoint
 from scheduler.models import Execution
 
 #: A checkpoint is progress, not data: larger ones are refused (bytes of its JSON).
@@ -90,6 +91,7 @@ class RunningExecution:
                 "save progress, not data"
             )
         stored = json.loads(text)  # what the next attempt will read back (tuples become lists)
+        failpoint("running.checkpoint")
         if not executions.save_checkpoint(self.claim, stored):
             raise ClaimLost(self._lost("its checkpoint was not saved"))
         self.execution.checkpoint = stored
@@ -112,6 +114,7 @@ class RunningExecution:
                 yield
             finally:
                 self._in_fenced_block = False
+            failpoint("running.fenced")
             if not executions.finish_in_transaction(self.claim):
                 raise ClaimLost(self._lost("the fenced block was rolled back"))
         self.succeeded = True

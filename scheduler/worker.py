@@ -60,6 +60,7 @@ from scheduler import clock, executions, logs, policies, tracing
 from scheduler.conf import settings
 from scheduler.exceptions import MessageRefused, NotInTask
 from scheduler.executions import Claim
+from scheduler.failpoints import failpoint
 from scheduler.models import Execution
 from scheduler.renewer import ClaimRenewer
 from scheduler.running import RunningExecution
@@ -261,6 +262,7 @@ class ExecutionTask(Task):
             raise
         finally:
             logs.unbind("execution_id", "schedule")
+        failpoint("worker.after_body")
         if execution.succeeded:  # its fenced block recorded the outcome; the result is all that is left
             _reconnecting(executions.record_result, claim, _result_summary(value))
         else:
@@ -288,6 +290,7 @@ class ExecutionTask(Task):
             logger.warning("execution %s attempt %s: the claim moved on; not retrying it here", *_token(claim))
             raise Ignore()
         try:
+            failpoint("worker.retry.send")
             return super().retry(*args, exc=exc, **kwargs)
         except Retry:
             raise
