@@ -13,19 +13,28 @@ SQLite) still goes through ``get_db_prep_save``; only fields that fill
 themselves in (``auto_now_add``) run ``pre_save``. So the rows written are
 those ``bulk_create(objs, ignore_conflicts=True)`` writes.
 
-PostgreSQL gets one ``INSERT ... SELECT * FROM unnest(%b::type[], ...) ON
-CONFLICT DO NOTHING`` per batch: the statement Django builds itself, but
-with the arrays sent as binary parameters, which psycopg builds in about a
-third of the time it takes to quote them into the SQL text as Django's
-client-side cursor does. Other databases get one ``INSERT OR IGNORE`` (in their own wording)
-run for every row with ``executemany``.
+Only a conflict on the one unique column named (``key``) is ignored, by
+``ON CONFLICT (key) DO NOTHING``: any other broken constraint (NOT NULL,
+CHECK, another unique one) raises, as it would for ``save()``. SQLite's
+``INSERT OR IGNORE``, which ``bulk_create(ignore_conflicts=True)`` writes
+there, would drop such a row silently instead. ``RETURNING key`` tells which
+rows were stored, so a caller counts only those.
+
+PostgreSQL gets one ``INSERT ... SELECT * FROM unnest(%b::type[], ...)`` per
+batch: the statement Django builds itself, but with the arrays sent as
+binary parameters, which psycopg builds in about a third of the time it
+takes to quote them into the SQL text as Django's client-side cursor does.
+SQLite (3.35+, for ``RETURNING``) gets one multi-row ``INSERT ... VALUES``
+per batch, as many rows as its limit on parameters allows.
 """
 from __future__ import annotations
 
 import functools
+import sqlite3
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
+from itertools import chain
 from operator import attrgetter
 from typing import Any
 
@@ -34,7 +43,6 @@ from django.db import connections, models, router, transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.backends.utils import CursorWrapper
 from django.db.models import DateField, Field, Model
-from django.db.models.constants import OnConflict
 from django.db.models.fields import NOT_PROVIDED
 
 #: Django's fields whose ``get_db_prep_save`` returns a value of this Python type as it is
@@ -69,16 +77,32 @@ class _Column:
     fills_itself: bool
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)  # one per model, database and key (``_statement``): hashed by identity
 class _Statement:
     columns: tuple[_Column, ...]
-    sql: str
-    #: One statement takes every row's values as one array per column (``unnest``).
-    by_column: bool
+    #: ``INSERT INTO table (columns)``; the rows follow.
+    head: str
+    #: ``ON CONFLICT (key) DO NOTHING RETURNING key``, after the rows.
+    tail: str
+    #: PostgreSQL: the whole statement, every row's values as one array per column (``unnest``);
+    #: empty where each row is a ``VALUES`` tuple (``_values_sql``).
+    by_column: str
 
 
-def insert_ignoring_conflicts(objs: Sequence[Model], *, batch_size: int) -> None:
-    """Insert the unsaved instances ``objs`` (all of one model); skip any row that conflicts with one stored.
+@functools.lru_cache(maxsize=16)
+def _values_sql(statement: _Statement, rows: int) -> str:
+    """Return ``statement`` with ``rows`` rows of placeholders (a full batch's is built once)."""
+    row = "(" + ", ".join(["%s"] * len(statement.columns)) + ")"
+    return f"{statement.head} VALUES {', '.join([row] * rows)} {statement.tail}"
+
+
+def insert_ignoring_conflicts(objs: Sequence[Model], *, key: str, batch_size: int) -> list[Any]:
+    """Insert the unsaved instances ``objs`` (all of one model) but those whose ``key`` is stored; return the keys stored.
+
+    ``key`` names a unique field: a row whose value of it is taken is skipped
+    (``ON CONFLICT (key) DO NOTHING``); any other constraint the row breaks
+    raises ``IntegrityError``. Returns the ``key`` values of the rows this
+    call stored (the database's ``RETURNING``), in no particular order.
 
     Writes what ``bulk_create(objs, ignore_conflicts=True)`` writes and, like
     it, sets no primary key, sends no signals, fills ``auto_now_add`` fields
@@ -86,47 +110,66 @@ def insert_ignoring_conflicts(objs: Sequence[Model], *, batch_size: int) -> None
     object. Values must be values, not expressions.
     """
     if not objs:
-        return
+        return []
     model = type(objs[0])
     if any(obj.pk is not None for obj in objs):
         raise ValueError("insert_ignoring_conflicts() takes unsaved instances only (no primary key)")
     alias = router.db_for_write(model)
     connection = connections[alias]
-    statement = _statement(model, alias, connection.vendor)
+    statement = _statement(model, alias, connection.vendor, key)
     for column in statement.columns:
         if column.field.is_relation:
             _check_related(objs, column.field)
+    stored: list[Any] = []
     with transaction.atomic(using=alias, savepoint=False):
         if statement.by_column:
             with _binding_cursor(connection) as cursor:
                 for start in range(0, len(objs), batch_size):
                     batch = objs[start : start + batch_size]
-                    cursor.execute(statement.sql, [_values(batch, column, connection) for column in statement.columns])
+                    cursor.execute(statement.by_column, [_values(batch, column, connection) for column in statement.columns])
+                    stored += [row[0] for row in cursor.fetchall()]
         else:
+            size = max(1, min(batch_size, _parameters_limit(connection) // len(statement.columns)))
             with connection.cursor() as cursor:
-                columns = [_values(objs, column, connection) for column in statement.columns]
-                cursor.executemany(statement.sql, list(zip(*columns)))
+                for start in range(0, len(objs), size):
+                    batch = objs[start : start + size]
+                    columns = [_values(batch, column, connection) for column in statement.columns]
+                    cursor.execute(_values_sql(statement, len(batch)), list(chain.from_iterable(zip(*columns))))
+                    stored += [row[0] for row in cursor.fetchall()]
+    return stored
 
 
 @functools.cache
-def _statement(model: type[Model], alias: str, vendor: str) -> _Statement:
-    """Work out the columns and the statement once per model and database (``vendor`` keys the cache)."""
+def _statement(model: type[Model], alias: str, vendor: str, key: str) -> _Statement:
+    """Work out the columns and the statement once per model, database and key (``vendor`` keys the cache)."""
     connection = connections[alias]
     opts = model._meta
     fields = [field for field in opts.concrete_fields if not field.generated and not field.primary_key]
     for field in fields:
         if field.db_default is not NOT_PROVIDED:
             raise ValueError(f"{opts.label}.{field.name} has a db_default, which insert_ignoring_conflicts() does not write")
+    unique = opts.get_field(key)
+    if not unique.unique:
+        raise ValueError(f"{opts.label}.{key} is not unique: insert_ignoring_conflicts() ignores conflicts on a unique key")
+    quote = connection.ops.quote_name
     columns = tuple(_column(field, connection) for field in fields)
-    names = ", ".join(connection.ops.quote_name(field.column) for field in fields)
-    start = f"{connection.ops.insert_statement(on_conflict=OnConflict.IGNORE)} {connection.ops.quote_name(opts.db_table)}"
-    end = connection.ops.on_conflict_suffix_sql(fields, OnConflict.IGNORE, None, None)
+    names = ", ".join(quote(field.column) for field in fields)
+    head = f"INSERT INTO {quote(opts.db_table)} ({names})"
+    tail = f"ON CONFLICT ({quote(unique.column)}) DO NOTHING RETURNING {quote(unique.column)}"
+    by_column = ""
     if vendor == "postgresql":
         # As Django's own UNNEST insert: the type without its length (varchar[], not varchar(255)[]).
-        arrays = ", ".join(f"(%b)::{field.db_type(connection).split('(')[0]}[]" for field in fields)
-        return _Statement(columns, f"{start} ({names}) SELECT * FROM unnest({arrays}) {end}".rstrip(), by_column=True)
-    placeholders = ", ".join(["%s"] * len(fields))
-    return _Statement(columns, f"{start} ({names}) VALUES ({placeholders}) {end}".rstrip(), by_column=False)
+        arrays = ", ".join(f"(%b)::{column.field.db_type(connection).split('(')[0]}[]" for column in columns)
+        by_column = f"{head} SELECT * FROM unnest({arrays}) {tail}"
+    return _Statement(columns, head, tail, by_column)
+
+
+def _parameters_limit(connection: BaseDatabaseWrapper) -> int:
+    """Return how many parameters one statement takes (SQLite: the library's own limit, not Django's 999)."""
+    connection.ensure_connection()
+    if connection.vendor == "sqlite":
+        return connection.connection.getlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER)
+    return connection.features.max_query_params or 65_535
 
 
 def _column(field: Field, connection: BaseDatabaseWrapper) -> _Column:

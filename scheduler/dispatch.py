@@ -86,11 +86,15 @@ def _in_flight(schedules: list[Schedule]) -> dict[int, tuple[int, int]]:
     return {row["schedule_id"]: (row["total"], row["held"]) for row in rows}
 
 
-def _completion_reason(schedule: Schedule, *, runs_used: int, sent: bool = True, skipped: bool = False) -> str:
+def _completion_reason(
+    schedule: Schedule, *, runs_used: int, sent: bool = True, skipped: bool = False, taken: bool = False
+) -> str:
     if schedule.run_at is not None:
         slot = f"One-off: its slot at {schedule.run_at.isoformat()}"
         if sent:
             return f"{slot} has been dispatched"
+        if taken:
+            return f"{slot} already had an execution (a backfill over it); the beat sent none"
         if skipped:
             return f"{slot} was skipped (overlap={schedule.overlap}: an earlier run was in flight)"
         return f"{slot} was missed (older than the catch-up window when the leader got to it)"
@@ -262,6 +266,7 @@ def _commit(chunk: list[_Planned], *, fence: Fence, now: datetime, report: Dispa
         in_flight = _in_flight(due)
         rows: list[Execution] = []
         to_cancel: list[int] = []
+        recording: list[_Recording] = []
         # Schedules due together mostly write the same values (next slot, count
         # sent, completion reason): one UPDATE per distinct write, never one per
         # schedule nor bulk_update's CASE over every row.
@@ -275,8 +280,8 @@ def _commit(chunk: list[_Planned], *, fence: Fence, now: datetime, report: Dispa
                 writes[_Write(schedule.next_run_at, paused_reason=f"Invalid timing: {item.error}")].append(schedule.pk)
                 continue
             flying, held = in_flight.get(schedule.pk, (0, 0))
-            overlap = policies.plan_overlap(schedule.overlap, plan.run, in_flight=flying, buffered=held)
-            overlap, used_up = policies.cap_runs(overlap, max_runs=schedule.max_runs, sent=schedule.slots_sent)
+            wanted = policies.plan_overlap(schedule.overlap, plan.run, in_flight=flying, buffered=held)
+            overlap, used_up = policies.cap_runs(wanted, max_runs=schedule.max_runs, sent=schedule.slots_sent)
             if overlap.cancel_in_flight:
                 to_cancel.append(schedule.pk)
             lease = lease_for(schedule.shard)
@@ -284,39 +289,88 @@ def _commit(chunk: list[_Planned], *, fence: Fence, now: datetime, report: Dispa
                 executions.execution_for, schedule, now=now,
                 token=lease.token, lease_name=lease.name, dispatcher=lease.holder,
             )
+            first = len(rows)
             rows += [build(slot, status=Execution.Status.MISSED) for slot in plan.missed]
             rows += [build(slot, status=Execution.Status.SKIPPED) for slot in overlap.skipped]
             rows += [build(slot, status=Execution.Status.PENDING) for slot in overlap.run]
-            report.fired += [(schedule.name, slot) for slot in overlap.run]
             if overlap.buffered is not None:
                 rows.append(build(overlap.buffered, status=Execution.Status.PENDING, held=True))
-            report.missed += len(plan.missed)
-            report.missed_not_recorded += plan.missed_not_recorded
-            report.skipped += len(overlap.skipped)
-            missed = len(plan.missed) + plan.missed_not_recorded
-            if missed:
-                logger.warning(
-                    "schedule %s: %d slot(s) older than its catch-up window (%ss) or skipped by "
-                    "misfire=%s recorded as missed, %d more not recorded",
-                    schedule.name, len(plan.missed), schedule.catchup_window, schedule.misfire,
-                    plan.missed_not_recorded,
-                    extra={"action": "slots_missed", "schedule": schedule.name},
-                )
-            sent_now = len(overlap.run) + (overlap.buffered is not None)
-            next_run_at = None if used_up else plan.next_run_at
-            disabled_reason = None
-            if next_run_at is None:
-                disabled_reason = _completion_reason(
-                    schedule, runs_used=schedule.slots_sent + sent_now, sent=sent_now > 0, skipped=bool(overlap.skipped)
-                )
-                report.completed.append((schedule.name, disabled_reason))
-            writes[_Write(next_run_at, sent_now, missed, disabled_reason)].append(schedule.pk)
+            recording.append(_Recording(schedule, plan, wanted, overlap, used_up, slice(first, len(rows))))
         report.schedules += len(due)
         report.cancelled_task_ids += executions.cancel_in_flight(to_cancel, reason=CANCEL_PREVIOUS_ERROR, now=now)
-        executions.insert(rows)
-        tracing.created(rows)  # this commit is the parent of their publish spans
+        stored = executions.insert(rows)
+        # This commit is the parent of their publish spans.
+        tracing.created(row for row in rows if row.idempotency_key in stored)
+        # Usually every row is new; a slot that already had an execution (a
+        # backfill over it) was not stored, and this commit neither sent nor missed it.
+        every = len(stored) == len(rows)
+        for recorded in recording:
+            mine = None if every else [row for row in rows[recorded.rows] if row.idempotency_key in stored]
+            writes[recorded.write(mine, report)].append(recorded.schedule.pk)
         for write, pks in writes.items():
             Schedule.objects.filter(pk__in=pks).update(**write.fields())
+
+
+@dataclass(frozen=True)
+class _Recording:
+    """One schedule's rows in a commit: what it planned, and where its rows are in the insert."""
+
+    schedule: Schedule
+    plan: policies.FirePlan
+    #: The overlap policy's plan before ``max_runs`` capped it, and after.
+    wanted: policies.OverlapPlan
+    overlap: policies.OverlapPlan
+    used_up: bool
+    rows: slice
+
+    def write(self, stored: list[Execution] | None, report: DispatchReport) -> _Write:
+        """Count what the insert stored of this schedule's rows (``None``: all of them); return its write.
+
+        ``slots_sent`` and ``total_missed`` grow by the rows stored, never by
+        a slot whose key the insert found taken: that slot was not sent (or
+        missed) by the beat, so it does not count towards ``max_runs`` either.
+        """
+        schedule, plan, overlap = self.schedule, self.plan, self.overlap
+        if stored is None:
+            missed, skipped, run, buffered = plan.missed, overlap.skipped, overlap.run, overlap.buffered
+        else:
+            missed = [row.scheduled_for for row in stored if row.status == Execution.Status.MISSED]
+            skipped = [row.scheduled_for for row in stored if row.status == Execution.Status.SKIPPED]
+            run = [row.scheduled_for for row in stored if row.status == Execution.Status.PENDING and not row.held]
+            buffered = next((row.scheduled_for for row in stored if row.held), None)
+        report.fired += [(schedule.name, slot) for slot in run]
+        report.missed += len(missed)
+        report.missed_not_recorded += plan.missed_not_recorded
+        report.skipped += len(skipped)
+        missed_now = len(missed) + plan.missed_not_recorded
+        if missed_now:
+            logger.warning(
+                "schedule %s: %d slot(s) older than its catch-up window (%ss) or skipped by "
+                "misfire=%s recorded as missed, %d more not recorded",
+                schedule.name, len(missed), schedule.catchup_window, schedule.misfire, plan.missed_not_recorded,
+                extra={"action": "slots_missed", "schedule": schedule.name},
+            )
+        sent_now = len(run) + (buffered is not None)
+        meant = len(overlap.run) + (overlap.buffered is not None)
+        next_run_at = plan.next_run_at
+        if self.used_up and sent_now == meant:
+            next_run_at = None  # capped by max_runs: that was its last run
+        elif self.used_up:
+            # A slot it meant to send was taken, so runs are left: from the first slot the cap dropped.
+            dropped = sorted(_slots(self.wanted) - _slots(overlap))
+            next_run_at = dropped[0] if dropped else plan.next_run_at
+        disabled_reason = None
+        if next_run_at is None:
+            disabled_reason = _completion_reason(
+                schedule, runs_used=schedule.slots_sent + sent_now, sent=sent_now > 0, skipped=bool(skipped),
+                taken=sent_now < meant,
+            )
+            report.completed.append((schedule.name, disabled_reason))
+        return _Write(next_run_at, sent_now, missed_now, disabled_reason)
+
+
+def _slots(overlap: policies.OverlapPlan) -> set[datetime]:
+    return {*overlap.run, *overlap.skipped, *([overlap.buffered] if overlap.buffered is not None else [])}
 
 
 #: Highest message priority accepted: AMQP's limit (Redis honours 0-9, see ``submit``).

@@ -14,8 +14,9 @@ an operator cancelled) changes nothing.
 
 Lock order: a transaction that writes both takes the schedule row first,
 then the execution row, as the leader's dispatch does (it locks due
-schedules, then cancels their executions). The opposite order deadlocks on
-PostgreSQL (issue 14, item 6).
+schedules, then cancels their executions), and a schedule's delete
+(``Schedule.delete``). The opposite order deadlocks on PostgreSQL (issue
+14, item 6).
 
 Every move to a final status (and every row inserted final) is also
 counted, by a database trigger in the same statement, into the tallies
@@ -30,7 +31,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
-from django.db import IntegrityError, transaction
+from django.db import IntegrityError, connections, transaction
 from django.db.models import (
     Case,
     CharField,
@@ -47,7 +48,6 @@ from django.db.models import (
     When,
 )
 from django.db.models.functions import Cast, Concat, Now
-from django.db.models.constants import OnConflict
 from django.db.models.sql import InsertQuery, UpdateQuery
 from django.db.transaction import TransactionManagementError
 
@@ -179,14 +179,16 @@ def _copied(source: Schedule | Execution) -> dict[str, Any]:
     return {field: getattr(source, field) for field in _COPIED_FIELDS}
 
 
-def insert(rows: list[Execution]) -> None:
-    """Insert ``rows``, ignoring any whose key exists: the database decides what fires once.
+def insert(rows: list[Execution]) -> set[str]:
+    """Insert ``rows``, ignoring any whose key exists: the database decides what fires once; return the keys stored.
 
-    The rows ``bulk_create(rows, ignore_conflicts=True)`` would write, without
-    its per-row field preparation (``bulk_insert``): the leader's commit
-    inserts thousands at a time.
+    Only a taken ``idempotency_key`` is ignored; a row that breaks any other
+    constraint raises ``IntegrityError``. The rows ``bulk_create(rows,
+    ignore_conflicts=True)`` would write, without its per-row field
+    preparation (``bulk_insert``): the leader's commit inserts thousands at
+    a time.
     """
-    bulk_insert.insert_ignoring_conflicts(rows, batch_size=_BATCH)
+    return set(bulk_insert.insert_ignoring_conflicts(rows, key="idempotency_key", batch_size=_BATCH))
 
 
 def record_slots(
@@ -217,19 +219,12 @@ def record_slots(
 def record(rows: list[Execution]) -> list[dict[str, Any]]:
     """Insert the ``rows`` whose key has no execution yet; return those as ``message_rows``.
 
-    Two callers recording one key at once both report it (and both may send
-    it, which is harmless); a caller that must not do that holds a lock
-    around the call, as ``record_slots`` does with the schedule row.
+    Only the rows this call stored are returned (the insert's own
+    ``RETURNING``): of two callers recording one key at once, one reports it.
     """
-    keys = [row.idempotency_key for row in rows]
-    present: set[str] = set()
-    for index in range(0, len(keys), _BATCH):
-        chunk = keys[index : index + _BATCH]
-        present.update(Execution.objects.filter(idempotency_key__in=chunk).values_list("idempotency_key", flat=True))
-    new = [row for row in rows if row.idempotency_key not in present]
-    insert(new)
+    stored = insert(rows)
+    new_keys = [row.idempotency_key for row in rows if row.idempotency_key in stored]
     created: list[dict[str, Any]] = []
-    new_keys = [row.idempotency_key for row in new]
     for index in range(0, len(new_keys), _BATCH):
         created += message_rows(Execution.objects.filter(idempotency_key__in=new_keys[index : index + _BATCH]))
     return created
@@ -284,10 +279,12 @@ def _ad_hoc_sql(using: str) -> tuple[str, list[Any]]:
     template = Execution()
     for field in _inserted():
         setattr(template, field.attname, Param(field.attname, field))
-    query = InsertQuery(Execution, on_conflict=OnConflict.IGNORE)
+    query = InsertQuery(Execution)
     query.insert_values(_inserted(), [template], raw=True)  # raw: the values are the Params, not pre_save's
     [(sql, params)] = query.get_compiler(using).as_sql()
-    return sql, list(params)
+    # Only a taken key is skipped (not SQLite's INSERT OR IGNORE, which drops a row breaking any constraint).
+    key = connections[using].ops.quote_name(Execution._meta.get_field("idempotency_key").column)
+    return f"{sql} ON CONFLICT ({key}) DO NOTHING", list(params)
 
 
 _AD_HOC = Prepared(_ad_hoc_sql)

@@ -7,7 +7,7 @@ from typing import Any
 
 from django.core.exceptions import NON_FIELD_ERRORS, ValidationError
 from django.core.validators import MaxValueValidator, MinValueValidator
-from django.db import connection, models, transaction
+from django.db import connection, models, router, transaction
 from django.db.models import F, Q
 
 from scheduler import clock, limits, overdue, shards, timing
@@ -79,6 +79,24 @@ class ScheduleQuerySet(models.QuerySet):
                 if schedule.pk is not None:
                     schedule.shard = shards.shard_of(schedule.pk)
         return created
+
+    def delete(self) -> tuple[int, dict[str, int]]:
+        """Delete as Django does, having locked the schedule rows first (in id order).
+
+        Django's delete detaches the executions (``SET NULL``) before it
+        deletes the schedules, which would lock executions before their
+        schedule: the opposite of the lock order everything else follows
+        (``scheduler.executions``), a deadlock against a worker finishing a run.
+        """
+        if self.query.is_sliced or self._fields is not None:
+            return super().delete()  # which refuses it
+        with transaction.atomic(using=self.db):
+            locked = self.model._base_manager.using(self.db).select_for_update().filter(pk__in=self.values("pk"))
+            list(locked.order_by("pk").values_list("pk", flat=True))
+            return super().delete()
+
+    delete.alters_data = True  # type: ignore[attr-defined]  # as Django marks QuerySet.delete
+    delete.queryset_only = True  # type: ignore[attr-defined]  # not on the manager, as Django's
 
     def assign_shards(self) -> int:
         """Move every schedule whose ``shard`` is not ``id % SCHEDULER_SHARDS`` into it; return how many moved."""
@@ -403,6 +421,13 @@ class Schedule(models.Model):
             elif fields:
                 super().save(*args, update_fields={*fields, "updated_at"}, **kwargs)
         self._loaded = self._stored()
+
+    def delete(self, using: str | None = None, keep_parents: bool = False) -> tuple[int, dict[str, int]]:
+        """Delete as Django does, having locked this schedule's row first (``ScheduleQuerySet.delete``)."""
+        using = using or router.db_for_write(type(self), instance=self)
+        with transaction.atomic(using=using):
+            list(type(self)._base_manager.using(using).select_for_update().filter(pk=self.pk).values_list("pk"))
+            return super().delete(using=using, keep_parents=keep_parents)
 
     def _move_to_shard(self) -> None:
         """Put a new row in the shard of its id, once the insert has given it one."""

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 import time_machine
-from django.db import connection
+from django.db import IntegrityError, connection
 
 from scheduler import executions
 from scheduler.models import Execution, Schedule
@@ -173,3 +173,50 @@ def test_insert__schedule_saved_after_assignment_gives_its_id() -> None:
 
     # Then it belongs to the schedule, as with bulk_create
     assert Execution.objects.get(idempotency_key="k").schedule_id == source.pk
+
+
+@pytest.mark.parametrize(
+    "broken",
+    [pytest.param({"task": None}, id="not-null"), pytest.param({"attempt": -1}, id="check")],
+)
+def test_insert__a_row_breaking_another_constraint_raises_and_nothing_is_written(broken: dict[str, Any]) -> None:
+    # Given a batch of good rows and one that breaks a NOT NULL or CHECK constraint (not the key)
+    source = schedule()
+    rows = [
+        executions.execution_for(source, AT + timedelta(hours=hour), status=Status.PENDING, now=AT) for hour in range(3)
+    ]
+    for name, value in broken.items():
+        setattr(rows[1], name, value)
+
+    # When the batch is inserted, Then the database's error propagates: only a duplicate key is ignored
+    with pytest.raises(IntegrityError):
+        executions.insert(rows)
+    # And nothing of the batch is stored
+    assert not Execution.objects.exists()
+
+
+def test_insert__returns_the_keys_it_stored() -> None:
+    # Given a slot that already has an execution
+    source = schedule()
+    executions.insert([executions.execution_for(source, AT, status=Status.PENDING, now=AT)])
+
+    # When it is inserted again beside two new slots
+    rows = [executions.execution_for(source, AT + timedelta(hours=hour), status=Status.PENDING, now=AT) for hour in range(3)]
+    inserted = executions.insert(rows)
+
+    # Then only the two rows actually stored are reported
+    assert inserted == {rows[1].idempotency_key, rows[2].idempotency_key}
+
+
+def test_record_ad_hoc__a_row_breaking_another_constraint_raises() -> None:
+    # Given a plain Celery call whose row breaks a NOT NULL constraint (not the key)
+    call = {"task": "scheduler.echo", "args": (), "kwargs": {}, "queue": None, "timeout": None, "now": AT}
+
+    # When it is recorded, Then the database's error propagates and nothing is stored
+    with pytest.raises(IntegrityError):
+        executions.record_ad_hoc("celery-1", **call)
+    assert not Execution.objects.exists()
+    # And the same call recorded twice with its queue stores one row
+    call["queue"] = ""
+    assert executions.record_ad_hoc("celery-1", **call) == executions.record_ad_hoc("celery-1", **call)
+    assert Execution.objects.count() == 1

@@ -1,10 +1,12 @@
-"""Lock order: workers finishing runs and the leader cancelling them (``cancel_previous``) never deadlock.
+"""Lock order: workers finishing runs, the leader cancelling them (``cancel_previous``) and operators deleting
+schedules never deadlock.
 
 A worker's finish writes the execution and its schedule's counters; the
-leader's dispatch locks due schedules, then cancels their executions. Both
-must take the schedule row first (issue 14, item 6), or PostgreSQL aborts
-one of them with a deadlock: a leader that is the victim steps down, a
-worker that is the victim loses a successful outcome.
+leader's dispatch locks due schedules, then cancels their executions; a
+schedule's delete detaches its executions. All must take the schedule row
+first (issue 14, item 6), or PostgreSQL aborts one of them with a deadlock:
+a leader that is the victim steps down, a worker that is the victim loses a
+successful outcome.
 """
 from __future__ import annotations
 
@@ -13,9 +15,10 @@ import random
 import threading
 import time
 from collections.abc import Callable
+from datetime import timedelta
 
 import pytest
-from django.db import connection
+from django.db import connection, transaction
 
 from scheduler import dispatch, executions, leases
 from scheduler.executions import Claim
@@ -99,3 +102,121 @@ def test_finishes_and_cancel_previous_ticks_at_once__no_deadlock_and_every_succe
         assert schedule.total_runs == Execution.objects.filter(schedule=schedule, pk__in=succeeded).count()
         if schedule.total_runs:
             assert (schedule.last_status, schedule.consecutive_failures) == (Status.SUCCEEDED, 0)
+
+
+def _set_lock_timeout() -> None:
+    """Bound every lock wait of this connection: a test that would hang fails instead."""
+    if connection.vendor == "postgresql":
+        with connection.cursor() as cursor:
+            cursor.execute("SET lock_timeout = '10s'")
+
+
+def test_schedule_delete__locks_the_schedule_before_its_executions() -> None:
+    # Given a schedule with a running execution, and a worker finishing it:
+    # its transaction has locked the schedule row (schedule first, then the
+    # execution: the documented lock order) and is about to write the execution
+    target = Schedule.objects.create(name="doomed", task="scheduler.echo", interval=60)
+    now = leases.db_now()
+    execution = executions.execution_for(target, now, status=Status.PENDING, now=now)
+    execution.save()
+    claimed = executions.claim(
+        worker="w@host:1", task=execution.task, celery_task_id=execution.celery_task_id, execution_id=execution.pk
+    )
+    assert claimed is not None
+    locked, done = threading.Event(), threading.Event()
+    errors: list[BaseException] = []
+    finished: list[bool] = []
+
+    def worker() -> None:
+        _set_lock_timeout()
+        with transaction.atomic():
+            list(Schedule.objects.select_for_update().filter(pk=target.pk).values_list("pk", flat=True))
+            locked.set()
+            _wait_until_another_waits()
+            finished.append(executions.finish(Claim.of(claimed), status=Status.SUCCEEDED, result=1))
+
+    def operator() -> None:
+        _set_lock_timeout()
+        assert locked.wait(BOUND)
+        Schedule.objects.get(pk=target.pk).delete()
+        done.set()
+
+    # When an operator deletes the schedule meanwhile
+    threads = [threading.Thread(target=on_own_connection(body, errors)) for body in (worker, operator)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=BOUND)
+    assert not any(thread.is_alive() for thread in threads), "a thread is stuck"
+
+    # Then neither was a deadlock victim: the worker's outcome is recorded and the schedule is gone
+    assert not errors, errors
+    assert finished == [True] and done.is_set()
+    assert not Schedule.objects.filter(pk=target.pk).exists()
+    assert Execution.objects.values_list("status", "schedule_id").get(pk=execution.pk) == (Status.SUCCEEDED, None)
+
+
+def test_schedule_queryset_delete__locks_the_schedules_before_their_executions() -> None:
+    # Given two schedules with running executions, and a worker finishing one of them
+    # (schedule row locked, execution about to be written)
+    now = leases.db_now()
+    targets, claims = [], []
+    for name in ("doomed-1", "doomed-2"):
+        target = Schedule.objects.create(name=name, task="scheduler.echo", interval=60)
+        execution = executions.execution_for(target, now, status=Status.PENDING, now=now)
+        execution.save()
+        claimed = executions.claim(
+            worker="w@host:1", task=execution.task, celery_task_id=execution.celery_task_id, execution_id=execution.pk
+        )
+        assert claimed is not None
+        targets.append(target)
+        claims.append(Claim.of(claimed))
+    locked = threading.Event()
+    errors: list[BaseException] = []
+    finished: list[bool] = []
+
+    def worker() -> None:
+        _set_lock_timeout()
+        with transaction.atomic():
+            list(Schedule.objects.select_for_update().filter(pk=targets[1].pk).values_list("pk", flat=True))
+            locked.set()
+            _wait_until_another_waits()
+            finished.append(executions.finish(claims[1], status=Status.SUCCEEDED, result=1))
+
+    def operator() -> None:
+        _set_lock_timeout()
+        assert locked.wait(BOUND)
+        Schedule.objects.filter(pk__in=[target.pk for target in targets]).delete()  # the admin's bulk delete
+
+    # When an operator deletes both at once meanwhile
+    threads = [threading.Thread(target=on_own_connection(body, errors)) for body in (worker, operator)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=BOUND)
+    assert not any(thread.is_alive() for thread in threads), "a thread is stuck"
+
+    # Then neither was a deadlock victim
+    assert not errors, errors
+    assert finished == [True]
+    assert not Schedule.objects.exists()
+    assert Execution.objects.get(pk=claims[1].execution_id).status == Status.SUCCEEDED
+
+
+def _wait_until_another_waits() -> None:
+    """Return once another connection waits on a lock (PostgreSQL), or after a moment (SQLite: no view of it)."""
+    if connection.vendor != "postgresql":
+        time.sleep(0.3)
+        return
+    deadline = time.monotonic() + 10
+    with connection.cursor() as cursor:
+        while time.monotonic() < deadline:
+            cursor.execute("SELECT pg_stat_clear_snapshot()")  # inside a transaction the view is read once otherwise
+            cursor.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                "AND wait_event_type = 'Lock' AND pid <> pg_backend_pid()"
+            )
+            if cursor.fetchone()[0]:
+                return
+            time.sleep(0.01)
+    raise AssertionError("the other connection never waited on a lock")

@@ -115,3 +115,38 @@ def test_max_runs__pruning_does_not_reset_the_count(lease: leases.LeaseHandle) -
     target.refresh_from_db()
     assert len(report.fired) == 1
     assert (target.enabled, target.disabled_reason) == (False, "Used all 2 runs (max_runs)")
+
+
+def test_max_runs__a_slot_that_already_has_an_execution_is_not_counted(lease: leases.LeaseHandle) -> None:
+    # Given max_runs=1 and its due slot already recorded by someone else (a backfill over it)
+    slot = last_slot(86400)
+    target = schedule("s", interval=86400, max_runs=1, catchup_window=2 * 86400)
+    Schedule.objects.filter(pk=target.pk).update(next_run_at=slot)
+    executions.record_slots(target, [(slot, Status.PENDING)], now=leases.db_now(), trigger=Execution.Trigger.BACKFILL)
+
+    # When the leader dispatches that slot, its insert ignored by the unique key
+    report = dispatch.dispatch_due(lease)
+
+    # Then the beat sent nothing, counts nothing, and keeps its one run for the next slot
+    assert report.fired == []
+    target.refresh_from_db()
+    assert (target.enabled, target.slots_sent, target.disabled_reason) == (True, 0, "")
+    assert target.next_run_at == slot + timedelta(days=1)
+    assert Execution.objects.filter(schedule=target).count() == 1
+
+
+def test_missed__a_slot_that_already_has_an_execution_is_not_counted_missed_again(lease: leases.LeaseHandle) -> None:
+    # Given slots far older than the catch-up window, one of them already recorded missed (reconcile --repair)
+    latest = last_slot(60)
+    target = schedule("s", interval=60, catchup_window=60)
+    Schedule.objects.filter(pk=target.pk).update(next_run_at=latest - timedelta(minutes=5))
+    executions.record_slots(target, [(latest - timedelta(minutes=5), Status.MISSED)], now=leases.db_now())
+
+    # When the leader dispatches them
+    report = dispatch.dispatch_due(lease)
+
+    # Then each slot is missed once, and the schedule counts each once
+    target.refresh_from_db()
+    recorded = Execution.objects.filter(schedule=target, status=Status.MISSED).count()
+    assert recorded == report.missed + 1
+    assert target.total_missed == report.missed + report.missed_not_recorded
