@@ -10,8 +10,11 @@ database: a value its field would hand back unchanged skips the field
 one, a ``bool`` in a boolean one, an aware datetime where the database
 driver takes it as it is); any other value (a JSON value, a datetime on
 SQLite) still goes through ``get_db_prep_save``; only fields that fill
-themselves in (``auto_now_add``) run ``pre_save``. So the rows written are
-those ``bulk_create(objs, ignore_conflicts=True)`` writes.
+themselves in run ``pre_save``. So the rows written are those
+``bulk_create(objs, ignore_conflicts=True)`` writes, with one difference: a
+field that fills itself in with the time (``auto_now``, ``auto_now_add``)
+takes the database's clock, in the statement itself (no round trip), as
+every other time of a row's life does, never this process's clock.
 
 Only a conflict on the one unique column named (``key``) is ignored, by
 ``ON CONFLICT (key) DO NOTHING``: any other broken constraint (NOT NULL,
@@ -44,6 +47,8 @@ from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.backends.utils import CursorWrapper
 from django.db.models import DateField, Field, Model
 from django.db.models.fields import NOT_PROVIDED
+from django.db.models.functions import Now
+from django.db.models.sql import Query
 
 #: Django's fields whose ``get_db_prep_save`` returns a value of this Python type as it is
 #: (``str`` subclasses such as ``TextChoices`` members included; ``int`` ones, ``bool``, not).
@@ -79,7 +84,10 @@ class _Column:
 
 @dataclass(frozen=True, eq=False)  # one per model, database and key (``_statement``): hashed by identity
 class _Statement:
+    #: The columns whose values are sent, in the order of ``head``.
     columns: tuple[_Column, ...]
+    #: ``, <database clock>`` for each column after those (``auto_now``, ``auto_now_add``), in every row.
+    clock: str
     #: ``INSERT INTO table (columns)``; the rows follow.
     head: str
     #: ``ON CONFLICT (key) DO NOTHING RETURNING key``, after the rows.
@@ -92,7 +100,7 @@ class _Statement:
 @functools.lru_cache(maxsize=16)
 def _values_sql(statement: _Statement, rows: int) -> str:
     """Return ``statement`` with ``rows`` rows of placeholders (a full batch's is built once)."""
-    row = "(" + ", ".join(["%s"] * len(statement.columns)) + ")"
+    row = "(" + ", ".join(["%s"] * len(statement.columns)) + statement.clock + ")"
     return f"{statement.head} VALUES {', '.join([row] * rows)} {statement.tail}"
 
 
@@ -105,9 +113,10 @@ def insert_ignoring_conflicts(objs: Sequence[Model], *, key: str, batch_size: in
     call stored (the database's ``RETURNING``), in no particular order.
 
     Writes what ``bulk_create(objs, ignore_conflicts=True)`` writes and, like
-    it, sets no primary key, sends no signals, fills ``auto_now_add`` fields
-    in on the instances and raises ``ValueError`` for an unsaved related
-    object. Values must be values, not expressions.
+    it, sets no primary key, sends no signals and raises ``ValueError`` for
+    an unsaved related object; unlike it, ``auto_now`` and ``auto_now_add``
+    fields are the database's clock and are not filled in on the instances.
+    Values must be values, not expressions.
     """
     if not objs:
         return []
@@ -152,7 +161,14 @@ def _statement(model: type[Model], alias: str, vendor: str, key: str) -> _Statem
     if not unique.unique:
         raise ValueError(f"{opts.label}.{key} is not unique: insert_ignoring_conflicts() ignores conflicts on a unique key")
     quote = connection.ops.quote_name
-    columns = tuple(_column(field, connection) for field in fields)
+    # Fields that fill themselves in with the time take the database's clock (the ORM's ``Now()``), last.
+    clocked = [
+        field for field in fields if isinstance(field, models.DateTimeField) and (field.auto_now or field.auto_now_add)
+    ]
+    fields = [field for field in fields if field not in clocked] + clocked
+    now_sql, _ = Query(model).get_compiler(alias).compile(Now())
+    clock = "".join(f", {now_sql}" for _ in clocked)
+    columns = tuple(_column(field, connection) for field in fields if field not in clocked)
     names = ", ".join(quote(field.column) for field in fields)
     head = f"INSERT INTO {quote(opts.db_table)} ({names})"
     tail = f"ON CONFLICT ({quote(unique.column)}) DO NOTHING RETURNING {quote(unique.column)}"
@@ -160,8 +176,8 @@ def _statement(model: type[Model], alias: str, vendor: str, key: str) -> _Statem
     if vendor == "postgresql":
         # As Django's own UNNEST insert: the type without its length (varchar[], not varchar(255)[]).
         arrays = ", ".join(f"(%b)::{column.field.db_type(connection).split('(')[0]}[]" for column in columns)
-        by_column = f"{head} SELECT * FROM unnest({arrays}) {tail}"
-    return _Statement(columns, head, tail, by_column)
+        by_column = f"{head} SELECT *{clock} FROM unnest({arrays}) {tail}"
+    return _Statement(columns, clock, head, tail, by_column)
 
 
 def _parameters_limit(connection: BaseDatabaseWrapper) -> int:

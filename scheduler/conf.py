@@ -41,6 +41,7 @@ class Defaults:
     TIMEOUT_GRACE_SECONDS: float = 10.0
     #: Attempts lost with their worker (killed, frozen, cut off) that are run
     #: again beyond ``max_retries``: a dying worker is not the task failing.
+    #: Lost attempts and the task's own errors are counted apart.
     LOST_RETRIES: int = 3
     #: Seconds a worker process keeps its database connection across tasks
     #: (Django's ``CONN_MAX_AGE`` for worker processes only, checked before

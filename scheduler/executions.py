@@ -231,10 +231,15 @@ def record(rows: list[Execution]) -> list[dict[str, Any]]:
 
 
 def record_one(execution: Execution) -> tuple[Execution, bool]:
-    """Insert ``execution``; return it and True, or the execution that already has its key and False."""
+    """Insert ``execution``; return it and True, or the execution that already has its key and False.
+
+    What ``save()`` writes, but ``created_at`` is the database clock, as
+    everywhere else in an execution's life: one ``INSERT ... RETURNING``
+    stores it and sets the id and ``created_at`` on ``execution``.
+    """
     try:
         with transaction.atomic():
-            execution.save(force_insert=True)
+            _insert_stamped(execution)
     except IntegrityError:
         existing = Execution.objects.filter(idempotency_key=execution.idempotency_key).first()
         if existing is None:  # the conflict was not the key: a real error
@@ -243,13 +248,33 @@ def record_one(execution: Execution) -> tuple[Execution, bool]:
     return execution, True
 
 
+def _insert_stamped(execution: Execution) -> None:
+    """Insert the unsaved ``execution`` with ``created_at`` from the database clock; set its id and ``created_at``."""
+    using = Execution.objects.db
+    execution._prepare_related_fields_for_save(operation_name="save")
+    execution.created_at = Now()  # compiled into the INSERT (raw: attribute values, no pre_save)
+    try:
+        query = InsertQuery(Execution)
+        query.insert_values(_inserted(), [execution], raw=True)
+        [(pk, created_at)] = query.get_compiler(using).execute_sql([Execution._meta.pk, _field("created_at")])
+    except BaseException:
+        execution.created_at = None
+        raise
+    execution.pk, execution.created_at = pk, created_at
+    execution._state.adding, execution._state.db = False, using
+
+
 def record_ad_hoc(
     celery_task_id: str, *, task: str, args: Any, kwargs: Any, queue: str, timeout: int | None, now: datetime
 ) -> str:
     """Record a plain Celery call as a ``queued`` Execution keyed by its task id (once); return the key.
 
     What ``insert([row])`` writes, by a statement compiled once per process:
-    a worker runs this for every such task.
+    a worker runs this for every such task. Its ``created_at`` and
+    ``enqueued_at`` are the database clock, in the statement: like every
+    ``queued`` row it says since when it waits, so reconcile and the
+    leader's broker check send it again if no worker claims it (its worker
+    died before the claim, or the broker lost the message).
     """
     ad_hoc = ad_hoc_key(celery_task_id)
     row = Execution(
@@ -264,8 +289,8 @@ def record_ad_hoc(
         celery_task_id=celery_task_id,
         timeout=timeout,
     )
-    # pre_save: the value bulk_create would write (``created_at`` is filled in here).
-    _AD_HOC.execute(Execution.objects.db, (), {field.attname: field.pre_save(row, True) for field in _inserted()})
+    values = {field.attname: getattr(row, field.attname) for field in _inserted() if field.attname not in _AD_HOC_NOW}
+    _AD_HOC.execute(Execution.objects.db, (), values)
     return ad_hoc
 
 
@@ -274,11 +299,17 @@ def _inserted() -> list[Any]:
     return [field for field in Execution._meta.concrete_fields if not field.primary_key]
 
 
+#: Columns of an ad-hoc row the database clock fills in: ``enqueued_at`` as the other writes of it
+#: (``mark_resent`` matches it exactly), ``created_at`` as the other inserts (``insert``).
+_AD_HOC_NOW = {"created_at": Now, "enqueued_at": lambda: _db_now_plus(0)}
+
+
 def _ad_hoc_sql(using: str) -> tuple[str, list[Any]]:
-    """One row's ``INSERT`` that skips a row whose key exists, every column a ``Param``."""
+    """One row's ``INSERT`` that skips a row whose key exists, every column a ``Param`` but ``_AD_HOC_NOW``."""
     template = Execution()
     for field in _inserted():
-        setattr(template, field.attname, Param(field.attname, field))
+        now = _AD_HOC_NOW.get(field.attname)
+        setattr(template, field.attname, now() if now else Param(field.attname, field))
     query = InsertQuery(Execution)
     query.insert_values(_inserted(), [template], raw=True)  # raw: the values are the Params, not pre_save's
     [(sql, params)] = query.get_compiler(using).as_sql()
@@ -331,7 +362,7 @@ def mark_queued(ids: Iterable[int], *, now: datetime) -> int:
     return _move(Execution.objects.filter(id__in=list(ids), status=Status.PENDING), Status.QUEUED, enqueued_at=now)
 
 
-def mark_resent(execution_id: int, *, was_enqueued_at: datetime, now: datetime) -> bool:
+def mark_resent(execution_id: int, *, was_enqueued_at: datetime | None, now: datetime) -> bool:
     """Take a waiting execution for a re-send at ``now``, unless someone else took it since ``was_enqueued_at``."""
     return bool(
         Execution.objects.filter(
@@ -365,12 +396,15 @@ class Claim:
     schedule_id: int | None = None
     started_at: datetime | None = None
     max_retries: int = 0
+    #: Earlier attempts that ended in the task's own error and were retried (``error_retries``).
+    error_retries: int = 0
 
     @classmethod
     def of(cls, execution: Execution) -> Claim:
         """Return the claim ``execution`` (a running row as read) stands for."""
         return cls(
-            execution.pk, execution.attempt, execution.schedule_id, execution.started_at, execution.max_retries
+            execution.pk, execution.attempt, execution.schedule_id, execution.started_at, execution.max_retries,
+            error_retries(execution.attempt_errors),
         )
 
     def rows(self) -> QuerySet[Execution]:
@@ -383,20 +417,46 @@ def worker_identity(hostname: str, pid: int) -> str:
     return f"{hostname}:{pid}"
 
 
-def retries_left(attempt: int, max_retries: int) -> bool:
-    """Return whether another attempt may follow ``attempt`` (1 = the first run) that raised an error."""
-    return attempt <= max_retries
+def retries_left(held: Claim) -> bool:
+    """Return whether another attempt may follow the one ``held`` runs, which raised an error.
 
-
-def lost_retries_left(attempt: int, max_retries: int) -> bool:
-    """Return whether another attempt may follow ``attempt`` whose worker was lost.
-
-    A lost worker is not the task failing: such an attempt is run again up to
-    ``LOST_RETRIES`` times beyond ``max_retries``, so a worker killed or frozen
-    mid-task costs a re-run, not a failure, while a task that kills every
-    worker it runs on still ends.
+    Only the task's own errors count against ``max_retries``: attempts lost
+    with their worker before this one do not (``lost_retries_left``).
     """
-    return attempt <= max_retries + settings.LOST_RETRIES
+    return held.error_retries < held.max_retries
+
+
+def lost_error(attempt: int) -> str:
+    """Return the ``attempt_errors`` error of ``attempt``, lost with its worker and run again."""
+    return f"Worker lost during attempt {attempt}"
+
+
+def error_retries(attempt_errors: list[dict[str, Any]] | None) -> int:
+    """Return how many of the attempts in ``attempt_errors`` raised an error and were retried (not lost ones)."""
+    return sum(1 for entry in attempt_errors or () if entry.get("error") != lost_error(entry.get("attempt", 0)))
+
+
+def lost_attempts(attempt: int, attempt_errors: list[dict[str, Any]] | None) -> int:
+    """Return how many of attempts 1 to ``attempt`` were lost with their worker, ``attempt`` being one.
+
+    Each attempt before the current one was either retried after the task's
+    own error (an ``attempt_errors`` entry with that error) or lost with its
+    worker (an entry from ``retry_lost``, or none when another worker took
+    the claim over once it expired): whatever is not an error is a loss.
+    """
+    return attempt - error_retries(attempt_errors)
+
+
+def lost_retries_left(lost: int, max_retries: int) -> bool:
+    """Return whether an execution that has lost ``lost`` attempts with their worker may run again.
+
+    A lost worker is not the task failing: lost attempts are counted apart
+    from the task's errors, and up to ``max_retries + LOST_RETRIES`` of them
+    are run again, so a worker killed or frozen mid-task costs a re-run, not
+    one of the task's retries, while a task that kills every worker it runs
+    on still ends.
+    """
+    return lost <= max_retries + settings.LOST_RETRIES
 
 
 @tracing.traced("scheduler.claim", tracing.claiming_attributes, tracing.claimed_attributes)
@@ -636,11 +696,12 @@ def save_checkpoint(held: Claim, data: Any) -> bool:
 def fail_exhausted(held: Claim) -> str | None:
     """Fail ``held`` if it took over from a lost attempt that had no retries left; return the reason.
 
-    ``None`` means the attempt may run.
+    ``None`` means the attempt may run. The attempts before it that did not
+    end in an error were lost (``lost_attempts``).
     """
-    if lost_retries_left(held.attempt - 1, held.max_retries):
+    if lost_retries_left(held.attempt - 1 - held.error_retries, held.max_retries):
         return None
-    reason = f"Worker lost during attempt {held.attempt - 1}; no retries left"
+    reason = f"{lost_error(held.attempt - 1)}; no retries left"
     if finish(held, status=Status.FAILED, error=reason):
         logger.error(
             "execution %s failed: %s", held.execution_id, reason,
@@ -653,8 +714,9 @@ def fail_exhausted(held: Claim) -> str | None:
 def retry(held: Claim, *, delay_seconds: float, error: str = "", traceback_text: str = "") -> bool:
     """Move ``held`` to ``retrying`` as the next attempt, due in ``delay_seconds``; False if the claim moved on.
 
-    ``enqueued_at`` is when the retry is due: reconcile sends it again if
-    nobody claims it by then. The failed attempt's ``error`` is appended to
+    ``enqueued_at`` is when the retry is due (database clock): no message
+    claims it before then (``claimable``), and reconcile sends it again if
+    nobody claims it after. The failed attempt's ``error`` is appended to
     ``attempt_errors``: read, then written by the same fenced UPDATE, so it
     lands only while this claim holds the row, and nobody else appends then.
     """
@@ -676,6 +738,15 @@ def retry(held: Claim, *, delay_seconds: float, error: str = "", traceback_text:
     )
 
 
+def retry_due_in(*, execution_id: int | None = None, key: str = "") -> float | None:
+    """Return the seconds (database clock) until that ``retrying`` execution's retry is due; ``None`` if it is due or not retrying."""
+    rows = Execution.objects.filter(pk=execution_id) if execution_id is not None else Execution.objects.filter(
+        idempotency_key=key
+    )
+    read = rows.retry_not_due().annotate(db_now=_db_now_plus(0)).values_list("enqueued_at", "db_now").first()
+    return (read[0] - read[1]).total_seconds() if read is not None else None
+
+
 def attempt_error(attempt: int, error: str, *, at: datetime) -> dict[str, Any]:
     """Return one ``Execution.attempt_errors`` entry: ``{"attempt": n, "error": "...", "at": ISO}``."""
     return {"attempt": attempt, "error": error, "at": at.astimezone(timezone.utc).isoformat()}
@@ -684,11 +755,21 @@ def attempt_error(attempt: int, error: str, *, at: datetime) -> dict[str, Any]:
 def undo_retry(held: Claim) -> bool:
     """Give ``held`` back to its holder after ``retry`` when the retry could not be sent.
 
-    Applies only while nobody claimed the retry meanwhile.
+    Applies only while nobody claimed the retry meanwhile. The entry
+    ``retry`` appended to ``attempt_errors`` goes too: the attempt was not
+    retried, and the entries count the retries used (``error_retries``).
     """
     waiting = Execution.objects.filter(pk=held.execution_id, attempt=held.attempt + 1, status=Status.RETRYING)
+    read = waiting.values_list("attempt_errors", flat=True).first()
+    if read is None:
+        return False
+    entries = list(read or [])
+    if entries and entries[-1].get("attempt") == held.attempt:
+        entries.pop()
     expires = _db_now_plus(settings.CLAIM_SECONDS)
-    return bool(_move(waiting, Status.RUNNING, attempt=held.attempt, lease_expires_at=expires))
+    return bool(
+        _move(waiting, Status.RUNNING, attempt=held.attempt, lease_expires_at=expires, attempt_errors=entries)
+    )
 
 
 # --- recovery, refusal and cancellation ---------------------------------------------------------
@@ -711,7 +792,7 @@ def retry_lost(execution_id: int, *, due: datetime) -> bool:
     if read is None:
         return False
     attempt, earlier, now = read
-    entry = attempt_error(attempt, f"Worker lost during attempt {attempt}", at=now)
+    entry = attempt_error(attempt, lost_error(attempt), at=now)
     return bool(
         _move(
             lost.filter(attempt=attempt), Status.RETRYING, attempt=_NEXT_ATTEMPT, enqueued_at=due,

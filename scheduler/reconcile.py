@@ -176,16 +176,17 @@ def _recover_lost(*, now: datetime, dry_run: bool) -> tuple[list[Change], list[i
     for execution in lost.order_by("id")[:BATCH_SIZE]:
         failpoint("reconcile.after_mark_lost")
         attempt = execution.attempt
-        if executions.lost_retries_left(attempt, execution.max_retries):
+        lost_count = executions.lost_attempts(attempt, execution.attempt_errors)
+        if executions.lost_retries_left(lost_count, execution.max_retries):
             change = Change(
-                "lost_retrying", f"Worker lost during attempt {attempt}; retrying as attempt {attempt + 1}",
+                "lost_retrying", f"{executions.lost_error(attempt)}; retrying as attempt {attempt + 1}",
                 execution.pk, execution.schedule_id,
             )
             if not dry_run and not _retry_lost(execution, due=now + timedelta(seconds=_backoff(execution))):
                 continue
             retry.append(execution.pk)
         else:
-            reason = f"Worker lost during attempt {attempt}; no retries left"
+            reason = f"{executions.lost_error(attempt)}; no retries left"
             change = Change("lost_failed", reason, execution.pk, execution.schedule_id)
             if not dry_run and not _fail_lost(execution, reason):
                 continue
@@ -228,7 +229,10 @@ def _unclaimed_queued(*, now: datetime, dry_run: bool) -> list[Change]:
     """Take the ``queued`` (and due ``retrying``) executions no worker claimed in time, to be sent again.
 
     A ``retrying`` row's ``enqueued_at`` is when its retry was due; its
-    message may have been lost with a broker restart or a killed worker.
+    message may have been lost with a broker restart or a killed worker, or
+    never sent (the broker was down when the worker retried). A row without
+    ``enqueued_at`` (a plain Celery call recorded before every ``queued``
+    row had one) waits since it was recorded.
 
     Their ``enqueued_at`` moves to ``now`` (one conditional UPDATE each), so
     a concurrent pass does not take them too and the next re-send waits a
@@ -236,18 +240,16 @@ def _unclaimed_queued(*, now: datetime, dry_run: bool) -> list[Change]:
     was only slow is harmless.
     """
     cutoff = now - timedelta(seconds=settings.RECONCILE_QUEUED_AFTER_SECONDS)
-    stale = Execution.objects.filter(
-        status__in=[Status.QUEUED, Status.RETRYING], enqueued_at__lt=cutoff, scheduled_for__lt=cutoff
-    )
+    waited = Q(enqueued_at__lt=cutoff) | Q(enqueued_at__isnull=True, created_at__lt=cutoff)
+    stale = Execution.objects.filter(waited, status__in=[Status.QUEUED, Status.RETRYING], scheduled_for__lt=cutoff)
     changes: list[Change] = []
-    for pk, schedule_id, enqueued_at in stale.order_by("enqueued_at", "id").values_list(
-        "id", "schedule_id", "enqueued_at"
+    for pk, schedule_id, enqueued_at, created_at in stale.order_by("enqueued_at", "id").values_list(
+        "id", "schedule_id", "enqueued_at", "created_at"
     )[:BATCH_SIZE]:
         if not dry_run and not executions.mark_resent(pk, was_enqueued_at=enqueued_at, now=now):
             continue
-        changes.append(
-            Change("republished", f"waiting since {enqueued_at.isoformat()}, never claimed; sent again", pk, schedule_id)
-        )
+        since = (enqueued_at or created_at).isoformat()
+        changes.append(Change("republished", f"waiting since {since}, never claimed; sent again", pk, schedule_id))
     return changes
 
 
@@ -328,8 +330,9 @@ def resend_after_broker_restart(
     state = _BROKER_RESEND
     if state.run_id != run_id or state.seen_at is None:
         state.run_id, state.seen_at, state.after_id = run_id, min(now, sent_before or now), 0
+    sent_before = Q(enqueued_at__lt=state.seen_at) | Q(enqueued_at__isnull=True, created_at__lt=state.seen_at)
     lost = Execution.objects.filter(
-        Q(status=Status.QUEUED, enqueued_at__lt=state.seen_at) | Q(status=Status.RETRYING), id__gt=state.after_id
+        Q(sent_before, status=Status.QUEUED) | Q(status=Status.RETRYING), id__gt=state.after_id
     )
     ids = list(lost.order_by("id").values_list("id", flat=True)[:BATCH_SIZE])
     sent, publish_error = _send(app, ids, now=now)

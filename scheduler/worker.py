@@ -31,6 +31,12 @@ A task called the plain Celery way (no execution id in the message) is
 recorded as an ad-hoc Execution keyed by its Celery task id, so a redelivery
 of that message is deduplicated the same way.
 
+A body that raises with retries left ends its attempt as ``retrying``, due
+after the backoff, before Celery sends the retry's message; a message that
+comes before the retry is due claims nothing. When Celery cannot send it
+(the broker is down), the execution stays ``retrying`` and the process keeps
+no claim on it: the leader sends it once the broker answers (``reconcile``).
+
 Time limits come from the execution's ``timeout``: the soft limit raises
 ``SoftTimeLimitExceeded`` inside the task (recorded ``timed_out``), the hard
 limit ``TIMEOUT_GRACE_SECONDS`` later kills the pool child (recorded
@@ -45,14 +51,16 @@ import json
 import logging
 import os
 import random
+import time
 import traceback
 from contextlib import AbstractContextManager
+from datetime import timezone
 from collections.abc import Callable
 from typing import Any, TypeVar
 
 from celery import Task, current_task
 from celery.signals import task_postrun, task_prerun, worker_init, worker_process_init
-from celery.exceptions import Ignore, Retry, SoftTimeLimitExceeded, WorkerLostError
+from celery.exceptions import Ignore, Reject, Retry, SoftTimeLimitExceeded, WorkerLostError
 from celery.worker.request import Request
 from django.db import DatabaseError, InterfaceError, OperationalError, close_old_connections, connection, connections
 
@@ -73,6 +81,17 @@ _REQUEST_ATTR = "scheduler_execution"
 _CLAIM_ATTR = "scheduler_claim"
 #: Results longer than this (as JSON) are stored truncated.
 RESULT_SUMMARY_MAX_CHARS = 10_000
+#: A message that finds its retry due within this long waits for it rather than being refused:
+#: the worker's clock, which timed the message, may run a little ahead of the database's.
+EARLY_RETRY_WAIT_SECONDS = 2.0  # seconds
+
+
+class _RetryNotSent(Reject):
+    """The retry's message could not be sent; the execution stays ``retrying`` for someone else to send.
+
+    A ``Reject`` (not requeued), as Celery's own when it cannot send a retry,
+    and told apart from a body's error by the guard.
+    """
 
 
 def current_execution() -> RunningExecution | None:
@@ -135,6 +154,19 @@ def _in_pool_child(**_: Any) -> None:
     _renewer.exit_on_loss = True
 
 
+@task_postrun.connect
+def _claim_ends_with_its_task(sender: Task, **_: Any) -> None:
+    """Stop renewing the task's claim however the task ended: a claim renewed past its body would hold the execution.
+
+    Every way out of the guard drops the claim already; this makes sure no
+    path missed (the process would renew it for the rest of its life, and
+    stop whatever it runs later once the execution moves on).
+    """
+    claim = getattr(sender.request, _CLAIM_ATTR, None)
+    if claim is not None:
+        _renewer.drop(claim)
+
+
 # --- database connections ----------------------------------------------------------------
 
 
@@ -180,9 +212,8 @@ class ExecutionTask(Task):
         execution_id = (self.request.headers or {}).get(Execution.MESSAGE_HEADER)
         # The pool child's own identity: the main process finds this claim by it (GuardedRequest).
         worker = executions.worker_identity(self.request.hostname, os.getpid())
-        since = _renewer.now()  # before the claim: the local deadline never outlasts the database's
         try:
-            execution = self._claim(task_id, args, kwargs, worker=worker, execution_id=execution_id)
+            execution, since = self._claim(task_id, args, kwargs, worker=worker, execution_id=execution_id)
         except MessageRefused as refused:
             logger.warning(
                 "%s; acknowledged, not run", refused,
@@ -205,23 +236,41 @@ class ExecutionTask(Task):
         logs.bind(execution_id=execution.pk, schedule=execution.schedule_id)
         _renewer.hold(claim, since=since, timeout=execution.timeout)
 
-    def _claim(self, task_id: str, args: Any, kwargs: Any, *, worker: str, execution_id: Any) -> Execution | None:
-        """Claim the execution the message names, or else its ad-hoc one (recorded first), as this message."""
+    def _claim(
+        self, task_id: str, args: Any, kwargs: Any, *, worker: str, execution_id: Any
+    ) -> tuple[Execution | None, float]:
+        """Claim the execution the message names, or else its ad-hoc one (recorded first), as this message.
+
+        Return it (``None``: not claimed) and the renewer's clock just before
+        the claim, which the local deadline counts from so that it never
+        outlasts the database's. A retry due within ``EARLY_RETRY_WAIT_SECONDS``
+        is waited for and claimed then; one due later is not claimed (a
+        duplicate, early).
+        """
         if execution_id is not None:
-            return _reconnecting(
-                executions.claim, worker=worker, task=self.name, celery_task_id=task_id, execution_id=execution_id
+            target: dict[str, Any] = {"execution_id": execution_id}
+        else:
+            limits = self.request.timelimit or (None, None)
+            key = executions.record_ad_hoc(
+                task_id,
+                task=self.name,
+                args=args,
+                kwargs=kwargs,
+                queue=(self.request.delivery_info or {}).get("routing_key") or "",
+                timeout=int(limits[1]) if limits[1] else None,
+                now=clock.now(),
             )
-        limits = self.request.timelimit or (None, None)
-        key = executions.record_ad_hoc(
-            task_id,
-            task=self.name,
-            args=args,
-            kwargs=kwargs,
-            queue=(self.request.delivery_info or {}).get("routing_key") or "",
-            timeout=int(limits[1]) if limits[1] else None,
-            now=clock.now(),
-        )
-        return _reconnecting(executions.claim, worker=worker, task=self.name, celery_task_id=task_id, key=key)
+            target = {"key": key}
+        claim = {"worker": worker, "task": self.name, "celery_task_id": task_id, **target}
+        since = _renewer.now()
+        execution = _reconnecting(executions.claim, **claim)
+        if execution is None:
+            due_in = executions.retry_due_in(**target)
+            if due_in is not None and due_in <= EARLY_RETRY_WAIT_SECONDS:
+                time.sleep(due_in)
+                since = _renewer.now()
+                execution = _reconnecting(executions.claim, **claim)
+        return execution, since
 
     # --- run and record --------------------------------------------------------------
 
@@ -239,7 +288,7 @@ class ExecutionTask(Task):
                 # Before any outcome is written: the renewer must not take the
                 # claim this attempt ends itself for a lost one and stop the process.
                 _renewer.drop(claim)
-        except Retry:
+        except (Retry, _RetryNotSent):
             raise
         except SoftTimeLimitExceeded as exc:
             reason = f"Soft time limit of {execution.timeout}s exceeded"
@@ -248,14 +297,14 @@ class ExecutionTask(Task):
             )
             raise SoftTimeLimitExceeded(reason) from exc
         except Exception as exc:
-            if executions.retries_left(claim.attempt, claim.max_retries):
+            if executions.retries_left(claim):
                 delay = policies.retry_delay(
                     claim.attempt,
                     base=execution.retry_backoff,
                     cap=settings.RETRY_BACKOFF_MAX_SECONDS,
                     spread=random.random(),
                 )
-                raise self.retry(exc=exc, countdown=delay, max_retries=claim.max_retries) from exc
+                raise self._retry_after_error(claim, exc, delay) from exc
             _reconnecting(
                 executions.finish, claim, status=Execution.Status.FAILED, error=_error_text(exc), traceback_text=traceback.format_exc()
             )
@@ -272,33 +321,68 @@ class ExecutionTask(Task):
     def retry(self, *args: Any, exc: BaseException | None = None, **kwargs: Any) -> Retry:
         """Mark the execution ``retrying`` (next attempt), then let Celery re-send the message.
 
-        The row changes first so the re-sent message finds it claimable.
+        The row changes first so the re-sent message finds it claimable. A
+        task's own ``self.retry()`` comes here: when Celery refuses it (its
+        own ``max_retries``), the attempt goes on; when the message cannot be
+        sent, as for the guard's retry (``_retry_after_error``).
         """
         claim: Claim | None = getattr(self.request, _CLAIM_ATTR, None)
         if claim is None:
             return super().retry(*args, exc=exc, **kwargs)
         since = _renewer.now()
+        self._mark_retrying(claim, exc, self._retry_delay(kwargs))
+        try:
+            failpoint("worker.retry.send")
+            return super().retry(*args, exc=exc, **kwargs)
+        except Retry:
+            raise
+        except Reject as refused:  # Celery could not send the message
+            raise _not_sent(claim, refused) from refused
+        except BaseException:
+            # Celery refused (e.g. its own max_retries): the attempt goes on as running.
+            if executions.undo_retry(claim):
+                _renewer.hold(claim, since=since, timeout=getattr(self.request, _REQUEST_ATTR).timeout)
+            raise
+
+    def _retry_after_error(self, claim: Claim, exc: Exception, delay: float) -> Retry:
+        """Retry the attempt ``claim`` runs, whose body raised ``exc``, in ``delay`` seconds (the guard's own retry).
+
+        The row is ``retrying`` before Celery sends anything, so whatever
+        happens to the message the attempt has ended: a message that could
+        not be sent (the broker is down) leaves it ``retrying``, due at its
+        time, for the leader to send (``reconcile``), never ``running``
+        without a body.
+        """
+        self._mark_retrying(claim, exc, delay)
+        try:
+            failpoint("worker.retry.send")
+            return super().retry(exc=exc, countdown=delay, max_retries=claim.max_retries)
+        except Retry:
+            raise
+        except Exception as refused:
+            raise _not_sent(claim, refused) from refused
+
+    def _mark_retrying(self, claim: Claim, exc: BaseException | None, delay: float) -> None:
+        """End the attempt ``claim`` runs as ``retrying``, due in ``delay`` seconds; ``Ignore`` if the claim moved on."""
         _renewer.drop(claim)  # the attempt ends here (see __call__)
         marked = _reconnecting(
             executions.retry,
             claim,
-            delay_seconds=float(kwargs.get("countdown") or 0),
+            delay_seconds=delay,
             error=_error_text(exc) if exc else "",
             traceback_text="".join(traceback.format_exception(exc)) if exc else "",
         )
         if not marked:
             logger.warning("execution %s attempt %s: the claim moved on; not retrying it here", *_token(claim))
             raise Ignore()
-        try:
-            failpoint("worker.retry.send")
-            return super().retry(*args, exc=exc, **kwargs)
-        except Retry:
-            raise
-        except BaseException:
-            # Celery refused (e.g. its own max_retries): the attempt goes on as running.
-            if executions.undo_retry(claim):
-                _renewer.hold(claim, since=since, timeout=getattr(self.request, _REQUEST_ATTR).timeout)
-            raise
+
+    def _retry_delay(self, options: dict[str, Any]) -> float:
+        """Return the seconds until the retry Celery sends with ``options`` is due, as ``Task.retry`` works it out."""
+        eta, countdown = options.get("eta"), options.get("countdown")
+        if eta is not None:  # a naive one is UTC, the app's time zone
+            aware = eta if eta.tzinfo else eta.replace(tzinfo=timezone.utc)
+            return max(0.0, (aware - clock.now()).total_seconds())
+        return float(self.default_retry_delay if countdown is None else countdown)
 
 
 T = TypeVar("T")
@@ -322,6 +406,22 @@ def _reconnecting(write: Callable[..., T], *args: Any, **kwargs: Any) -> T:
 
 def _token(claim: Claim) -> tuple[int, int]:
     return claim.execution_id, claim.attempt
+
+
+def _not_sent(claim: Claim, error: BaseException) -> _RetryNotSent:
+    """Log that the retry of ``claim``'s execution could not be sent; return what rejects its message.
+
+    The execution is ``retrying`` already, due at its time, and this process
+    holds no claim on it: the leader sends it (its broker check, once a
+    restarted broker answers; else reconcile, ``RECONCILE_QUEUED_AFTER_SECONDS``
+    after it was due). The message is rejected, not requeued, as Celery does.
+    """
+    reason = getattr(error, "reason", None) or error
+    logger.warning(
+        "execution %s attempt %s: its retry could not be sent (%s); it stays retrying for the leader to send",
+        *_token(claim), reason, extra={"action": "retry_not_sent", "execution_id": claim.execution_id},
+    )
+    return _RetryNotSent(reason, requeue=False)
 
 
 class GuardedRequest(Request):

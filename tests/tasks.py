@@ -93,11 +93,18 @@ def stubborn(seconds: float) -> None:
 
 
 @shared_task(name="tests.flaky")
-def flaky(key: str, failures: int) -> int:
-    """Fail the first ``failures`` calls for ``key``, then succeed; log each attempt."""
+def flaky(key: str, failures: int, hold: int = 0) -> int:
+    """Fail the first ``failures`` calls for ``key``, then succeed; log each attempt.
+
+    The first ``hold`` calls wait for ``GO_KEY`` first (logging "holding" in
+    ``FENCED_KEY``), so a test can stop the broker or kill the pool child
+    while the body runs.
+    """
     client = _client()
     _event(client, f"tests:attempts:{key}")
     calls = client.incr(f"tests:calls:{key}")
+    if calls <= hold:
+        _hold(client, label=key, call=calls)
     client.close()
     if calls <= failures:
         raise RuntimeError(f"planned failure {calls} of {failures}")

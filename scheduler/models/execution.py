@@ -1,26 +1,45 @@
 """Execution: one row per (schedule, slot) or per ad-hoc submission."""
 from __future__ import annotations
 
+from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 from django.db import models
-from django.db.models import Q
+from django.db.models import ExpressionWrapper, Q
 from django.db.models.functions import Now
 
 if TYPE_CHECKING:
     from django_celery_results.models import TaskResult
 
 
+def _now_as_stored() -> ExpressionWrapper:
+    """The database clock as a time written to a row reads (``Now()`` plus nothing).
+
+    On SQLite, where times are text, ``Now()`` has three decimals and a
+    written time six, so the two compare wrong within a millisecond: the
+    sum is formatted as the written ones are.
+    """
+    return ExpressionWrapper(Now() + timedelta(0), output_field=models.DateTimeField())
+
+
 class ExecutionQuerySet(models.QuerySet):
     def claimable(self) -> ExecutionQuerySet:
         """Return executions a worker may claim now (database clock): the one claim condition.
 
-        Waiting ones, and running ones whose worker stopped renewing its
-        claim (it died, or froze past the claim).
+        Waiting ones (a ``retrying`` one once its retry is due: its
+        ``enqueued_at``), and running ones whose worker stopped renewing its
+        claim (it died, or froze past the claim). A message that comes before
+        a retry is due (a redelivery of the failed attempt's, say) claims
+        nothing, so the backoff holds whoever sends it.
         """
-        waiting = Q(status__in=Execution.WAITING_STATUSES)
+        waiting = Q(status__in=(Execution.Status.PENDING, Execution.Status.QUEUED))
+        due = Q(status=Execution.Status.RETRYING) & (Q(enqueued_at__isnull=True) | Q(enqueued_at__lte=_now_as_stored()))
         abandoned = Q(status=Execution.Status.RUNNING, lease_expires_at__lt=Now())
-        return self.filter(waiting | abandoned)
+        return self.filter(waiting | due | abandoned)
+
+    def retry_not_due(self) -> ExecutionQuerySet:
+        """Return the ``retrying`` executions whose retry is not due yet (database clock): not ``claimable``."""
+        return self.filter(status=Execution.Status.RETRYING, enqueued_at__gt=_now_as_stored())
 
 
 class Execution(models.Model):

@@ -52,6 +52,11 @@ def duplicates_logged(*workers: CeleryProcess) -> int:
     return sum(worker.log().count("duplicate delivery of execution") for worker in workers)
 
 
+def holding(client: redis.Redis) -> bool:
+    """Whether a ``tests.flaky`` body is holding, waiting for ``GO_KEY``."""
+    return any(event["event"] == "holding" for event in test_tasks.events(client, test_tasks.FENCED_KEY))
+
+
 def test_execution_published_three_times__runs_once(celery_processes: Start, redis_client: redis.Redis) -> None:
     # Given a worker with two pool processes and an execution that takes a moment
     worker = celery_processes("worker", "w1")
@@ -210,6 +215,23 @@ def test_pool_child_killed__requeued_and_claimed_again_at_once_or_failed_without
         assert len(test_tasks.runs(redis_client)) == 0
     else:
         assert len(test_tasks.runs(redis_client)) == 1
+
+
+def test_pool_child_killed_then_the_body_fails__the_error_still_has_its_retry(
+    celery_processes: Start, redis_client: redis.Redis
+) -> None:
+    # Given a worker that runs lost attempts again only within max_retries, and
+    # an execution with one retry whose body fails on its second call
+    worker = celery_processes("worker", "w1", claim_seconds=600, lost_retries=0)
+    worker.wait_for_log(r"ready\.")
+    execution = scheduler.submit("tests.flaky", args=["lost", 2, 1], max_retries=1, retry_backoff=1)
+    assert wait_until(lambda: holding(redis_client), timeout=20), worker.log()[-3000:]
+    # When the pool child running attempt 1 dies, and attempt 2 raises
+    os.kill(worker_pid(execution), signal.SIGKILL)
+    # Then the lost attempt used none of the task's retries: attempt 3 runs and succeeds
+    done = wait_final(execution, timeout=40)
+    assert (done.status, done.attempt, done.result) == (Execution.Status.SUCCEEDED, 3, 3), worker.log()[-3000:]
+    assert len(test_tasks.events(redis_client, "tests:attempts:lost")) == 3
 
 
 def test_retry__fails_twice_then_succeeds_with_growing_delays(

@@ -10,7 +10,7 @@ import redis
 from celery import Celery
 
 from project.celery import app
-from scheduler import broker, dispatch, leases
+from scheduler import broker, dispatch, executions, leases
 from scheduler.models import Execution, Schedule
 from scheduler.reconcile import reconcile, resend_after_broker_restart
 
@@ -99,6 +99,28 @@ def test_broker_flushed_after_a_check__queued_before_sent_again_queued_after_not
     assert [change.execution_id for change in first.changes] == [before.pk]
     assert second.changes == ()
     assert set(messages(redis_client)) == {before.pk}
+
+
+def test_broker_restarted__a_plain_celery_call_its_worker_recorded_but_never_claimed_sent_again(
+    redis_client: redis.Redis,
+) -> None:
+    # Given a confirmed broker, and a plain Celery call (``.delay()``) that a
+    # worker recorded as its ad-hoc execution, then died before claiming
+    now = leases.db_now()
+    confirmed_broker(now)
+    key = executions.record_ad_hoc(
+        "plain-1", task="scheduler.echo", args=[1], kwargs={}, queue="", timeout=None, now=now
+    )
+    recorded = Execution.objects.get(idempotency_key=key)
+
+    # When the broker loses its data (the message with it) and the leader checks it
+    redis_client.flushdb()
+    report = resend_after_broker_restart(now=leases.db_now() + timedelta(seconds=5), app=app)
+
+    # Then the execution is sent again: it is queued since the worker recorded it
+    assert recorded.status == Status.QUEUED and recorded.enqueued_at is not None
+    assert [change.execution_id for change in report.changes] == [recorded.pk]
+    assert messages(redis_client)[recorded.pk]["id"] == "plain-1"
 
 
 def test_broker_unreachable__reported_and_nothing_changes() -> None:

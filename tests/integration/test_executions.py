@@ -6,6 +6,7 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
+import time_machine
 
 from scheduler import executions, leases
 from scheduler.executions import Claim
@@ -272,3 +273,54 @@ def test_claim_settings__deprecated_names_still_read_and_new_names_win(settings:
     # And the new name wins when both are set
     settings.SCHEDULER_CLAIM_SECONDS = 9.0
     assert scheduler_settings.CLAIM_SECONDS == 9.0
+
+
+# --- a retry waits for its due time -------------------------------------------------------------
+
+
+def test_retrying__claimable_only_once_its_retry_is_due() -> None:
+    # Given an execution whose attempt 1 failed and is retried in 30 s
+    execution = row()
+    held = claimed(execution.pk, "a@host:1")
+    assert executions.retry(held, delay_seconds=30)
+    # When a duplicate of its message comes before then
+    early = executions.claim(
+        worker="b@host:2", task=execution.task, celery_task_id=execution.celery_task_id, execution_id=execution.pk
+    )
+    # Then it claims nothing: the retry waits for its backoff
+    assert early is None
+    assert state(execution.pk)["status"] == Status.RETRYING
+    assert not Execution.objects.claimable().filter(pk=execution.pk).exists()
+    assert 25 < executions.retry_due_in(execution_id=execution.pk) <= 30
+    # When the retry is due (database clock)
+    Execution.objects.filter(pk=execution.pk).update(enqueued_at=leases.db_now() - timedelta(milliseconds=1))
+    # Then a message claims it, as attempt 2
+    assert executions.retry_due_in(execution_id=execution.pk) is None
+    assert claimed(execution.pk, "b@host:2").attempt == 2
+
+
+# --- created_at is the database's clock ---------------------------------------------------------
+
+RECORD: dict[str, Callable[[], object]] = {
+    "insert": lambda: executions.insert(
+        [Execution(idempotency_key="e", task="scheduler.echo", scheduled_for=leases.db_now(), celery_task_id="c")]
+    ),
+    "record_one": lambda: executions.record_one(
+        Execution(idempotency_key="e", task="scheduler.echo", scheduled_for=leases.db_now(), celery_task_id="c")
+    ),
+    "record_ad_hoc": lambda: executions.record_ad_hoc(
+        "c", task="scheduler.echo", args=[], kwargs={}, queue="", timeout=None, now=leases.db_now()
+    ),
+}
+
+
+@pytest.mark.parametrize("path", sorted(RECORD))
+def test_created_at__the_database_clock_whatever_the_local_one(path: str) -> None:
+    # Given a process whose clock runs a day ahead of the database's
+    before = leases.db_now()
+    with time_machine.travel(before + timedelta(days=1), tick=True):
+        # When an execution is recorded by that path
+        RECORD[path]()
+    after = leases.db_now()
+    # Then it was created at the database's time, as every later move of it is
+    assert before <= Execution.objects.get(idempotency_key__in=["e", "celery:c"]).created_at <= after

@@ -14,6 +14,7 @@ from django.db import connection
 from project.celery import app
 from scheduler import executions, leases
 from scheduler.beat import LeaderScheduler
+from scheduler.conf import settings as scheduler_settings
 from scheduler.models import Execution, Instance, Schedule
 from scheduler.reconcile import ReconcileReport, reconcile
 
@@ -163,6 +164,41 @@ def test_queued__never_claimed__sent_again_once_per_threshold(redis_client: redi
     stale.refresh_from_db()
     assert (stale.status, stale.enqueued_at) == (Status.QUEUED, now)
     assert Execution.objects.get(pk=recent.pk).enqueued_at == now
+
+
+def test_queued__a_plain_celery_call_recorded_but_never_claimed__sent_again(redis_client: redis.Redis) -> None:
+    # Given a plain Celery call (``.delay()``) that a worker recorded as its
+    # ad-hoc execution and then died before claiming (the message was lost with it)
+    key = executions.record_ad_hoc(
+        "plain-1", task="scheduler.echo", args=[], kwargs={}, queue="", timeout=None, now=leases.db_now()
+    )
+    recorded = Execution.objects.get(idempotency_key=key)
+    backdate(recorded, scheduled_for=leases.db_now() - timedelta(hours=1))
+    later = leases.db_now() + timedelta(seconds=scheduler_settings.RECONCILE_QUEUED_AFTER_SECONDS + 1)
+
+    # When reconciled once it has waited past the threshold
+    report = reconcile(now=later, app=app)
+
+    # Then it is sent again, as any queued execution nobody claimed
+    assert kinds(report) == [("republished", recorded.pk)]
+    assert sent_ids(redis_client) == [recorded.pk]
+
+
+def test_queued__without_enqueued_at__sent_again_by_when_it_was_recorded(redis_client: redis.Redis) -> None:
+    # Given a queued execution recorded 20 minutes ago without enqueued_at (as
+    # plain Celery calls were), and one recorded just now
+    now = leases.db_now()
+    old = execution("old", status=Status.QUEUED)
+    backdate(old, created_at=now - timedelta(minutes=20))
+    execution("new", status=Status.QUEUED)
+
+    # When reconciled
+    report = reconcile(now=now, app=app)
+
+    # Then the old one went out again, and waits a full threshold for the next re-send
+    assert kinds(report) == [("republished", old.pk)]
+    assert sent_ids(redis_client) == [old.pk]
+    assert Execution.objects.get(pk=old.pk).enqueued_at == now
 
 
 def test_send__broker_unreachable__reported_and_rows_left_waiting() -> None:

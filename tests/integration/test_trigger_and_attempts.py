@@ -4,6 +4,7 @@ from __future__ import annotations
 import io
 import json
 from datetime import timedelta
+from typing import Any
 
 import pytest
 from django.core.management import call_command
@@ -136,6 +137,70 @@ def test_attempt_errors__a_lost_attempt_retried_is_listed() -> None:
     execution.refresh_from_db()
     assert (execution.status, execution.attempt) == (Status.RETRYING, 2)
     assert [(e["attempt"], e["error"]) for e in execution.attempt_errors] == [(1, "Worker lost during attempt 1")]
+
+
+# --- lost attempts and the task's own errors are counted apart -----------------------------------
+
+
+def _one_retry(settings: Any) -> Execution:
+    """An execution allowed one retry, with no lost-worker re-runs beyond it (``LOST_RETRIES`` 0)."""
+    settings.SCHEDULER_LOST_RETRIES = 0
+    return Execution.objects.create(
+        idempotency_key="k", task="scheduler.echo", scheduled_for=leases.db_now(), status=Status.QUEUED, max_retries=1,
+        celery_task_id="c",
+    )
+
+
+def _lose(held: Claim) -> None:
+    """Let the claim ``held`` run out, as a worker that died would."""
+    Execution.objects.filter(pk=held.execution_id).update(lease_expires_at=leases.db_now() - timedelta(seconds=5))
+
+
+def test_retries__an_attempt_lost_before_uses_none_of_the_tasks_retries(settings: Any) -> None:
+    # Given attempt 1 lost with its worker and run again by reconcile
+    execution = _one_retry(settings)
+    _lose(_claim(execution.pk))
+    report = reconcile.reconcile(now=leases.db_now(), app=app)
+    assert [change.kind for change in report.changes] == ["lost_retrying"]
+    Execution.objects.filter(pk=execution.pk).update(enqueued_at=leases.db_now())  # its backoff is over
+    # When attempt 2 raises an error
+    second = _claim(execution.pk)
+    # Then the task's one retry is still there
+    assert second.attempt == 2 and executions.retries_left(second)
+    # and once used, it is gone
+    assert executions.retry(second, delay_seconds=0, error="RuntimeError: boom")
+    assert not executions.retries_left(_claim(execution.pk))
+
+
+def test_retries__an_error_retried_before_does_not_count_as_a_lost_attempt(settings: Any) -> None:
+    # Given attempt 1 that raised and was retried, and attempt 2 lost with its worker
+    execution = _one_retry(settings)
+    assert executions.retry(_claim(execution.pk), delay_seconds=0, error="RuntimeError: boom")
+    _lose(_claim(execution.pk))
+    # When reconcile finds it
+    report = reconcile.reconcile(now=leases.db_now(), app=app)
+    # Then it runs again: one lost attempt, one allowed
+    assert [(change.kind, change.detail) for change in report.changes] == [
+        ("lost_retrying", "Worker lost during attempt 2; retrying as attempt 3")
+    ]
+
+
+def test_retries__a_claim_taken_over_counts_as_a_lost_attempt_and_not_as_an_error(settings: Any) -> None:
+    # Given attempt 1 that raised and was retried, and attempt 2 whose worker stopped renewing its claim
+    execution = _one_retry(settings)
+    assert executions.retry(_claim(execution.pk), delay_seconds=0, error="RuntimeError: boom")
+    _lose(_claim(execution.pk, "a@host:1"))
+    # When another worker takes the claim over, as attempt 3
+    third = _claim(execution.pk, "b@host:2")
+    # Then attempt 3 may run (one lost attempt, one allowed), but has no error retry left
+    assert third.attempt == 3
+    assert executions.fail_exhausted(third) is None
+    assert not executions.retries_left(third)
+    # And a second lost attempt is one too many: it fails with the reason
+    _lose(third)
+    fourth = _claim(execution.pk, "a@host:1")
+    assert executions.fail_exhausted(fourth) == "Worker lost during attempt 3; no retries left"
+    assert Execution.objects.get(pk=execution.pk).status == Status.FAILED
 
 
 # --- enqueued_at of a run-now ----------------------------------------------------------------

@@ -95,5 +95,8 @@ def test_record_ad_hoc__writes_the_row_insert_writes_once() -> None:
     assert executions.record_ad_hoc("celery-1", **call) == key
     # Then there is one row for it, alike the inserted one, stamped with its creation time
     assert Execution.objects.filter(idempotency_key=key).count() == 1
-    assert columns(key) == columns("orm")
-    assert Execution.objects.get(idempotency_key=key).created_at is not None
+    assert {**columns(key), "enqueued_at": None} == columns("orm")
+    recorded = Execution.objects.get(idempotency_key=key)
+    assert recorded.created_at is not None
+    # and queued since then, on the database's clock (a queued row says since when it waits)
+    assert now <= recorded.enqueued_at <= leases.db_now()
