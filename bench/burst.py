@@ -143,7 +143,8 @@ def _burst(
     with ``shards`` > 1 every replica commits its own shards' schedules.
     """
     client = _reset()
-    execute_sql("TRUNCATE scheduler_lease")
+    # The stored shard count too: the replicas then store this run's SCHEDULER_SHARDS.
+    execute_sql("TRUNCATE scheduler_lease, scheduler_shardlayout")
     celery = str(Path(sys.executable).with_name("celery"))
     env = {**os.environ, "SCHEDULER_DISPATCH_BATCH_SIZE": str(batch_size), "SCHEDULER_SHARDS": str(shards)}
     processes = []

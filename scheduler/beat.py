@@ -9,6 +9,11 @@ PostgreSQL followers publish pending rows too, each batch locked so two
 replicas send different ones. Its
 periodic reconcile pass runs in a thread of its own, so it never delays a
 tick or a lease renewal.
+
+Whether a replica seeks the one lease or shares shard leases with the others
+is decided every tick by the stored shard count (``shard_keeper.follow_count``),
+the same for every replica: a replica that reads a new count gives up what it
+holds under the old one and takes its part of the new one on that tick.
 """
 from __future__ import annotations
 
@@ -27,7 +32,7 @@ from django.db.backends.signals import connection_created
 from django.db.models.functions import Now
 from kombu.exceptions import OperationalError as BrokerError
 
-from scheduler import dispatch, leases, logs, reconcile, shards, signals, tracing
+from scheduler import dispatch, leases, logs, reconcile, shard_keeper, shards, signals, tracing
 from scheduler.builtin_schedules import ensure_builtin_schedules
 from scheduler.conf import settings
 from scheduler.exceptions import LeaseLost
@@ -61,8 +66,10 @@ class LeaderScheduler(Scheduler):
         self.instance_id = leases.new_instance_id()
         self.lease_name: str = settings.LEASE_NAME
         self.lease: leases.LeaseHandle | None = None
-        #: With ``SCHEDULER_SHARDS > 1``: the shards this replica holds (``self.lease`` stays ``None``).
-        self.shards: ShardKeeper | None = ShardKeeper(self.instance_id) if shards.is_sharded() else None
+        #: While the stored shard count is more than 1: the shards this replica holds (``self.lease`` stays ``None``).
+        self.shards: ShardKeeper | None = None
+        #: The stored shard count this replica read last (``None`` before its first tick).
+        self.shard_count: int | None = None
         self._announced = False
         #: PostgreSQL: this replica's instance lock, and its wait for the holder's.
         self._instance_lock: leases.InstanceLock | None = None
@@ -75,6 +82,8 @@ class LeaderScheduler(Scheduler):
         self._last_broker_check = 0.0  # the first check runs at once
         self._broker_checked_token: int | None = None
         self._reconciler: threading.Thread | None = None
+        #: The last pass left due schedules because another transaction held a row they need.
+        self._held_back = False
         self._ticking = False
         self._interrupted = False
         super().__init__(app, *args, **kwargs)
@@ -119,6 +128,7 @@ class LeaderScheduler(Scheduler):
             with tracing.span(
                 "scheduler.tick", instance_id=self.instance_id, lease_name=self.lease_name, lease_token=self.lease and self.lease.token
             ):
+                self._follow_count()
                 delay = self._tick() if self.shards is None else self._tick_sharded()
             if self.shards is not None:
                 return self._shard_wait(delay)
@@ -154,23 +164,8 @@ class LeaderScheduler(Scheduler):
         if self._interrupted:
             connection.close()
         if self.shards is not None:
-            self._leave_shards()
-        if self.lease is not None:
-            token = self.lease.token
-            try:
-                released = leases.release(self.lease)
-            except DatabaseError:
-                released = False
-                logger.exception("could not release the lease on shutdown; it expires by itself")
-            self.lease = None
-            if released:
-                logger.info(
-                    "leadership released by %s (token %s)", self.instance_id, token,
-                    extra={"action": "lease_released", "instance_id": self.instance_id, "token": token},
-                )
-            signals.leadership_lost.send(
-                sender=self.__class__, instance_id=self.instance_id, token=token, reason="released"
-            )
+            self._leave_shards(shutdown=True)
+        self._release_lease("on shutdown")
         if self._instance_lock is not None:
             self._instance_lock.close()  # after the release: a follower that sees it free finds the lease free too
         try:
@@ -181,8 +176,12 @@ class LeaderScheduler(Scheduler):
 
     @property
     def info(self) -> str:
-        lease = f"{shards.count()} shards, leases {shards.lease_name(0)}..." if shards.is_sharded() else self.lease_name
-        return f"    . lease -> {lease} (ttl {settings.LEASE_TTL_SECONDS}s, renew {settings.LEASE_RENEW_SECONDS}s)"
+        # No database here (the lazy banner instance): the stored count is read on the first tick.
+        return (
+            f"    . lease -> {self.lease_name}, or {self.lease_name}:<k> per shard as the stored shard count says "
+            f"(SCHEDULER_SHARDS={shards.configured()} if none is stored) "
+            f"(ttl {settings.LEASE_TTL_SECONDS}s, renew {settings.LEASE_RENEW_SECONDS}s)"
+        )
 
     # --- one tick ---------------------------------------------------------------
 
@@ -203,6 +202,10 @@ class LeaderScheduler(Scheduler):
             dispatch_started = time.monotonic()  # about when the database clock below was read
             report = dispatch.dispatch_due(lease)
         except LeaseLost:
+            # Released as well: a no-op when another replica took it over, but
+            # when the shard count changed under the commit the row still
+            # names this replica, and nobody should wait out its TTL.
+            leases.release(lease)
             self._step_down("lost")
             return 0.0
         self._after_dispatch(report, token=lease.token)
@@ -222,7 +225,8 @@ class LeaderScheduler(Scheduler):
         if not self._announced and self._instance_lock is not None:
             self._instance_lock.notify("joined")  # the others release the shards this replica should own now
         self._announced = True
-        held = dict(self.shards.step())
+        assert self.shard_count is not None
+        held = dict(self.shards.step(self.shard_count))
         # Publishing needs no lease (see ``_tick``); on SQLite only shard 0's holder publishes.
         may_publish = connection.features.has_select_for_update or 0 in held
         if not held:
@@ -232,6 +236,7 @@ class LeaderScheduler(Scheduler):
             report = dispatch.dispatch_due(held)
         except LeaseLost as exc:
             self.shards.forget(exc.names)
+            leases.release_many([lease for lease in held.values() if lease.name in exc.names])  # as in ``_tick``
             return 0.0
         self._after_dispatch(report, token=None)
         more_pending = may_publish and self._publish()
@@ -244,6 +249,7 @@ class LeaderScheduler(Scheduler):
         )
 
     def _after_dispatch(self, report: dispatch.DispatchReport, *, token: int | None) -> None:
+        self._held_back = report.locked > 0
         self._revoke(report.cancelled_task_ids)
         for name, reason in report.completed:
             logger.info(
@@ -364,7 +370,8 @@ class LeaderScheduler(Scheduler):
         candidates = [self.max_interval, self._seconds_until_renew()]
         if next_due is not None:
             candidates.append((next_due - db_now).total_seconds() - elapsed)
-        return max(min(candidates), 0.0)
+        # Schedules left because their rows were locked are due still: try them soon, not in a tight loop.
+        return max(min(candidates), dispatch.LOCKED_RETRY_SECONDS if self._held_back else 0.0)
 
     def _seconds_until_renew(self) -> float:
         if self.shards is not None:
@@ -380,6 +387,7 @@ class LeaderScheduler(Scheduler):
                 try:
                     self.lease = leases.renew(self.lease, ttl=ttl)
                     self._last_renew = time.monotonic()
+                    self._hold_lease_lock()
                 except LeaseLost:
                     leases.record_renew_failure(self.lease_name)
                     self._step_down("lost")
@@ -400,6 +408,7 @@ class LeaderScheduler(Scheduler):
         logs.bind(token=lease.token)
         self._last_renew = time.monotonic()
         self._last_heartbeat = 0.0  # publish is_leader at once
+        self._hold_lease_lock()
         logger.info(
             "leadership acquired by %s (token %s%s)", self.instance_id, lease.token,
             ", previous holder's session is gone" if gone else "",
@@ -413,6 +422,21 @@ class LeaderScheduler(Scheduler):
         if self._instance_lock is None:
             self._instance_lock = leases.InstanceLock(self.instance_id)
         return self._instance_lock.try_acquire()
+
+    def _hold_lease_lock(self) -> None:
+        """PostgreSQL, while leading the one lease: hold the lock replicas of the old version lead by.
+
+        Without it, a replica of the version before the instance lock, still
+        running during a rolling upgrade, would find that lock free, take
+        the lease by force every second, and be taken over in turn
+        (``leases._lease_lock_key``).
+        """
+        if self._instance_lock is not None:
+            self._instance_lock.hold_lease_lock(self.lease_name)
+
+    def _drop_lease_lock(self) -> None:
+        if self._instance_lock is not None:
+            self._instance_lock.release_lease_lock(self.lease_name)
 
     def _shard_wait(self, delay: float) -> float:
         """On PostgreSQL, spend a sharded replica's sleep waiting for a change among the replicas; return what is left.
@@ -432,18 +456,83 @@ class LeaderScheduler(Scheduler):
             self._instance_lock.notify(f"gone:{watched}")
         return 0.0
 
-    def _leave_shards(self) -> None:
-        """Shutdown with shards: leave the live list first, then release, so the others take them at once."""
-        assert self.shards is not None
+    def _follow_count(self) -> None:
+        """Read the stored shard count (storing ``SCHEDULER_SHARDS`` if none is) and switch between one lease and shards.
+
+        From 1 to more, the replica releases the one lease and takes its
+        shards in this tick; back to 1, it releases every shard and seeks the
+        one lease. The dispatch commits are fenced by the count too
+        (``leases.assert_held_many``), so what it still holds under the old
+        count commits nothing once the count changed.
+        """
+        count = shard_keeper.follow_count(self.instance_id)
+        if count != self.shard_count:
+            self._count_changed(self.shard_count, count)
+            self.shard_count = count
+        if count > 1 and self.shards is None:
+            self._release_lease(f"for shards (the shard count is now {count})")
+            self.shards = ShardKeeper(self.instance_id)
+            self._announced = False
+        elif count == 1 and self.shards is not None:
+            self._leave_shards(shutdown=False)
+            self.shards = None
+
+    def _count_changed(self, previous: int | None, count: int) -> None:
+        if previous is None:
+            logger.info(
+                "shard count %s (stored), followed by %s", count, self.instance_id,
+                extra={"action": "shard_count", "instance_id": self.instance_id, "shards": count},
+            )
+        else:
+            logger.warning(
+                "shard count changed from %s to %s; %s follows it", previous, count, self.instance_id,
+                extra={"action": "shard_count_changed", "instance_id": self.instance_id, "shards": count, "previous": previous},
+            )
+        configured = shards.configured()
+        if configured != count:
+            logger.warning(
+                "SCHEDULER_SHARDS is %s here but the stored shard count is %s: following the stored count "
+                "(the setting only seeds an empty table; change the count with manage.py shards --set N)",
+                configured, count,
+                extra={"action": "shard_count_differs", "instance_id": self.instance_id, "shards": count, "configured": configured},
+            )
+
+    def _release_lease(self, reason: str) -> None:
+        """Give the one lease up, if held, so a follower takes it at once (shutdown, or shards from now on)."""
+        if self.lease is None:
+            return
+        token = self.lease.token
         try:
-            Instance.objects.filter(instance_id=self.instance_id).delete()
+            released = leases.release(self.lease)
+        except DatabaseError:
+            released = False
+            logger.exception("could not release the lease %s; it expires by itself", reason)
+        self.lease = None
+        self._drop_lease_lock()
+        logs.unbind("token")
+        self._last_heartbeat = 0.0
+        if released:
+            logger.info(
+                "leadership released by %s (token %s) %s", self.instance_id, token, reason,
+                extra={"action": "lease_released", "instance_id": self.instance_id, "token": token},
+            )
+        signals.leadership_lost.send(sender=self.__class__, instance_id=self.instance_id, token=token, reason="released")
+
+    def _leave_shards(self, *, shutdown: bool) -> None:
+        """Release every held shard; on shutdown leave the live list first, so the others take them at once."""
+        assert self.shards is not None
+        when = "on shutdown" if shutdown else "for the one lease (shard count 1)"
+        try:
+            if shutdown:
+                Instance.objects.filter(instance_id=self.instance_id).delete()
             released = self.shards.release_all()
         except DatabaseError:
-            logger.exception("could not release the shards on shutdown; they expire by themselves")
+            logger.exception("could not release the shards %s; they expire by themselves", when)
+            self.shards.forget()
             return
         if released:
             logger.info(
-                "shards released by %s on shutdown: %s", self.instance_id, ", ".join(released),
+                "shards released by %s %s: %s", self.instance_id, when, ", ".join(released),
                 extra={"action": "shards_released", "instance_id": self.instance_id, "leases": released},
             )
 
@@ -461,9 +550,17 @@ class LeaderScheduler(Scheduler):
         state = leases.current(self.lease_name)
         if not state.is_held or state.holder == self.instance_id:
             return delay
+        started = time.monotonic()
         outcome = self._instance_lock.wait_for(state.holder, self.lease_name, timeout=delay)
         if outcome is None:
             return delay  # the wait could not run: sleep, and reconnect on the next tick
+        if outcome is leases.Wait.GONE and leases.lease_lock_held(self.lease_name):
+            # The holder has no instance lock, but someone holds the lock of
+            # leading: a leader of the version before the instance lock (a
+            # rolling upgrade), alive. Its lease runs out by TTL, or it
+            # releases it: wait for that, as that version's followers do.
+            left = max(delay - (time.monotonic() - started), 0.0)
+            return left if self._instance_lock.wait_for(None, self.lease_name, timeout=left) is None else 0.0
         if outcome is leases.Wait.GONE:
             self._holder_gone = (state.holder, state.token)
         return 0.0
@@ -472,6 +569,7 @@ class LeaderScheduler(Scheduler):
         if self.lease is None:
             return
         token, self.lease = self.lease.token, None
+        self._drop_lease_lock()
         logs.unbind("token")
         logger.warning(
             "leadership lost by %s (token %s): %s", self.instance_id, token, reason,

@@ -11,7 +11,7 @@ from django.conf import settings as django_settings
 from django.core.checks import Error, Tags, Warning, register
 from django.db import DatabaseError
 
-from scheduler import cluster
+from scheduler import cluster, shards
 from scheduler.conf import settings
 
 #: The beat scheduler every replica must run: anything else fires without the lease.
@@ -38,12 +38,12 @@ def check_lease_timing(app_configs: Any = None, **kwargs: Any) -> list[Error]:
 
 @register()
 def check_shards(app_configs: Any = None, **kwargs: Any) -> list[Error]:
-    """``SCHEDULER_SHARDS`` is a whole number from 1 to ``MAX_SHARDS``."""
-    shards = settings.SHARDS
-    if isinstance(shards, bool) or not isinstance(shards, int) or not 1 <= shards <= MAX_SHARDS:
+    """``SCHEDULER_SHARDS`` (the count stored when none is) is a whole number from 1 to ``MAX_SHARDS``."""
+    configured = settings.SHARDS
+    if isinstance(configured, bool) or not isinstance(configured, int) or not 1 <= configured <= MAX_SHARDS:
         return [
             Error(
-                f"SCHEDULER_SHARDS must be a whole number from 1 to {MAX_SHARDS}, got {shards!r}.",
+                f"SCHEDULER_SHARDS must be a whole number from 1 to {MAX_SHARDS}, got {configured!r}.",
                 hint="1 runs one leader; more split the schedules across the beat replicas.",
                 id="scheduler.E006",
             )
@@ -53,7 +53,7 @@ def check_shards(app_configs: Any = None, **kwargs: Any) -> list[Error]:
 
 @register(Tags.database)
 def check_stranded_schedules(app_configs: Any = None, databases: Any = None, **kwargs: Any) -> list[Warning]:
-    """No active schedule sits in a shard past ``SCHEDULER_SHARDS``, where nothing dispatches it.
+    """No active schedule sits in a shard past the shard count, where nothing dispatches it.
 
     A database check (``manage.py check --database default``, and
     ``migrate``): one probe of the index on ``(shard, next_run_at)``.
@@ -68,10 +68,9 @@ def check_stranded_schedules(app_configs: Any = None, databases: Any = None, **k
         if stranded:
             return [
                 Warning(
-                    f"Active schedules are in a shard >= SCHEDULER_SHARDS ({settings.SHARDS}) on database {alias!r}: "
+                    f"Active schedules are in a shard >= the shard count ({shards.count()}) on database {alias!r}: "
                     "no beat replica dispatches them.",
-                    hint="Set SCHEDULER_SHARDS on every beat, then run `manage.py shards --assign` "
-                    "(`manage.py shards` counts them).",
+                    hint="Run `manage.py shards --assign` (`manage.py shards` counts them).",
                     id="scheduler.W001",
                 )
             ]

@@ -3,8 +3,8 @@
 ``Instance.is_leader`` is what a beat last wrote about itself: a replica
 killed with SIGKILL never clears it, so after a crash several rows claim to
 lead. The leader is whoever holds the lease now; the flag is never read.
-With shards (``SCHEDULER_SHARDS > 1``) each shard's lease has its own
-leader, and ``shard_view`` reads them all at once.
+With shards (a stored shard count above 1) each shard's lease has its own
+leader, and ``shard_view`` reads them all, and the count, at once.
 """
 from __future__ import annotations
 
@@ -69,18 +69,21 @@ def fresh_beats(members: list[Member]) -> list[str]:
 
 @dataclass(frozen=True)
 class ShardView:
-    """Every shard lease as of one database-clock moment (``SCHEDULER_SHARDS > 1``)."""
+    """Every lease row and the shard count as of one database-clock moment."""
 
     db_now: datetime
-    #: ``leases[k]`` is shard ``k``'s lease; a row never created reads free (token 0).
+    #: ``leases[k]`` is shard ``k``'s lease; a row never created reads free (token 0). Empty for a count of 1.
     leases: list[LeaseState]
     #: Lease rows that fence no shard of this count: the unsharded lease, or
     #: shards past N left by a larger count (a replica still on the old count holds them).
     others: list[LeaseState]
+    #: The shard count the view is for (by default the stored one, read in the same query).
+    count: int
 
-    @property
-    def count(self) -> int:
-        return len(self.leases)
+    def state(self, name: str) -> LeaseState:
+        """The lease row ``name`` as of ``db_now`` (free, token 0, when it was never created)."""
+        found = next((state for state in (*self.leases, *self.others) if state.name == name), None)
+        return found or LeaseState(name, "", 0, None, None, None, self.db_now)
 
     @property
     def not_held(self) -> list[LeaseState]:
@@ -105,32 +108,35 @@ class ShardView:
 
 
 def shard_view(count: int | None = None) -> ShardView:
-    """Return the shard leases of ``count`` shards (default ``SCHEDULER_SHARDS``) and the other lease rows.
+    """Return the shard leases of ``count`` shards (default: the stored count) and the other lease rows.
 
     One query: every lease row (one per shard, plus a few) with the
-    database clock, which also answers when the table is empty.
+    database clock and the stored shard count, which also answers when the
+    table is empty.
     """
-    count = count or shards.count()
     now_sql = dbclock.now_sql()
     with connection.cursor() as cursor:
         cursor.execute(
-            f"SELECT clock.db_now, name, holder, token, acquired_at, renewed_at, expires_at "
-            f"FROM (SELECT {now_sql} AS db_now) AS clock LEFT JOIN scheduler_lease ON 1 = 1 ORDER BY name",
+            f"SELECT clock.db_now, clock.stored, name, holder, token, acquired_at, renewed_at, expires_at "
+            f"FROM (SELECT {now_sql} AS db_now, (SELECT shards FROM {shards.LAYOUT_TABLE} WHERE id = 1) AS stored) AS clock "
+            f"LEFT JOIN scheduler_lease ON 1 = 1 ORDER BY name",
             [],
         )
         rows = cursor.fetchall()
     db_now = dbclock.as_datetime(rows[0][0])
     assert db_now is not None
+    count = count or shards.resolve(rows[0][1], shards.configured())
     states = {
         name: LeaseState(name, holder, int(token), *map(dbclock.as_datetime, times), db_now)
-        for _, name, holder, token, *times in rows
+        for _, _, name, holder, token, *times in rows
         if name is not None  # the clock's own row when no lease exists yet
     }
-    names = shards.lease_names(count)
+    names = shards.lease_names(count) if count > 1 else []
     return ShardView(
         db_now=db_now,
         leases=[states.pop(name, None) or LeaseState(name, "", 0, None, None, None, db_now) for name in names],
         others=list(states.values()),
+        count=count,
     )
 
 

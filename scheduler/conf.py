@@ -17,6 +17,9 @@ class Defaults:
     #: Shards the schedules are split into, each fenced by its own lease
     #: ``<LEASE_NAME>:<k>`` and dispatched by whichever replica holds it
     #: (``scheduler.shards``); 1 keeps one leader and the one ``LEASE_NAME`` lease.
+    #: The first beat replica stores it in the database when no count is stored
+    #: yet; from then on every replica follows the stored count and this is only
+    #: compared with it (``manage.py shards --set N`` changes the count).
     SHARDS: int = 1
     #: How long a lease is valid after each acquire or renew.
     LEASE_TTL_SECONDS: float = 10.0

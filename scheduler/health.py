@@ -5,7 +5,7 @@ web pods' readiness probe, so it must not depend on the beat, or the admin
 would leave the load balancer exactly during a beat outage, when operators
 need it. ``/leaderz`` is the dead man's switch for alerting, not routing:
 200 only when a beat leader renewed its lease within twice the renew
-interval (database clock); with shards (``SCHEDULER_SHARDS > 1``), only
+interval (database clock); with shards (a stored shard count above 1), only
 when every shard's lease was, so a shard with no live owner, whose
 schedules nobody dispatches, is named there and never fails ``/readyz``
 (a beat problem must not take the web out of the load balancer). Both
@@ -29,7 +29,7 @@ from django.http import HttpRequest, JsonResponse
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET
 
-from scheduler import cluster, leases, shards
+from scheduler import cluster, leases
 from scheduler.conf import settings
 from scheduler.metrics_token import token_required
 from scheduler.models import Schedule
@@ -77,9 +77,10 @@ def check_broker() -> Check:
 def check_leader() -> Check:
     """A leader renewed the lease within 2x the renew interval, on the database clock; with shards, every shard's."""
     limit = 2 * settings.LEASE_RENEW_SECONDS
-    if shards.is_sharded():
-        return _check_shards(limit)
-    state = leases.current(settings.LEASE_NAME)
+    view = cluster.shard_view()  # one query: every lease row and the stored shard count
+    if view.count > 1:
+        return _check_shards(view, limit)
+    state = view.state(settings.LEASE_NAME)
     if not state.is_held or state.renewed_at is None:
         return Check(False, "no beat replica holds the lease: nothing is being dispatched")
     age = (state.db_now - state.renewed_at).total_seconds()
@@ -88,9 +89,8 @@ def check_leader() -> Check:
     return Check(True, f"{state.holder} renewed {age:.1f}s ago (token {state.token})")
 
 
-def _check_shards(limit: float) -> Check:
-    """Every shard's lease renewed within ``limit`` seconds: one read of the lease table."""
-    view = cluster.shard_view()
+def _check_shards(view: cluster.ShardView, limit: float) -> Check:
+    """Every shard's lease renewed within ``limit`` seconds."""
     unowned = [state.name for state in view.unowned(within=limit)]
     if unowned:
         named = ", ".join(unowned[:SHARD_NAMES]) + (", ..." if len(unowned) > SHARD_NAMES else "")

@@ -28,13 +28,16 @@ from django.db import DatabaseError, connection, transaction
 from django.db.models import F
 from psycopg import pq
 
-from scheduler import dbclock
+from scheduler import dbclock, shards
+from scheduler.conf import settings
 from scheduler.exceptions import LeaseLost
 from scheduler.failpoints import failpoint
 from scheduler.models import Lease
 
 #: PostgreSQL channel of the NOTIFY ``release`` sends; the payload is the lease name.
 RELEASE_CHANNEL = "scheduler_lease"
+#: The payload on ``RELEASE_CHANNEL`` when the stored shard count changed: it wakes every waiting replica.
+COUNT_CHANGED = "shard-count"
 #: How long past its own bound the lock wait may take before it is dropped
 #: (the server ends it at ``lock_timeout``; this only guards a silent server).
 WAIT_GRACE_SECONDS = 2.0
@@ -253,23 +256,48 @@ def assert_held(handle: LeaseHandle) -> datetime:
 
 
 def assert_held_many(handles: Sequence[LeaseHandle]) -> datetime:
-    """``assert_held`` for several leases in one statement; ``LeaseLost.names`` lists those lost."""
+    """``assert_held`` for several leases in one statement; ``LeaseLost.names`` lists those lost.
+
+    The beat's leases fence only under the shard count they belong to: the
+    one lease ``LEASE_NAME`` while the stored count is 1, a shard's lease
+    ``LEASE_NAME:<k>`` while it is more. The same statement reads the stored
+    count under a shared lock (PostgreSQL; SQLite's write lock covers it), so
+    a change of the count (``resharding.store_count``) waits for the commits
+    in flight, and the commits after it fail here under the other kind of
+    lease: no schedule is ever committed under two fences at once. A lease
+    of the wrong kind is reported lost. (Before any count is stored, each
+    process goes by its own ``SCHEDULER_SHARDS``; a beat replica stores one
+    before its first dispatch, ``shard_keeper.follow_count``.)
+    """
     if not connection.in_atomic_block:
         raise RuntimeError("assert_held() must run inside transaction.atomic()")
     now = dbclock.now_sql()
-    lock = " FOR UPDATE" if connection.features.has_select_for_update else ""
+    locking = connection.features.has_select_for_update
+    lock, share = (" FOR UPDATE", " FOR SHARE") if locking else ("", "")
     values, params = _pairs([(handle.name, handle.holder, handle.token) for handle in handles])
     with connection.cursor() as cursor:
         cursor.execute(
-            f"SELECT name, {now} FROM scheduler_lease "
+            f"SELECT name, {now}, (SELECT shards FROM {shards.LAYOUT_TABLE} WHERE id = 1{share}) FROM scheduler_lease "
             f"WHERE (name, holder, token) IN {values} AND expires_at > {now} ORDER BY name{lock}",
             params,
         )
-        rows = dict(cursor.fetchall())
-    lost = tuple(sorted({handle.name for handle in handles} - rows.keys()))
+        rows = {name: (db_now, stored) for name, db_now, stored in cursor.fetchall()}
+    lost = {handle.name for handle in handles} - rows.keys()
+    if rows:
+        count = shards.resolve(next(iter(rows.values()))[1], shards.configured())
+        lost |= {name for name in rows if not _fences_under(name, count)}
     if lost:
-        raise LeaseLost(names=lost)
-    return dbclock.as_datetime(next(iter(rows.values())))
+        raise LeaseLost(names=tuple(sorted(lost)))
+    return dbclock.as_datetime(next(iter(rows.values()))[0])
+
+
+def _fences_under(name: str, count: int) -> bool:
+    """Whether lease ``name`` may fence a dispatch while the shard count is ``count`` (any other lease may)."""
+    if name == settings.LEASE_NAME:
+        return count == 1
+    if shards.shard_of_lease(name) is not None:
+        return count > 1
+    return True
 
 
 def current(name: str) -> LeaseState:
@@ -320,6 +348,18 @@ def _lock_key(instance_id: str) -> int:
     return int.from_bytes(digest, "big", signed=True)
 
 
+def _lease_lock_key(lease_name: str) -> int:
+    """The advisory lock that beat replicas from before the instance lock hold while they lead ``lease_name``.
+
+    Those replicas take the lease by force from a holder once they get this
+    lock: a leader of this version holds it too (``InstanceLock.hold_lease_lock``),
+    so they wait for its TTL like for one of theirs, and a follower of this
+    version reads it (``lease_lock_held``) before it calls a holder gone.
+    """
+    digest = hashlib.blake2b(f"scheduler-lease:{lease_name}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big", signed=True)
+
+
 class InstanceLock:
     """PostgreSQL only: a replica's advisory lock on its own instance id, and the wait for another's.
 
@@ -337,6 +377,11 @@ class InstanceLock:
     whichever comes first. Neither connection ever holds a transaction or a
     row lock: the wait is one ``pg_advisory_lock`` statement, bounded by
     ``lock_timeout``.
+
+    While it leads the one lease, a replica also holds the lock that beat
+    replicas from before the instance lock took as their proof of leading
+    (``hold_lease_lock``), so old and new replicas agree about who is gone
+    during a rolling upgrade.
     """
 
     def __init__(self, instance_id: str) -> None:
@@ -344,6 +389,8 @@ class InstanceLock:
         self.held = False
         self._conn: psycopg.Connection | None = None
         self._listener: psycopg.Connection | None = None
+        #: Lease names whose old-version lease lock this session holds.
+        self._lease_locks: set[str] = set()
 
     def try_acquire(self) -> bool:
         """Take this replica's own lock, or check the session holding it still lives; return whether held."""
@@ -357,6 +404,33 @@ class InstanceLock:
         except psycopg.Error:  # the lease row decides; the next tick reconnects
             self.close()
         return self.held
+
+    def hold_lease_lock(self, lease_name: str) -> bool:
+        """Take, or keep, the old-version lock of leading ``lease_name`` (``_lease_lock_key``); return whether held.
+
+        Not held while a replica of the old version holds it (a leader that
+        won by TTL from a frozen one): tried again at every renewal.
+        """
+        if lease_name in self._lease_locks:
+            return True
+        try:
+            row = self._connection().execute("SELECT pg_try_advisory_lock(%s)", [_lease_lock_key(lease_name)]).fetchone()
+        except psycopg.Error:
+            self.close()
+            return False
+        if row and row[0]:
+            self._lease_locks.add(lease_name)
+        return lease_name in self._lease_locks
+
+    def release_lease_lock(self, lease_name: str) -> None:
+        """Let the old-version lock of leading ``lease_name`` go (after the lease row was given up or lost)."""
+        if lease_name not in self._lease_locks:
+            return
+        self._lease_locks.discard(lease_name)
+        try:
+            self._connection().execute("SELECT pg_advisory_unlock(%s)", [_lease_lock_key(lease_name)])
+        except psycopg.Error:
+            self.close()  # closing the session frees it too
 
     def wait_for(self, holder: str | None, lease_name: str | None, *, timeout: float) -> Wait | None:
         """Wait up to ``timeout`` seconds for ``holder``'s process to go or for ``lease_name`` to be released.
@@ -419,8 +493,9 @@ class InstanceLock:
             self.close()
 
     def close(self) -> None:
-        """Drop both connections (which frees this replica's lock)."""
+        """Drop both connections (which frees this replica's lock, and any lease lock it held)."""
         self.held = False
+        self._lease_locks.clear()
         for conn in (self._conn, self._listener):
             if conn is not None:
                 try:
@@ -434,6 +509,7 @@ class InstanceLock:
     def _connection(self) -> psycopg.Connection:
         if self._conn is None or self._conn.closed:
             self.held = False
+            self._lease_locks.clear()
             self._conn = _connect("scheduler-instance-lock")
             # This session spends its time blocked in another replica's lock
             # (``wait_for``), where the server would not notice this process
@@ -460,12 +536,16 @@ class InstanceLock:
         return Wait.TIMEOUT
 
     def _released(self, lease_name: str | None) -> bool:
-        """Read the notifications received so far; return whether one released ``lease_name`` (any, for ``None``)."""
+        """Read the notifications received so far; return whether one released ``lease_name`` (any, for ``None``).
+
+        A change of the stored shard count counts as a release of every lease:
+        the waiting replica must read the new count now.
+        """
         pgconn = self._listening().pgconn
         pgconn.consume_input()
         released = False
         while (notify := pgconn.notifies()) is not None:
-            released = released or lease_name is None or notify.extra.decode() == lease_name
+            released = released or lease_name is None or notify.extra.decode() in (lease_name, COUNT_CHANGED)
         return released
 
     def _lock_result(self, key: int, deadline: float) -> bool:
@@ -489,6 +569,19 @@ class InstanceLock:
         if granted:
             self._conn.execute("SELECT pg_advisory_unlock(%s)", [key])
         return granted
+
+
+def lease_lock_held(lease_name: str) -> bool:
+    """PostgreSQL only: whether any session holds the old-version lock of leading ``lease_name`` (``_lease_lock_key``)."""
+    key = _lease_lock_key(lease_name)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT 1 FROM pg_locks WHERE locktype = 'advisory' AND objsubid = 1 AND granted "
+            "AND (classid::bigint << 32) | objid::bigint = %s "
+            "AND database = (SELECT oid FROM pg_database WHERE datname = current_database())",
+            [key],
+        )
+        return cursor.fetchone() is not None
 
 
 def locked_instances(instance_ids: Collection[str]) -> set[str]:

@@ -1,6 +1,8 @@
-"""One beat replica's shards: which it holds, and each tick's step towards the ones it should hold.
+"""One beat replica's shards: the count it follows, which it holds, and each tick's step towards the ones it should hold.
 
-Used when ``SCHEDULER_SHARDS > 1``. Every step:
+Every tick a replica reads the stored shard count (``follow_count``), the
+same for every replica whatever its ``SCHEDULER_SHARDS``. When it is more
+than 1, every step:
 
 1. renews every held shard in one statement, when a renewal is due; a
    shard not renewed is dropped at once (and a statement that fails drops
@@ -8,7 +10,10 @@ Used when ``SCHEDULER_SHARDS > 1``. Every step:
    shard it is unsure of;
 2. reads the live beat replicas: a heartbeat within the lease TTL (database
    clock) and, on PostgreSQL, the replica's instance lock held;
-3. computes every shard's preferred owner (``shards.preferred_owners``);
+3. computes every shard's preferred owner for the stored count
+   (``shards.preferred_owners``); after a change of the count, the shards of
+   the old count that it no longer wants (those past the new count included)
+   are released in 4 and the new ones taken in 5;
 4. releases, in one statement, the shards it holds that another live
    replica should own (a NOTIFY wakes that replica on PostgreSQL);
 5. takes, in one statement, the shards it should own that are free,
@@ -43,6 +48,21 @@ def live_beats() -> set[str]:
     return recent
 
 
+def follow_count(instance_id: str) -> int:
+    """Return the stored shard count, storing this replica's ``SCHEDULER_SHARDS`` first when none is stored yet.
+
+    Replicas started together with different settings all end up following
+    the first one stored (the insert ignores a row that exists).
+    """
+    stored = shards.stored()
+    if stored is not None:
+        return stored
+    shards.seed(shards.configured(), by=instance_id)
+    stored = shards.stored()
+    assert stored is not None
+    return stored
+
+
 def _by_shard(handles: list[leases.LeaseHandle]) -> dict[int, leases.LeaseHandle]:
     """{shard: handle} for handles of shard leases (the keeper only ever asks for those)."""
     by_shard = {}
@@ -75,17 +95,17 @@ class ShardKeeper:
             return settings.LEASE_RENEW_SECONDS
         return settings.LEASE_RENEW_SECONDS - (time.monotonic() - self._last_renew)
 
-    def step(self) -> dict[int, leases.LeaseHandle]:
-        """Renew, release and take shards as the live replicas say; return the shards held now."""
+    def step(self, count: int) -> dict[int, leases.LeaseHandle]:
+        """Renew, release and take shards as the live replicas and the stored ``count`` say; return the shards held now."""
         ttl = settings.LEASE_TTL_SECONDS
         if self.held and self.seconds_until_renew() <= 0:
             self._renew(ttl)
         live = self.live = live_beats() | {self.instance_id}
-        owners = shards.preferred_owners(live, shards.count())
-        self._release([shard for shard in self.held if owners.get(shard) != self.instance_id])
-        wanted = [shard for shard, owner in owners.items() if owner == self.instance_id and shard not in self.held]
-        if wanted:
-            self._take(wanted, live=live, ttl=ttl)
+        wanted = shards.wanted(self.instance_id, live, count)
+        self._release(sorted(set(self.held) - set(wanted)))
+        missing = [shard for shard in wanted if shard not in self.held]
+        if missing:
+            self._take(missing, live=live, ttl=ttl)
         return self.held
 
     def forget(self, names: tuple[str, ...] | None = None) -> list[int]:

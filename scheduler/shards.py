@@ -1,24 +1,66 @@
-"""Shards of the schedule table, their lease names, and which beat replica should own each.
+"""Shards of the schedule table, their lease names, the count every replica follows, and which replica should own each.
 
-With ``SCHEDULER_SHARDS = N > 1`` every schedule belongs to shard
-``id % N`` (stored in ``Schedule.shard``), and shard ``k`` is fenced by the
-lease ``<LEASE_NAME>:<k>``. Which live replica should hold a shard is
-decided by rendezvous (highest-random-weight) hashing with a load bound: every
-replica computes the same answer from the same list of live instances, a
-shard's owner changes only when the list does, and no replica gets more than
-its fair share rounded up, so the shards stay within one of even.
+Every schedule belongs to the shard stored in ``Schedule.shard`` (``id % N``
+when it was saved or last moved), and with ``N > 1`` shard ``k`` is fenced by
+the lease ``<LEASE_NAME>:<k>``; with ``N = 1`` the one lease ``LEASE_NAME``
+fences every schedule. ``N`` is stored once, in the ``ShardLayout`` row,
+and every process reads it from there (``count``), so replicas started with
+different ``SCHEDULER_SHARDS`` never disagree about it: the setting only
+seeds the row when none is stored yet.
+
+Which live replica should hold a shard is decided by rendezvous
+(highest-random-weight) hashing with a load bound: every replica computes
+the same answer from the same list of live instances and the same count, a
+shard's owner changes only when the list or the count does, and no replica
+gets more than its fair share rounded up, so the shards stay within one of
+even.
 """
 from __future__ import annotations
 
 import hashlib
 from collections.abc import Iterable
 
+from django.db import connection
+
+from scheduler import dbclock
 from scheduler.conf import settings
+
+#: The table of ``scheduler.models.ShardLayout`` (read here with SQL: the models import this module).
+LAYOUT_TABLE = "scheduler_shardlayout"
 
 
 def count() -> int:
-    """How many shards the schedules are split into (``SCHEDULER_SHARDS``, 1 = unsharded)."""
+    """How many shards the schedules are split into: the stored count, else ``SCHEDULER_SHARDS`` (1 = unsharded)."""
+    return resolve(stored(), configured())
+
+
+def configured() -> int:
+    """This process's ``SCHEDULER_SHARDS``: what it stores as the count when none is stored yet."""
     return int(settings.SHARDS)
+
+
+def resolve(stored: int | None, configured: int) -> int:
+    """The count a process follows: the stored one whenever there is one, its own setting only before."""
+    return configured if stored is None else stored
+
+
+def stored() -> int | None:
+    """The stored shard count (one primary-key read), or ``None`` when none is stored yet."""
+    with connection.cursor() as cursor:
+        cursor.execute(f"SELECT shards FROM {LAYOUT_TABLE} WHERE id = 1", [])
+        row = cursor.fetchone()
+    return None if row is None else int(row[0])
+
+
+def seed(count: int, *, by: str) -> None:
+    """Store ``count`` as the shard count unless one is stored already (that one wins)."""
+    now = dbclock.now_sql()
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"INSERT INTO {LAYOUT_TABLE} (id, shards, previous, changed_at, changed_by) "
+            f"VALUES (1, %s, NULL, {now}, %s) ON CONFLICT (id) DO NOTHING",
+            [count, by],
+        )
 
 
 def is_sharded() -> bool:
@@ -80,3 +122,14 @@ def preferred_owners(instances: Iterable[str], shards: int) -> dict[int, str]:
         owners[shard] = member
         load[member] += 1
     return owners
+
+
+def wanted(instance_id: str, live: Iterable[str], shards: int) -> list[int]:
+    """The shards ``instance_id`` should hold among the ``live`` replicas (itself included) when there are ``shards``.
+
+    Every live replica asks this with the same ``live`` set and the same
+    stored count, so the answers partition the shards: each is wanted by
+    exactly one of them.
+    """
+    owners = preferred_owners({*live, instance_id}, shards)
+    return sorted(shard for shard, owner in owners.items() if owner == instance_id)

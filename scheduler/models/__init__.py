@@ -8,8 +8,10 @@ from scheduler.models.instance import Instance
 from scheduler.models.lease import Lease
 from scheduler.models.operator_profile import OperatorProfile
 from scheduler.models.schedule import Schedule
+from scheduler.models.shard_layout import ShardLayout
 from scheduler.models.tally import DurationTally, ExecutionTally
 
 __all__ = (
     "ApiToken", "AuditEvent", "DurationTally", "Execution", "ExecutionTally", "Instance", "Lease", "OperatorProfile", "Schedule",
+    "ShardLayout",
 )

@@ -1,5 +1,7 @@
-"""Rendezvous ownership of shards: every shard owned once, loads within one, few moves on a join or leave."""
+"""Rendezvous ownership of shards: every shard owned once, loads within one, few moves on a join or leave, one count for all."""
 from __future__ import annotations
+
+from collections import Counter
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -65,3 +67,42 @@ def test_shard_of_lease__reads_back_only_the_shard_lease_names() -> None:
     assert shards.shard_of_lease("beat") is None
     assert shards.shard_of_lease("other:1") is None
     assert shards.shard_of_lease("beat:x") is None
+
+
+@PROPERTY
+@given(instance_ids, shard_counts, st.data())
+def test_wanted__replicas_started_with_different_settings_follow_one_stored_count(
+    members: list[str], stored: int, data: st.DataObject
+) -> None:
+    # Given live replicas each started with its own SCHEDULER_SHARDS (some
+    # mid-way through a rolling change, some never restarted), and one stored count
+    configured = {member: data.draw(shard_counts, label=f"SCHEDULER_SHARDS of {member}") for member in members}
+
+    # When each replica works out the shards it should hold, from the count it follows
+    wanted = {member: shards.wanted(member, members, shards.resolve(stored, configured[member])) for member in members}
+
+    # Then every shard of the stored count is wanted by exactly one live replica, and none past it
+    claims = Counter(shard for owned in wanted.values() for shard in owned)
+    assert sorted(claims) == list(range(stored))
+    assert set(claims.values()) == {1}
+
+
+def test_wanted__each_replica_on_its_own_setting_would_leave_shards_unowned() -> None:
+    # Given one replica on 4 shards and one restarted on 8 (the old rolling change)
+    unowned = []
+    for draw in range(50):
+        old, new = f"host-old-{draw}", f"host-new-{draw}"
+        live = [old, new]
+        # When each used its own setting as the count
+        claimed = set(shards.wanted(old, live, 4)) | set(shards.wanted(new, live, 8))
+        unowned.append(set(range(4)) - claimed)
+    # Then in some draws a shard holding schedules (0-3) is wanted by nobody: why the count is stored
+    assert any(unowned), "no draw left a shard unowned"
+    # ... which one stored count never does
+    assert shards.resolve(4, 8) == shards.resolve(4, 4) == 4
+
+
+def test_resolve__the_setting_only_until_a_count_is_stored() -> None:
+    assert shards.resolve(None, 8) == 8
+    assert shards.resolve(4, 8) == 4
+    assert shards.resolve(1, 64) == 1

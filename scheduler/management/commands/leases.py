@@ -23,7 +23,7 @@ class Command(SchedulerCommand):
 Times are read on the database clock, the one the lease decisions use. An
 instance leads only while it holds a lease; one whose heartbeat is older than
 the lease TTL (a worker: the claim duration) is marked STALE. With
-SCHEDULER_SHARDS above 1: one line per shard lease (NOT HELD: its schedules
+a shard count above 1: one line per shard lease (NOT HELD: its schedules
 are not dispatched), the shards each beat replica holds, and any other lease
 row (the unsharded one, or shards left by a larger count).
 
@@ -67,7 +67,7 @@ examples:
 
         lines = [
             f"database clock: {db_now.isoformat()}",
-            f"shards: {view.count} (SCHEDULER_SHARDS), {view.count - len(not_held)} held"
+            f"shards: {view.count} ({'SCHEDULER_SHARDS' if shards.stored() is None else 'stored'}), {view.count - len(not_held)} held"
             + (f", NOT HELD {len(not_held)}: {', '.join(not_held)}" if not_held else ", every shard held"),
             f"shards per replica ({len(replicas)} replica{'' if len(replicas) == 1 else 's'}):",
         ]
@@ -78,7 +78,7 @@ examples:
         ]
         lines += [_lease_line(row, not_held="its schedules are not dispatched") for row in shard_rows]
         if other_rows:
-            lines.append(f"other leases (no shard of {view.count}; held: a beat runs with another SCHEDULER_SHARDS):")
+            lines.append(f"other leases (no shard of {view.count}; held: a beat has not followed the count yet, or runs an older version):")
             lines += [_lease_line(row, not_held="unused") for row in other_rows]
         lines += _instance_lines(instance_rows)
         data = {
@@ -93,7 +93,7 @@ examples:
 
 
 def shard_count() -> int:
-    """Return ``SCHEDULER_SHARDS``, refused in one line as system check E006 refuses it."""
+    """Return the shard count (stored, else ``SCHEDULER_SHARDS``); an invalid setting is refused in one line as check E006 refuses it."""
     errors = check_shards()
     if errors:
         raise CommandError(errors[0].msg)

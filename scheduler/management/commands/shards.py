@@ -1,10 +1,12 @@
 """``manage.py shards``: the shard count, schedules per shard, the stranded ones, and who should own which shard.
 
-A schedule is dispatched under the lease of its stored ``shard``, which is
-``id % SCHEDULER_SHARDS`` when it was saved. After the count changes, a
-schedule whose shard is not ``id % N`` is misplaced; if its shard is past
-the new count it is stranded: no replica holds that shard's lease, so it is
-not dispatched until ``--assign`` moves it (``Schedule.objects.assign_shards``).
+The count is stored in the database (``ShardLayout``) and every beat replica
+follows it; ``--set N`` changes it while the beats run (``resharding``). A
+schedule is dispatched under the lease of its stored ``shard``, which is
+``id % N`` when it was saved or last moved. A schedule whose shard is not
+``id % N`` is misplaced; if its shard is past the count it is stranded: no
+replica holds that shard's lease, so it is not dispatched until ``--assign``
+moves it (``Schedule.objects.assign_shards``).
 """
 from __future__ import annotations
 
@@ -14,25 +16,35 @@ from django.core.management.base import CommandError, CommandParser
 from django.db import transaction
 from django.db.models import Count, F, Q
 
-from scheduler import audit, cluster, shard_keeper, shards
-from scheduler.checks import check_shards
+from scheduler import audit, cluster, resharding, shard_keeper, shards
+from scheduler.checks import MAX_SHARDS, check_shards
 from scheduler.management.base import SchedulerCommand
 from scheduler.models import Schedule
 
 
 class Command(SchedulerCommand):
-    help = """Show SCHEDULER_SHARDS, the schedules in each shard, and the shards each live beat replica should own.
+    help = """Show the shard count, the schedules in each shard, and the shards each live beat replica should own; change the count.
+
+The count is stored in the database and every beat replica follows it,
+whatever its SCHEDULER_SHARDS (which only stores the count when none is
+stored yet). --set N changes it while the beats run: the replicas give up
+the old shards and take the new ones on their next tick, and the schedules
+move into shard id % N in the order that keeps each one owned (it waits up
+to twice the lease TTL for the replicas to hold the new shards). 1 runs one
+leader under the lease "beat"; N > 1 runs the leases "beat:0" ... "beat:N-1".
 
 A schedule is dispatched by whichever beat replica holds its shard's lease.
-"not in id % N" counts schedules left in their old shard after the count
-changed; those in a shard past the count are STRANDED: not dispatched until
---assign moves every schedule into shard id % N. --assign is safe while the
-beats run (each dispatch re-checks a schedule's shard under its row lock).
-Counting reads every schedule once; --assign writes only those it moves.
+"not in id % N" counts schedules left in another shard; those in a shard
+past the count are STRANDED: not dispatched until --assign moves every
+schedule into shard id % N. --assign and --set are safe while the beats run
+(each dispatch re-checks a schedule's shard under its row lock, and the
+count under a shared lock). Counting reads every schedule once; --assign
+writes only those it moves.
 
 examples:
   manage.py shards
-  manage.py shards --assign --dry-run
+  manage.py shards --set 8 --dry-run
+  manage.py shards --set 8
   manage.py shards --assign
   manage.py shards --json | jq '.stranded'"""
 
@@ -41,7 +53,12 @@ examples:
     requires_system_checks: list[str] = []
 
     def add_arguments(self, parser: CommandParser) -> None:
-        parser.add_argument(
+        action = parser.add_mutually_exclusive_group()
+        action.add_argument(
+            "--set", type=int, metavar="N", dest="set_count",
+            help=f"store N (1 to {MAX_SHARDS}) as the shard count every beat replica follows, then move every schedule into shard id %% N",
+        )
+        action.add_argument(
             "--assign", action="store_true", help="move every schedule whose shard is not id %% N into it, and say how many moved"
         )
         self.add_common_arguments(parser)
@@ -50,13 +67,50 @@ examples:
         errors = check_shards()
         if errors:
             raise CommandError(errors[0].msg)
-        if options["dry_run"] and not options["assign"]:
-            raise CommandError("--dry-run goes with --assign: the report alone changes nothing")
+        wanted = options["set_count"]
+        if wanted is not None and not 1 <= wanted <= MAX_SHARDS:
+            raise CommandError(f"--set takes a shard count from 1 to {MAX_SHARDS}, got {wanted}")
+        if options["dry_run"] and not options["assign"] and wanted is None:
+            raise CommandError("--dry-run goes with --assign or --set: the report alone changes nothing")
+        if wanted is not None:
+            self._set(wanted, dry_run=options["dry_run"], as_json=options["json"])
+            return
         count = shards.count()
         if options["assign"]:
             self._assign(count, dry_run=options["dry_run"], as_json=options["json"])
         else:
             self._report(count, as_json=options["json"])
+
+    def _set(self, count: int, *, dry_run: bool, as_json: bool) -> None:
+        if dry_run:
+            change = resharding.change_count(count, by="manage.py shards --set", dry_run=True)
+        else:
+            # Several transactions and a wait: audited as a long write, "started" first.
+            with audit.operation(
+                audit.CLI, "set_shards", object_type="scheduler.shardlayout", changes={"shards": count}, tenant=""
+            ) as op:
+                change = resharding.change_count(count, by="manage.py shards --set")
+                op.done({"previous": change.previous, "moved": change.moved, "settled": change.settled})
+        plural = "s" if change.moved != 1 else ""
+        if dry_run:
+            text = f"would change the shard count from {change.previous} to {count} and move {change.moved} schedule{plural} into shard id % {count}"
+        else:
+            held = "the one lease" if count == 1 else "every shard"
+            text = [
+                f"shard count {change.previous} -> {count}" if change.previous != count else f"shard count stays {count}",
+                {
+                    True: f"{held} held by a live beat replica",
+                    False: f"not {held} held by a live beat replica after waiting (one frozen or starting?): "
+                    "the schedules moved anyway; `manage.py shards` shows who holds what",
+                    None: "no beat replica live: the replicas follow the count when they start",
+                }[change.settled],
+                f"moved {change.moved} schedule{plural} into shard id % {count}",
+            ]
+        self.emit(
+            {"previous": change.previous, "shards": count, "moved": change.moved, "settled": change.settled, "dry_run": dry_run},
+            as_json=as_json,
+            text=text,
+        )
 
     def _assign(self, count: int, *, dry_run: bool, as_json: bool) -> None:
         if dry_run:
@@ -88,7 +142,14 @@ examples:
         stranded = sum(row["schedules"] for row in by_shard if row["stranded"])
         replicas = _replicas(count) if count > 1 else {}
 
-        lines = [f"shards: {count} (SCHEDULER_SHARDS)" + ("; 1 runs one leader for every schedule" if count == 1 else "")]
+        stored, configured = shards.stored(), shards.configured()
+        if stored is None:
+            source = "SCHEDULER_SHARDS; none stored yet: the first beat replica stores it"
+        elif stored == configured:
+            source = "stored"
+        else:
+            source = f"stored; SCHEDULER_SHARDS here is {configured}, which only seeds an empty table"
+        lines = [f"shards: {count} ({source})" + ("; 1 runs one leader for every schedule" if count == 1 else "")]
         lines.append(
             f"schedules: {total}; not in shard id % {count}: {misplaced}"
             + (f"; STRANDED in shards >= {count}: {stranded} (not dispatched until manage.py shards --assign)" if stranded else "")
@@ -109,6 +170,8 @@ examples:
                 lines.append("  none live (a heartbeat within the lease TTL; on PostgreSQL, its instance lock held)")
         data = {
             "shards": count,
+            "stored": stored,
+            "configured": configured,
             "schedules": total,
             "misplaced": misplaced,
             "stranded": stranded,

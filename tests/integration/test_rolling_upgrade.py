@@ -1,0 +1,91 @@
+"""A rolling upgrade next to beat replicas from before the instance lock: both versions agree on who leads and who is gone.
+
+Replicas of that version prove they lead by a session-level advisory lock
+keyed by the lease name, and a follower that gets it takes the lease by
+force. The old replica is played here by a connection doing what it did.
+PostgreSQL only: on SQLite neither version has a lock, both go by the TTL.
+"""
+from __future__ import annotations
+
+import hashlib
+import time
+
+import psycopg
+import pytest
+
+from project.celery import app
+from scheduler import leases
+from scheduler.beat import LeaderScheduler
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+#: The key the old version's ``AdvisoryLock("beat")`` took.
+OLD_LOCK_KEY = int.from_bytes(hashlib.blake2b(b"scheduler-lease:beat", digest_size=8).digest(), "big", signed=True)
+
+
+def old_replica_session() -> psycopg.Connection:
+    """A session of its own, as the old version's lock connection."""
+    return leases._connect("old-version-advisory-lock")
+
+
+def try_old_lock(session: psycopg.Connection) -> bool:
+    """What an old follower did every tick; when it got the lock it acquired the lease with ``force``."""
+    row = session.execute("SELECT pg_try_advisory_lock(%s)", [OLD_LOCK_KEY]).fetchone()
+    return bool(row and row[0])
+
+
+def test_new_leader__holds_the_lock_an_old_follower_would_take_the_lease_by(db_vendor: str) -> None:
+    if db_vendor == "sqlite":
+        return
+    # Given a replica of this version leading
+    leader = LeaderScheduler(app, lazy=True)
+    old_follower = old_replica_session()
+    try:
+        leader.tick()
+        assert leader.lease is not None
+        # When an old follower tries the lock, Then it does not get it, so it does not force the lease
+        assert not try_old_lock(old_follower)
+        # When the leader is renewed again, Then it still holds it
+        leader._last_renew = 0.0
+        leader.tick()
+        assert leader.lease is not None and not try_old_lock(old_follower)
+        # When the leader shuts down, Then the lock is free with the lease
+        leader.close()
+        assert not leases.current("beat").is_held
+        assert try_old_lock(old_follower)
+    finally:
+        leader.close()
+        old_follower.close()
+
+
+def run_ticks(scheduler: LeaderScheduler, seconds: float) -> None:
+    """Tick as Celery's beat loop does (sleeping what each tick returns) for ``seconds``."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        time.sleep(min(scheduler.tick(), max(deadline - time.monotonic(), 0.0)))
+
+
+def test_new_follower__leaves_a_live_old_leader_alone_and_takes_over_when_its_process_is_gone(db_vendor: str) -> None:
+    if db_vendor == "sqlite":
+        return
+    # Given a leader of the old version: the lease, and the old lock, but no instance lock
+    old_leader = old_replica_session()
+    assert try_old_lock(old_leader)
+    held = leases.acquire("beat", "old-host-1-abcdef", ttl=30)
+    assert held is not None
+    follower = LeaderScheduler(app, lazy=True)
+    try:
+        # When a follower of this version ticks for 3 s
+        run_ticks(follower, 3.0)
+        # Then it has not taken the lease: the old leader is alive
+        state = leases.current("beat")
+        assert follower.lease is None and (state.holder, state.token) == (held.holder, held.token)
+
+        # When the old leader's process goes (its session ends) with 25 s left on its lease
+        old_leader.close()
+        run_ticks(follower, 3.0)
+        # Then the follower took over at once, not a TTL later
+        assert follower.lease is not None and follower.lease.token > held.token
+    finally:
+        follower.close()
+        old_leader.close()
