@@ -128,8 +128,15 @@ DATABASE_URL = os.environ.get("DATABASE_URL") or f"sqlite:///{VAR_DIR / 'db.sqli
 DATABASES = {"default": dj_database_url.parse(DATABASE_URL, conn_max_age=0)}
 if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
     VAR_DIR.mkdir(parents=True, exist_ok=True)
+    _busy_timeout = os.environ.get("SQLITE_BUSY_TIMEOUT_SECONDS") or "20"
+    try:
+        SQLITE_BUSY_TIMEOUT_SECONDS = float(_busy_timeout)
+    except ValueError:
+        SQLITE_BUSY_TIMEOUT_SECONDS = 0.0
+    if not SQLITE_BUSY_TIMEOUT_SECONDS > 0:
+        raise ImproperlyConfigured(f"SQLITE_BUSY_TIMEOUT_SECONDS={_busy_timeout!r} is not a positive number of seconds")
     DATABASES["default"]["OPTIONS"] = {
-        "timeout": 20,  # seconds to wait on a locked database
+        "timeout": SQLITE_BUSY_TIMEOUT_SECONDS,  # seconds a statement waits for another writer to finish
         "transaction_mode": "IMMEDIATE",
         "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
     }

@@ -21,13 +21,13 @@ from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from celery import current_app
-from django.db import connection, transaction
+from django.db import DatabaseError, connection, transaction
 from django.db.models import Count, F, Q
 from kombu.exceptions import OperationalError as BrokerError
 
-from scheduler import executions, leases, limits, policies, publisher, tracing
+from scheduler import executions, leases, limits, policies, publisher, session_limits, tracing
 from scheduler.conf import settings
-from scheduler.exceptions import ScheduleInvalid, SubmissionInvalid
+from scheduler.exceptions import InFlightLocked, ScheduleInvalid, SubmissionInvalid
 from scheduler.failpoints import failpoint
 from scheduler.models import Execution, Schedule
 
@@ -47,6 +47,15 @@ PLAN_BUDGET = 8_000
 COMMIT_ROWS = 1_000
 #: Why ``overlap=cancel_previous`` cancelled an execution.
 CANCEL_PREVIOUS_ERROR = "Cancelled by overlap=cancel_previous: a newer slot started"
+#: Once a lock wait of the leader's commit ran out, the longest each later wait of that pass may take
+#: (seconds): the chunk is split to find the schedules that need the locked row, and the others rarely wait.
+SPLIT_LOCK_WAIT_SECONDS = 0.05
+#: All the lock waits of one pass, together, in leader lock waits (``session_limits.leader_lock_wait_seconds``):
+#: past that, what is left of the pass waits for the next one.
+PASS_LOCK_WAITS = 3
+#: The least a leader sleeps after a pass that left due schedules because a row they need was locked (seconds):
+#: it tries them again soon, without spinning.
+LOCKED_RETRY_SECONDS = 0.25
 
 
 @dataclass
@@ -71,6 +80,20 @@ class DispatchReport:
     #: Transactions committed, and the longest one (the lease row stays locked that long).
     transactions: int = 0
     longest_transaction_seconds: float = 0.0
+    #: Due schedules left for the next pass because another transaction held a row
+    #: their commit needed (a worker's, a publisher's, an operator's).
+    locked: int = 0
+
+    def add(self, part: DispatchReport) -> None:
+        """Count in this report what one of the pass's transactions committed (``part``)."""
+        self.schedules += part.schedules
+        self.missed += part.missed
+        self.missed_not_recorded += part.missed_not_recorded
+        self.skipped += part.skipped
+        self.fired += part.fired
+        self.cancelled_task_ids += part.cancelled_task_ids
+        self.completed += part.completed
+        self.locked += part.locked
 
 
 def _in_flight(schedules: list[Schedule]) -> dict[int, tuple[int, int]]:
@@ -145,12 +168,102 @@ def dispatch_due(fence: Fence, *, batch_size: int | None = None) -> DispatchRepo
     shards = fence if isinstance(fence, Mapping) else None
     planned, more = _plan(now=now, batch_size=batch_size, shards=shards)
     report = DispatchReport(db_now=now, more=more)
+    waits = _LockWaits()
     for chunk in _chunks(planned):
-        started = time.monotonic()
-        _commit(chunk, fence=fence, now=now, report=report)
-        report.transactions += 1
-        report.longest_transaction_seconds = max(report.longest_transaction_seconds, time.monotonic() - started)
+        _commit_unblocked(chunk, fence=fence, now=now, report=report, waits=waits)
     return report
+
+
+class _LockWaits:
+    """How long the lock waits of one pass may still take (PostgreSQL; SQLite's writer holds the whole database)."""
+
+    def __init__(self) -> None:
+        self.each = session_limits.leader_lock_wait_seconds()
+        self.until = time.monotonic() + PASS_LOCK_WAITS * self.each
+
+    def next(self) -> float | None:
+        """Return the bound of the next transaction's lock waits, or ``None`` once the pass used them up."""
+        left = self.until - time.monotonic()
+        return min(self.each, left) if left > 0 else None
+
+    def ran_out(self) -> None:
+        """A wait ran out: the later ones of the pass only look for the rows that are locked."""
+        self.each = min(self.each, SPLIT_LOCK_WAIT_SECONDS)
+
+
+def _commit_unblocked(
+    chunk: list[_Planned], *, fence: Fence, now: datetime, report: DispatchReport, waits: _LockWaits
+) -> None:
+    """Commit ``chunk`` (``_commit``); leave for the next pass the schedules that need a row another transaction holds.
+
+    The leader's transaction holds its lease row locked, so it must never
+    wait on a process that may freeze (a worker inside its own ``atomic()``,
+    a publisher holding its batch): followers pass a locked lease row by, so
+    all dispatch would stop and nobody would take over. So:
+
+    - a ``cancel_previous`` schedule whose in-flight execution another
+      transaction holds is left out (``InFlightLocked``) and the rest is
+      committed at once, without waiting;
+    - every other lock wait is bounded (``session_limits.bound_lock_wait``:
+      a tenth of the lease TTL); one that runs out rolls the chunk back, and
+      the chunk is split in halves and tried again with short waits
+      (``SPLIT_LOCK_WAIT_SECONDS``), down to the schedules that still wait,
+      which are left. The pass's waits together stay under
+      ``PASS_LOCK_WAITS`` such bounds; what is left then waits for the next pass.
+
+    Either way the leader keeps its lease; the schedules left are counted
+    in ``report.locked`` and tried again on the next tick.
+    """
+    parts = [chunk]
+    while parts:
+        part = parts.pop()
+        wait = waits.next()
+        if wait is None:  # this pass waited long enough: the rest waits for the next one
+            report.locked += sum(len(left) for left in (part, *parts))
+            _left_for_later((part, *parts), "this pass already waited its share for locks")
+            return
+        done = DispatchReport(db_now=report.db_now)
+        started = time.monotonic()
+        try:
+            _commit(part, fence=fence, now=now, report=done, lock_wait=wait)
+        except InFlightLocked as exc:
+            locked = set(exc.schedule_ids)
+            left, rest = _split_off(part, locked)
+            report.locked += len(left)
+            _left_for_later([left], "another transaction holds an execution in flight that cancel_previous would cancel")
+            if rest:
+                parts.append(rest)
+            continue
+        except DatabaseError as exc:
+            if connection.vendor != "postgresql" or not session_limits.lock_wait_ended(exc):
+                raise
+            waits.ran_out()
+            if len(part) == 1:
+                report.locked += 1
+                _left_for_later([part], "another transaction holds a row its commit needs")
+            else:
+                half = len(part) // 2
+                parts += [part[half:], part[:half]]
+            continue
+        finally:
+            report.transactions += 1
+            report.longest_transaction_seconds = max(report.longest_transaction_seconds, time.monotonic() - started)
+        report.add(done)
+
+
+def _split_off(part: list[_Planned], pks: set[int]) -> tuple[list[_Planned], list[_Planned]]:
+    """Return the plans of the schedules ``pks`` and the others."""
+    return [item for item in part if item.schedule.pk in pks], [item for item in part if item.schedule.pk not in pks]
+
+
+def _left_for_later(parts: Sequence[list[_Planned]], why: str) -> None:
+    names = sorted(item.schedule.name for part in parts for item in part)
+    if names:
+        shown = ", ".join(names[:10]) + (f" and {len(names) - 10} more" if len(names) > 10 else "")
+        logger.warning(
+            "schedule(s) %s left for the next tick: %s", shown, why,
+            extra={"action": "dispatch_left_locked", "schedules": names[:100]},
+        )
 
 
 def _plan(*, now: datetime, batch_size: int, shards: Collection[int] | None) -> tuple[list[_Planned], bool]:
@@ -235,10 +348,18 @@ def _lease_for(fence: Fence) -> Callable[[int], leases.LeaseHandle]:
 
 
 @tracing.traced("scheduler.dispatch.commit", tracing.commit_attributes)
-def _commit(chunk: list[_Planned], *, fence: Fence, now: datetime, report: DispatchReport) -> None:
-    """Record one chunk of plans in one fenced transaction; skip schedules that moved since they were read."""
+def _commit(
+    chunk: list[_Planned], *, fence: Fence, now: datetime, report: DispatchReport, lock_wait: float | None = None
+) -> None:
+    """Record one chunk of plans in one fenced transaction; skip schedules that moved since they were read.
+
+    ``lock_wait`` bounds each lock wait of the transaction (PostgreSQL);
+    see ``_commit_unblocked`` for what a wait that runs out means.
+    """
     lease_for = _lease_for(fence)
     with transaction.atomic():
+        if lock_wait is not None:
+            session_limits.bound_lock_wait(lock_wait)
         failpoint("dispatch.commit.before_fence")
         # Sharded, only the leases of the shards in this chunk are locked: the
         # other shards' commits never wait on this one.
@@ -251,14 +372,14 @@ def _commit(chunk: list[_Planned], *, fence: Fence, now: datetime, report: Dispa
         # Locks the rows until commit (SQLite's write lock covers it there);
         # a row a worker holds right now is left for the next pass, and so
         # is one moved to another shard meanwhile (``manage.py shards --assign``).
-        unchanged = {
-            pk
-            for pk, next_run_at, slots_sent, shard in Schedule.objects.active()
+        found = list(
+            Schedule.objects.active()
             .filter(pk__in=planned_from)
             .select_for_update(skip_locked=True)
             .values_list("pk", "next_run_at", "slots_sent", "shard")
-            if planned_from[pk] == (next_run_at, slots_sent, shard)
-        }
+        )
+        report.locked += len(planned_from) - len(found)  # (or turned off meanwhile)
+        unchanged = {pk for pk, *state in found if planned_from[pk] == tuple(state)}
         chunk = [item for item in chunk if item.schedule.pk in unchanged]
         if not chunk:
             return

@@ -26,6 +26,15 @@ class LeaseLost(SchedulerError):
         self.names = names
 
 
+class InFlightLocked(SchedulerError):
+    """Another transaction holds an in-flight execution of these schedules; nothing was cancelled."""
+
+    def __init__(self, message: str | None = None, *, schedule_ids: tuple[int, ...] = ()) -> None:
+        super().__init__(message)
+        #: The schedules whose in-flight executions could not be locked at once.
+        self.schedule_ids = schedule_ids
+
+
 class LeaseNotHeld(SchedulerError):
     """This instance does not hold the lease."""
 

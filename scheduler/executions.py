@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import logging
 import uuid
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from typing import Any
@@ -51,9 +51,9 @@ from django.db.models.functions import Cast, Concat, Now
 from django.db.models.sql import InsertQuery, UpdateQuery
 from django.db.transaction import TransactionManagementError
 
-from scheduler import bulk_insert, overdue, tracing
+from scheduler import bulk_insert, overdue, session_limits, tracing
 from scheduler.conf import settings
-from scheduler.exceptions import MessageRefused
+from scheduler.exceptions import InFlightLocked, MessageRefused
 from scheduler.failpoints import failpoint
 from scheduler.models import Execution, ExecutionTally, Schedule
 from scheduler.models.tally import MESSAGE_REFUSED, SHARDS
@@ -603,16 +603,71 @@ def held_by(*, worker: str, execution_id: int | None = None, key: str = "") -> C
     return Claim.of(execution) if execution is not None else None
 
 
-def renew(claims: Iterable[Claim], *, seconds: float) -> int:
-    """Extend each claim that still holds by ``seconds`` (database clock), in one UPDATE; return how many did.
+#: The longest a renewal waits for a lock other than a claim's row (which it never waits for).
+RENEW_LOCK_WAIT_SECONDS = 1.0
+
+
+def renew(claims: Iterable[Claim], *, seconds: float, bodies: Mapping[Claim, int] | None = None) -> set[Claim]:
+    """Extend each claim that still holds by ``seconds`` (database clock); return the claims that hold.
+
+    One short transaction that never waits for a claim's row: a row another
+    transaction holds locked is passed over (PostgreSQL ``SKIP LOCKED``;
+    any other lock wait ends after ``RENEW_LOCK_WAIT_SECONDS``). Such a claim
+    is returned all the same when the transaction holding its row is its own
+    body's (``bodies``: claim -> backend pid of the session its body runs
+    on; PostgreSQL): a body's ``checkpoint()`` inside its own ``atomic()``
+    keeps the row locked to the end of that transaction, and while it does
+    nobody can take the execution over, cancel it or mark it lost. On SQLite
+    the transaction waits for the database's write lock up to the busy
+    timeout. A wait that runs out raises (``session_limits.lock_wait_ended``
+    tells it apart): the database is busy, not the claim gone.
 
     A claim never gets shorter: one that lasts to its hard time limit (``_hold_to_time_limit``) keeps that.
     """
-    renewed = _db_now_plus(seconds)
-    return _matching(claims).filter(status=Status.RUNNING).update(
-        lease_expires_at=Case(
-            When(lease_expires_at__gt=renewed, then=F("lease_expires_at")), default=renewed, output_field=DateTimeField()
+    claims = list(claims)
+    with transaction.atomic():
+        session_limits.bound_lock_wait(RENEW_LOCK_WAIT_SECONDS)
+        free = set(
+            _matching(claims)
+            .filter(status=Status.RUNNING)
+            .select_for_update(skip_locked=True, no_key=True)
+            .values_list("pk", "attempt")
         )
+        if free:
+            Execution.objects.filter(pk__in=[pk for pk, _ in free]).update(lease_expires_at=_extended(seconds))
+    held = {claim for claim in claims if (claim.execution_id, claim.attempt) in free}
+    locked = {claim: pid for claim, pid in (bodies or {}).items() if claim in claims and claim not in held}
+    if locked and transaction.get_connection().vendor == "postgresql":
+        held |= _held_by_their_bodies(locked)
+    return held
+
+
+def _held_by_their_bodies(bodies: Mapping[Claim, int]) -> set[Claim]:
+    """PostgreSQL: those claims, still running, whose row the open transaction of their body's session holds locked.
+
+    The row as committed names the locking transaction in ``xmax``; its
+    transaction id lock (``pg_locks``) names the session holding it.
+    """
+    values = ", ".join(["(%s::bigint, %s::integer, %s::integer)"] * len(bodies))
+    params = [value for claim, pid in bodies.items() for value in (claim.execution_id, claim.attempt, pid)]
+    with transaction.get_connection().cursor() as cursor:
+        cursor.execute(
+            f"SELECT e.id, e.attempt FROM {Execution._meta.db_table} e "
+            f"JOIN (VALUES {values}) AS body(id, attempt, pid) ON e.id = body.id AND e.attempt = body.attempt "
+            "JOIN pg_locks l ON l.locktype = 'transactionid' AND l.transactionid = e.xmax "
+            "AND l.pid = body.pid AND l.granted "
+            "WHERE e.status = %s",
+            [*params, Status.RUNNING],
+        )
+        found = set(cursor.fetchall())
+    return {claim for claim in bodies if (claim.execution_id, claim.attempt) in found}
+
+
+def _extended(seconds: float) -> Case:
+    """``lease_expires_at`` moved to the database clock plus ``seconds``, unless it is later already."""
+    renewed = _db_now_plus(seconds)
+    return Case(
+        When(lease_expires_at__gt=renewed, then=F("lease_expires_at")), default=renewed, output_field=DateTimeField()
     )
 
 
@@ -630,6 +685,13 @@ def moved_on(claims: Iterable[Claim]) -> set[Claim]:
     claims = list(claims)
     kept = set(_matching(claims).filter(status__in=_HOLDER_ENDS).values_list("pk", "attempt"))
     return {held for held in claims if (held.execution_id, held.attempt) not in kept}
+
+
+def still_running(claims: Iterable[Claim]) -> set[Claim]:
+    """Return those of ``claims`` whose row, as committed, is still ``running`` under them (not ended by their holder)."""
+    claims = list(claims)
+    running = set(_matching(claims).filter(status=Status.RUNNING).values_list("pk", "attempt"))
+    return {held for held in claims if (held.execution_id, held.attempt) in running}
 
 
 def _matching(claims: Iterable[Claim]) -> QuerySet[Execution]:
@@ -689,8 +751,13 @@ def record_result(held: Claim, result: Any) -> bool:
 
 
 def save_checkpoint(held: Claim, data: Any) -> bool:
-    """Save ``data`` as the progress of the execution ``held`` runs; False (nothing written) if the claim moved on."""
-    return bool(held.rows().update(checkpoint=data))
+    """Save ``data`` as the progress of the execution ``held`` runs; False (nothing written) if the claim moved on.
+
+    It renews the claim too, in the same UPDATE: inside the body's own
+    transaction, whose lock on the row the renewer then leaves alone
+    (``renew``), the renewal commits with it.
+    """
+    return bool(held.rows().update(checkpoint=data, lease_expires_at=_extended(settings.CLAIM_SECONDS)))
 
 
 def fail_exhausted(held: Claim) -> str | None:
@@ -776,9 +843,17 @@ def undo_retry(held: Claim) -> bool:
 
 
 def mark_lost(ids: Iterable[int]) -> int:
-    """Record those of the executions ``ids`` whose claim expired (database clock) ``lost``; return how many."""
+    """Record those of the executions ``ids`` whose claim expired (database clock) ``lost``; return how many.
+
+    A row another transaction holds locked is passed over, not waited for
+    (PostgreSQL ``SKIP LOCKED``): its holder is writing it (a worker frozen
+    inside a transaction holds it until the server ends its session); the
+    next pass looks at it again.
+    """
     expired = Execution.objects.filter(id__in=list(ids), status=Status.RUNNING, lease_expires_at__lt=Now())
-    return _move(expired, Status.LOST, lease_expires_at=None)
+    with transaction.atomic():
+        free = list(expired.select_for_update(skip_locked=True, no_key=True).values_list("pk", flat=True))
+        return _move(expired.filter(pk__in=free), Status.LOST, lease_expires_at=None)
 
 
 def retry_lost(execution_id: int, *, due: datetime) -> bool:
@@ -843,13 +918,25 @@ def cancel(execution_id: int, *, reason: str, now: datetime) -> bool:
 
 
 def cancel_in_flight(schedule_ids: list[int], *, reason: str, now: datetime) -> list[str]:
-    """Record the in-flight executions of these schedules ``cancelled``; return their Celery task ids."""
+    """Record the in-flight executions of these schedules ``cancelled``; return their Celery task ids.
+
+    Never waits for a lock another transaction holds on one of them (a
+    body's ``atomic()`` around ``checkpoint()``, a publisher's batch, a
+    worker recording an outcome; PostgreSQL, where rows lock): it raises
+    ``InFlightLocked`` naming those schedules instead, having cancelled
+    nothing, and the caller leaves them for later.
+    """
     if not schedule_ids:
         return []
     in_flight = Execution.objects.filter(schedule_id__in=schedule_ids, status__in=Execution.ACTIVE_STATUSES)
-    task_ids = [task_id for task_id in in_flight.values_list("celery_task_id", flat=True) if task_id]
-    _cancel(in_flight, reason=reason, now=now)
-    return task_ids
+    with transaction.atomic():
+        mine = set(in_flight.select_for_update(skip_locked=True, no_key=True).values_list("pk", flat=True))
+        rows = list(in_flight.values_list("pk", "schedule_id", "celery_task_id"))
+        locked = sorted({schedule_id for pk, schedule_id, _ in rows if pk not in mine})
+        if locked:
+            raise InFlightLocked(schedule_ids=tuple(locked))
+        _cancel(in_flight, reason=reason, now=now)
+    return [task_id for _, _, task_id in rows if task_id]
 
 
 def _cancel(rows: QuerySet[Execution], *, reason: str, now: datetime) -> int:

@@ -3,10 +3,19 @@
 Two threads per worker process (started on first use, again after a fork):
 
 - The *renew* thread talks to the database. Asked to renew, it extends
-  every claim the process holds in one UPDATE. Fewer rows than claims
-  means some claims moved on (another worker took the execution over
+  every claim the process holds in one short transaction. A claim it
+  could not extend has moved on (another worker took the execution over
   after the claim expired, an operator or ``cancel_previous`` cancelled
-  it, reconcile marked it lost): their bodies are stopped at once.
+  it, reconcile marked it lost), and its body is stopped at once; or
+  another transaction holds its row or the database, and the claim
+  stands as it was. A renewal that only found the database busy (SQLite's
+  write lock held past the busy timeout, a PostgreSQL row or lock another
+  transaction holds) is tried again every ``BUSY_RETRY_SECONDS``, for as
+  long as the claims last. A claim whose row its own body's transaction
+  holds (a ``checkpoint()`` inside the body's ``atomic()``, PostgreSQL)
+  counts as renewed: nobody can move it on before that transaction ends,
+  and while a body is inside a transaction its claims are renewed every
+  ``IN_TRANSACTION_RENEW_SECONDS``, so the renewal follows soon after.
 - The *watch* thread keeps time and never touches the database, so a
   database call that hangs cannot hold it up. It asks for a renewal every
   ``SCHEDULER_CLAIM_RENEW_SECONDS``, and it stops a body whose claim the
@@ -51,9 +60,10 @@ import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from django.db import DatabaseError, close_old_connections
+from django.db import DEFAULT_DB_ALIAS, DatabaseError, close_old_connections, connections
+from django.db.backends.base.base import BaseDatabaseWrapper
 
-from scheduler import executions
+from scheduler import executions, session_limits
 from scheduler.conf import settings
 from scheduler.exceptions import ClaimLost
 from scheduler.executions import Claim
@@ -69,6 +79,10 @@ PAUSE_SECONDS = 0.3
 VERIFY_SECONDS = 0.5
 #: Exit status of a pool child that stopped its body because its claim was lost (``EX_SOFTWARE``).
 EXIT_STATUS = 70
+#: After a renewal that found the database busy, how soon it is tried again.
+BUSY_RETRY_SECONDS = 0.2
+#: How often the claims are renewed while a body is inside a transaction (at most ``CLAIM_RENEW_SECONDS``).
+IN_TRANSACTION_RENEW_SECONDS = 1.0
 
 _CLOCK = getattr(time, "CLOCK_BOOTTIME", time.CLOCK_MONOTONIC)
 
@@ -89,6 +103,19 @@ class _Hold:
     deadline: float
     #: The execution's hard time limit, until which its claim lasts anyway (0: none).
     limit: float
+    #: The body thread's database connection (read, never used, by the renew thread).
+    session: BaseDatabaseWrapper | None = None
+
+    def body_session(self) -> int | None:
+        """The backend pid of the body's PostgreSQL session while it is inside a transaction, else ``None``."""
+        session = self.session
+        raw = getattr(session, "connection", None)
+        if session is None or raw is None or session.vendor != "postgresql" or not session.in_atomic_block:
+            return None
+        try:
+            return int(raw.info.backend_pid)
+        except Exception:  # noqa: BLE001 -- a connection closing meanwhile: then it holds nothing
+            return None
 
 
 class ClaimRenewer:
@@ -103,6 +130,8 @@ class ClaimRenewer:
         self._asked_at = 0.0
         #: Stop a body by exiting the process (a prefork pool child) rather than raising in its thread.
         self.exit_on_loss = False
+        #: Since when (``_CLOCK``) every renewal found the database busy (0: the last one did not).
+        self._busy_since = 0.0
 
     @staticmethod
     def now() -> float:
@@ -120,7 +149,9 @@ class ClaimRenewer:
                 self._renew_due = threading.Event()
                 threading.Thread(target=self._renew_loop, name="claim-renewer", daemon=True).start()
                 threading.Thread(target=self._watch_loop, name="claim-watch", daemon=True).start()
-            self._held[claim] = _Hold(threading.get_ident(), since, max(since + claim_seconds, limit), limit)
+            self._held[claim] = _Hold(
+                threading.get_ident(), since, max(since + claim_seconds, limit), limit, connections[DEFAULT_DB_ALIAS]
+            )
 
     def drop(self, claim: Claim) -> None:
         """Stop renewing ``claim``: its holder is about to write its outcome, or gave it up."""
@@ -130,36 +161,65 @@ class ClaimRenewer:
     # --- the renew thread --------------------------------------------------------------
 
     def _renew_loop(self) -> None:
+        again: float | None = None
         while True:
-            self._renew_due.wait()
+            self._renew_due.wait(again)  # asked by the watch thread, or ``again`` seconds on
             self._renew_due.clear()
             try:
-                self._renew()
+                again = self._renew()
             except Exception:  # the thread must outlive anything one renewal does
                 logger.exception("claim renewal failed; trying again")
+                again = None
 
-    def _renew(self) -> None:
+    def _renew(self) -> float | None:
+        """Renew the claims held; return how soon to renew again without being asked (``None``: when asked)."""
         with self._lock:
             held = dict(self._held)
         if not held:
-            return
+            return None
+        bodies = {claim: pid for claim, hold in held.items() if (pid := hold.body_session()) is not None}
         sent = _now()
         try:
             failpoint("worker.renew")
-            renewed = executions.renew(held, seconds=settings.CLAIM_SECONDS)
-            lost = executions.moved_on(held) if renewed < len(held) else set()
-        except DatabaseError:
+            renewed = executions.renew(held, seconds=settings.CLAIM_SECONDS, bodies=bodies)
+            lost = executions.moved_on(held.keys() - renewed) if len(renewed) < len(held) else set()
+            # Neither renewed nor lost: running, its row locked by another transaction; or just ended by its holder.
+            unsettled = held.keys() - renewed - lost
+            busy = executions.still_running(unsettled) if unsettled else set()
+        except DatabaseError as exc:
             ids = sorted(claim.execution_id for claim in held)
+            if session_limits.lock_wait_ended(exc):
+                self._busy(ids, sent)
+                return BUSY_RETRY_SECONDS
             logger.warning("could not renew the claims on executions %s; trying again", ids, exc_info=True)
             close_old_connections()  # a broken connection is replaced on the next try
-            return
+            return None
         with self._lock:
-            for claim in held.keys() - lost:
+            for claim in held.keys() - lost - busy:
                 hold = self._held.get(claim)
                 if hold is not None:
                     hold.confirmed_at = sent
                     hold.deadline = max(sent + settings.CLAIM_SECONDS, hold.limit)
         self._stop(lost, "its claim moved on (taken over, cancelled or marked lost)")
+        if busy:  # their claims stand as they were, not confirmed: try again soon
+            self._busy(sorted(claim.execution_id for claim in busy), sent)
+            return BUSY_RETRY_SECONDS
+        if self._busy_since:
+            logger.info("claims renewed again after %.1fs of a busy database", sent - self._busy_since)
+            self._busy_since = 0.0
+        if bodies:
+            return min(IN_TRANSACTION_RENEW_SECONDS, settings.CLAIM_RENEW_SECONDS)
+        return None
+
+    def _busy(self, ids: list[int], sent: float) -> None:
+        """Note a renewal that found the database busy: logged once per busy spell; the claims stand until they run out."""
+        if not self._busy_since:
+            self._busy_since = sent
+            logger.warning(
+                "could not renew the claims on executions %s yet: another transaction holds the database or their rows; "
+                "trying again every %ss while the claims last", ids, BUSY_RETRY_SECONDS,
+                extra={"action": "claim_renew_busy"},
+            )
 
     # --- the watch thread -------------------------------------------------------------
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import time
 from typing import Any
 
@@ -14,7 +15,7 @@ import redis
 from celery import shared_task
 from celery.exceptions import SoftTimeLimitExceeded
 from django.conf import settings
-from django.db import connection
+from django.db import Error, connection, transaction
 
 import scheduler
 from scheduler.exceptions import ClaimLost
@@ -142,6 +143,10 @@ def fenced_invoice(hold: str = "", hold_attempt: int = 1) -> str:
     except ClaimLost:
         _event(client, FENCED_KEY, event="claim lost", **fields)
         raise
+    except Error:
+        # PostgreSQL ended the session, idle inside the block's transaction for too long: it rolled back.
+        _event(client, FENCED_KEY, event="session ended", **fields)
+        raise
     _event(client, FENCED_KEY, event="committed", **fields)
     return "invoiced"
 
@@ -201,3 +206,88 @@ def runs(client: redis.Redis) -> list[dict[str, Any]]:
 def events(client: redis.Redis, key: str = EVENTS_KEY) -> list[dict[str, Any]]:
     """Return an event log, oldest first."""
     return [json.loads(item) for item in client.lrange(key, 0, -1)]
+
+
+#: Redis list of what ``tests.long_transaction`` and ``tests.freeze_holding`` did, with the attempt.
+HOLDING_KEY = "tests:holding"
+#: Redis key the first ``tests.freeze_holding`` body sets: the later ones do not freeze.
+FROZE_KEY = "tests:froze"
+
+
+@shared_task(name="tests.long_transaction")
+def long_transaction(seconds: float, step: float = 0.2) -> int:
+    """Hold one write transaction open for ``seconds``: a checkpoint first, then a statement every ``step``.
+
+    The session is never idle inside the transaction for long (on
+    PostgreSQL it runs ``pg_sleep``), like a long batch that keeps
+    writing. Logs "started" and "committed" in ``HOLDING_KEY``; returns the attempt.
+    """
+    client = _client()
+    running = scheduler.current_execution()
+    fields = {"execution_id": running.pk, "attempt": running.attempt}
+    _event(client, HOLDING_KEY, event="started", **fields)
+    with transaction.atomic():
+        running.checkpoint({"holding": seconds})
+        deadline = time.monotonic() + seconds
+        with connection.cursor() as cursor:
+            while (left := deadline - time.monotonic()) > 0:
+                if connection.vendor == "postgresql":
+                    cursor.execute("SELECT pg_sleep(%s)", [min(step, left)])
+                else:
+                    time.sleep(min(step, left))
+                    cursor.execute("SELECT 1")
+    _event(client, HOLDING_KEY, event="committed", **fields)
+    client.close()
+    return running.attempt
+
+
+@shared_task(name="tests.freeze_holding")
+def freeze_holding(where: str) -> str:
+    """The first run stops its whole pool process (SIGSTOP to itself) while it holds rows locked; later runs return.
+
+    ``where`` is "checkpoint": inside the body's own ``atomic()`` right after
+    a ``checkpoint()`` (its execution row locked); "fenced": as its
+    ``fenced()`` block records the outcome; "outcome": as the guard records
+    the outcome of the body that returned (both: the schedule and execution
+    rows locked, and whatever the outcome's trigger writes). It logs
+    "frozen" in ``HOLDING_KEY`` first, with its pid and its PostgreSQL
+    session's backend pid. The test sends SIGCONT.
+    """
+    client = _client()
+    running = scheduler.current_execution()
+    fields = {"execution_id": running.pk, "attempt": running.attempt}
+    if not client.set(FROZE_KEY, os.getpid(), nx=True):
+        return "ran"
+    if where == "checkpoint":
+        with transaction.atomic():
+            running.checkpoint({"frozen": True})
+            _freeze(client, **fields)
+            with connection.cursor() as cursor:
+                cursor.execute("SELECT 1")
+        return "ran"
+    _freeze_once_counted(client, **fields)
+    if where == "fenced":
+        with scheduler.fenced():
+            with connection.cursor() as cursor:
+                cursor.execute("SELECT 1")
+    return "ran"
+
+
+def _freeze(client: redis.Redis, **fields: Any) -> None:
+    backend_pid = connection.connection.info.backend_pid if connection.vendor == "postgresql" else None
+    _event(client, HOLDING_KEY, event="frozen", backend_pid=backend_pid, **fields)
+    os.kill(os.getpid(), signal.SIGSTOP)
+
+
+def _freeze_once_counted(client: redis.Redis, **fields: Any) -> None:
+    """Stop this process right after the next outcome is counted on its schedule, its transaction still open."""
+    from scheduler import executions
+
+    count_run = executions.count_run
+
+    def counted(*args: Any, **kwargs: Any) -> None:
+        executions.count_run = count_run
+        count_run(*args, **kwargs)
+        _freeze(client, **fields)
+
+    executions.count_run = counted

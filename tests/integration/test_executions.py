@@ -202,7 +202,7 @@ def test_renew__extends_only_the_claims_still_held() -> None:
     # When A renews both in one statement
     renewed = executions.renew([stale, other], seconds=600)
     # Then only the one A still holds was renewed
-    assert renewed == 1
+    assert renewed == {other}
     assert state(other.execution_id)["lease_expires_at"] > leases.db_now() + timedelta(seconds=500)
 
 
@@ -247,7 +247,7 @@ def test_renew__never_shortens_a_claim_to_the_hard_time_limit(settings: Any) -> 
     execution = row(timeout=100)
     held = claimed(execution.pk, "a@host:1")
     # When its worker renews it for 3 s
-    assert executions.renew([held], seconds=3) == 1
+    assert executions.renew([held], seconds=3) == {held}
     # Then the claim still lasts to the hard limit: reconcile finds nothing lost
     assert claim_length(execution.pk) >= timedelta(seconds=110)
     assert executions.mark_lost([execution.pk]) == 0
@@ -255,7 +255,7 @@ def test_renew__never_shortens_a_claim_to_the_hard_time_limit(settings: Any) -> 
     # And a claim without a time limit is renewed by the 3 s asked
     plain = claimed(row(key="plain").pk, "a@host:1")
     expire_claim(plain.execution_id)
-    assert executions.renew([plain], seconds=3) == 1
+    assert executions.renew([plain], seconds=3) == {plain}
     assert leases.db_now() < state(plain.execution_id)["lease_expires_at"] < leases.db_now() + timedelta(seconds=4)
 
 
