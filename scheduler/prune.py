@@ -1,16 +1,27 @@
-"""Delete old finished executions in batches, keeping the newest of each schedule if asked."""
+"""Delete old finished executions in batches, keeping the newest of each schedule if asked.
+
+Each batch moves its schedules' ``pruned_through`` up to the newest slot it
+deleted, in the same transaction: reconcile's audit starts after that mark,
+so it never finds a slot without its row and without the mark, and never
+records again a slot that ran and was pruned (SPEC guarantee 10).
+"""
 from __future__ import annotations
 
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from datetime import datetime
 
-from django.db.models import OuterRef, Q, Subquery
+from django.db import transaction
+from django.db.models import Max, OuterRef, Q, Subquery
 
-from scheduler.models import AuditEvent, Execution
+from scheduler.models import AuditEvent, Execution, Schedule
 
 #: Rows deleted per statement: bounded so a prune never holds long locks.
 BATCH_SIZE = 5000
+#: Executions whose key is a slot of their schedule (``executions.key``): the ones reconcile's audit looks for.
+_SLOT_TRIGGERS = (Execution.Trigger.SCHEDULED, Execution.Trigger.BACKFILL)
+#: Schedules whose ``pruned_through`` one UPDATE writes.
+_MARK_BATCH = 500
 
 
 @dataclass(frozen=True)
@@ -51,7 +62,8 @@ def prune_executions(
     without a schedule (ad-hoc) are pruned by age only. Only Execution rows
     are deleted: a schedule's counters (``total_runs``, ``slots_sent``,
     ``total_missed``) are kept on the schedule, so what it has used of its
-    ``max_runs`` or one-off never changes with a prune.
+    ``max_runs`` or one-off never changes with a prune. A prune that
+    deletes nothing moves no schedule's ``pruned_through``.
     """
     candidates = Execution.objects.filter(prunable(older_than=older_than, statuses=statuses))
     if keep_last:
@@ -71,10 +83,41 @@ def prune_executions(
         ids = list(candidates.values_list("pk", flat=True)[:batch_size])
         if not ids:
             break
-        deleted += Execution.objects.filter(pk__in=ids).delete()[1].get(Execution._meta.label, 0)
+        deleted += _delete(ids)
         if progress:
             progress(deleted)
     return PruneReport(matched=matched, deleted=deleted, dry_run=False)
+
+
+def _delete(ids: list[int]) -> int:
+    """Delete the executions ``ids`` and mark their schedules' ``pruned_through``, in one transaction; return how many went.
+
+    The mark is the newest slot deleted per schedule, and only ever moves
+    forward. Schedule rows are locked before the executions are deleted, in
+    id order: the project's lock order (schedule row, then its executions),
+    so a prune does not deadlock with a worker's finish, and reconcile's
+    repair, which reads the mark under the same lock, sees the delete and
+    the mark together or neither.
+    """
+    rows = Execution.objects.filter(pk__in=ids)
+    with transaction.atomic():
+        newest = dict(
+            rows.filter(schedule__isnull=False, trigger__in=_SLOT_TRIGGERS)
+            .order_by()
+            .values_list("schedule_id")
+            .annotate(Max("scheduled_for"))
+        )
+        marked = list(
+            Schedule.objects.select_for_update().filter(pk__in=list(newest)).order_by("pk").only("pk", "pruned_through")
+        )
+        deleted = rows.delete()[1].get(Execution._meta.label, 0)
+        if not deleted:
+            return 0  # another prune took them, and marked them
+        moved = [mark for mark in marked if mark.pruned_through is None or mark.pruned_through < newest[mark.pk]]
+        for mark in moved:
+            mark.pruned_through = newest[mark.pk]
+        Schedule.objects.bulk_update(moved, ["pruned_through"], batch_size=_MARK_BATCH)
+    return deleted
 
 
 def prune_audit_events(*, older_than: datetime, keep: Collection[int] = (), batch_size: int = BATCH_SIZE) -> int:

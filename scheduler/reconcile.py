@@ -427,10 +427,14 @@ def _audit(
     A slot is owed from the schedule's ``owed_since`` (moved on resume,
     re-enable and timing edits), within its catch-up window and the
     retention of finished executions (older rows may have been pruned),
-    and before its ``next_run_at`` (that slot and later ones are the beat's
-    to fire). Schedules are read before their executions, and the beat
-    commits a schedule's rows with its ``next_run_at``, so a slot the beat
-    is firing right now is never taken for a missing one.
+    after its ``pruned_through`` (the newest slot a prune deleted, whatever
+    that prune's arguments) and before its ``next_run_at`` (that slot and
+    later ones are the beat's to fire). Schedules are read before their
+    executions, and the beat commits a schedule's rows with its
+    ``next_run_at``, so a slot the beat is firing right now is never taken
+    for a missing one. A prune commits its deletes with its mark, so the
+    marks are read again after the executions: a slot a prune deleted in
+    between is not taken for a missing one either.
 
     At most ``AUDIT_SLOTS_PER_PASS`` slots are looked at; the audit stops
     before the first schedule that does not fit. Return the changes, the
@@ -443,7 +447,8 @@ def _audit(
     budget, last_id = AUDIT_SLOTS_PER_PASS, None
     for schedule in schedules:
         window_start = now - timedelta(seconds=schedule.catchup_window)
-        since = max(schedule.owed_since or schedule.created_at, window_start, horizon)
+        starts = (schedule.owed_since or schedule.created_at, window_start, horizon, schedule.pruned_through)
+        since = max(start for start in starts if start is not None)
         until = now if schedule.next_run_at is None else min(schedule.next_run_at - _TICK, now)
         limit = min(AUDIT_SLOTS, budget)
         try:
@@ -457,10 +462,12 @@ def _audit(
         if slots:
             expected.append((schedule, slots, [executions.key(schedule, slot) for slot in slots]))
     present = _present_keys([key for _, _, keys in expected for key in keys])
+    pruned = _pruned_through([schedule.pk for schedule, _, keys in expected if not present.issuperset(keys)])
     changes: list[Change] = []
     to_send: list[int] = []
     for schedule, slots, keys in expected:
-        missing = [slot for slot, key in zip(slots, keys) if key not in present]
+        mark = pruned.get(schedule.pk)
+        missing = [slot for slot, key in zip(slots, keys) if key not in present and (mark is None or slot > mark)]
         if not missing:
             continue
         if not repair:
@@ -490,6 +497,15 @@ def _present_keys(keys: list[str]) -> set[str]:
     return present
 
 
+def _pruned_through(schedule_ids: list[int]) -> dict[int, datetime | None]:
+    """Return each schedule's ``pruned_through`` as it is now (the executions were read before)."""
+    marks: dict[int, datetime | None] = {}
+    for index in range(0, len(schedule_ids), BATCH_SIZE):
+        chunk = schedule_ids[index : index + BATCH_SIZE]
+        marks.update(Schedule.objects.filter(pk__in=chunk).values_list("pk", "pruned_through"))
+    return marks
+
+
 def _misfire_plan(misfire: str, missing: list[datetime], *, latest_slot: datetime) -> list[tuple[datetime, str]]:
     """Return (slot, status) for late slots by the misfire policy, as the beat would have.
 
@@ -505,6 +521,10 @@ def _misfire_plan(misfire: str, missing: list[datetime], *, latest_slot: datetim
 
 def _record(schedule: Schedule, plan: list[tuple[datetime, str]], *, now: datetime) -> list[dict[str, Any]]:
     with transaction.atomic():
+        # A prune marks the schedule under this lock: none can commit between this read and the insert.
+        locked = Schedule.objects.select_for_update().filter(pk=schedule.pk)
+        mark = locked.values_list("pruned_through", flat=True).first()
+        plan = [(slot, status) for slot, status in plan if mark is None or slot > mark]
         recorded = executions.record_slots(schedule, plan, now=now)
         missed = sum(1 for row in recorded if row["status"] == Status.MISSED)
         if missed:

@@ -227,6 +227,10 @@ class Schedule(models.Model):
     #: Slots before this instant are not owed: reconcile's audit starts here.
     #: Moved forward on resume, re-enable and timing edits.
     owed_since = models.DateTimeField(null=True, blank=True, editable=False)
+    #: The newest slot whose execution a prune deleted (``scheduler.prune``, in the
+    #: deleting transaction; it never moves back). Reconcile's audit starts after it:
+    #: a slot that ran and was since pruned is never taken for a missing one.
+    pruned_through = models.DateTimeField(null=True, blank=True, editable=False)
     consecutive_failures = models.PositiveIntegerField(default=0, editable=False)
     #: When a run last succeeded (set by the finish path in ``scheduler.executions``).
     last_success_at = models.DateTimeField(null=True, blank=True, editable=False)

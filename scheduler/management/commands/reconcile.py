@@ -24,8 +24,9 @@ instances silent for SCHEDULER_RECONCILE_INSTANCE_STALE_SECONDS are removed.
 Audit: slots each active schedule owes that have no execution are listed;
 --repair records them under the schedule's misfire policy. A schedule owes
 the slots since its owed_since (moved on resume, re-enable and timing edits),
-within its catch-up window and SCHEDULER_PRUNE_OLDER_THAN_DAYS. A pass audits
-up to 1,000 schedules, round-robin by id within one process.
+within its catch-up window and SCHEDULER_PRUNE_OLDER_THAN_DAYS, and after the
+newest slot any prune deleted (its pruned_through). A pass audits up to 1,000
+schedules, round-robin by id within one process.
 
 The beat leader runs the same pass (without --repair) every
 SCHEDULER_RECONCILE_INTERVAL_SECONDS. Exits 1 when the broker refused a send.
