@@ -55,8 +55,8 @@ from scheduler import bulk_insert, overdue, session_limits, tracing
 from scheduler.conf import settings
 from scheduler.exceptions import InFlightLocked, MessageRefused
 from scheduler.failpoints import failpoint
-from scheduler.models import Execution, ExecutionTally, Schedule
-from scheduler.models.tally import MESSAGE_REFUSED, SHARDS
+from scheduler.models import Execution, Schedule
+from scheduler.models.tally import MESSAGE_REFUSED, TallyIncrement
 from scheduler.prepared import Param, Prepared, RowReader
 
 logger = logging.getLogger(__name__)
@@ -549,7 +549,7 @@ def _refuse_unless_sent_for(found: tuple[int, str, str] | None, task: str, celer
         reason = TASK_ID_MISMATCH
     else:
         return
-    _count_refused(reason, execution_id)
+    _count_refused(reason)
     raise MessageRefused(
         f"message {celery_task_id} (task {task}) refused for execution {execution_id} "
         f"(task {row_task}, celery id {row_task_id}): {reason}",
@@ -562,17 +562,9 @@ def _refuse_unless_sent_for(found: tuple[int, str, str] | None, task: str, celer
     )
 
 
-def _count_refused(reason: str, execution_id: int) -> None:
-    """Add one refused message to its tally row (``/metrics``: ``scheduler_messages_refused_total``)."""
-    tally = {"status": MESSAGE_REFUSED, "task": "", "trigger": reason, "shard": execution_id % SHARDS}
-    rows = ExecutionTally.objects.filter(**tally)
-    if rows.update(count=F("count") + 1):
-        return
-    try:
-        with transaction.atomic():
-            ExecutionTally.objects.create(**tally, count=1)
-    except IntegrityError:  # another refusal created the row meanwhile
-        rows.update(count=F("count") + 1)
+def _count_refused(reason: str) -> None:
+    """Count one refused message (``/metrics``: ``scheduler_messages_refused_total``): an increment, as the trigger's."""
+    TallyIncrement.objects.create(status=MESSAGE_REFUSED, task="", trigger=reason)
 
 
 def _hold_to_time_limit(held: Claim, timeout: int) -> None:

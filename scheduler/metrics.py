@@ -3,8 +3,9 @@
 Beat replicas and workers are separate processes; the database is what they
 share, so every metric here is derived from it when Prometheus scrapes.
 Counters come from rows that only grow (the lease's fencing token, the
-execution tallies a trigger keeps: ``scheduler.models.tally``), so
-``rate()`` works across pruning, restarts and any number of web processes.
+execution tallies a trigger keeps: ``scheduler.models.tally``, whose
+increments each scrape folds first), so ``rate()`` works across pruning,
+restarts and any number of web processes.
 Every query uses an index and reads a bounded number of rows: a scrape costs
 the same with a million schedules (``bench/scrape.py``).
 
@@ -14,10 +15,12 @@ names a schedule carries its ``tenant`` too, and the endpoint takes
 """
 from __future__ import annotations
 
+import logging
 from collections import Counter, defaultdict
 from collections.abc import Iterator
 from datetime import datetime, timedelta
 
+from django.db import DatabaseError
 from django.db.models import Case, Count, DurationField, ExpressionWrapper, F, Min, Q, QuerySet, Sum, Value, When
 from django.db.models.functions import Greatest
 from django.http import HttpRequest, HttpResponse
@@ -36,8 +39,10 @@ from prometheus_client.registry import Collector, CollectorRegistry
 from scheduler import cluster, executions, leases, shards
 from scheduler.conf import settings
 from scheduler.metrics_token import token_required
-from scheduler.models import DurationTally, Execution, ExecutionTally, Instance, Lease, Schedule
+from scheduler.models import Execution, Instance, Lease, Schedule, tally
 from scheduler.models.tally import DURATION_BUCKETS, MESSAGE_REFUSED
+
+logger = logging.getLogger(__name__)
 
 #: Scheduled slots sent within this window feed the dispatch lag histogram.
 WINDOW = timedelta(hours=1)
@@ -76,6 +81,21 @@ def oldest_queued(*, now: datetime) -> dict[str, float]:
     return {queue: max((now - due).total_seconds(), 0.0) for queue, due in rows}
 
 
+def _fold_tallies() -> None:
+    """Fold the execution tallies' increments (``scheduler.models.tally``), so this scrape reads few of them.
+
+    A fold that fails (SQLite busy past its timeout) is logged and the
+    scrape goes on: the counts read are exact either way.
+    """
+    try:
+        tally.fold()
+    except DatabaseError:
+        logger.warning(
+            "folding the execution tallies failed; the next scrape folds", exc_info=True,
+            extra={"action": "tally_fold_failed"},
+        )
+
+
 def _capped_count(schedules: QuerySet[Schedule]) -> int:
     """Count ``schedules`` up to ``COUNT_CAP``: an index range scan that stops there."""
     return schedules.order_by().values("pk")[:COUNT_CAP].count()
@@ -85,11 +105,13 @@ class DatabaseCollector(Collector):
     """Collects the scheduler's metrics from its tables."""
 
     def collect(self) -> Iterator[Metric]:
+        _fold_tallies()
         now = leases.db_now()
         view = cluster.shard_view() if shards.is_sharded() else None
         members = _members(view, now=now)
-        yield self._executions_total()
-        yield self._messages_refused()
+        counts = tally.execution_counts()
+        yield self._executions_total(counts)
+        yield self._messages_refused(counts)
         yield self._task_duration()
         yield self._executions_current()
         yield self._dispatch_lag(since=now - WINDOW)
@@ -119,33 +141,29 @@ class DatabaseCollector(Collector):
         yield from self._last_success()
         yield from self._instances(members)
 
-    def _executions_total(self) -> CounterMetricFamily:
+    def _executions_total(self, counts: dict[tuple[str, str, str], int]) -> CounterMetricFamily:
         total = CounterMetricFamily(
             "scheduler_executions",
             "Executions that reached a final status, by status, task and trigger (never decreases; pruning keeps it).",
             labels=["status", "task", "trigger"],
         )
-        rows = (
-            ExecutionTally.objects.exclude(status=MESSAGE_REFUSED)
-            .values_list("status", "task", "trigger")
-            .annotate(count=Sum("count"))
-            .order_by("status", "task", "trigger")
-        )
-        for status, task, trigger, count in rows:
-            total.add_metric([status, task, trigger], count)
+        for (status, task, trigger), count in sorted(counts.items()):
+            if status != MESSAGE_REFUSED:
+                total.add_metric([status, task, trigger], count)
         return total
 
-    def _messages_refused(self) -> CounterMetricFamily:
+    def _messages_refused(self, counts: dict[tuple[str, str, str], int]) -> CounterMetricFamily:
         refused = CounterMetricFamily(
             "scheduler_messages_refused",
             "Messages refused by a worker, not run, because they were not sent for the execution they name "
             "(task_mismatch: another task name; task_id_mismatch: another task id); the execution was left as it was.",
             labels=["reason"],
         )
-        counts = dict.fromkeys(executions.REFUSAL_REASONS, 0)
-        rows = ExecutionTally.objects.filter(status=MESSAGE_REFUSED).values_list("trigger").annotate(count=Sum("count"))
-        counts.update(rows.order_by())
-        for reason, count in sorted(counts.items()):
+        by_reason = dict.fromkeys(executions.REFUSAL_REASONS, 0)
+        for (status, _, reason), count in counts.items():
+            if status == MESSAGE_REFUSED:
+                by_reason[reason] = by_reason.get(reason, 0) + count
+        for reason, count in sorted(by_reason.items()):
             refused.add_metric([reason], count)
         return refused
 
@@ -156,8 +174,7 @@ class DatabaseCollector(Collector):
             labels=["task"],
         )
         by_task: dict[str, dict[str, tuple[int, float]]] = defaultdict(dict)
-        rows = DurationTally.objects.values_list("task", "le").annotate(count=Sum("count"), seconds=Sum("seconds"))
-        for task, le, count, seconds in rows:
+        for (task, le), (count, seconds) in tally.duration_counts().items():
             by_task[task][le] = (count, seconds)
         for task, buckets in sorted(by_task.items()):
             cumulative, exposed = 0, []

@@ -1,12 +1,13 @@
-"""Lock order: workers finishing runs, the leader cancelling them (``cancel_previous``) and operators deleting
-schedules never deadlock.
+"""Lock order: workers finishing runs, the leader cancelling them (``cancel_previous``), operators deleting schedules
+and concurrent final inserts never deadlock.
 
 A worker's finish writes the execution and its schedule's counters; the
 leader's dispatch locks due schedules, then cancels their executions; a
 schedule's delete detaches its executions. All must take the schedule row
 first (issue 14, item 6), or PostgreSQL aborts one of them with a deadlock:
 a leader that is the victim steps down, a worker that is the victim loses a
-successful outcome.
+successful outcome. The execution tallies take no row lock at all
+(``scheduler.models.tally``), whatever order a statement's final rows come in.
 """
 from __future__ import annotations
 
@@ -19,10 +20,12 @@ from datetime import timedelta
 
 import pytest
 from django.db import connection, transaction
+from django.test import Client
 
 from scheduler import dispatch, executions, leases
 from scheduler.executions import Claim
 from scheduler.models import Execution, Schedule
+from tests.integration.test_metrics_counters import scrape, total
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -109,6 +112,67 @@ def _set_lock_timeout() -> None:
     if connection.vendor == "postgresql":
         with connection.cursor() as cursor:
             cursor.execute("SET lock_timeout = '10s'")
+
+
+def test_final_inserts_whose_rows_meet_the_tallies_in_opposite_orders__no_deadlock_and_counted_exactly(
+    client: Client,
+) -> None:
+    # Given two schedules of two tasks, and two committers (sharded leaders, or
+    # the leader and ``reconcile --repair``) recording missed slots of both at
+    # once, one listing alpha's rows first and the other beta's: every
+    # statement's rows reach every tally of both tasks, in opposite orders
+    alpha = Schedule.objects.create(name="alpha", task="tests.alpha", interval=60)
+    beta = Schedule.objects.create(name="beta", task="tests.beta", interval=60)
+    now = leases.db_now()
+    rounds, per_task = 25, 40
+    barrier = threading.Barrier(2, timeout=BOUND)
+    errors: list[BaseException] = []
+
+    def committer(number: int, first: Schedule, second: Schedule) -> Callable[[], None]:
+        def body() -> None:
+            _set_lock_timeout()
+            for round_ in range(rounds):
+                start = (round_ * 2 + number) * per_task
+                rows = [
+                    executions.execution_for(
+                        schedule, now - timedelta(minutes=1 + start + n), status=Status.MISSED, now=now
+                    )
+                    for schedule in (first, second)
+                    for n in range(per_task)
+                ]
+                try:
+                    barrier.wait()
+                except threading.BrokenBarrierError:
+                    return  # the other one failed: its error is the report
+                try:
+                    with transaction.atomic():
+                        executions.insert(rows)
+                        time.sleep(0.01)  # both hold their tallies until commit, as a leader's commit does
+                except BaseException:
+                    barrier.abort()
+                    raise
+
+        return body
+
+    # When both commit their batches, round after round, at the same instant
+    threads = [
+        threading.Thread(target=on_own_connection(committer(0, alpha, beta), errors)),
+        threading.Thread(target=on_own_connection(committer(1, beta, alpha), errors)),
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=BOUND)
+    assert not any(thread.is_alive() for thread in threads), "a committer is stuck"
+
+    # Then neither was a deadlock victim (nor waited out its lock timeout)
+    assert not errors, errors
+    # And /metrics counts every missed row once
+    samples = scrape(client)
+    for schedule in (alpha, beta):
+        stored = Execution.objects.filter(schedule=schedule, status=Status.MISSED).count()
+        assert stored == rounds * 2 * per_task
+        assert total(samples, "missed", task=schedule.task) == stored
 
 
 def test_schedule_delete__locks_the_schedule_before_its_executions() -> None:

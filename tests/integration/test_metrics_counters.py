@@ -2,17 +2,23 @@
 from __future__ import annotations
 
 import re
+import threading
+import time
 import urllib.request
 from datetime import timedelta
+from typing import Any
 
 import pytest
+from django.db import connection
+from django.db.migrations.executor import MigrationExecutor
 from django.db.models.functions import Now
 from django.test import Client
 
 import tests.tasks  # noqa: F401 -- registers tests.record with the Celery app
 from scheduler import backfill, executions, leases, prune
 from scheduler.conf import settings as scheduler_settings
-from scheduler.models import Execution, ExecutionTally, Lease, Schedule
+from scheduler.models import Execution, Lease, Schedule, tally
+from scheduler.models.tally import TallyIncrement
 from tests import processes
 from tests.integration.test_health_metrics import _serve
 
@@ -70,10 +76,7 @@ def test_executions_total__each_final_move_counts_once_whatever_the_path() -> No
     retried = running(schedule, "e")
     assert executions.retry(retried, delay_seconds=0)
     # Then each final status counted once per execution that reached it
-    tallies = {
-        (status, trigger): sum(ExecutionTally.objects.filter(status=status, trigger=trigger).values_list("count", flat=True))
-        for status, trigger in ExecutionTally.objects.values_list("status", "trigger")
-    }
+    tallies = {(status, trigger): count for (status, _, trigger), count in tally.execution_counts().items()}
     assert tallies == {
         ("succeeded", "scheduled"): 1,
         ("cancelled", "scheduled"): 2,
@@ -188,3 +191,99 @@ def test_executions_current_and_leader_present(client: Client) -> None:
     # When the lease expires, Then nobody is present
     Lease.objects.filter(name=handle.name).update(expires_at=Now() - timedelta(seconds=1))
     assert scrape(client)[f'scheduler_leader_present{{lease="{scheduler_settings.LEASE_NAME}"}}'] == 0
+
+
+@pytest.mark.django_db(transaction=True)
+def test_executions_total__never_decreases_while_folds_and_final_moves_run_at_once() -> None:
+    # Given a schedule, and a folder, a writer of final rows and a reader, each on its own connection
+    schedule = Schedule.objects.create(name="s", task="tests.record", interval=60)
+    now = leases.db_now()
+    stop = threading.Event()
+    errors: list[BaseException] = []
+    seen: list[int] = []
+    written: list[int] = []
+
+    def missed() -> int:
+        return tally.execution_counts().get(("missed", "tests.record", "scheduled"), 0)
+
+    def folder() -> None:
+        while not stop.is_set():
+            tally.fold(batch=7)
+            time.sleep(0.002)
+
+    def writer() -> None:
+        for round_ in range(60):
+            rows = [
+                executions.execution_for(schedule, now - timedelta(minutes=round_ * 5 + n), status=Status.MISSED, now=now)
+                for n in range(5)
+            ]
+            written.append(len(executions.insert(rows)))
+
+    def reader() -> None:
+        while not stop.is_set():
+            seen.append(missed())
+
+    def own_connection(body: Any) -> threading.Thread:
+        def run() -> None:
+            try:
+                body()
+            except BaseException as exc:  # noqa: BLE001 -- reported by the test's assertion
+                errors.append(exc)
+            finally:
+                connection.close()
+
+        return threading.Thread(target=run)
+
+    # When they all run at once until the writer is done
+    threads = [own_connection(body) for body in (folder, reader)]
+    for thread in threads:
+        thread.start()
+    write = own_connection(writer)
+    write.start()
+    write.join(timeout=60)
+    stop.set()
+    for thread in threads:
+        thread.join(timeout=60)
+    assert not any(thread.is_alive() for thread in (*threads, write)), "a thread is stuck"
+    assert not errors, errors
+
+    # Then every read saw the count grow or stay, never fall, and the end count is exact
+    assert seen and all(later >= earlier for earlier, later in zip(seen, seen[1:])), seen
+    assert sum(written) == 300 == missed()
+    tally.fold()
+    assert not TallyIncrement.objects.exists() and missed() == 300
+
+
+@pytest.mark.django_db(transaction=True)
+def test_migration_0019__counts_survive_both_directions() -> None:
+    # Given one missed execution folded into the totals and one still an increment
+    schedule = Schedule.objects.create(name="s", task="tests.record", interval=60)
+    now = leases.db_now()
+
+    def miss(minutes: int) -> None:
+        executions.insert([executions.execution_for(schedule, now - timedelta(minutes=minutes), status=Status.MISSED, now=now)])
+
+    miss(1)
+    tally.fold()
+    miss(2)
+    executor = MigrationExecutor(connection)
+    leaf = executor.loader.graph.leaf_nodes()
+    try:
+        # When the migration is undone, Then the totals hold both and the old trigger counts the next
+        _migrate([("scheduler", "0018_schedule_pruned_through")])
+        miss(3)
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT SUM(count) FROM scheduler_executiontally WHERE status = 'missed'")
+            assert cursor.fetchone()[0] == 3
+    finally:
+        # When it is applied again, Then the next one is an increment and every count is there
+        _migrate(leaf)
+    miss(4)
+    assert TallyIncrement.objects.count() == 1
+    assert tally.execution_counts()[("missed", "tests.record", "scheduled")] == 4
+
+
+def _migrate(targets: list[tuple[str, str]]) -> None:
+    executor = MigrationExecutor(connection)
+    executor.loader.build_graph()
+    executor.migrate(targets)
