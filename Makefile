@@ -3,7 +3,7 @@ PYTHON ?= python3.11
 VENV := .venv
 REQUIREMENTS := $(wildcard requirements*.txt)
 
-.PHONY: venv test run bench chaos
+.PHONY: venv test run bench chaos explore
 
 venv: $(VENV)/.installed
 
@@ -37,6 +37,15 @@ chaos:
 	bin/ensure-packages test
 	$(MAKE) venv
 	SCHEDULER_SUITE_DATABASES=postgresql CHAOS_DURATION=$(DURATION) $(VENV)/bin/python -m tests.suite tests/chaos -s
+
+# Every failpoint x action in a small real cluster, on PostgreSQL (about 30 minutes);
+# the matrix goes to bench/results/explore.json. make explore EXPLORE_ARGS="--database sqlite"
+# runs it on SQLite; --points and --actions pick scenarios, --fast the subset make test runs.
+EXPLORE_ARGS ?=
+explore:
+	bin/ensure-packages test
+	$(MAKE) venv
+	$(VENV)/bin/python -m bench.explore $(EXPLORE_ARGS)
 
 # Benchmarks (each starts its own PostgreSQL and Redis); results in bench/results/.
 bench: venv
