@@ -75,6 +75,9 @@ def test_fenced_invoice__frozen_attempt_and_its_successor__invoiced_once(
         # And the execution is delivered to worker B, which runs it as attempt 2
         publish_again(execution, queue="b")
         done = wait_final(execution, timeout=20)
+        # (the result is stored by a second statement, just after the block's commit)
+        assert wait_until(lambda: Execution.objects.filter(pk=execution.pk, result__isnull=False).exists(), timeout=10)
+        done.refresh_from_db()
         assert (done.status, done.attempt, done.result) == ("succeeded", 2, "invoiced"), worker_b.log()[-3000:]
     finally:
         # Then A resumes and is let through its block
