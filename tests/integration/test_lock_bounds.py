@@ -185,8 +185,9 @@ def test_leader__cancel_previous_in_flight_row_locked__schedule_left_at_once_oth
         assert Schedule.objects.get(pk=other.pk).next_run_at > other.next_run_at
         assert still_leads(lease)
     # And once that transaction ends, the next pass cancels the execution and fires the slot
+    # (a minute may have turned meanwhile: later slots of either schedule may fire too)
     report = dispatch.dispatch_due(lease)
-    assert [name for name, _ in report.fired] == ["previous"]
+    assert ("previous", previous.next_run_at) in report.fired
     assert report.cancelled_task_ids == ["celery-e"] and report.locked == 0
     assert Execution.objects.get(pk=claim.execution_id).status == Status.CANCELLED
 
@@ -214,8 +215,9 @@ def test_leader__a_lock_nobody_names_in_advance__waits_a_bounded_time_and_commit
         assert Schedule.objects.get(pk=blocked.pk).next_run_at == slot
         assert still_leads(lease)
     # And once the other transaction rolled back, the next pass fires the slot
+    # (a minute may have turned meanwhile: later slots may fire too)
     report = dispatch.dispatch_due(lease)
-    assert report.fired == [("blocked", slot)] and report.locked == 0
+    assert ("blocked", slot) in report.fired and report.locked == 0
 
 
 def test_leader__rows_locked_everywhere__the_pass_ends_within_its_wait_budget(lease: leases.LeaseHandle) -> None:

@@ -143,7 +143,9 @@ def test_freeze__stops_the_whole_process_then_lets_it_go_on() -> None:
         "time.sleep(0.2)\n"
         "print('freezing', flush=True)\n"
         + hit_code("dispatch.commit.after_fence")
-        + "gap = max(later - earlier for earlier, later in zip(ticks, ticks[1:]))\n"
+        # the counting thread must run once after the freeze, or its last tick is the one before it
+        + "time.sleep(0.1)\n"
+        "gap = max(later - earlier for earlier, later in zip(ticks, ticks[1:]))\n"
         "print(round(gap, 2), flush=True)\n"
     )
     child_env = {key: value for key, value in os.environ.items() if not key.startswith("SCHEDULER_FAILPOINTS")}
