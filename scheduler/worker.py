@@ -235,6 +235,15 @@ class ExecutionTask(Task):
         setattr(self.request, _CLAIM_ATTR, claim)
         logs.bind(execution_id=execution.pk, schedule=execution.schedule_id)
         _renewer.hold(claim, since=since, timeout=execution.timeout)
+        if not _renewer.confirm(claim):
+            _renewer.drop(claim)
+            logger.warning(
+                "execution %s attempt %s: this process was paused after claiming it and the claim could not be "
+                "confirmed (it moved on, or the database did not answer); not run",
+                claim.execution_id, claim.attempt,
+                extra={"action": "claim_lost_before_body", "execution_id": claim.execution_id},
+            )
+            raise Ignore()
 
     def _claim(
         self, task_id: str, args: Any, kwargs: Any, *, worker: str, execution_id: Any

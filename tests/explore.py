@@ -159,6 +159,7 @@ assert set(POINTS_BY_NAME) == set(failpoints.POINTS), "every failpoint needs a s
 
 #: The fast subset ``make test`` runs: one scenario per kind of process and step.
 FAST = (
+    ("worker.claim.after", "delay"),
     ("worker.after_body", "freeze"),
     ("dispatch.commit.after_fence", "crash"),
     ("publish.before_mark_queued", "crash"),

@@ -1,8 +1,8 @@
 """Failpoints in a real cluster: one scenario per kind of process and step keeps every guarantee.
 
 The fast subset of the exploration matrix (``tests.explore.FAST``; ``make
-explore`` runs all of it): a pool child frozen between its body and its
-outcome, the leader killed inside its fenced commit, a publisher killed
+explore`` runs all of it): a pool child stalled between its claim and its
+body, one frozen between its body and its outcome, the leader killed inside its fenced commit, a publisher killed
 between pushing a batch and marking it queued, a replica killed while
 handing shards over, and the leader killed while reconcile handles a lost
 execution. Each scenario runs two beat replicas and two workers on the test
