@@ -9,6 +9,9 @@ from __future__ import annotations
 
 from typing import Any
 
+#: The release (PEP 440); CHANGELOG.md says what each one changed.
+__version__ = "0.1.0"
+
 _PUBLIC = {
     "submit": "scheduler.dispatch",
     "current_execution": "scheduler.worker",

@@ -12,7 +12,7 @@ from django.core.checks import Error, Tags, Warning, register
 from django.db import DatabaseError
 
 from scheduler import cluster, shards
-from scheduler.conf import settings
+from scheduler.conf import DEPRECATED_NAMES, DEPRECATED_UNTIL, settings
 
 #: The beat scheduler every replica must run: anything else fires without the lease.
 LEADER_SCHEDULER = "scheduler.beat:LeaderScheduler"
@@ -135,4 +135,18 @@ def check_metrics_token(app_configs: Any = None, **kwargs: Any) -> list[Warning]
             "or add scheduler.W002 to SILENCED_SYSTEM_CHECKS if only your monitoring can reach the web.",
             id="scheduler.W002",
         )
+    ]
+
+
+@register()
+def check_deprecated_settings(app_configs: Any = None, **kwargs: Any) -> list[Warning]:
+    """A deprecated setting name still works, until the release that drops it: say so while there is time."""
+    return [
+        Warning(
+            f"SCHEDULER_{old} is deprecated and stops being read in {DEPRECATED_UNTIL}.",
+            hint=f"Rename it to SCHEDULER_{new}.",
+            id="scheduler.W003",
+        )
+        for old, new in DEPRECATED_NAMES.items()
+        if hasattr(django_settings, f"SCHEDULER_{old}")
     ]

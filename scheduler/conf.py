@@ -95,6 +95,8 @@ class Defaults:
 
 #: Deprecated names still read when the new one is not set: {old name: new name}.
 #: "Lease" means the beat's leadership only; a worker holds a claim.
+#: They are read until the release ``DEPRECATED_UNTIL`` (CHANGELOG.md, "Deprecation policy").
+DEPRECATED_UNTIL = "0.3.0"
 DEPRECATED_NAMES = {
     "EXECUTION_LEASE_SECONDS": "CLAIM_SECONDS",
     "EXECUTION_RENEW_SECONDS": "CLAIM_RENEW_SECONDS",

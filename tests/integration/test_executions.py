@@ -273,6 +273,15 @@ def test_claim_settings__deprecated_names_still_read_and_new_names_win(settings:
     # And the new name wins when both are set
     settings.SCHEDULER_CLAIM_SECONDS = 9.0
     assert scheduler_settings.CLAIM_SECONDS == 9.0
+    # And each deprecated name set is a warning naming its replacement and the release that drops it
+    from scheduler import checks
+
+    warnings = checks.check_deprecated_settings()
+    assert [warning.id for warning in warnings] == ["scheduler.W003"] * 2
+    assert "SCHEDULER_EXECUTION_LEASE_SECONDS" in warnings[0].msg and "0.3.0" in warnings[0].msg
+    assert warnings[0].hint == "Rename it to SCHEDULER_CLAIM_SECONDS."
+    del settings.SCHEDULER_EXECUTION_LEASE_SECONDS, settings.SCHEDULER_EXECUTION_RENEW_SECONDS
+    assert checks.check_deprecated_settings() == []
 
 
 # --- a retry waits for its due time -------------------------------------------------------------
