@@ -37,6 +37,7 @@ from scheduler.builtin_schedules import ensure_builtin_schedules
 from scheduler.conf import settings
 from scheduler.exceptions import LeaseLost
 from scheduler.models import Instance, Schedule
+from scheduler.revoker import Revoker
 from scheduler.settings_schedules import sync_beat_schedule
 from scheduler.shard_keeper import ShardKeeper
 
@@ -82,6 +83,8 @@ class LeaderScheduler(Scheduler):
         self._last_broker_check = 0.0  # the first check runs at once
         self._broker_checked_token: int | None = None
         self._reconciler: threading.Thread | None = None
+        #: Sends the revokes of cancelled executions on a thread of its own (started on first use).
+        self._revoker: Revoker | None = None
         #: The last pass left due schedules because another transaction held a row they need.
         self._held_back = False
         self._ticking = False
@@ -346,15 +349,11 @@ class LeaderScheduler(Scheduler):
             )
 
     def _revoke(self, task_ids: list[str]) -> None:
-        """Stop executions cancelled by ``overlap=cancel_previous`` (already recorded ``cancelled``)."""
-        if not task_ids:
-            return
-        try:
-            self.app.control.revoke(task_ids, terminate=True)
-        except (BrokerError, OSError, ConnectionError) as exc:
-            # Recorded cancelled all the same: a worker that still gets the
-            # message refuses it, because a cancelled execution cannot be claimed.
-            logger.warning("could not revoke %s: %s", task_ids, exc, extra={"action": "revoke_failed"})
+        """Stop executions cancelled by ``overlap=cancel_previous`` (already recorded ``cancelled``), off this tick."""
+        if task_ids:
+            if self._revoker is None:
+                self._revoker = Revoker(self.app)
+            self._revoker.revoke(task_ids)
 
     def _seconds_until_next_work(self, db_now: Any, *, elapsed: float, in_shards: list[int] | None = None) -> float:
         """Seconds until the next slot, renewal or loop bound, counted from now.

@@ -13,6 +13,12 @@ leader knows what its predecessor confirmed.
 
 A broker that is not Redis is never reported as having lost messages;
 reconcile's ``RECONCILE_QUEUED_AFTER_SECONDS`` re-send still covers it.
+
+Every connection the beat opens to the broker (``bounded_connection``)
+gives up on a silent socket after ``wait_seconds()``: a broker that stopped
+answering (SIGSTOP, a VM pause, a network that drops packets) still takes
+TCP connections from its listen backlog, and a call without a timeout
+would wait for it for ever, holding the leader's tick past its lease.
 """
 from __future__ import annotations
 
@@ -22,20 +28,41 @@ from typing import TYPE_CHECKING, Any
 
 from kombu.exceptions import OperationalError
 
+from scheduler.conf import settings
 from scheduler.exceptions import BrokerUnavailable
 from scheduler.failpoints import failpoint
 
 if TYPE_CHECKING:
     from celery import Celery
+    from kombu import Connection
 
 #: Key in the broker's database holding the ``run_id`` whose messages the leader has accounted for.
 MARKER_KEY = "scheduler:broker-run-id"
 
 
+def wait_seconds() -> float:
+    """Return the longest one broker call of the beat waits for an answer: a tenth of the lease TTL (1 s by default).
+
+    The leader's tick renews its lease; a stalled call costs it that much
+    per tick at most, so it keeps its lease while the broker is silent.
+    """
+    return settings.LEASE_TTL_SECONDS / 10
+
+
+@contextmanager
+def bounded_connection(app: Celery) -> Iterator[Connection]:
+    """Yield a new broker connection whose connect and every socket read and write wait at most ``wait_seconds()``."""
+    timeout = wait_seconds()
+    with app.connection_for_write(
+        transport_options={"socket_timeout": timeout, "socket_connect_timeout": timeout}
+    ) as conn:
+        yield conn
+
+
 @contextmanager
 def _redis(app: Celery) -> Iterator[Any | None]:
     """Yield the broker's Redis client (``None`` for another broker); wrap its errors in ``BrokerUnavailable``."""
-    with app.connection_for_write() as conn:
+    with bounded_connection(app) as conn:
         try:
             # One attempt: the caller tries again at its next check.
             conn.ensure_connection(max_retries=0)

@@ -36,7 +36,7 @@ from celery.utils.saferepr import saferepr
 from kombu.exceptions import OperationalError as BrokerError
 from kombu.utils.json import dumps
 
-from scheduler import policies, tracing
+from scheduler import broker, policies, tracing
 from scheduler.conf import settings
 from scheduler.models import Execution
 
@@ -279,8 +279,13 @@ class Publisher:
 
 @contextmanager
 def connect(app: Celery) -> Iterator[Publisher]:
-    """Yield a ``Publisher`` on a fresh broker connection; fail at once if the broker is unreachable."""
-    with app.connection_for_write() as conn:
+    """Yield a ``Publisher`` on a fresh broker connection; fail at once if the broker is unreachable or silent.
+
+    Every call on it waits ``broker.wait_seconds()`` at most: a publisher
+    holds its batch's rows locked while it pushes, and the leader's tick
+    waits for its own pushes.
+    """
+    with broker.bounded_connection(app) as conn:
         # One attempt, no retry loop: kombu would otherwise block the beat
         # for many seconds per outage; the rows simply stay pending.
         conn.ensure_connection(max_retries=0)
