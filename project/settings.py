@@ -201,6 +201,8 @@ SPECTACULAR_SETTINGS = {
 REDIS_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
 CELERY_BROKER_URL = os.environ.get("CELERY_BROKER_URL") or REDIS_URL
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+# Django's tasks framework (the django-tasks backport on 5.2): @task functions run as executions.
+TASKS = {"default": {"BACKEND": "scheduler.tasks_backend.SchedulerBackend"}}
 CELERY_RESULT_BACKEND = "django-db"
 CELERY_RESULT_EXTENDED = True
 # JSON only: pickle lets anyone who can write to the broker run code.

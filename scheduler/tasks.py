@@ -64,3 +64,12 @@ def sleep(seconds: float = 1.0) -> float:
     """Sleep for ``seconds`` and return it; handy for timeout and overlap demos."""
     time.sleep(seconds)
     return seconds
+
+
+@shared_task(name="scheduler.django_task")
+def django_task(path: str, args: list[Any], kwargs: dict[str, Any]) -> Any:
+    """Run the ``@task`` function at ``path``: what ``SchedulerBackend.enqueue()`` sends (``scheduler.tasks_backend``)."""
+    from scheduler import tasks_backend, worker
+
+    running = worker.current_execution()
+    return tasks_backend.run(path, args, kwargs, execution_id=running.execution.pk if running else None)
