@@ -20,17 +20,18 @@ CELERY = str(Path(sys.executable).with_name("celery"))
 class CeleryProcess:
     """One ``celery -A project ...`` child process whose output goes to a log file."""
 
-    def __init__(self, name: str, argv: list[str], env: dict[str, str], log_path: Path) -> None:
+    def __init__(self, name: str, argv: list[str], env: dict[str, str], log_path: Path, *, cwd: Path = ROOT) -> None:
         self.name = name
         self.argv = argv
         self.env = env
         self.log_path = log_path
+        self.cwd = cwd
         self.popen: subprocess.Popen[bytes] | None = None
 
     def start(self) -> CeleryProcess:
         log = self.log_path.open("ab")
         self.popen = subprocess.Popen(
-            self.argv, env=self.env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+            self.argv, env=self.env, cwd=self.cwd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
         )
         log.close()
         return self

@@ -1,40 +1,19 @@
-"""The wheel: the app with its migrations, templates, static files and type marker, and ranges the lock lies in.
-
-The wheel is built from a copy of the files it is made of, so that the
-suite's two database runs never build in the same tree at once.
-"""
+"""The wheel: the app with its migrations, templates, static files and type marker, and ranges the lock lies in."""
 from __future__ import annotations
 
-import shutil
-import subprocess
-import sys
 import zipfile
 from email.parser import Parser
-from pathlib import Path
 
 import pytest
 from packaging.requirements import Requirement
 
 import scheduler
-
-ROOT = Path(__file__).resolve().parents[2]
-DISTRIBUTION = "django-leader-beat"
+from tests.wheel import DISTRIBUTION, ROOT, build
 
 
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory: pytest.TempPathFactory) -> zipfile.ZipFile:
-    source = tmp_path_factory.mktemp("source")
-    for name in ("pyproject.toml", "README.md", "LICENSE"):
-        shutil.copy(ROOT / name, source / name)
-    shutil.copytree(ROOT / "scheduler", source / "scheduler", ignore=shutil.ignore_patterns("__pycache__"))
-    out = tmp_path_factory.mktemp("dist")
-    built = subprocess.run(
-        [sys.executable, "-m", "build", "--wheel", "--no-isolation", "--outdir", str(out), str(source)],
-        capture_output=True, text=True, timeout=300,
-    )
-    assert built.returncode == 0, built.stdout + built.stderr
-    [path] = out.glob("*.whl")
-    return zipfile.ZipFile(path)
+    return zipfile.ZipFile(build(tmp_path_factory.mktemp("wheel")))
 
 
 def _metadata(wheel: zipfile.ZipFile) -> Parser:
@@ -66,7 +45,8 @@ def test_wheel__holds_the_app_with_its_migrations_templates_static_files_and_typ
     assert any(name.startswith("scheduler/templates/") for name in names)
     assert "scheduler/static/scheduler/admin.css" in names
     # And nothing of the demo project, the tests or the benchmarks
-    assert {name.split("/")[0] for name in names} == {"scheduler", f"{DISTRIBUTION.replace('-', '_')}-{scheduler.__version__}.dist-info"}
+    dist_info = f"{DISTRIBUTION.replace('-', '_')}-{scheduler.__version__}.dist-info"
+    assert {name.split("/")[0] for name in names} == {"scheduler", dist_info}
 
 
 def test_wheel__metadata_names_the_version_license_and_ranges_the_locked_versions_satisfy(
