@@ -9,10 +9,13 @@ import sys
 from datetime import timedelta
 
 import pytest
+from django.db import connection
 from django.db.models.functions import Now
+from django.test.utils import CaptureQueriesContext
 
 from scheduler import leases
 from scheduler.models import Execution, Instance, Lease, Schedule
+from scheduler.prune import prune_executions
 from tests import processes
 from tests.integration.command_support import refused, run
 
@@ -153,3 +156,23 @@ def test_prune__command_line_errors_are_one_line_without_traceback(redis_url: st
         assert result.returncode == code, result.stderr
         assert len(result.stderr.strip().splitlines()) == 1, result.stderr
         assert "Traceback" not in result.stderr
+
+
+def test_prune__holds_schedule_rows_only_while_the_server_works(history: Schedule) -> None:
+    # Given old executions, one of them re-run by a recent execution (retry_of)
+    rerun = _execution("rerun", status=Status.SUCCEEDED, age_days=0, schedule=history)
+    rerun.retry_of = Execution.objects.get(idempotency_key="old-0")
+    rerun.save(update_fields=["retry_of"])
+    # When a prune deletes them
+    with CaptureQueriesContext(connection) as queries:
+        report = prune_executions(older_than=leases.db_now() - timedelta(days=30))
+    # Then no statement loaded the rows it deleted into this process: with the
+    # schedule rows locked, client-side work per row (Django's delete collector
+    # reads every row to null retry_of) leaves the transaction idle, stalling
+    # those schedules' dispatch and tripping the session's idle-in-transaction bound
+    assert report.deleted == 7
+    loaded = [q["sql"] for q in queries.captured_queries if q["sql"].startswith("SELECT") and '"args"' in q["sql"]]
+    assert not loaded, loaded
+    # and the re-run stays, no longer pointing at the pruned execution
+    rerun.refresh_from_db()
+    assert rerun.retry_of_id is None
