@@ -8,7 +8,8 @@ and publishes them after the commit (``dispatch.publish_pending``); on
 PostgreSQL followers publish pending rows too, each batch locked so two
 replicas send different ones. Its
 periodic reconcile pass runs in a thread of its own, so it never delays a
-tick or a lease renewal.
+tick or a lease renewal, and its broker check in another, so a long
+reconcile pass never delays the re-send of what the broker lost.
 
 Whether a replica seeks the one lease or shares shard leases with the others
 is decided every tick by the stored shard count (``shard_keeper.follow_count``),
@@ -80,9 +81,9 @@ class LeaderScheduler(Scheduler):
         self._last_heartbeat = 0.0  # monotonic
         self._broker_down = False
         self._last_reconcile = time.monotonic()  # the first pass runs one interval after start
-        self._last_broker_check = 0.0  # the first check runs at once
-        self._broker_checked_token: int | None = None
+        self._last_broker_check = 0.0  # the first check runs at once (and again on every acquisition)
         self._reconciler: threading.Thread | None = None
+        self._broker_checker: threading.Thread | None = None
         #: Sends the revokes of cancelled executions on a thread of its own (started on first use).
         self._revoker: Revoker | None = None
         #: The last pass left due schedules because another transaction held a row they need.
@@ -213,6 +214,7 @@ class LeaderScheduler(Scheduler):
             return 0.0
         self._after_dispatch(report, token=lease.token)
         more_pending = self._publish()
+        self._start_broker_check(lease)
         self._start_reconcile(lease)
         if more_pending or report.more:
             return 0.0
@@ -244,7 +246,9 @@ class LeaderScheduler(Scheduler):
         self._after_dispatch(report, token=None)
         more_pending = may_publish and self._publish()
         if 0 in held:
-            self._start_reconcile(held[0])  # shard 0's holder keeps house for all
+            # Shard 0's holder keeps house for all.
+            self._start_broker_check(held[0])
+            self._start_reconcile(held[0])
         if more_pending or report.more:
             return 0.0
         return self._seconds_until_next_work(
@@ -283,33 +287,40 @@ class LeaderScheduler(Scheduler):
         return sent >= settings.DISPATCH_BATCH_SIZE
 
     def _start_reconcile(self, lease: leases.LeaseHandle) -> None:
-        """Start a reconcile pass every ``RECONCILE_INTERVAL_SECONDS``, in its own thread, one at a time.
-
-        The same thread asks the broker every ``BROKER_CHECK_SECONDS`` whether
-        it lost its messages, so a broker restart is repaired in seconds, not
-        an interval later.
-        """
-        interval, check = settings.RECONCILE_INTERVAL_SECONDS, settings.BROKER_CHECK_SECONDS
+        """Start a reconcile pass every ``RECONCILE_INTERVAL_SECONDS``, in its own thread, one at a time."""
+        interval = settings.RECONCILE_INTERVAL_SECONDS
         started = time.monotonic()
-        full = bool(interval) and started - self._last_reconcile >= interval
-        broker_check = bool(check) and started - self._last_broker_check >= check
-        if not (full or broker_check):
+        if not interval or started - self._last_reconcile < interval:
             return
         if self._reconciler is not None and self._reconciler.is_alive():
             return  # the last pass is still running; never two at once
-        if full:
-            self._last_reconcile = started
-        if broker_check:
-            self._last_broker_check = started
-        # The copied context carries the bound log fields (instance id, token) into the thread.
-        self._reconciler = threading.Thread(
-            target=contextvars.copy_context().run, args=(self._reconcile, lease, full, broker_check),
-            name="scheduler-reconcile", daemon=True,
-        )
-        self._reconciler.start()
+        self._last_reconcile = started
+        self._reconciler = self._thread("scheduler-reconcile", self._reconcile, lease)
 
-    def _reconcile(self, lease: leases.LeaseHandle, full: bool = True, broker_check: bool = False) -> None:
-        """A broker check and/or a reconcile pass, on this thread's own database connection, while ``lease`` is held.
+    def _start_broker_check(self, lease: leases.LeaseHandle) -> None:
+        """Ask the broker every ``BROKER_CHECK_SECONDS`` whether it lost messages, in a thread of its own, one at a time.
+
+        Not on the reconcile thread: a broker restart is repaired within
+        seconds however long a reconcile pass takes. The first check under
+        a new lease token runs at once (``_keep_or_seek_leadership``).
+        """
+        check = settings.BROKER_CHECK_SECONDS
+        started = time.monotonic()
+        if not check or started - self._last_broker_check < check:
+            return
+        if self._broker_checker is not None and self._broker_checker.is_alive():
+            return
+        self._last_broker_check = started
+        self._broker_checker = self._thread("scheduler-broker-check", self._check_broker, lease)
+
+    def _thread(self, name: str, target: Any, lease: leases.LeaseHandle) -> threading.Thread:
+        # The copied context carries the bound log fields (instance id, token) into the thread.
+        thread = threading.Thread(target=contextvars.copy_context().run, args=(target, lease), name=name, daemon=True)
+        thread.start()
+        return thread
+
+    def _reconcile(self, lease: leases.LeaseHandle) -> None:
+        """A reconcile pass, on this thread's own database connection, while ``lease`` is held.
 
         A failing pass is logged and the next one runs an interval later.
         Reconcile's changes are conditional updates that an operator's
@@ -317,21 +328,8 @@ class LeaderScheduler(Scheduler):
         lease does no harm; it just does not start without it.
         """
         try:
-            state = leases.current(lease.name)
-            if not (state.is_held and (state.holder, state.token) == (lease.holder, lease.token)):
-                return
-            if broker_check:
-                # A new leader cannot tell a restarted broker from one it never
-                # checked before: what it sent itself went to the broker it
-                # found, so its first check re-sends only what was sent before it led.
-                first = self._broker_checked_token != lease.token
-                report = reconcile.resend_after_broker_restart(
-                    now=state.db_now, app=self.app, sent_before=lease.acquired_at if first else None
-                )
-                self._broker_checked_token = lease.token
-                if report.changes:  # an unreachable broker is logged once by the tick's publish
-                    self._log_reconcile(report)
-            if full:
+            state = self._still_held(lease)
+            if state is not None:
                 self._log_reconcile(reconcile.reconcile(now=state.db_now, app=self.app))
         except Exception:  # noqa: BLE001 -- reconcile is housekeeping: log it, keep dispatching
             logger.exception(
@@ -340,6 +338,41 @@ class LeaderScheduler(Scheduler):
             )
         finally:
             connection.close()  # this thread's own connection (Django's are per thread)
+
+    def _check_broker(self, lease: leases.LeaseHandle) -> None:
+        """Send again what the broker lost, or what waited unclaimed too long, on this thread's own connection.
+
+        Every ``queued`` execution sent before a check that finds a broker
+        run nobody confirmed is sent again, including those this leader
+        sent itself since it took the lease: the broker may have restarted
+        after they went out, and a copy it did keep is claimed once.
+        """
+        try:
+            state = self._still_held(lease)
+            if state is None:
+                return
+            # An unreachable broker is logged once by the tick's publish.
+            for report in (
+                reconcile.resend_after_broker_restart(now=state.db_now, app=self.app),
+                reconcile.resend_unclaimed(now=state.db_now, app=self.app),
+            ):
+                if report.changes:
+                    self._log_reconcile(report)
+        except Exception:  # noqa: BLE001 -- housekeeping: log it, keep dispatching
+            logger.exception(
+                "broker check failed; trying again in %ss", settings.BROKER_CHECK_SECONDS,
+                extra={"action": "broker_check_failed"},
+            )
+        finally:
+            connection.close()  # this thread's own connection (Django's are per thread)
+
+    @staticmethod
+    def _still_held(lease: leases.LeaseHandle) -> leases.LeaseState | None:
+        """Return the lease's state if ``lease`` still holds it (a pass that outlives it does no harm; it just does not start)."""
+        state = leases.current(lease.name)
+        if state.is_held and (state.holder, state.token) == (lease.holder, lease.token):
+            return state
+        return None
 
     def _log_reconcile(self, report: reconcile.ReconcileReport) -> None:
         if report.changes or report.publish_error:
@@ -407,6 +440,8 @@ class LeaderScheduler(Scheduler):
         logs.bind(token=lease.token)
         self._last_renew = time.monotonic()
         self._last_heartbeat = 0.0  # publish is_leader at once
+        # Check the broker at once: a restart while nobody led is repaired now, not a check interval later.
+        self._last_broker_check = 0.0
         self._hold_lease_lock()
         logger.info(
             "leadership acquired by %s (token %s%s)", self.instance_id, lease.token,

@@ -12,7 +12,10 @@ there, however long the queue. The marker lives in the broker, so a new
 leader knows what its predecessor confirmed.
 
 A broker that is not Redis is never reported as having lost messages;
-reconcile's ``RECONCILE_QUEUED_AFTER_SECONDS`` re-send still covers it.
+the re-send of what waited unclaimed past ``RECONCILE_QUEUED_AFTER_SECONDS``
+still covers it. On Redis that re-send leaves alone a queue that still
+holds messages (``queues_holding_messages``): what waits behind them is
+most likely there too.
 
 Every connection the beat opens to the broker (``bounded_connection``)
 gives up on a silent socket after ``wait_seconds()``: a broker that stopped
@@ -22,7 +25,7 @@ would wait for it for ever, holding the leader's tick past its lease.
 """
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
@@ -60,15 +63,22 @@ def bounded_connection(app: Celery) -> Iterator[Connection]:
 
 
 @contextmanager
-def _redis(app: Celery) -> Iterator[Any | None]:
-    """Yield the broker's Redis client (``None`` for another broker); wrap its errors in ``BrokerUnavailable``."""
+def _redis_channel(app: Celery) -> Iterator[Any | None]:
+    """Yield the broker's Redis channel (``None`` for another broker); wrap its errors in ``BrokerUnavailable``."""
     with bounded_connection(app) as conn:
         try:
             # One attempt: the caller tries again at its next check.
             conn.ensure_connection(max_retries=0)
-            yield conn.default_channel.client if conn.transport.driver_type == "redis" else None
+            yield conn.default_channel if conn.transport.driver_type == "redis" else None
         except (OperationalError, OSError, *conn.connection_errors, *conn.channel_errors) as exc:
             raise BrokerUnavailable(f"broker unreachable: {exc}") from exc
+
+
+@contextmanager
+def _redis(app: Celery) -> Iterator[Any | None]:
+    """Yield the broker's Redis client (``None`` for another broker); wrap its errors in ``BrokerUnavailable``."""
+    with _redis_channel(app) as channel:
+        yield None if channel is None else channel.client
 
 
 def unconfirmed_run(app: Celery) -> str | None:
@@ -89,3 +99,22 @@ def confirm_run(app: Celery, run_id: str) -> None:
             # Written even if the broker restarted again in between: the
             # marker then names an old run, and the next check catches it.
             client.set(MARKER_KEY, run_id)
+
+
+def queues_holding_messages(app: Celery, queues: Collection[str]) -> set[str] | None:
+    """Return which of ``queues`` hold messages waiting in the broker now; ``None`` for a broker that is not Redis.
+
+    Counts the messages in a queue's lists (one per priority step, as
+    kombu files them), not the ones workers took and have not acknowledged.
+    """
+    with _redis_channel(app) as channel:
+        if channel is None:
+            return None
+        names = sorted(set(queues))
+        with channel.client.pipeline(transaction=False) as pipe:
+            for name in names:
+                for step in channel.priority_steps:
+                    pipe.llen(channel._q_for_pri(name, step))
+            lengths = pipe.execute()
+        steps = len(channel.priority_steps)
+        return {name for index, name in enumerate(names) if any(lengths[index * steps:(index + 1) * steps])}

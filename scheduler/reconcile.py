@@ -29,7 +29,7 @@ from django.db.models import F, Q
 from django.db.models.functions import Now
 from kombu.exceptions import OperationalError as BrokerError
 
-from scheduler import broker, dispatch, executions, policies, timing, tracing
+from scheduler import broker, dispatch, executions, policies, publisher, timing, tracing
 from scheduler.conf import settings
 from scheduler.exceptions import BrokerUnavailable, ScheduleInvalid
 from scheduler.failpoints import failpoint
@@ -134,9 +134,10 @@ def reconcile(*, now: datetime, dry_run: bool = False, repair: bool = False, app
     pass; a broker error stops them and is reported in ``publish_error``
     rather than raised.
     """
+    app = app or current_app
     lost, to_send = _recover_lost(now=now, dry_run=dry_run)
     pending = _old_pending(now=now)
-    queued = _unclaimed_queued(now=now, dry_run=dry_run)
+    queued = _unclaimed_queued(now=now, dry_run=dry_run, app=app)
     batch = _audit_batch(after_id=_CURSOR.after_id)
     fixed = _fix_next_run_at(_unset_next_run_at(exclude=batch) + batch, now=now, dry_run=dry_run)
     instances = _remove_stale_instances(now=now, dry_run=dry_run)
@@ -148,7 +149,7 @@ def reconcile(*, now: datetime, dry_run: bool = False, repair: bool = False, app
     publish_error = ""
     if not dry_run:
         resend = [change.execution_id for change in pending + queued]
-        sent, publish_error = _send(app or current_app, [*to_send, *recorded, *resend], now=now)
+        sent, publish_error = _send(app, [*to_send, *recorded, *resend], now=now)
         pending = [change for change in pending if change.execution_id in sent]
         queued = [change for change in queued if change.execution_id in sent]
     changes = (*lost, *pending, *queued, *fixed, *instances, *audited)
@@ -227,14 +228,21 @@ def _old_pending(*, now: datetime) -> list[Change]:
     ]
 
 
-def _unclaimed_queued(*, now: datetime, dry_run: bool) -> list[Change]:
+def _unclaimed_queued(*, now: datetime, dry_run: bool, app: Celery) -> list[Change]:
     """Take the ``queued`` (and due ``retrying``) executions no worker claimed in time, to be sent again.
 
     A ``retrying`` row's ``enqueued_at`` is when its retry was due; its
     message may have been lost with a broker restart or a killed worker, or
     never sent (the broker was down when the worker retried). A row without
     ``enqueued_at`` (a plain Celery call recorded before every ``queued``
-    row had one) waits since it was recorded.
+    row had one) waits since it was recorded. A row whose message was to
+    start later (its schedule's jitter) waits from then.
+
+    On Redis, a row whose queue still holds messages in the broker is left
+    alone: its message most likely waits behind them, and sending it again
+    on every threshold would only swell a long queue with copies. Nothing
+    is taken while the broker does not answer (nothing could be sent), so
+    the next check after it answers sends what waited too long.
 
     Their ``enqueued_at`` moves to ``now`` (one conditional UPDATE each), so
     a concurrent pass does not take them too and the next re-send waits a
@@ -244,15 +252,55 @@ def _unclaimed_queued(*, now: datetime, dry_run: bool) -> list[Change]:
     cutoff = now - timedelta(seconds=settings.RECONCILE_QUEUED_AFTER_SECONDS)
     waited = Q(enqueued_at__lt=cutoff) | Q(enqueued_at__isnull=True, created_at__lt=cutoff)
     stale = Execution.objects.filter(waited, status__in=[Status.QUEUED, Status.RETRYING], scheduled_for__lt=cutoff)
+    rows = [
+        row
+        for row in stale.order_by("enqueued_at", "id").values(
+            "id", "schedule_id", "enqueued_at", "created_at", "scheduled_for", "status", "task", "queue",
+            jitter=F("schedule__jitter"),
+        )[:BATCH_SIZE]
+        if row["status"] == Status.RETRYING or publisher.start_at(row) < cutoff
+    ]
+    if not rows:
+        return []
+    try:
+        holding = broker.queues_holding_messages(app, {_queue_name(app, row) for row in rows})
+    except BrokerUnavailable:
+        return []
     changes: list[Change] = []
-    for pk, schedule_id, enqueued_at, created_at in stale.order_by("enqueued_at", "id").values_list(
-        "id", "schedule_id", "enqueued_at", "created_at"
-    )[:BATCH_SIZE]:
+    for row in rows:
+        if holding is not None and _queue_name(app, row) in holding:
+            continue
+        pk, enqueued_at = row["id"], row["enqueued_at"]
         if not dry_run and not executions.mark_resent(pk, was_enqueued_at=enqueued_at, now=now):
             continue
-        since = (enqueued_at or created_at).isoformat()
-        changes.append(Change("republished", f"waiting since {since}, never claimed; sent again", pk, schedule_id))
+        since = (enqueued_at or row["created_at"]).isoformat()
+        changes.append(Change("republished", f"waiting since {since}, never claimed; sent again", pk, row["schedule_id"]))
     return changes
+
+
+def _queue_name(app: Celery, row: dict[str, Any]) -> str:
+    """Return the broker queue the row's message goes to: its own ``queue``, else where Celery routes its task."""
+    try:
+        target = app.amqp.router.route({"queue": row["queue"]} if row["queue"] else {}, row["task"]).get("queue")
+    except Exception:  # noqa: BLE001 -- a route that cannot be resolved here: the row's own queue, or the default
+        target = None
+    return getattr(target, "name", target) or row["queue"] or app.conf.task_default_queue
+
+
+@tracing.traced("scheduler.reconcile.resend_unclaimed", after=tracing.reconciled_attributes)
+def resend_unclaimed(*, now: datetime, app: Celery | None = None) -> ReconcileReport:
+    """Send again the executions that waited unclaimed past ``RECONCILE_QUEUED_AFTER_SECONDS`` (see ``_unclaimed_queued``).
+
+    The fallback for a message the broker lost without ``resend_after_broker_restart``
+    seeing it (a broker that is not Redis, a queue deleted by hand); the
+    leader runs it with every broker check, so such a message is sent again
+    within the threshold and one check of its loss.
+    """
+    app = app or current_app
+    queued = _unclaimed_queued(now=now, dry_run=False, app=app)
+    sent, publish_error = _send(app, [change.execution_id for change in queued], now=now)
+    changes = tuple(change for change in queued if change.execution_id in sent)
+    return ReconcileReport(now=now, dry_run=False, repair=False, changes=changes, publish_error=publish_error)
 
 
 def _send(app: Celery, ids: list[int], *, now: datetime) -> tuple[set[int], str]:
@@ -304,9 +352,7 @@ _BROKER_RESEND = _BrokerResend()
 
 
 @tracing.traced("scheduler.reconcile.broker_check", after=tracing.reconciled_attributes)
-def resend_after_broker_restart(
-    *, now: datetime, app: Celery | None = None, sent_before: datetime | None = None
-) -> ReconcileReport:
+def resend_after_broker_restart(*, now: datetime, app: Celery | None = None) -> ReconcileReport:
     """Send again the waiting executions whose messages the broker lost; change nothing while it kept them.
 
     The broker tells whether it may have lost its messages (``broker``: its
@@ -314,8 +360,9 @@ def resend_after_broker_restart(
     execution sent before ``now`` of the first call that saw it, and every
     ``retrying`` one (its message waits in a worker for the retry's due
     time, and is lost with the broker), is sent again, ``BATCH_SIZE`` per
-    call (``sent_before`` moves that cut earlier, for a leader whose own
-    sends went to the broker it found); a retry's message keeps its due time. Once all are sent the broker
+    call; a retry's message keeps its due time. A leader's own sends since
+    it took the lease are no exception: the broker may have restarted after
+    they went out. Once all are sent the broker
     run is confirmed, and later calls send nothing until it loses its
     messages again. A long queue on a broker that kept it is never re-sent.
     An execution sent twice is claimed once, so a message the broker did keep
@@ -331,7 +378,7 @@ def resend_after_broker_restart(
         return ReconcileReport(now=now, dry_run=False, repair=False, changes=())
     state = _BROKER_RESEND
     if state.run_id != run_id or state.seen_at is None:
-        state.run_id, state.seen_at, state.after_id = run_id, min(now, sent_before or now), 0
+        state.run_id, state.seen_at, state.after_id = run_id, now, 0
     sent_before = Q(enqueued_at__lt=state.seen_at) | Q(enqueued_at__isnull=True, created_at__lt=state.seen_at)
     lost = Execution.objects.filter(
         Q(sent_before, status=Status.QUEUED) | Q(status=Status.RETRYING), id__gt=state.after_id

@@ -41,13 +41,15 @@ def leader(settings: object, redis_url: str) -> Iterator[LeaderScheduler]:
     scheduler = LeaderScheduler(app, lazy=True)
     scheduler.tick()
     assert scheduler.lease is not None
-    if scheduler._reconciler is not None:
-        scheduler._reconciler.join(timeout=30)  # the first tick's broker check
+    assert scheduler._reconciler is None
+    assert scheduler._broker_checker is not None
+    scheduler._broker_checker.join(timeout=30)  # the first tick's broker check, on its own thread
     settings.SCHEDULER_RECONCILE_INTERVAL_SECONDS = 0.001  # type: ignore[attr-defined]
     yield scheduler
     scheduler.close()
-    if scheduler._reconciler is not None:
-        scheduler._reconciler.join(timeout=30)
+    for thread in (scheduler._reconciler, scheduler._broker_checker):
+        if thread is not None:
+            thread.join(timeout=30)
 
 
 def unset_schedule() -> Schedule:

@@ -10,9 +10,9 @@ import redis
 from celery import Celery
 
 from project.celery import app
-from scheduler import broker, dispatch, executions, leases
+from scheduler import broker, dispatch, executions, leases, publisher
 from scheduler.models import Execution, Schedule
-from scheduler.reconcile import reconcile, resend_after_broker_restart
+from scheduler.reconcile import reconcile, resend_after_broker_restart, resend_unclaimed
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -175,3 +175,47 @@ def test_lost__counts_as_in_flight_for_the_overlap_policies() -> None:
     # Then that slot is skipped, as while any execution is in flight
     slots = Execution.objects.filter(schedule=target).order_by("scheduled_for").values_list("status", flat=True)
     assert list(slots) == [Status.LOST, Status.SKIPPED]
+
+
+def test_unclaimed__waiting_behind_other_messages__sent_again_only_once_its_queue_is_empty(
+    redis_client: redis.Redis,
+) -> None:
+    # Given an execution queued five minutes ago and never claimed, with another message ahead of it in its queue
+    now = leases.db_now()
+    stale = execution("stale", status=Status.QUEUED, enqueued_at=now - timedelta(minutes=5))
+    redis_client.lpush("celery", json.dumps({"headers": {Execution.MESSAGE_HEADER: 0}}))
+
+    # When the leader looks for what waited too long
+    behind = resend_unclaimed(now=now, app=app)
+    # Then nothing is sent: its message most likely waits behind the other
+    assert behind.changes == ()
+    assert Execution.objects.get(pk=stale.pk).enqueued_at == now - timedelta(minutes=5)
+
+    # When the queue is empty and it is still unclaimed
+    redis_client.delete("celery")
+    empty = resend_unclaimed(now=now, app=app)
+    # Then it is sent again, once, and waits a full threshold for the next re-send
+    assert [(change.kind, change.execution_id) for change in empty.changes] == [("republished", stale.pk)]
+    assert set(messages(redis_client)) == {stale.pk}
+    assert Execution.objects.get(pk=stale.pk).enqueued_at == now
+    assert resend_unclaimed(now=now, app=app).changes == ()
+
+
+def test_unclaimed__a_message_jitter_delays__waits_from_its_start_not_its_slot(redis_client: redis.Redis) -> None:
+    # Given a schedule whose jitter starts a slot's message up to an hour late, and its
+    # execution sent for a slot a minute ago (never claimed yet: its message starts later)
+    jittered = Schedule(name="jittered", task="scheduler.echo", interval=7200, jitter=3600)
+    jittered.full_clean()
+    jittered.save()
+    now = leases.db_now()
+    slot = now - timedelta(minutes=1)
+    while publisher.start_at({"schedule_id": jittered.pk, "scheduled_for": slot, "jitter": 3600}) < now + timedelta(minutes=5):
+        slot -= timedelta(seconds=1)  # a slot whose message starts well after now
+    execution("jittered", schedule=jittered, scheduled_for=slot, status=Status.QUEUED, enqueued_at=slot)
+
+    # When the leader looks for what waited too long
+    report = resend_unclaimed(now=now, app=app)
+
+    # Then it is left alone: its message has not started yet
+    assert report.changes == ()
+    assert messages(redis_client) == {}
