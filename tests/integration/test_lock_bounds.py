@@ -192,6 +192,34 @@ def test_leader__cancel_previous_in_flight_row_locked__schedule_left_at_once_oth
     assert Execution.objects.get(pk=claim.execution_id).status == Status.CANCELLED
 
 
+def test_leader__cancel_previous_in_flight_row_in_a_publishers_batch__left_at_once_others_committed(
+    lease: leases.LeaseHandle,
+) -> None:
+    # Given a cancel_previous schedule whose pending execution a publisher holds in the batch it is
+    # pushing (issue 26, finding 7: a follower frozen there, or waiting on a silent broker), and another schedule
+    previous = schedule("previous", overlap="cancel_previous")
+    other = schedule("other")
+    pending = Execution.objects.create(
+        idempotency_key="in-batch", task="scheduler.echo", scheduled_for=leases.db_now(),
+        celery_task_id="celery-batch", schedule=previous,
+    )
+    with held_by_another(lambda: executions.pending_rows(limit=dispatch.PUBLISH_BATCH, locked=True)):
+        # When the leader dispatches
+        started = time.monotonic()
+        report = dispatch.dispatch_due(lease)
+        # Then it did not wait for the publisher: the other schedule is committed, the
+        # cancel_previous one left for the next pass, and the leader still leads
+        assert time.monotonic() - started < 1.0
+        assert [name for name, _ in report.fired] == ["other"]
+        assert report.locked == 1
+        assert Execution.objects.get(pk=pending.pk).status == Status.PENDING
+        assert still_leads(lease)
+    # And once the batch is let go, the next pass cancels the execution and fires the slot
+    report = dispatch.dispatch_due(lease)
+    assert ("previous", previous.next_run_at) in report.fired
+    assert Execution.objects.get(pk=pending.pk).status == Status.CANCELLED
+
+
 def test_leader__a_lock_nobody_names_in_advance__waits_a_bounded_time_and_commits_the_others(
     lease: leases.LeaseHandle,
 ) -> None:
