@@ -81,7 +81,9 @@ class LeaderScheduler(Scheduler):
         self._last_heartbeat = 0.0  # monotonic
         self._broker_down = False
         self._last_reconcile = time.monotonic()  # the first pass runs one interval after start
-        self._last_broker_check = 0.0  # the first check runs at once (and again on every acquisition)
+        self._last_broker_check = 0.0  # monotonic
+        #: (name, token) of the lease the last broker check ran under: the first check under another runs at once.
+        self._broker_checked_under: tuple[str, int] | None = None
         self._reconciler: threading.Thread | None = None
         self._broker_checker: threading.Thread | None = None
         #: Sends the revokes of cancelled executions on a thread of its own (started on first use).
@@ -302,15 +304,17 @@ class LeaderScheduler(Scheduler):
 
         Not on the reconcile thread: a broker restart is repaired within
         seconds however long a reconcile pass takes. The first check under
-        a new lease token runs at once (``_keep_or_seek_leadership``).
+        a lease just taken (a new token) runs at once: a broker that
+        restarted while nobody led is repaired now, not a check later.
         """
         check = settings.BROKER_CHECK_SECONDS
         started = time.monotonic()
-        if not check or started - self._last_broker_check < check:
+        under = (lease.name, lease.token)
+        if not check or (under == self._broker_checked_under and started - self._last_broker_check < check):
             return
         if self._broker_checker is not None and self._broker_checker.is_alive():
             return
-        self._last_broker_check = started
+        self._last_broker_check, self._broker_checked_under = started, under
         self._broker_checker = self._thread("scheduler-broker-check", self._check_broker, lease)
 
     def _thread(self, name: str, target: Any, lease: leases.LeaseHandle) -> threading.Thread:
@@ -440,8 +444,6 @@ class LeaderScheduler(Scheduler):
         logs.bind(token=lease.token)
         self._last_renew = time.monotonic()
         self._last_heartbeat = 0.0  # publish is_leader at once
-        # Check the broker at once: a restart while nobody led is repaired now, not a check interval later.
-        self._last_broker_check = 0.0
         self._hold_lease_lock()
         logger.info(
             "leadership acquired by %s (token %s%s)", self.instance_id, lease.token,

@@ -147,3 +147,26 @@ def test_reconcile__a_failing_pass_is_logged_and_the_next_one_runs(
     target.refresh_from_db()
     assert target.next_run_at is not None
     assert target.next_run_at > leases.db_now() - timedelta(minutes=1)
+
+
+def test_broker_check__on_its_own_thread_every_interval_and_at_once_under_a_lease_just_taken(
+    leader: LeaderScheduler, settings: object
+) -> None:
+    # Given a leader that checks the broker once an hour, and has checked it on its first tick
+    settings.SCHEDULER_BROKER_CHECK_SECONDS = 3600  # type: ignore[attr-defined]
+    first = leader._broker_checker
+    assert first is not None and first.name == "scheduler-broker-check"
+    # When it ticks again within the hour
+    leader.tick()
+    # Then it does not check again
+    assert leader._broker_checker is first
+    # When it holds the lease under a new token (it lost it and took it again)
+    again = leases.acquire("beat", leader.instance_id, ttl=10)
+    assert again is not None and again.token > leader.lease.token
+    leader._start_broker_check(again)
+    # Then it checks at once, on a new thread, and not again under that token within the hour
+    checker = leader._broker_checker
+    assert checker is not first and checker is not None
+    checker.join(timeout=30)
+    leader._start_broker_check(again)
+    assert leader._broker_checker is checker
