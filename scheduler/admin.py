@@ -38,6 +38,7 @@ from django.utils.translation import ngettext
 from scheduler import (
     audit, backfill, clock, cluster, dispatch, leases, metrics, operations, overdue, shards, task_policy, timing,
 )
+from scheduler.celery_app import celery_app
 from scheduler.conf import settings
 from scheduler.exceptions import BackfillRefused, BackfillTooLarge, ScheduleInvalid, TaskRefused
 from scheduler.limits import (
@@ -118,8 +119,7 @@ def registered_task_names() -> list[str]:
 
     ``celery.backend_cleanup`` is the one internal task meant to be scheduled.
     """
-    from project.celery import app
-
+    app = celery_app()
     app.loader.import_default_modules()
     return sorted(name for name in app.tasks if not name.startswith("celery.") or name == "celery.backend_cleanup")
 
@@ -615,8 +615,7 @@ class ScheduleAdmin(TenantScoped, ActionsNeedPermission, admin.ModelAdmin):
 
     def _run_one_now(self, request: HttpRequest, schedule: Schedule) -> bool:
         """Run ``schedule`` now and say so; return whether an execution was recorded."""
-        from project.celery import app
-
+        app = celery_app()
         try:
             with transaction.atomic():
                 result = operations.run_now(schedule, app=app, scope=scope_of_user(request.user))
@@ -647,8 +646,7 @@ class ScheduleAdmin(TenantScoped, ActionsNeedPermission, admin.ModelAdmin):
         form = BackfillForm(request.POST or None)
         preview = None
         if request.method == "POST" and form.is_valid():
-            from project.celery import app
-
+            app = celery_app()
             confirm = "confirm" in request.POST
             start, end = form.cleaned_data["start"], form.cleaned_data["end"]
             try:
@@ -746,8 +744,7 @@ class ScheduleAdmin(TenantScoped, ActionsNeedPermission, admin.ModelAdmin):
 
     @admin.action(description="Run selected schedules now", permissions=["change"])
     def run_now(self, request: HttpRequest, queryset: QuerySet[Schedule]) -> None:
-        from project.celery import app
-
+        app = celery_app()
         sent, problems = 0, []
         scope = scope_of_user(request.user)
         for schedule in queryset:
@@ -854,8 +851,7 @@ class ExecutionAdmin(TenantScoped, ActionsNeedPermission, ReadOnlyAdmin):
 
     def object_action_view(self, request: HttpRequest, pk: int, action: str) -> HttpResponse:
         """Retry or Cancel on the execution page: a POST, permission-checked as the list's actions are."""
-        from project.celery import app
-
+        app = celery_app()
         if request.method != "POST":
             return HttpResponseNotAllowed(["POST"])
         execution = get_object_or_404(self.get_queryset(request), pk=pk)
@@ -890,15 +886,13 @@ class ExecutionAdmin(TenantScoped, ActionsNeedPermission, ReadOnlyAdmin):
 
     @admin.action(description="Retry selected executions (as new executions)", permissions=["retry"])
     def retry(self, request: HttpRequest, queryset: QuerySet[Execution]) -> None:
-        from project.celery import app
-
+        app = celery_app()
         scope = scope_of_user(request.user)
         self._apply(request, queryset, lambda e: operations.retry_execution(e, app=app, scope=scope), "retry")
 
     @admin.action(description="Cancel selected executions", permissions=["cancel"])
     def cancel(self, request: HttpRequest, queryset: QuerySet[Execution]) -> None:
-        from project.celery import app
-
+        app = celery_app()
         self._apply(request, queryset, lambda e: operations.cancel_execution(e, app=app), "cancel")
 
     def _audited(self, request: HttpRequest, name: str, execution: Execution, act: Any) -> operations.ActionResult:

@@ -95,6 +95,11 @@ class Defaults:
     #: that no tenant may: ``{tenant: [glob, ...]}``, with ``"*"`` as the default for
     #: tenants not listed. Empty (the default): any task that is not reserved.
     TENANT_TASKS: dict[str, list[str]] = {}
+    #: Dotted path of the Celery app the admin, the API, the probes and the commands
+    #: send through (``"mysite.celery:app"``); empty (the default): Celery's current
+    #: app, which in a Django project is the one ``mysite/celery.py`` creates.
+    #: Workers and beats always use the app they run (``scheduler.celery_app``).
+    CELERY_APP: str = ""
 
 
 #: Deprecated names still read when the new one is not set: {old name: new name}.

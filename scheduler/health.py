@@ -30,6 +30,7 @@ from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET
 
 from scheduler import cluster, leases
+from scheduler.celery_app import celery_app
 from scheduler.conf import settings
 from scheduler.metrics_token import token_required
 from scheduler.models import Schedule
@@ -63,8 +64,7 @@ def check_database() -> Check:
 
 
 def check_broker() -> Check:
-    from project.celery import app
-
+    app = celery_app()
     options = {"socket_connect_timeout": BROKER_TIMEOUT, "socket_timeout": BROKER_TIMEOUT}
     try:
         with app.connection_for_read(transport_options=options) as conn:

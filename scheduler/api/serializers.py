@@ -18,6 +18,7 @@ from rest_framework.settings import api_settings
 from scheduler import leases, operations, overdue
 from scheduler.api.authentication import caller
 from scheduler.backfill import DEFAULT_LIMIT
+from scheduler.celery_app import celery_app
 from scheduler.conf import settings
 from scheduler.limits import PAUSED_REASON_MAX_CHARS
 from scheduler.models import AuditEvent, Execution, Lease, Schedule
@@ -98,8 +99,7 @@ class ScheduleSerializer(serializers.ModelSerializer):
         schedule = self.instance if self.instance is not None else Schedule()
         for field, value in attrs.items():
             setattr(schedule, field, value)
-        from project.celery import app
-
+        app = celery_app()
         try:
             operations.validate_schedule(schedule, app=app, scope=scope)
             if "run_at" in schedule.changed_fields() or (self.instance is None and schedule.run_at):

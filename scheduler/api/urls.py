@@ -1,12 +1,19 @@
 """Routes of the API (``/api/v1/``), its OpenAPI schema (``/api/schema/``) and docs (``/api/docs/``)."""
 from __future__ import annotations
 
+from typing import Any
+
 from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 from rest_framework.permissions import AllowAny
 from rest_framework.routers import SimpleRouter
 
 from scheduler.api import views
+from scheduler.api.policies import OwnSchemaGenerator
+
+#: The schema and its docs page are public (the schema describes the API, it holds no data), and
+#: set their own policies, whatever the host's REST_FRAMEWORK says (scheduler.api.policies).
+PUBLIC: dict[str, Any] = {"permission_classes": [AllowAny], "authentication_classes": [], "versioning_class": None}
 
 router = SimpleRouter()
 router.register("schedules", views.ScheduleViewSet, basename="schedule")
@@ -18,11 +25,6 @@ urlpatterns = [
     path("v1/cluster/", views.ClusterView.as_view(), name="api-cluster"),
     path("v1/reconcile/", views.ReconcileView.as_view(), name="api-reconcile"),
     path("v1/stats/", views.StatsView.as_view(), name="api-stats"),
-    # Public: the schema describes the API, it holds no data.
-    path("schema/", SpectacularAPIView.as_view(permission_classes=[AllowAny]), name="api-schema"),
-    path(
-        "docs/",
-        SpectacularSwaggerView.as_view(url_name="api-schema", permission_classes=[AllowAny]),
-        name="api-docs",
-    ),
+    path("schema/", SpectacularAPIView.as_view(generator_class=OwnSchemaGenerator, **PUBLIC), name="api-schema"),
+    path("docs/", SpectacularSwaggerView.as_view(url_name="api-schema", **PUBLIC), name="api-docs"),
 ]

@@ -19,7 +19,7 @@ from django.db import transaction
 from django.db.models import Count, Min, QuerySet
 from django_filters.rest_framework import DjangoFilterBackend
 from drf_spectacular.types import OpenApiTypes
-from drf_spectacular.utils import OpenApiParameter, extend_schema
+from drf_spectacular.utils import OpenApiParameter
 from rest_framework import exceptions, mixins, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.generics import get_object_or_404
@@ -32,8 +32,9 @@ from scheduler import audit, backfill, cluster, leases, operations, reconcile, t
 from scheduler.api import serializers as s
 from scheduler.api.authentication import caller
 from scheduler.api.filters import AuditEventFilter, ExecutionFilter, ScheduleFilter
-from scheduler.api.parsers import BoundedBodies
+from scheduler.api.policies import OwnPolicies, extend_schema
 from scheduler.api.permissions import HasRole, Unscoped
+from scheduler.celery_app import celery_app
 from scheduler.conf import settings
 from scheduler.exceptions import BackfillRefused, BackfillTooLarge, TaskRefused
 from scheduler.models import AuditEvent, Execution, Lease, Schedule
@@ -100,13 +101,7 @@ def _matches(header: str, current: str) -> bool:
     return "*" in tags or current in tags
 
 
-def _celery_app() -> Any:
-    from project.celery import app
-
-    return app
-
-
-class ScopedViewSet(BoundedBodies, viewsets.GenericViewSet):
+class ScopedViewSet(OwnPolicies, viewsets.GenericViewSet):
     permission_classes = (HasRole,)
     filter_backends = (DjangoFilterBackend,)
 
@@ -219,7 +214,7 @@ class ScheduleViewSet(
         ensure_task_allowed(request, schedule.task, tenant=schedule.tenant)
         try:
             with transaction.atomic():
-                result = operations.run_now(schedule, app=_celery_app(), scope=caller(request).scope)
+                result = operations.run_now(schedule, app=celery_app(), scope=caller(request).scope)
                 audit.record(caller(request).actor, "run_now", schedule, changes={"execution": [None, result.execution.pk]})
         except operations.ActionRefused as exc:
             raise Refused(str(exc)) from None
@@ -253,7 +248,7 @@ class ScheduleViewSet(
             with audit.operation(caller(request).actor, "backfill", schedule, changes=window, start=False) as op:
                 report = backfill.backfill(
                     schedule, start=options["start"], end=options["end"], now=leases.db_now(),
-                    dry_run=options["dry_run"], limit=options["limit"], app=_celery_app(), on_start=op.start,
+                    dry_run=options["dry_run"], limit=options["limit"], app=celery_app(), on_start=op.start,
                 )
                 op.done(report.outcome)
         except BackfillTooLarge as exc:
@@ -285,7 +280,7 @@ class ExecutionViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, ScopedV
         ensure_task_allowed(request, execution.task, tenant=execution.tenant)
         try:
             with transaction.atomic():
-                result = operations.retry_execution(execution, app=_celery_app(), scope=caller(request).scope)
+                result = operations.retry_execution(execution, app=celery_app(), scope=caller(request).scope)
                 audit.record(caller(request).actor, "retry", execution, changes={"retried_by": [None, result.execution.pk]})
         except operations.ActionRefused as exc:
             raise Refused(str(exc)) from None
@@ -299,7 +294,7 @@ class ExecutionViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, ScopedV
         before = audit.snapshot(execution)
         try:
             with transaction.atomic():
-                result = operations.cancel_execution(execution, app=_celery_app())
+                result = operations.cancel_execution(execution, app=celery_app())
                 audit.record(caller(request).actor, "cancel", execution, before=before)
         except operations.ActionRefused as exc:
             raise Refused(str(exc)) from None
@@ -317,7 +312,7 @@ class AuditEventViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, Scoped
 
 
 @extend_schema(tags=["cluster"], responses=s.ClusterSerializer)
-class ClusterView(BoundedBodies, APIView):
+class ClusterView(OwnPolicies, APIView):
     """Leases (one, or one per shard), who holds them, and every instance's heartbeat."""
 
     permission_classes = (HasRole,)
@@ -343,7 +338,7 @@ class ClusterView(BoundedBodies, APIView):
 
 
 @extend_schema(tags=["reconcile"], request=s.ReconcileRequestSerializer, responses=s.ReconcileReportSerializer)
-class ReconcileView(BoundedBodies, APIView):
+class ReconcileView(OwnPolicies, APIView):
     """Run one reconcile pass; a dry run unless ``{"dry_run": false}``. It touches every tenant."""
 
     permission_classes = (HasRole, Unscoped)
@@ -357,13 +352,13 @@ class ReconcileView(BoundedBodies, APIView):
         with audit.operation(
             caller(request).actor, "reconcile", object_type="reconcile", changes={"repair": repair}, start=not dry_run
         ) as op:
-            report = reconcile.reconcile(now=leases.db_now(), dry_run=dry_run, repair=repair, app=_celery_app())
+            report = reconcile.reconcile(now=leases.db_now(), dry_run=dry_run, repair=repair, app=celery_app())
             op.done(report.outcome)
         return Response(s.ReconcileReportSerializer({**report.as_dict(), "summary": report.summary()}).data)
 
 
 @extend_schema(tags=["stats"], parameters=[s.StatsQuerySerializer], responses=s.StatsSerializer)
-class StatsView(BoundedBodies, APIView):
+class StatsView(OwnPolicies, APIView):
     """Executions by status in a window (by slot time), dispatch lag, and the backlog now."""
 
     permission_classes = (HasRole,)

@@ -6,8 +6,8 @@ from typing import Any
 from django.core.management.base import CommandError, CommandParser
 from django.db import transaction
 
-from project.celery import app
 from scheduler import audit, operations
+from scheduler.celery_app import celery_app
 from scheduler.exceptions import SchedulerError
 from scheduler.management.base import (
     BIGINT_MAX,
@@ -128,7 +128,7 @@ Run "manage.py executions ACTION --help" for the options of each action."""
         execution = _get(execution_id)
         if dry_run:
             operations.ensure_retryable(execution)
-            operations.ensure_task(app, execution.task, tenant=execution.tenant, scope=EVERY_TENANT)
+            operations.ensure_task(celery_app(), execution.task, tenant=execution.tenant, scope=EVERY_TENANT)
             self.emit(
                 {"dry_run": True, "retry_of": execution.pk},
                 as_json=json,
@@ -136,7 +136,7 @@ Run "manage.py executions ACTION --help" for the options of each action."""
             )
             return
         with transaction.atomic():
-            result = operations.retry_execution(execution, app=app, scope=EVERY_TENANT)
+            result = operations.retry_execution(execution, app=celery_app(), scope=EVERY_TENANT)
             audit.record(audit.CLI, "retry", execution, changes={"retried_by": [None, result.execution.pk]})
         retry = result.execution
         text = (
@@ -168,7 +168,7 @@ Run "manage.py executions ACTION --help" for the options of each action."""
             return
         before = audit.snapshot(execution)
         with transaction.atomic():
-            result = operations.cancel_execution(execution, app=app)
+            result = operations.cancel_execution(execution, app=celery_app())
             audit.record(audit.CLI, "cancel", execution, before=before)
         text = f"Cancelled execution {execution_id} (was {was})."
         if result.broker_error:

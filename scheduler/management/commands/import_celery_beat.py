@@ -7,8 +7,8 @@ from typing import Any
 from django.core.management.base import CommandError, CommandParser
 from django.db import DEFAULT_DB_ALIAS, transaction
 
-from project.celery import app
 from scheduler import audit
+from scheduler.celery_app import celery_app
 from scheduler.import_celery_beat import (
     EXISTS,
     IMPORTED,
@@ -52,7 +52,7 @@ examples:
         try:
             # The schedules and their events in one transaction: none without the other.
             with transaction.atomic():
-                report = import_periodic_tasks(using=options["database"], app=app, dry_run=options["dry_run"])
+                report = import_periodic_tasks(using=options["database"], app=celery_app(), dry_run=options["dry_run"])
                 if not report.dry_run:
                     imported = [task.name for task in report.tasks if task.outcome == IMPORTED]
                     for schedule in Schedule.objects.filter(name__in=imported):

@@ -11,8 +11,8 @@ from zoneinfo import ZoneInfo
 from django.core.management.base import CommandError, CommandParser
 from django.db import transaction
 
-from project.celery import app
 from scheduler import audit, clock, leases, limits, operations
+from scheduler.celery_app import celery_app
 from scheduler.exceptions import SchedulerError
 from scheduler.management.base import (
     SchedulerCommand,
@@ -199,7 +199,7 @@ Run "manage.py schedules ACTION --help" for the options of each action."""
         if run_now:
             changes.update(cron="", interval=None, run_at=now)
         schedule = Schedule(name=name, enabled=not disabled, **changes)
-        operations.validate_schedule(schedule, app=app, scope=EVERY_TENANT)
+        operations.validate_schedule(schedule, app=celery_app(), scope=EVERY_TENANT)
         operations.ensure_run_at_ahead(
             schedule.run_at, now=now, hint="Give a future time, or use --run-now (instead of --at) to run it now."
         )
@@ -218,7 +218,7 @@ Run "manage.py schedules ACTION --help" for the options of each action."""
             raise CommandError("Nothing to change: give at least one option, e.g. --cron or --queue.")
         for field, value in changes.items():
             setattr(schedule, field, value)
-        operations.validate_schedule(schedule, app=app, scope=EVERY_TENANT)
+        operations.validate_schedule(schedule, app=celery_app(), scope=EVERY_TENANT)
         if "run_at" in schedule.changed_fields():
             operations.ensure_run_at_ahead(
                 schedule.run_at, now=leases.db_now(),
@@ -270,7 +270,7 @@ Run "manage.py schedules ACTION --help" for the options of each action."""
     def _run_now(self, name: str, *, json: bool, dry_run: bool, **options: Any) -> None:
         schedule = _get(name)
         if dry_run:
-            operations.ensure_task(app, schedule.task, tenant=schedule.tenant, scope=EVERY_TENANT)
+            operations.ensure_task(celery_app(), schedule.task, tenant=schedule.tenant, scope=EVERY_TENANT)
             self.emit(
                 {"dry_run": True, "schedule": schedule.name, "task": schedule.task},
                 as_json=json,
@@ -278,7 +278,7 @@ Run "manage.py schedules ACTION --help" for the options of each action."""
             )
             return
         with transaction.atomic():
-            result = operations.run_now(schedule, app=app, scope=EVERY_TENANT)
+            result = operations.run_now(schedule, app=celery_app(), scope=EVERY_TENANT)
             audit.record(audit.CLI, "run_now", schedule, changes={"execution": [None, result.execution.pk]})
         execution = result.execution
         text = (
