@@ -41,6 +41,8 @@ reconcile is part of what is tested). Then it checks:
   any action at a point of its tick thread (``Point.tick``); a fault in a
   worker, or in the leader's reconcile thread, must leave leadership alone.
 
+The checks themselves are ``tests/invariants.py``, shared with the chaos soak.
+
 SQLite has one writer for the whole database. A process frozen or stalled
 inside a write transaction (``Point.in_write``) holds it, and every other
 writer, the leader's renewal and the claims' included, waits until the
@@ -58,7 +60,7 @@ from __future__ import annotations
 import json
 import signal
 import time
-from collections import Counter, defaultdict
+from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -71,6 +73,7 @@ from django.test.utils import override_settings
 
 from scheduler import failpoints, leases, shards
 from scheduler.models import Execution, Instance, Lease, Schedule
+from tests import invariants
 from tests import tasks as test_tasks
 from tests.processes import CeleryProcess, beat_argv, wait_until, worker_argv
 
@@ -466,23 +469,14 @@ def _check(
 ) -> dict[str, Any]:
     """Check the invariants on what the scenario left; return them, the figures and the failures."""
     failures: list[str] = []
-    by_schedule: dict[int, list[Execution]] = defaultdict(list)
-    for execution in executions:
-        by_schedule[execution.schedule_id].append(execution)
 
     # slots: exactly one execution per slot, none missing from creation to the end.
-    duplicates, gaps = 0, 0
-    for schedule in schedules:
-        slots = Counter(execution.scheduled_for for execution in by_schedule[schedule.pk])
-        duplicates += sum(count - 1 for count in slots.values())
-        count = int((ended_at - created_at).total_seconds() // schedule.interval) + 2
-        owed = {slot for slot in schedule.next_fire_times(count, after=created_at) if slot <= ended_at}
-        gaps += len(owed - set(slots))
+    duplicates, gaps = invariants.slot_violations(schedules, executions, created_at=created_at, ended_at=ended_at)
     if duplicates or gaps:
         failures.append(f"slots: {duplicates} duplicate(s), {gaps} gap(s)")
 
     # final: every execution final, each within the bound after its slot or the end of the fault.
-    open_rows = [e for e in executions if e.status not in Execution.FINAL_STATUSES]
+    open_rows = invariants.open_executions(executions)
     delays = [
         e.finished_at.timestamp() - max(e.scheduled_for.timestamp(), fault_end)
         for e in executions if e.status in Execution.FINAL_STATUSES and e.finished_at is not None
@@ -497,8 +491,8 @@ def _check(
         failures.append(f"final: {time_to_final:.1f}s after the fault (bound {FINAL_BOUND_SECONDS}s)")
 
     # claims: no body completed after its claim moved on, none ran twice or alongside another.
-    stale, twice, overlapping = _claim_violations(events, executions)
-    fenced_wrong = _fenced_violations(side_effects, executions) if side_effects is not None else []
+    stale, twice, overlapping = invariants.claim_violations(events, executions)
+    fenced_wrong = invariants.fenced_violations(side_effects, executions) if side_effects is not None else []
     if stale or twice or overlapping or fenced_wrong:
         failures.append(
             f"claims: completed after the claim moved on {stale}, ran twice {twice}, overlapped {overlapping}"
@@ -512,21 +506,12 @@ def _check(
     stall_bound = STALL_BOUND_SECONDS + (FAULT_SECONDS if holds_writer else 0)
 
     # stall: the largest gap between consecutive committed slots of an every-second schedule.
-    lo, hi = created_at.timestamp(), ended_at.timestamp()
-    max_gap = 0.0
-    for schedule in schedules:
-        if schedule.interval != 1:
-            continue
-        commits = sorted(
-            [lo]
-            + [e.created_at.timestamp() for e in by_schedule[schedule.pk] if lo < e.scheduled_for.timestamp() <= hi]
-        )
-        max_gap = max([max_gap, *(later - earlier for earlier, later in zip(commits, commits[1:]))])
+    max_gap, _ = invariants.max_stall(schedules, executions, created_at=created_at, ended_at=ended_at)
     if max_gap > stall_bound:
         failures.append(f"stall: {max_gap:.1f}s between two committed slots (bound {stall_bound}s)")
 
     # leadership: tokens change only when the fault stopped a beat replica's tick.
-    token_changes = _token_changes(lease_log)
+    token_changes = invariants.token_changes(lease_log)
     stops_a_beat = fired_in == "beat" and (action in ("crash", "freeze") or point.tick) or holds_writer
     if token_changes and not stops_a_beat:
         failures.append(f"leadership: {token_changes} token change(s) though the fault stopped no beat replica")
@@ -549,75 +534,6 @@ def _check(
         "gaps": gaps,
         "token_changes": token_changes,
     }
-
-
-def _claim_violations(
-    events: list[dict[str, Any]], executions: list[Execution]
-) -> tuple[list[list[int]], list[list[int]], list[int]]:
-    """Return the stale, doubled and overlapping bodies in the ``tests.record`` run log.
-
-    Stale: [execution, attempt] of a body that completed after its claim
-    moved on. Doubled: [execution, attempt] whose body started twice.
-    Overlapping: executions two of whose bodies ran at once.
-    """
-    first_start: dict[int, dict[int, float]] = defaultdict(dict)
-    starts: Counter[tuple[int, int]] = Counter()
-    spans: dict[int, list[tuple[float, float]]] = defaultdict(list)
-    open_starts: dict[tuple[int, int], float] = {}
-    for event in events:
-        key = (event["execution_id"], event["attempt"])
-        if event["event"] == "start":
-            starts[key] += 1
-            attempts = first_start[event["execution_id"]]
-            attempts[event["attempt"]] = min(event["at"], attempts.get(event["attempt"], event["at"]))
-            open_starts[(event["execution_id"], event["pid"])] = event["at"]
-        elif (event["execution_id"], event["pid"]) in open_starts:
-            spans[event["execution_id"]].append((open_starts.pop((event["execution_id"], event["pid"])), event["at"]))
-    rows = {execution.pk: execution for execution in executions}
-    stale = []
-    for event in events:
-        if event["event"] != "stop":
-            continue
-        execution_id, attempt = event["execution_id"], event["attempt"]
-        moved_on = [at for later, at in first_start[execution_id].items() if later > attempt]
-        row = rows.get(execution_id)
-        if row and row.attempt == attempt and row.status != Execution.Status.SUCCEEDED and row.finished_at:
-            moved_on.append(row.finished_at.timestamp())
-        if moved_on and event["at"] > min(moved_on):
-            stale.append([execution_id, attempt])
-    twice = [list(key) for key, count in starts.items() if count > 1]
-    overlapping = []
-    for execution_id, runs in spans.items():
-        runs.sort()
-        if any(later[0] < earlier[1] for earlier, later in zip(runs, runs[1:])):
-            overlapping.append(execution_id)
-    return stale, twice, overlapping
-
-
-def _fenced_violations(side_effects: list[tuple[int, int, int]], executions: list[Execution]) -> list[int]:
-    """Executions of ``tests.fenced_invoice`` whose committed side effects are not exactly one, of the succeeded attempt."""
-    committed: dict[int, list[int]] = defaultdict(list)
-    for execution_id, attempt, _ in side_effects:
-        committed[execution_id].append(attempt)
-    wrong = []
-    for execution in executions:
-        if execution.task != "tests.fenced_invoice":
-            continue
-        want = [execution.attempt] if execution.status == Execution.Status.SUCCEEDED else []
-        if committed.get(execution.pk, []) != want:
-            wrong.append(execution.pk)
-    return wrong
-
-
-def _token_changes(lease_log: list[tuple[float, str, str, int]]) -> int:
-    """How many times a lease got a new token after the first one logged for it."""
-    first: dict[str, int] = {}
-    tokens: dict[str, set[int]] = defaultdict(set)
-    for _, name, _, token in lease_log:
-        first.setdefault(name, token)
-        if token:
-            tokens[name].add(token)
-    return sum(len(seen - {first[name]}) for name, seen in tokens.items())
 
 
 # --- the matrix -----------------------------------------------------------------------------------
