@@ -41,7 +41,6 @@ from itertools import chain
 from operator import attrgetter
 from typing import Any
 
-import psycopg
 from django.db import connections, models, router, transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.backends.utils import CursorWrapper
@@ -242,11 +241,22 @@ def _values(objs: Sequence[Model], column: _Column, connection: BaseDatabaseWrap
     return [value if value is None or type(value) is as_is else prepared(value) for value in raw]
 
 
-class _UnpreparedCursor(psycopg.Cursor):
-    """Binds parameters on the server, and never as a prepared statement (a transaction pooler may sit between)."""
+@functools.cache
+def _unprepared_cursor() -> type:
+    """psycopg's cursor that binds parameters on the server, and never as a prepared statement.
 
-    def execute(self, query: Any, params: Any = None, *, prepare: bool | None = None, binary: bool | None = None) -> Any:
-        return super().execute(query, params, prepare=False, binary=binary)
+    A transaction pooler may sit between. Made on first use: only PostgreSQL
+    gets here, and an install for SQLite alone has no psycopg.
+    """
+    import psycopg
+
+    class UnpreparedCursor(psycopg.Cursor):
+        def execute(
+            self, query: Any, params: Any = None, *, prepare: bool | None = None, binary: bool | None = None
+        ) -> Any:
+            return super().execute(query, params, prepare=False, binary=binary)
+
+    return UnpreparedCursor
 
 
 def _binding_cursor(connection: BaseDatabaseWrapper) -> CursorWrapper:
@@ -254,5 +264,5 @@ def _binding_cursor(connection: BaseDatabaseWrapper) -> CursorWrapper:
     connection.ensure_connection()
     connection.validate_thread_sharing()
     with connection.wrap_database_errors:
-        raw = _UnpreparedCursor(connection.connection)
+        raw = _unprepared_cursor()(connection.connection)
     return connection.make_debug_cursor(raw) if connection.queries_logged else connection.make_cursor(raw)

@@ -23,10 +23,14 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-import psycopg
 from django.db import DatabaseError, connection, transaction
 from django.db.models import F
-from psycopg import pq
+
+try:
+    import psycopg
+    from psycopg import pq
+except ImportError:  # an install for SQLite alone: InstanceLock, PostgreSQL's, is never made there
+    psycopg = pq = None  # type: ignore[assignment]
 
 from scheduler import dbclock, shards
 from scheduler.conf import settings

@@ -13,7 +13,7 @@ DISTRIBUTION = "django-leader-beat"
 def build(workdir: Path) -> Path:
     """Build the wheel under ``workdir``; return its path."""
     source = workdir / "source"
-    source.mkdir()
+    source.mkdir(parents=True)
     for name in ("pyproject.toml", "README.md", "LICENSE"):
         shutil.copy(ROOT / name, source / name)
     shutil.copytree(ROOT / "scheduler", source / "scheduler", ignore=shutil.ignore_patterns("__pycache__"))
