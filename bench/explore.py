@@ -10,7 +10,7 @@ on-time schedule stalled past 2 × the lease TTL, leadership changing only
 when the fault stopped a beat replica (``tests/explore.py`` says exactly how).
 
 Run: ``python -m bench.explore [--database postgresql|sqlite] [--points NAME,...]
-[--actions crash,...] [--fast] [--logs DIR]`` (``make explore`` runs the
+[--actions crash,...] [--fast] [--logs DIR]`` (``--markdown`` prints the stored matrix for the README) (``make explore`` runs the
 whole matrix on PostgreSQL). It starts its own PostgreSQL and Redis (SQLite:
 a file in a temporary directory), prints one line per scenario as it ends,
 then the matrix, and writes ``bench/results/explore.json``: per database,
@@ -69,6 +69,32 @@ def _save(database: str, results: list[dict[str, Any]], elapsed: float, explore:
     )
 
 
+def markdown(databases: dict[str, Any]) -> str:
+    """The stored matrix, one row per failpoint, one column per database and action: "ok 2.6" (seconds to final) or the failure."""
+    actions = ("crash", "freeze", "error", "delay")
+    by_point: dict[str, dict[tuple[str, str], dict[str, Any]]] = {}
+    for database, stored in databases.items():
+        for result in stored.get("results", []):
+            by_point.setdefault(result["point"], {})[(database, result["action"])] = result
+    columns = [(database, action) for database in databases for action in actions]
+    lines = [
+        "| failpoint | " + " | ".join(f"{'PG' if db == 'postgresql' else 'SQLite'} {action}" for db, action in columns) + " |",
+        "|---|" + "---:|" * len(columns),
+    ]
+    for point, results in by_point.items():
+        cells = []
+        for column in columns:
+            result = results.get(column)
+            if result is None:
+                cells.append("")
+            elif result.get("passed"):
+                cells.append(f"ok {result['time_to_final']:.1f}")
+            else:
+                cells.append("**FAIL**: " + ", ".join(name for name in ("slots", "final", "claims", "stall", "leadership") if not result.get(name)))
+        lines.append(f"| `{point}` | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--database", choices=("postgresql", "sqlite"), default="postgresql")
@@ -76,7 +102,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--actions", default="", help="comma-separated: crash, freeze, error, delay (default: all)")
     parser.add_argument("--fast", action="store_true", help="only the scenarios make test runs")
     parser.add_argument("--logs", default="", help="where the processes' logs go (default: a new temporary directory)")
+    parser.add_argument("--markdown", action="store_true", help="print the stored matrix as a Markdown table; run nothing")
     args = parser.parse_args(argv)
+    if args.markdown:
+        print(markdown(_previous()))
+        return 0
     # SIGTERM becomes SystemExit, so the scenario's processes and the services are stopped.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
 
