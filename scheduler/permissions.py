@@ -1,16 +1,20 @@
 """The two operator groups, kept in step with the models after every ``migrate``.
 
-- **schedule operator**: manages schedules and runs the actions (run now,
+- **scheduler: operator**: manages schedules and runs the actions (run now,
   pause, resume, backfill, retry and cancel executions); sees everything else.
-- **viewer**: sees schedules, executions, leases, instances, the audit trail
-  and task results; changes nothing.
+- **scheduler: viewer**: sees schedules, executions, leases, instances, the
+  audit trail and task results; changes nothing.
+
+Their names carry the app's prefix so they do not meet a host's own groups;
+releases before 0.1.0 called them "schedule operator" and "viewer" (migration
+0020 renames them).
 """
 from __future__ import annotations
 
 from typing import Any
 
-OPERATOR_GROUP = "schedule operator"
-VIEWER_GROUP = "viewer"
+OPERATOR_GROUP = "scheduler: operator"
+VIEWER_GROUP = "scheduler: viewer"
 
 #: (app label, model) pairs both groups may view.
 _VISIBLE = (

@@ -30,6 +30,10 @@ def results_in_scope(request: HttpRequest, queryset: QuerySet[TaskResult]) -> Qu
 
 
 class ScopedTaskResultAdmin(results_admin.TaskResultAdmin):
+    # The scheduler's additions (stylesheet, no-leader warning) on these pages too.
+    change_list_template = "admin/scheduler/change_list.html"
+    change_form_template = "admin/scheduler/change_form.html"
+
     def get_queryset(self, request: HttpRequest) -> QuerySet[TaskResult]:
         return results_in_scope(request, super().get_queryset(request))
 
@@ -40,6 +44,9 @@ class ScopedTaskResultAdmin(results_admin.TaskResultAdmin):
 
 class UnscopedOnlyGroupResultAdmin(results_admin.GroupResultAdmin):
     """Group results name their members' results whatever the tenant: every-tenant callers only."""
+
+    change_list_template = "admin/scheduler/change_list.html"
+    change_form_template = "admin/scheduler/change_form.html"
 
     def has_module_permission(self, request: HttpRequest) -> bool:
         return scope_of_user(request.user).every_tenant and super().has_module_permission(request)

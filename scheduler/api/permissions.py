@@ -7,6 +7,7 @@ from rest_framework import permissions
 from rest_framework.request import Request
 
 from scheduler.api.authentication import caller
+from scheduler.permissions import OPERATOR_GROUP, VIEWER_GROUP
 
 
 class HasRole(permissions.BasePermission):
@@ -16,14 +17,14 @@ class HasRole(permissions.BasePermission):
     whichever object it names, and reveals nothing about it.
     """
 
-    message = "Your role may only read: writing needs an operator token or the operator group."
+    message = f"Your role may only read: writing needs an operator token or the {OPERATOR_GROUP!r} group."
 
     def has_permission(self, request: Request, view: Any) -> bool:
         if not request.user or not request.user.is_authenticated:
             return False
         who = caller(request)
         if not who.role:
-            self.message = "Only staff users in the viewer or operator group may use the API."
+            self.message = f"Only staff users in the {VIEWER_GROUP!r} or {OPERATOR_GROUP!r} group may use the API."
             return False
         return request.method in permissions.SAFE_METHODS or who.is_operator
 

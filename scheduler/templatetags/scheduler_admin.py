@@ -1,4 +1,10 @@
-"""Admin template tags: the warning every admin page shows while no beat leads."""
+"""Admin template tags: the warning the scheduler's admin pages show while no beat leads.
+
+The app's own admin templates (``admin/scheduler/*.html``) put
+``{% leader_warning %}`` above the messages. A host that wants it on every
+admin page adds the same to the ``messages`` block of its own
+``admin/base_site.html``; it renders once per request, wherever it appears.
+"""
 from __future__ import annotations
 
 from typing import Any
@@ -22,3 +28,13 @@ def leader_problem(context: dict[str, Any]) -> str:
         return ""
     check = health.check_leader()
     return "" if check.ok else check.detail
+
+
+@register.inclusion_tag("scheduler/leader_warning.html", takes_context=True)
+def leader_warning(context: dict[str, Any]) -> dict[str, Any]:
+    """The no-leader warning (``<ul id="leader-warning">``) for signed-in staff, at most once per request."""
+    request = context.get("request")
+    if request is None or getattr(request, "_scheduler_leader_warning", False):
+        return {"problem": ""}
+    request._scheduler_leader_warning = True
+    return {"problem": leader_problem(context)}
