@@ -10,7 +10,7 @@ import redis
 from django.conf import settings
 from django.db import connection
 
-from tests.processes import CeleryProcess, beat_argv, worker_argv
+from tests.processes import ROOT, CeleryProcess, beat_argv, worker_argv
 
 # --- services (test tooling; see tests/services.py and tests/suite.py) -------
 # Other fixtures go below this section, not inside it.
@@ -135,16 +135,23 @@ def process_env(process_database_url: str, redis_url: str) -> dict[str, str]:
 def celery_processes(
     process_env: dict[str, str], tmp_path: Path, redis_client: object
 ) -> Iterator[Callable[..., CeleryProcess]]:
-    """Return ``start(kind, name, queues=None, concurrency=2, **settings)``; all are stopped afterwards."""
+    """Return ``start(kind, name, queues=None, concurrency=2, checkout=None, **settings)``; all are stopped afterwards.
+
+    ``checkout`` runs another release's code (a git worktree) with this
+    virtualenv: the process starts there, with that directory first on its path.
+    """
     started: list[CeleryProcess] = []
 
     def start(
-        kind: str, name: str, *, queues: str | None = None, concurrency: int = 2, **settings: object
+        kind: str, name: str, *, queues: str | None = None, concurrency: int = 2, checkout: Path | None = None,
+        **settings: object,
     ) -> CeleryProcess:
         env = dict(process_env)
         env.update({f"SCHEDULER_{key.upper()}": str(value) for key, value in settings.items()})
+        if checkout is not None:
+            env["PYTHONPATH"] = str(checkout)
         argv = beat_argv() if kind == "beat" else worker_argv(name, concurrency=concurrency, queues=queues)
-        process = CeleryProcess(name, argv, env, tmp_path / f"{name}.log").start()
+        process = CeleryProcess(name, argv, env, tmp_path / f"{name}.log", cwd=checkout or ROOT).start()
         started.append(process)
         return process
 
