@@ -620,6 +620,8 @@ def submit(
     name = task if isinstance(task, str) else task.name
     if not is_task_registered(name, app=app):
         raise SubmissionInvalid(f"Unknown task {name!r}: no task with that name is registered.")
+    if not is_task_guarded(name, app=app):
+        raise SubmissionInvalid(unguarded_message(name))
     args, kwargs = _checked_arguments(args, kwargs)
     if timeout is not None and (not isinstance(timeout, int) or timeout <= 0):
         raise SubmissionInvalid(f"timeout must be a positive whole number of seconds, got {timeout!r}.")
@@ -679,6 +681,18 @@ def is_task_registered(name: str, *, app: Celery | None = None) -> bool:
         # Outside a worker, apps' tasks modules are imported on demand only.
         app.loader.import_default_modules()
     return name in app.tasks
+
+
+def is_task_guarded(name: str, *, app: Celery) -> bool:
+    """Return whether the registered task ``name`` runs under the execution guard (an ``ExecutionTask``, not opted out)."""
+    return getattr(app.tasks[name], "guarded", False) is True
+
+
+def unguarded_message(name: str) -> str:
+    return (
+        f"Task {name!r} is not guarded (guarded=False, or not an ExecutionTask): its executions would never be "
+        "recorded. Give it base=scheduler.worker.ExecutionTask to schedule or submit it."
+    )
 
 
 def _checked_arguments(args: Sequence[Any], kwargs: dict[str, Any] | None) -> tuple[list[Any], dict[str, Any]]:

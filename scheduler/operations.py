@@ -67,6 +67,8 @@ def ensure_task(app: Celery, name: str, *, tenant: str, scope: Scope) -> None:
         raise ActionRefused(str(exc)) from None
     if not dispatch.is_task_registered(name, app=app):
         raise ActionRefused(f"Unknown task {name!r}: no task with that name is registered.")
+    if not dispatch.is_task_guarded(name, app=app):
+        raise ActionRefused(dispatch.unguarded_message(name))
 
 
 def validate_schedule(schedule: Schedule, *, app: Celery, scope: Scope) -> None:

@@ -1,4 +1,8 @@
-"""Built-in tasks: housekeeping the built-in schedules run, and small ones for demos and smoke checks."""
+"""Built-in tasks: housekeeping the built-in schedules run, and small ones for demos and smoke checks.
+
+Each is guarded (``base=ExecutionTask``) whatever the host app's task class,
+so that their executions are recorded when the host guards only some tasks.
+"""
 from __future__ import annotations
 
 import time
@@ -10,6 +14,7 @@ from celery import shared_task
 from scheduler import audit, leases, prune
 from scheduler.conf import settings
 from scheduler.exceptions import PruneRefused
+from scheduler.worker import ExecutionTask
 
 #: Longest age a prune accepts: beyond it the cutoff would predate year 1.
 MAX_PRUNE_DAYS = 365_000
@@ -22,7 +27,7 @@ def _count(value: Any, *, name: str, minimum: int, maximum: int | None = None) -
     return value
 
 
-@shared_task(name="scheduler.prune_executions")
+@shared_task(name="scheduler.prune_executions", base=ExecutionTask)
 def prune_executions(older_than_days: int | None = None, keep_last: int | None = None) -> dict[str, Any]:
     """Delete finished executions older than ``older_than_days``, keeping each schedule's newest ``keep_last``.
 
@@ -53,20 +58,20 @@ def prune_executions(older_than_days: int | None = None, keep_last: int | None =
     }
 
 
-@shared_task(name="scheduler.echo")
+@shared_task(name="scheduler.echo", base=ExecutionTask)
 def echo(*args: Any, **kwargs: Any) -> dict[str, Any]:
     """Return the arguments it was called with."""
     return {"args": list(args), "kwargs": kwargs}
 
 
-@shared_task(name="scheduler.sleep")
+@shared_task(name="scheduler.sleep", base=ExecutionTask)
 def sleep(seconds: float = 1.0) -> float:
     """Sleep for ``seconds`` and return it; handy for timeout and overlap demos."""
     time.sleep(seconds)
     return seconds
 
 
-@shared_task(name="scheduler.django_task")
+@shared_task(name="scheduler.django_task", base=ExecutionTask)
 def django_task(path: str, args: list[Any], kwargs: dict[str, Any]) -> Any:
     """Run the ``@task`` function at ``path``: what ``SchedulerBackend.enqueue()`` sends (``scheduler.tasks_backend``)."""
     from scheduler import tasks_backend, worker

@@ -197,13 +197,30 @@ def _close_old_connections(sender: Task, **_: Any) -> None:
 
 # --- the guard -------------------------------------------------------------------------
 
+#: What an opted-out task (``guarded=False``) takes back from ``celery.Task``.
+_GUARD_ATTRIBUTES = ("acks_late", "reject_on_worker_lost", "Request", "before_start", "__call__", "retry")
+
 
 class ExecutionTask(Task):
-    """Base class of every task: claim once, renew while running, record the outcome."""
+    """The guard: claim once, renew while running, record the outcome.
+
+    Every task of an app made with ``Celery(task_cls=ExecutionTask)``, or one
+    task with ``@shared_task(base=ExecutionTask)``. A task of such an app
+    opts out with ``@app.task(guarded=False)``: it is then Celery's plain
+    ``Task`` (no claim, no record, no hooks in its path).
+    """
 
     acks_late = True
     reject_on_worker_lost = True
     Request = "scheduler.worker:GuardedRequest"
+    #: ``False`` (``@app.task(guarded=False)``): not guarded, as if its base were ``celery.Task``.
+    guarded = True
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if not cls.guarded:
+            for name in _GUARD_ATTRIBUTES:
+                setattr(cls, name, getattr(Task, name))
 
     # --- claim ---------------------------------------------------------------------
 

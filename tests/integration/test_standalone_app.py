@@ -75,3 +75,25 @@ def test_scheduler_urls__serve_the_probes_metrics_and_api_under_the_hosts_prefix
     assert response.status_code in (401, 403)
     assert response["Content-Type"] == "application/json"
     assert client.get("/healthz").status_code == 404
+
+
+def test_an_unguarded_task__cannot_be_scheduled_or_submitted() -> None:
+    # Given: a task that opted out of the guard (its executions would never be recorded)
+    import tests.guard_tasks  # noqa: F401 -- registers the tasks in this process
+    from django.core.exceptions import ValidationError
+
+    from scheduler import operations
+    from scheduler.exceptions import SubmissionInvalid
+    from scheduler.models import Execution, Schedule
+    from scheduler.tenancy import EVERY_TENANT
+
+    schedule = Schedule(name="unguarded", task="tests.guard.opted_out", interval=60)
+    # Then: the schedule is a field error on its task, and a submission is refused; nothing is recorded
+    with pytest.raises(ValidationError) as error:
+        operations.validate_schedule(schedule, app=celery_app(), scope=EVERY_TENANT)
+    assert "not guarded" in str(error.value.message_dict["task"])
+    with pytest.raises(SubmissionInvalid, match="not guarded"):
+        scheduler.submit("tests.guard.opted_out", args=["x"])
+    assert not Execution.objects.exists()
+    # And a guarded one is accepted
+    operations.validate_schedule(Schedule(name="guarded", task="tests.guard.per_task", interval=60), app=celery_app(), scope=EVERY_TENANT)
