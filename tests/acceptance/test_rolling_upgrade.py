@@ -278,7 +278,9 @@ def test_rolling_upgrade_from_an_older_release__no_slot_doubled_or_lost_and_lead
     settle_window(schedules)
     ended = leases.db_now()
     open_rows = Execution.objects.filter(scheduled_for__lte=ended).exclude(status__in=Execution.FINAL_STATUSES)
+    waited = time.monotonic()
     settled = wait_until(lambda: not open_rows.exists(), timeout=FINAL_SECONDS, interval=0.2)
+    final_after = time.monotonic() - waited
     leadership.unchanged("the upgraded replicas ran")
     step("every execution final" if settled else "executions left open")
     exited(old_worker, within=WORKER_STOP_SECONDS)
@@ -296,7 +298,7 @@ def test_rolling_upgrade_from_an_older_release__no_slot_doubled_or_lost_and_lead
     bodies = Counter(run["execution_id"] for run in test_tasks.runs(redis_client))
     summary = {
         "executions": len(executions), "statuses": dict(Counter(e.status for e in executions)),
-        "duplicates": duplicates, "gaps": gaps, "handovers": leadership.handovers,
+        "duplicates": duplicates, "gaps": gaps, "final_after_s": round(final_after, 2), "handovers": leadership.handovers,
         "longest_stall_s": round(stall, 2), "stalled_schedule": stalled,
         "stale": stale, "started_twice": twice, "overlapping": overlapping, "succeeded_without_body": without_body,
         "bodies_run_twice": [execution_id for execution_id, n in bodies.items() if n > 1],
