@@ -1,9 +1,9 @@
 """A host project whose own ``REST_FRAMEWORK`` differs from everything the scheduler's API documents.
 
 Session authentication only, the browsable renderer first, form parsers,
-small page-number pages, open permissions, no throttles, a versioning
+limit-offset pages of one, open permissions, no throttles, a versioning
 scheme, a schema class that is not drf-spectacular's and an exception
-handler of its own. ``tests/acceptance/test_api_host_settings.py`` serves
+handler of its own, and its own date-time formats. ``tests/acceptance/test_api_host_settings.py`` serves
 the project with it and checks that the API still answers as documented.
 """
 from __future__ import annotations
@@ -27,6 +27,8 @@ REST_FRAMEWORK = {
     "ALLOWED_VERSIONS": ["2"],
     "DEFAULT_SCHEMA_CLASS": "rest_framework.schemas.openapi.AutoSchema",
     "EXCEPTION_HANDLER": "tests.host_rest_settings.host_errors",
+    "DATETIME_FORMAT": "%d.%m.%Y",
+    "DATETIME_INPUT_FORMATS": ["%d.%m.%Y %H:%M"],
 }
 
 

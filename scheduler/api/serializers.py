@@ -11,8 +11,8 @@ from typing import Any
 
 from django.core.exceptions import NON_FIELD_ERRORS
 from django.core.exceptions import ValidationError as DjangoValidationError
-from django.db import IntegrityError, transaction
-from rest_framework import serializers
+from django.db import IntegrityError, models, transaction
+from rest_framework import ISO_8601, serializers
 from rest_framework.settings import api_settings
 
 from scheduler import leases, operations, overdue
@@ -42,6 +42,19 @@ def drf_errors(exc: DjangoValidationError) -> serializers.ValidationError:
     )
 
 
+class IsoDateTime(serializers.DateTimeField):
+    """A date-time in ISO-8601, in and out, whatever ``DATETIME_FORMAT`` the host's ``REST_FRAMEWORK`` names."""
+
+    format = ISO_8601
+    input_formats = [ISO_8601]
+
+
+class ApiModelSerializer(serializers.ModelSerializer):
+    """The API's model serializers: model date-times as ``IsoDateTime``."""
+
+    serializer_field_mapping = {**serializers.ModelSerializer.serializer_field_mapping, models.DateTimeField: IsoDateTime}
+
+
 def _no_nul(value: Any) -> Any:
     # No database stores a NUL inside JSON text (PostgreSQL's jsonb refuses it).
     if "\\u0000" in json.dumps(value):
@@ -49,7 +62,7 @@ def _no_nul(value: Any) -> Any:
     return value
 
 
-class ScheduleSerializer(serializers.ModelSerializer):
+class ScheduleSerializer(ApiModelSerializer):
     """A schedule: what runs, when, its policies, and its running state (read-only)."""
 
     args = serializers.JSONField(required=False, validators=[_no_nul], help_text="JSON list of positional arguments.")
@@ -137,7 +150,7 @@ class ScheduleSerializer(serializers.ModelSerializer):
         return schedule
 
 
-class ExecutionSerializer(serializers.ModelSerializer):
+class ExecutionSerializer(ApiModelSerializer):
     """One execution: a slot the beat fired, a run now, a backfill, a retry or a submission."""
 
     duration_seconds = serializers.FloatField(read_only=True, allow_null=True)
@@ -153,7 +166,7 @@ class ExecutionSerializer(serializers.ModelSerializer):
         read_only_fields = fields
 
 
-class AuditEventSerializer(serializers.ModelSerializer):
+class AuditEventSerializer(ApiModelSerializer):
     class Meta:
         model = AuditEvent
         fields = (
@@ -172,7 +185,7 @@ class NextQuerySerializer(serializers.Serializer):
 
 
 class FireTimeSerializer(serializers.Serializer):
-    utc = serializers.DateTimeField()
+    utc = IsoDateTime()
     local = serializers.CharField(help_text="In the schedule's zone, with its abbreviation.")
 
 
@@ -195,8 +208,8 @@ def _within_backfill_cap(value: int) -> int:
 
 
 class BackfillRequestSerializer(serializers.Serializer):
-    start = serializers.DateTimeField(validators=[_in_range])
-    end = serializers.DateTimeField(validators=[_in_range])
+    start = IsoDateTime(validators=[_in_range])
+    end = IsoDateTime(validators=[_in_range])
     dry_run = serializers.BooleanField(default=True, help_text="Preview only (the default); false records the slots.")
     limit = serializers.IntegerField(
         default=DEFAULT_LIMIT, min_value=1, validators=[_within_backfill_cap],
@@ -205,15 +218,15 @@ class BackfillRequestSerializer(serializers.Serializer):
 
 
 class SlotSerializer(serializers.Serializer):
-    scheduled_for = serializers.DateTimeField()
+    scheduled_for = IsoDateTime()
     execution_id = serializers.IntegerField(allow_null=True)
     status = serializers.CharField(allow_blank=True)
 
 
 class BackfillReportSerializer(serializers.Serializer):
     schedule = serializers.CharField()
-    start = serializers.DateTimeField()
-    end = serializers.DateTimeField()
+    start = IsoDateTime()
+    end = IsoDateTime()
     dry_run = serializers.BooleanField()
     slots = SlotSerializer(many=True)
     created = serializers.IntegerField()
@@ -243,7 +256,7 @@ class ChangeSerializer(serializers.Serializer):
 
 
 class ReconcileReportSerializer(serializers.Serializer):
-    now = serializers.DateTimeField()
+    now = IsoDateTime()
     dry_run = serializers.BooleanField()
     repair = serializers.BooleanField()
     changes = ChangeSerializer(many=True)
@@ -252,7 +265,7 @@ class ReconcileReportSerializer(serializers.Serializer):
     summary = serializers.CharField()
 
 
-class LeaseSerializer(serializers.ModelSerializer):
+class LeaseSerializer(ApiModelSerializer):
     held = serializers.BooleanField(help_text="Its holder's lease has not expired.")
     seconds_left = serializers.FloatField(allow_null=True)
 
@@ -267,23 +280,23 @@ class InstanceSerializer(serializers.Serializer):
     hostname = serializers.CharField()
     pid = serializers.IntegerField()
     version = serializers.CharField()
-    started_at = serializers.DateTimeField()
-    last_seen = serializers.DateTimeField()
+    started_at = IsoDateTime()
+    last_seen = IsoDateTime()
     is_leader = serializers.BooleanField(help_text="It holds an unexpired lease.")
     heartbeat_age_seconds = serializers.FloatField()
     is_stale = serializers.BooleanField()
 
 
 class ClusterSerializer(serializers.Serializer):
-    db_now = serializers.DateTimeField()
+    db_now = IsoDateTime()
     shards = serializers.IntegerField()
     leases = LeaseSerializer(many=True)
     instances = InstanceSerializer(many=True)
 
 
 class StatsQuerySerializer(serializers.Serializer):
-    since = serializers.DateTimeField(required=False, validators=[_in_range], help_text="Default: 24 hours ago.")
-    until = serializers.DateTimeField(required=False, validators=[_in_range], help_text="Default: now.")
+    since = IsoDateTime(required=False, validators=[_in_range], help_text="Default: 24 hours ago.")
+    until = IsoDateTime(required=False, validators=[_in_range], help_text="Default: now.")
     schedule = serializers.IntegerField(required=False, min_value=1, max_value=2**63 - 1)
     queue = serializers.CharField(required=False, allow_blank=True, max_length=200)
     task = serializers.CharField(required=False, max_length=255)
@@ -309,8 +322,8 @@ class BacklogSerializer(serializers.Serializer):
 
 
 class StatsSerializer(serializers.Serializer):
-    since = serializers.DateTimeField()
-    until = serializers.DateTimeField()
+    since = IsoDateTime()
+    until = IsoDateTime()
     by_status = serializers.DictField(child=serializers.IntegerField())
     dispatch_lag = LagSerializer()
     backlog = BacklogSerializer()

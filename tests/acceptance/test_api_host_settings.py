@@ -12,6 +12,7 @@ from __future__ import annotations
 import subprocess
 import sys
 from collections.abc import Iterator
+from datetime import datetime
 
 import pytest
 import requests
@@ -85,6 +86,8 @@ def test_api__under_a_hosts_rest_framework_settings__answers_as_documented(host_
     body = listed.json()
     assert set(body) == {"count", "next", "previous", "results"}
     assert body["count"] == 3 and [row["name"] for row in body["results"]] == ["a", "b", "c"]
+    # And times are ISO-8601, in and out, whatever the host's formats
+    assert datetime.fromisoformat(body["results"][0]["next_run_at"]).tzinfo is not None
     paged = requests.get(f"{api}/schedules/?page=2&page_size=2", headers=as_viewer, timeout=10).json()
     assert [row["name"] for row in paged["results"]] == ["c"]
     # And the filters are the API's own
@@ -111,10 +114,14 @@ def test_api__under_a_hosts_rest_framework_settings__answers_as_documented(host_
     )
     assert created.status_code == 201, created.text[:300]
 
-    # And the schema is the API's OpenAPI document
+    stats = requests.get(f"{api}/stats/?since=2026-01-01T00:00:00Z", headers=as_operator, timeout=10)
+    assert stats.status_code == 200 and stats.json()["since"].startswith("2026-01-01T00:00:00"), stats.text[:300]
+
+    # And the schema is the API's OpenAPI document, and its docs page answers
     schema = requests.get(f"{host_api}/api/schema/?format=json", timeout=10)
     assert schema.status_code == 200, schema.text[:300]
     assert "/api/v1/schedules/" in schema.json()["paths"]
+    assert requests.get(f"{host_api}/api/docs/", timeout=10).status_code == 200
 
     # And the API's own throttle applies (SCHEDULER_API_THROTTLE_RATE, 5 a minute here)
     _, counted = ApiToken.issue("counted", role="viewer", all_tenants=True)
