@@ -197,6 +197,25 @@ def _close_old_connections(sender: Task, **_: Any) -> None:
 
 # --- the guard -------------------------------------------------------------------------
 
+
+def _refuse_executions(self: Task, task_id: str, args: Any, kwargs: Any) -> None:
+    """An opted-out task's ``before_start``: a message sent for an execution fails it, unrun.
+
+    Such a message comes from a schedule or ``submit()`` made before the task
+    opted out; run unguarded, its execution would stay ``queued`` and be sent
+    again and again.
+    """
+    execution_id = (self.request.headers or {}).get(Execution.MESSAGE_HEADER)
+    if execution_id is None:
+        return
+    reason = f"Task {self.name!r} is not guarded (guarded=False): an execution of it cannot be run"
+    try:
+        executions.fail_unrun(int(execution_id), task=self.name, celery_task_id=task_id, reason=reason)
+    except MessageRefused as refused:
+        logger.warning("%s; not failed", refused, extra={"action": "message_refused", "execution_id": execution_id})
+    logger.warning("%s (execution %s); not run", reason, execution_id, extra={"action": "unguarded_execution"})
+    raise Ignore()
+
 #: What an opted-out task (``guarded=False``) takes back from ``celery.Task``.
 _GUARD_ATTRIBUTES = ("acks_late", "reject_on_worker_lost", "Request", "before_start", "__call__", "retry")
 
@@ -221,6 +240,7 @@ class ExecutionTask(Task):
         if not cls.guarded:
             for name in _GUARD_ATTRIBUTES:
                 setattr(cls, name, getattr(Task, name))
+            cls.before_start = _refuse_executions  # type: ignore[method-assign]  # one header lookup per task
 
     # --- claim ---------------------------------------------------------------------
 

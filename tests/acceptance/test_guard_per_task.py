@@ -7,6 +7,7 @@ Messages are sent the plain Celery way (``.delay()``) and through
 """
 from __future__ import annotations
 
+import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -14,6 +15,8 @@ import pytest
 import redis
 
 import scheduler
+from scheduler import dispatch, executions, leases
+from scheduler.celery_app import celery_app
 from scheduler.executions import ad_hoc_key
 from scheduler.models import Execution
 from tests import guard_tasks
@@ -89,3 +92,16 @@ def test_process_wide_guard__a_task_opts_out(
     assert wait_until(lambda: _status(ad_hoc_key(recorded.id)) == "succeeded", timeout=10)
     assert _status(ad_hoc_key(opted_out.id)) is None
     assert not Execution.objects.filter(task="tests.guard.opted_out").exists()
+
+    # When: a message sent for an execution reaches the opted-out task (a schedule made before it opted out)
+    execution = Execution.objects.create(
+        idempotency_key="before-opt-out", task="tests.guard.opted_out", kwargs={"label": "f"},
+        scheduled_for=leases.db_now(), celery_task_id=str(uuid.uuid4()),
+    )
+    dispatch.publish(celery_app(), [executions.message_row(execution)], now=leases.db_now())
+
+    # Then: the body does not run, and the execution fails naming why (it is never re-sent to run unrecorded)
+    assert wait_until(lambda: _status("before-opt-out") == "failed", timeout=30), (_status("before-opt-out"), worker.log()[-2000:])
+    assert "not guarded" in Execution.objects.get(pk=execution.pk).error
+    assert bodies() == ["opted_out:e", "plain:d"]
+
