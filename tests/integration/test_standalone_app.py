@@ -97,3 +97,27 @@ def test_an_unguarded_task__cannot_be_scheduled_or_submitted() -> None:
     assert not Execution.objects.exists()
     # And a guarded one is accepted
     operations.validate_schedule(Schedule(name="guarded", task="tests.guard.per_task", interval=60), app=celery_app(), scope=EVERY_TENANT)
+
+
+@override_settings(
+    REST_FRAMEWORK={
+        "DEFAULT_AUTHENTICATION_CLASSES": ["rest_framework.authentication.SessionAuthentication"],
+        "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.BrowsableAPIRenderer"],
+        "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.AllowAny"],
+        "EXCEPTION_HANDLER": "tests.host_rest_settings.host_errors",
+        "DEFAULT_SCHEMA_CLASS": "rest_framework.schemas.openapi.AutoSchema",
+    }
+)
+def test_api__a_hosts_session_only_browsable_rest_framework__changes_nothing() -> None:
+    # The settings DRF reads per request (error handler, schema class) in this process; the ones it
+    # binds at import are proven by tests/acceptance/test_api_host_settings.py, in a server started with them.
+    from tests.integration.api_support import token_client
+
+    browser = {"HTTP_ACCEPT": "text/html,application/xhtml+xml,*/*;q=0.8"}
+    anonymous = Client().get("/api/v1/schedules/", **browser)
+    assert anonymous.status_code == 401 and anonymous["Content-Type"] == "application/json"
+    assert set(anonymous.json()) == {"detail"}
+    listed = token_client("eyes", role="viewer").get("/api/v1/schedules/", **browser)
+    assert listed.status_code == 200 and listed["Content-Type"] == "application/json"
+    assert set(listed.json()) == {"count", "next", "previous", "results"}
+    assert "/api/v1/schedules/" in Client().get("/api/schema/?format=json").json()["paths"]
