@@ -139,6 +139,26 @@ def check_metrics_token(app_configs: Any = None, **kwargs: Any) -> list[Warning]
 
 
 @register()
+def check_celery_app(app_configs: Any = None, **kwargs: Any) -> list[Error]:
+    """``SCHEDULER_CELERY_APP``, when set, names an importable Celery app."""
+    from django.core.exceptions import ImproperlyConfigured
+
+    from scheduler.celery_app import celery_app
+
+    try:
+        celery_app()
+    except ImproperlyConfigured as exc:
+        return [
+            Error(
+                str(exc),
+                hint='Name the app as "module:attribute" (e.g. "mysite.celery:app"), or leave it empty for the current app.',
+                id="scheduler.E007",
+            )
+        ]
+    return []
+
+
+@register()
 def check_deprecated_settings(app_configs: Any = None, **kwargs: Any) -> list[Warning]:
     """A deprecated setting name still works, until the release that drops it: say so while there is time."""
     return [

@@ -121,3 +121,14 @@ def test_api__a_hosts_session_only_browsable_rest_framework__changes_nothing() -
     assert listed.status_code == 200 and listed["Content-Type"] == "application/json"
     assert set(listed.json()) == {"count", "next", "previous", "results"}
     assert "/api/v1/schedules/" in Client().get("/api/schema/?format=json").json()["paths"]
+
+
+def test_check__a_celery_app_setting_that_names_no_app_is_a_startup_error() -> None:
+    from django.core.management import call_command
+    from django.core.management.base import SystemCheckError
+
+    with override_settings(SCHEDULER_CELERY_APP="tests.no_such_module:app"), pytest.raises(SystemCheckError) as error:
+        call_command("check")
+    assert "scheduler.E007" in str(error.value) and "SCHEDULER_CELERY_APP = 'tests.no_such_module:app'" in str(error.value)
+    with override_settings(SCHEDULER_CELERY_APP="tests.integration.test_standalone_app:named_app"):
+        call_command("check")
