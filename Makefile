@@ -3,7 +3,7 @@ PYTHON ?= python3.11
 VENV := .venv
 REQUIREMENTS := $(wildcard requirements*.txt)
 
-.PHONY: venv test run bench chaos explore
+.PHONY: venv test run bench chaos explore docs
 
 venv: $(VENV)/.installed
 
@@ -46,6 +46,10 @@ explore:
 	bin/ensure-packages test
 	$(MAKE) venv
 	$(VENV)/bin/python -m bench.explore $(EXPLORE_ARGS)
+
+# The manual, from docs/ into site/ (strict: a broken link or a page left out of the nav fails).
+docs: venv
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
 
 # Benchmarks (each starts its own PostgreSQL and Redis); results in bench/results/.
 bench: venv

@@ -10,7 +10,7 @@ on-time schedule stalled past 2 × the lease TTL, leadership changing only
 when the fault stopped a beat replica (``tests/explore.py`` says exactly how).
 
 Run: ``python -m bench.explore [--database postgresql|sqlite] [--points NAME,...]
-[--actions crash,...] [--fast] [--logs DIR]`` (``--markdown`` prints the stored matrix for the README) (``make explore`` runs the
+[--actions crash,...] [--fast] [--logs DIR]`` (``--markdown`` prints the stored matrix for docs/testing.md) (``make explore`` runs the
 whole matrix on PostgreSQL). It starts its own PostgreSQL and Redis (SQLite:
 a file in a temporary directory), prints one line per scenario as it ends,
 then the matrix, and writes ``bench/results/explore.json``: per database,
@@ -102,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--actions", default="", help="comma-separated: crash, freeze, error, delay (default: all)")
     parser.add_argument("--fast", action="store_true", help="only the scenarios make test runs")
     parser.add_argument("--logs", default="", help="where the processes' logs go (default: a new temporary directory)")
-    parser.add_argument("--markdown", action="store_true", help="print the stored matrix as a Markdown table; run nothing")
+    parser.add_argument("--markdown", action="store_true", help="print the stored matrix as a Markdown table (docs/testing.md); run nothing")
     args = parser.parse_args(argv)
     if args.markdown:
         print(markdown(_previous()))

@@ -26,8 +26,11 @@ examples:
   manage.py alive --role worker --within 30"""
 
     def add_arguments(self, parser: CommandParser) -> None:
-        parser.add_argument("--role", choices=Instance.Role.values, required=True)
-        parser.add_argument("--within", type=positive_number, default=30.0, metavar="SECONDS")
+        parser.add_argument("--role", choices=Instance.Role.values, required=True, help="which kind of process to check")
+        parser.add_argument(
+            "--within", type=positive_number, default=30.0, metavar="SECONDS",
+            help="the newest heartbeat must be younger than this (default: 30)",
+        )
         parser.add_argument("--hostname", default=socket.gethostname(), help="default: this host")
 
     def handle(self, *args: Any, role: str, within: float, hostname: str, **options: Any) -> None:

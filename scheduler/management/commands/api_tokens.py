@@ -43,7 +43,7 @@ examples:
         listing = subs.add_parser("list", help="list the tokens (never the tokens themselves)")
         listing.add_argument("--json", action="store_true", help="print machine-readable JSON instead of text")
         revoke = subs.add_parser("revoke", help="revoke a token: it stops working at once")
-        revoke.add_argument("name", metavar="NAME")
+        revoke.add_argument("name", metavar="NAME", help="the name given at create")
         revoke.add_argument("--json", action="store_true", help="print machine-readable JSON instead of text")
 
     def handle(self, *args: Any, action: str, **options: Any) -> None:

@@ -25,7 +25,7 @@ class Command(BaseCommand):
     help = "Create an admin login (password kept in var/admin-password.txt) and two demo schedules."
 
     def add_arguments(self, parser: CommandParser) -> None:
-        parser.add_argument("--username", default="admin")
+        parser.add_argument("--username", default="admin", help="the admin login to create (default: admin)")
 
     def handle(self, *args: Any, username: str, **options: Any) -> None:
         # The login's audit event (scheduler.access_audit) names the command line.
