@@ -1,6 +1,6 @@
 """Django settings, read from the environment with safe defaults.
 
-See the configuration table in README.md. Scheduler-specific settings
+See the configuration table in docs/configuration.md. Scheduler-specific settings
 (``SCHEDULER_*``) have their defaults in ``scheduler/conf.py``; set them here
 only to override.
 """

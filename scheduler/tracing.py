@@ -38,7 +38,7 @@ from typing import Any, TypeVar
 
 from django.core.exceptions import ImproperlyConfigured
 
-#: The keyword each hook passes, and the span attribute it becomes (README, "Tracing").
+#: The keyword each hook passes, and the span attribute it becomes (docs/configuration.md, "Tracing").
 ATTRIBUTES = {
     "schedule_name": "scheduler.schedule.name",
     "schedule_id": "scheduler.schedule.id",

@@ -1,7 +1,7 @@
 """A real browser (Debian's chromium, headless) through the admin, with a real beat and worker.
 
 Saves screenshots of the schedule page (with its buttons), the execution
-list and the cluster page under docs/ (the README shows them).
+list and the cluster page under docs/ (the README and docs/getting-started.md show them).
 """
 from __future__ import annotations
 

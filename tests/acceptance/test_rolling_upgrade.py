@@ -48,7 +48,7 @@ from tests.processes import ROOT, CeleryProcess, wait_until
 pytestmark = pytest.mark.django_db(transaction=True)
 
 #: The older release: the last commit before issue 26's first change
-#: (generation (b) of the README's upgrade section: the instance lock, no stored shard count).
+#: (generation (b) of the upgrade section in docs/deploying.md: the instance lock, no stored shard count).
 OLD_RELEASE = "60ac055279871d9edec322f58dd18a0350fee739"
 SCHEDULES = 10
 WORKER_CONCURRENCY = 4
