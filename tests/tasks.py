@@ -178,6 +178,55 @@ def checkpointed(items: int, pause_after: int = 0) -> int:
     return items
 
 
+#: Redis key prefix ``tests.fail_once`` marks an execution with once one of its bodies raised.
+FAILED_ONCE_KEY = "tests:failed-once:"
+
+
+@shared_task(name="tests.fail_once")
+def fail_once(label: str = "", seconds: float = 0.0, step: float = 0.1) -> str:
+    """Raise in the first body of each execution that gets ``seconds`` in; return in every later one.
+
+    Logs "start", then "raise" or "stop", in ``EVENTS_KEY`` as ``tests.record``
+    does. A body stopped before it raises (its process killed) leaves the
+    raising to the next attempt: each execution raises exactly once, so a
+    schedule with ``max_retries=1`` ends ``succeeded`` unless a retry was lost
+    or counted twice.
+    """
+    client = _client()
+    running = scheduler.current_execution()
+    fields = {"label": label, "execution_id": running.pk, "attempt": running.attempt}
+    _event(client, EVENTS_KEY, event="start", **fields)
+    if not client.exists(FAILED_ONCE_KEY + str(running.pk)):
+        for _ in range(max(1, round(seconds / step)) if seconds else 0):
+            time.sleep(step)
+        if client.set(FAILED_ONCE_KEY + str(running.pk), running.attempt, nx=True):
+            _event(client, EVENTS_KEY, event="raise", **fields)
+            client.close()
+            raise RuntimeError(f"planned failure of execution {running.pk} attempt {running.attempt}")
+    _event(client, EVENTS_KEY, event="stop", **fields)
+    client.close()
+    return label
+
+
+@shared_task(name="tests.checkpoint_in_transaction")
+def checkpoint_in_transaction(label: str = "", checkpoints: int = 2) -> int:
+    """Save ``checkpoints`` checkpoints inside one ``transaction.atomic()`` of the body's own.
+
+    From the second on, the execution's row is locked by the body's open
+    transaction. Logs "start" and "stop" in ``EVENTS_KEY`` as ``tests.record`` does.
+    """
+    client = _client()
+    running = scheduler.current_execution()
+    fields = {"label": label, "execution_id": running.pk, "attempt": running.attempt}
+    _event(client, EVENTS_KEY, event="start", **fields)
+    with transaction.atomic():
+        for n in range(1, checkpoints + 1):
+            running.checkpoint({"done": n})
+    _event(client, EVENTS_KEY, event="stop", **fields)
+    client.close()
+    return checkpoints
+
+
 @shared_task(name="tests.connection_uses")
 def connection_uses() -> int:
     """Return how many tasks have used this task's database connection, this one included.

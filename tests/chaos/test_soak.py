@@ -1,35 +1,72 @@
-"""Chaos soak: beats, workers and the broker fail at random; nothing is lost, failed or run twice.
+"""Chaos soak: beats, workers, the broker and operators fail at random; nothing is lost, failed, run twice or stalled.
 
-Three beat replicas and two workers run 30 every-second schedules and 5 long
-tasks (3 of them with timeouts), all with the default settings
-(``max_retries=0``), on the test database and a broker of the test's own.
-Every few seconds a seeded random fault hits: the leader is SIGKILLed,
-frozen past its lease (SIGSTOP, then SIGCONT) or stopped (SIGTERM); a worker
-is SIGKILLed mid-task; a worker's pool child running a long body without a
-timeout is frozen past its claim, then resumed; a worker's database sessions are terminated (PostgreSQL's
-``pg_terminate_backend``); the broker restarts (losing its queues). Killed
-processes are started again. At the end the test waits for quiescence, runs
-``reconcile`` and checks the guarantees on the rows and on the side-effect
-log the tasks write to a Redis of their own (which never restarts): every
-slot from the schedules' creation to the end of the faults (database clock)
-has exactly one execution, every execution succeeded (these tasks never
-raise), no claim ran its body twice, no body completed after its claim
-moved on, and no two bodies of one execution overlapped.
+Three beat replicas and two workers run 30 every-second schedules, 5 long
+tasks (3 of them with timeouts), two every-2-second schedules whose bodies
+fail once per execution (``tests.fail_once``, ``max_retries=1``: exactly the
+one planned failure), an every-second ``fenced()`` task and an every-3-second
+``cancel_previous`` task (on a queue of its own) that checkpoints twice
+inside its own ``transaction.atomic()``, all otherwise with the default settings, on the
+test database and a broker of the test's own. Every few seconds a seeded
+random fault hits (the nemeses, each once per round, in a random order):
 
-``CHAOS_DURATION`` (seconds, default 60) and ``CHAOS_SEED`` pick the run;
-``make chaos DURATION=600`` runs the long one. The summary line is printed.
+- ``leader_sigkill`` / ``leader_freeze`` / ``leader_sigterm``: a replica
+  holding a lease (any shard's) is SIGKILLed, frozen past its lease
+  (SIGSTOP, then SIGCONT) or stopped (SIGTERM);
+- ``worker_sigkill``: a worker is SIGKILLed mid-task;
+- ``worker_freeze``: a pool child running a long body without a timeout is
+  frozen past its claim, then resumed;
+- ``worker_db_cut``: a worker's database sessions are terminated
+  (PostgreSQL's ``pg_terminate_backend``);
+- ``broker_restart``: the broker restarts, losing its queues;
+- ``broker_down_retrying``: the broker goes away for ``BROKER_DOWN_SECONDS``
+  just as a failing body starts, so it raises (and asks for its retry)
+  while nothing can be sent;
+- ``freeze_in_transaction`` / ``freeze_in_fenced``: a pool child is frozen
+  (failpoint ``running.checkpoint`` / ``running.fenced``, ``freeze``) inside
+  the body's own ``atomic()`` with its execution row locked, or inside a
+  ``fenced()`` block with its writes done, past its claim;
+- ``publisher_freeze``: a beat replica is frozen (failpoint
+  ``publish.holding_batch``) while it holds a batch of pending rows locked;
+- ``reshard``: ``manage.py shards --set N`` changes the stored shard count
+  (1 -> 4 -> 2 -> 3 -> 1 ...) while the beats run;
+- ``rolling_restart``: every beat replica, then every worker, is replaced
+  one by one (the new one started and ready, then the old one SIGTERMed),
+  the new ones with another ``SCHEDULER_SHARDS`` (which only seeds the
+  stored count: they must follow the stored one);
+- ``prune_reconcile``: ``prune_executions --older-than 10s`` and
+  ``reconcile --repair`` run at once (a trigger keeps a copy of every
+  deleted row, so the pruned slots are checked too).
+
+Killed processes are started again. At the end the test waits for
+quiescence, runs ``reconcile`` and checks the guarantees on the rows (and
+the pruned rows) and on the side-effect log the tasks write to a Redis of
+their own (which never restarts), with ``tests/invariants.py``: every slot
+from the schedules' creation to the end of the faults (database clock) has
+exactly one execution; every execution is final and succeeded (the
+``cancel_previous`` one: or ``cancelled`` by a newer slot, or ``skipped``
+in the commit of a newer one); no claim ran its body twice, no body
+completed after its claim moved on, no two bodies of one execution
+overlapped; each fenced side effect committed exactly once; no every-second
+schedule went more than 2 × the lease TTL without a committed slot.
+
+``CHAOS_DURATION`` (seconds, default 60; the run lasts at least one round
+of every nemesis) and ``CHAOS_SEED`` pick the run; ``make chaos
+DURATION=300`` runs the long one. The summary line is printed (and written
+to ``CHAOS_SUMMARY``); ``CHAOS_LOGS`` names a directory to keep the
+processes' logs in.
 """
 from __future__ import annotations
 
 import json
 import os
 import random
+import shutil
 import signal
 import subprocess
 import sys
 import tempfile
 import time
-from collections import Counter, defaultdict
+from collections import Counter
 from collections.abc import Callable, Iterator
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -40,8 +77,9 @@ import pytest
 import redis
 from django.db import connection
 
-from scheduler import leases
+from scheduler import dispatch, failpoints, leases, shards
 from scheduler.models import Execution, Schedule
+from tests import invariants
 from tests import tasks as test_tasks
 from tests.processes import ROOT, CeleryProcess, wait_until
 from tests.services import find_redis_server, free_port
@@ -60,6 +98,8 @@ SETTINGS = {
     "reconcile_pending_after_seconds": 3,
     "reconcile_queued_after_seconds": 8,
 }
+#: An every-second schedule may wait at most this long between two committed slots (SPEC guarantee 11).
+STALL_BOUND_SECONDS = 2 * SETTINGS["lease_ttl_seconds"]
 #: A frozen pool child stays stopped past its claim, and long enough for a
 #: reconcile pass to find the claim expired and let a successor take it.
 FREEZE_SECONDS = SETTINGS["claim_seconds"] + SETTINGS["reconcile_interval_seconds"] + 1
@@ -73,12 +113,40 @@ LONG_STEP_SECONDS = 0.1
 #: until its hard limit, which kills a body frozen that long (``timed_out``, rightly).
 LONG_TIMEOUT_SECONDS = 10
 LONG_WITH_TIMEOUT = 3
+#: ``tests.fail_once`` bodies work this long before they raise, so one started
+#: just before the broker goes away raises while it is away.
+FAILING_BODY_SECONDS = 1.0
+FAILING_INTERVAL_SECONDS = 2
+#: The ``cancel_previous`` schedule whose bodies checkpoint inside their own transaction: every few seconds,
+#: on a queue of its own, so on a loaded machine its body starts before the next slot cancels it.
+IN_TRANSACTION_INTERVAL_SECONDS = 3
+IN_TRANSACTION_QUEUE = "chaos-in-transaction"
+#: How long ``broker_down_retrying`` keeps the broker away.
+BROKER_DOWN_SECONDS = 5
+#: The shard counts ``reshard`` stores in turn: grow from 1, shrink between counts above 1, back to 1.
+SHARD_COUNTS = (4, 2, 3, 1)
+#: ``SCHEDULER_SHARDS`` of the replicas a rolling restart starts (it only seeds the stored count).
+ROLLING_SHARDS_SETTINGS = (1, 2, 4, 8)
+#: ``prune_reconcile`` prunes the executions finished longer ago than this.
+PRUNE_OLDER_THAN = "10s"
+#: The failpoint each failpoint nemesis fires, and the kind of process it fires in.
+FAILPOINT_FAULTS = {
+    "freeze_in_transaction": ("running.checkpoint", "worker"),
+    "freeze_in_fenced": ("running.fenced", "worker"),
+    "publisher_freeze": ("publish.holding_batch", "beat"),
+}
 FAULTS = (
     "leader_sigkill", "leader_freeze", "leader_sigterm", "worker_sigkill", "worker_freeze", "worker_db_cut",
-    "broker_restart",
+    "broker_restart", "broker_down_retrying", *FAILPOINT_FAULTS, "reshard", "rolling_restart", "prune_reconcile",
 )
 #: Each process's database sessions carry this prefix and its name, so the test can cut them.
 APPLICATION_NAME_PREFIX = "chaos-"
+#: The unsharded beat's lease (``SCHEDULER_LEASE_NAME`` is left at its default).
+LEASE_NAME = "beat"
+#: Tasks that log their bodies' start and end in the run log.
+LOGGING_TASKS = ("tests.record", "tests.fail_once", "tests.checkpoint_in_transaction")
+#: The table the trigger copies every deleted execution into (no model).
+PRUNED_TABLE = "chaos_pruned_execution"
 
 
 class Broker:
@@ -124,18 +192,98 @@ def broker() -> Iterator[Broker]:
     server.stop()
 
 
-def _leader(beats: list[CeleryProcess]) -> CeleryProcess | None:
-    state = leases.current("beat")
-    if not state.is_held:
-        return None
-    pid = int(state.holder.rsplit("-", 2)[1])
-    return next((beat for beat in beats if beat.pid == pid and beat.alive()), None)
+@pytest.fixture
+def pruned_table(transactional_db: None) -> Iterator[None]:
+    """Copy every execution deleted during the test into ``PRUNED_TABLE`` (a trigger); drop both afterwards.
+
+    Request it before ``celery_processes``, so it is dropped after they stopped.
+    """
+    columns = [field.column for field in Execution._meta.concrete_fields]
+    listed, old = ", ".join(columns), ", ".join(f"OLD.{column}" for column in columns)
+    table = Execution._meta.db_table
+    with connection.cursor() as cursor:
+        cursor.execute(f"DROP TABLE IF EXISTS {PRUNED_TABLE}")
+        cursor.execute(f"CREATE TABLE {PRUNED_TABLE} AS SELECT {listed} FROM {table} WHERE 1 = 0")
+        if connection.vendor == "postgresql":
+            cursor.execute(
+                f"CREATE OR REPLACE FUNCTION {PRUNED_TABLE}_keep() RETURNS trigger LANGUAGE plpgsql AS $$ "
+                f"BEGIN INSERT INTO {PRUNED_TABLE} ({listed}) VALUES ({old}); RETURN OLD; END $$"
+            )
+            cursor.execute(
+                f"CREATE TRIGGER {PRUNED_TABLE}_keep AFTER DELETE ON {table} "
+                f"FOR EACH ROW EXECUTE FUNCTION {PRUNED_TABLE}_keep()"
+            )
+        else:
+            cursor.execute(
+                f"CREATE TRIGGER {PRUNED_TABLE}_keep AFTER DELETE ON {table} "
+                f"BEGIN INSERT INTO {PRUNED_TABLE} ({listed}) VALUES ({old}); END"
+            )
+    yield
+    with connection.cursor() as cursor:
+        if connection.vendor == "postgresql":
+            cursor.execute(f"DROP TRIGGER IF EXISTS {PRUNED_TABLE}_keep ON {table}")
+            cursor.execute(f"DROP FUNCTION IF EXISTS {PRUNED_TABLE}_keep()")
+        else:
+            cursor.execute(f"DROP TRIGGER IF EXISTS {PRUNED_TABLE}_keep")
+        cursor.execute(f"DROP TABLE IF EXISTS {PRUNED_TABLE}")
 
 
-@pytest.mark.timeout(DURATION + 600)
+def _pruned() -> list[Execution]:
+    """The executions deleted during the test, as they were when deleted."""
+    return list(Execution.objects.raw(f"SELECT * FROM {PRUNED_TABLE}"))
+
+
+def _lease_holders(beats: list[CeleryProcess]) -> list[CeleryProcess]:
+    """The live beat replicas holding a lease now: the one ``beat``, or any shard's."""
+    count = shards.count()
+    pids = set()
+    for name in (shards.lease_names(count) if count > 1 else [LEASE_NAME]):
+        state = leases.current(name)
+        if state.is_held:
+            pids.add(int(state.holder.rsplit("-", 2)[1]))
+    return [beat for beat in beats if beat.pid in pids and beat.alive()]
+
+
+class Failpoints:
+    """Fire one failpoint of ``FAILPOINT_FAULTS`` at a time, once, through the directory every process shares."""
+
+    def __init__(self, directory: Path, seconds: float) -> None:
+        self.dir = directory
+        self.dir.mkdir()
+        self.seconds = seconds
+
+    def env(self, kind: str) -> dict[str, str]:
+        """The settings (``celery_processes`` keywords) of a process of ``kind``: each of its points freezes on hit 1."""
+        points = [name for name, process in FAILPOINT_FAULTS.values() if process == kind]
+        return {
+            "failpoints": ";".join(f"{name}=freeze {self.seconds:g}@1" for name in points),
+            "failpoints_dir": str(self.dir),
+        }
+
+    def fire(self, name: str, *, timeout: float = 15.0) -> dict[str, Any] | None:
+        """Arm ``name`` alone, wait until it fired (return its record) or ``timeout`` passes (``None``); disarm."""
+        assert name in failpoints.POINTS
+        for other, _ in FAILPOINT_FAULTS.values():
+            # The next hit of ``name`` is hit 1, of the others one they never fire on.
+            (self.dir / f"{other}.hits").write_text("0" if other == name else "1000000000")
+        before = len(self._fired())
+        (self.dir / "armed").touch()
+        try:
+            found = wait_until(lambda: [f for f in self._fired()[before:] if f["name"] == name], timeout=timeout, interval=0.1)
+        finally:
+            (self.dir / "armed").unlink()
+        return found[0] if found else None
+
+    def _fired(self) -> list[dict[str, Any]]:
+        path = self.dir / "fired.jsonl"
+        return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+@pytest.mark.timeout(DURATION + 1200)
 def test_chaos_soak__every_slot_once_nothing_run_twice_nothing_lost(
+    side_effect_table: None, pruned_table: None,
     celery_processes: Callable[..., CeleryProcess], process_env: dict[str, str], redis_url: str,
-    redis_client: redis.Redis, broker: Broker,
+    redis_client: redis.Redis, broker: Broker, tmp_path: Path,
 ) -> None:
     rng = random.Random(SEED)
     # A database connection can be cut on PostgreSQL only (SQLite has none).
@@ -143,8 +291,26 @@ def test_chaos_soak__every_slot_once_nothing_run_twice_nothing_lost(
     # Tasks log to the suite's Redis, which never restarts; the broker is the chaos one.
     process_env.update(REDIS_URL=broker.url, CELERY_BROKER_URL=broker.url, TEST_RUNS_REDIS_URL=redis_url)
     database_url = process_env["DATABASE_URL"]
-    # The run starts when the schedules are created (database clock): from
-    # then on every slot is owed (misfire run_all, in the catch-up window).
+    command_env = {**process_env, **_as_env(SETTINGS)}
+    points = Failpoints(tmp_path / "failpoints", FREEZE_SECONDS)
+
+    def start(kind: str, name: str, **settings: object) -> CeleryProcess:
+        # celery_processes copies process_env at each start: this process's sessions carry its name.
+        process_env["DATABASE_URL"] = _with_application_name(database_url, name)
+        queues = f"celery,{IN_TRANSACTION_QUEUE}" if kind == "worker" else None
+        try:
+            return celery_processes(kind, name, concurrency=4, queues=queues, **SETTINGS, **points.env(kind), **settings)
+        finally:
+            process_env["DATABASE_URL"] = database_url
+
+    workers = [start("worker", f"w{n}") for n in (1, 2)]
+    for worker in workers:
+        worker.wait_for_log(r"ready\.")
+    beats = [start("beat", f"beat{n}") for n in (1, 2, 3)]
+    assert wait_until(lambda: leases.current(LEASE_NAME).is_held, timeout=60), "no beat replica took the lease"
+    # The run starts when the schedules are created (database clock), a leader
+    # in place: from then on every slot is owed (misfire run_all, in the
+    # catch-up window), and every every-second schedule is committed on time.
     started_at = leases.db_now()
     every_second = [
         Schedule(name=f"tick-{n:02d}", task="tests.record", interval=1, kwargs={"label": f"tick-{n:02d}"})
@@ -156,49 +322,80 @@ def test_chaos_soak__every_slot_once_nothing_run_twice_nothing_lost(
                  kwargs={"label": f"long-{n}", "seconds": LONG_BODY_SECONDS, "step": LONG_STEP_SECONDS})
         for n in range(5)
     ]
-    schedules = [*every_second, *long]
+    failing = [
+        Schedule(name=f"fail-once-{n}", task="tests.fail_once", interval=FAILING_INTERVAL_SECONDS,
+                 max_retries=1, retry_backoff=1, kwargs={"label": f"fail-once-{n}", "seconds": FAILING_BODY_SECONDS})
+        for n in range(2)
+    ]
+    fenced = Schedule(name="fenced", task="tests.fenced_invoice", interval=1)
+    in_transaction = Schedule(
+        name="checkpoint-in-transaction", task="tests.checkpoint_in_transaction", interval=IN_TRANSACTION_INTERVAL_SECONDS,
+        queue=IN_TRANSACTION_QUEUE, overlap=Schedule.Overlap.CANCEL_PREVIOUS, kwargs={"label": "checkpoint-in-transaction"},
+    )
+    schedules = [*every_second, *long, *failing, fenced, in_transaction]
     for schedule in schedules:
         schedule.full_clean()
         schedule.save(now=started_at)
 
-    def start(kind: str, name: str) -> CeleryProcess:
-        # celery_processes copies process_env at each start: this process's sessions carry its name.
-        process_env["DATABASE_URL"] = _with_application_name(database_url, name)
-        return celery_processes(kind, name, concurrency=4, **SETTINGS)
-
-    workers = [start("worker", f"w{n}") for n in (1, 2)]
-    for worker in workers:
-        worker.wait_for_log(r"ready\.")
-    beats = [start("beat", f"beat{n}") for n in (1, 2, 3)]
     injected: Counter[str] = Counter()
     crashed: Counter[str] = Counter()  # processes that exited by themselves (restarted too)
     restarts = 0
     frozen: list[tuple[int, int]] = []  # (execution id, attempt) of each body frozen past its claim
     sessions_cut = 0
+    outages: list[tuple[float, float]] = []  # (down, up) of each broker_down_retrying, time.time()
+    fired: list[str] = []  # "<failpoint> in <pid>" of each failpoint nemesis
+    reshards: list[dict[str, Any]] = []
+    commands: list[str] = []  # what each prune_reconcile's two commands said
+    rolled = 0
+    shard_counts = iter(SHARD_COUNTS * 100)
     timeline: list[str] = []  # "<database time once done> <fault> <target>", to read rows and logs against
+
+    def roll(group: list[CeleryProcess], kind: str, shards_setting: int) -> None:
+        """Replace each process of ``group`` in turn: start the new one, wait until it is ready, SIGTERM the old one."""
+        nonlocal rolled
+        for index, old in enumerate(group):
+            rolled += 1
+            new = start(kind, f"{kind}-roll-{rolled}", shards=shards_setting)
+            if kind == "worker":
+                new.wait_for_log(r"ready\.", timeout=60)
+            else:
+                new.wait_for_log(r"beat: Starting", timeout=60)
+                time.sleep(1)  # its first tick: registered, following the stored count
+            group[index] = new
+            old.send(signal.SIGTERM)
+            if not wait_until(lambda o=old: not o.alive(), timeout=30):
+                old.kill_group(signal.SIGKILL)
+                crashed[f"{kind} (stuck in shutdown)"] += 1
 
     pending_faults: list[str] = []
     deadline = time.monotonic() + DURATION
-    while time.monotonic() < deadline:
+    # At least DURATION, and at least until every nemesis hit once.
+    while time.monotonic() < deadline or set(injected) != set(faults):
+        if time.monotonic() > deadline + 600:
+            break  # a nemesis that cannot find its target: the assertion below names it
         time.sleep(rng.uniform(3, 6))
         if not pending_faults:  # every kind once per round, in a random order
             pending_faults = rng.sample(faults, len(faults))
         fault = pending_faults.pop()
-        leader = _leader(beats)
         victim: CeleryProcess | None = None
-        target = leader.name if fault.startswith("leader") and leader else ""
-        if fault.startswith("leader") and leader is None:
-            continue  # a takeover is under way; the next fault will find a leader
-        if fault == "leader_sigkill":
-            victim = leader
-            leader.kill_group(signal.SIGKILL)
-        elif fault == "leader_sigterm":
-            victim = leader
-            leader.send(signal.SIGTERM)
-        elif fault == "leader_freeze":
-            leader.send(signal.SIGSTOP)
-            time.sleep(SETTINGS["lease_ttl_seconds"] + 2)  # frozen past its lease: a zombie when resumed
-            leader.send(signal.SIGCONT)
+        target = ""
+        if fault.startswith("leader"):
+            holders = _lease_holders(beats)
+            if not holders:
+                pending_faults.append(fault)
+                continue  # a takeover is under way; try again in a moment
+            leader = rng.choice(holders)
+            target = leader.name
+            if fault == "leader_sigkill":
+                victim = leader
+                leader.kill_group(signal.SIGKILL)
+            elif fault == "leader_sigterm":
+                victim = leader
+                leader.send(signal.SIGTERM)
+            else:
+                leader.send(signal.SIGSTOP)
+                time.sleep(SETTINGS["lease_ttl_seconds"] + 2)  # frozen past its lease: a zombie when resumed
+                leader.send(signal.SIGCONT)
         elif fault == "worker_sigkill":
             victim = rng.choice(workers)
             victim.kill_group(signal.SIGKILL)
@@ -212,10 +409,52 @@ def test_chaos_soak__every_slot_once_nothing_run_twice_nothing_lost(
             cut = rng.choice(workers)
             sessions_cut += _cut_database_sessions(cut)
             target = cut.name
-        else:
+        elif fault == "broker_restart":
             broker.stop()
             time.sleep(1)
             broker.start()
+        elif fault == "broker_down_retrying":
+            # Just as a failing body starts: it raises, and asks for its retry, with the broker away.
+            started = _a_failing_body_starts([schedule.pk for schedule in failing])
+            down = time.time()
+            broker.stop()
+            time.sleep(BROKER_DOWN_SECONDS)
+            broker.start()
+            outages.append((down, time.time()))
+            target = f"execution {started}" if started else "no failing body seen starting"
+        elif fault in FAILPOINT_FAULTS:
+            name, _ = FAILPOINT_FAULTS[fault]
+            hit = points.fire(name)
+            if hit is None:
+                continue  # not reached (no such body or batch in time); the next round tries again
+            fired.append(f"{name} in {hit['pid']}")
+            target = f"pid {hit['pid']}"
+            time.sleep(max(0.0, hit["at"] + FREEZE_SECONDS + 0.5 - time.time()))  # until it resumed
+        elif fault == "reshard":
+            count = next(shard_counts)
+            done = subprocess.run(
+                [sys.executable, "manage.py", "shards", "--set", str(count), "--json"], cwd=ROOT, env=command_env,
+                capture_output=True, text=True, timeout=120, check=False,
+            )
+            assert done.returncode == 0, f"shards --set {count}: {done.stderr[-2000:]}"
+            reshards.append(json.loads(done.stdout))
+            target = f"{reshards[-1]['previous']} -> {count} (settled {reshards[-1]['settled']})"
+        elif fault == "rolling_restart":
+            setting = rng.choice(ROLLING_SHARDS_SETTINGS)
+            roll(beats, "beat", setting)
+            roll(workers, "worker", setting)
+            target = f"SCHEDULER_SHARDS={setting}"
+        else:  # prune_reconcile
+            both = [
+                subprocess.Popen(
+                    [sys.executable, "manage.py", *argv], cwd=ROOT, env=command_env,
+                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                )
+                for argv in (["prune_executions", "--older-than", PRUNE_OLDER_THAN], ["reconcile", "--repair"])
+            ]
+            outputs = [process.communicate(timeout=120)[0] for process in both]
+            assert all(process.returncode == 0 for process in both), outputs
+            commands.append(" | ".join(output.strip().replace("\n", "; ")[-200:] for output in outputs))
         injected[fault] += 1
         timeline.append(f"{leases.db_now():%H:%M:%S} {fault} {victim.name if victim else target}")
         if victim is not None:
@@ -233,7 +472,6 @@ def test_chaos_soak__every_slot_once_nothing_run_twice_nothing_lost(
                 restarts += 1
                 group[index] = start(kind, f"{kind}-restart-{restarts}")
     ended_at = leases.db_now()
-    process_env["DATABASE_URL"] = database_url
 
     # Every slot up to the end is owed, and a fault may just have hit the
     # leader: let the beat send them before dispatching stops.
@@ -245,72 +483,82 @@ def test_chaos_soak__every_slot_once_nothing_run_twice_nothing_lost(
     settle_deadline = time.monotonic() + 300
     while Execution.objects.exclude(status__in=Execution.FINAL_STATUSES).exists() and time.monotonic() < settle_deadline:
         subprocess.run(
-            [sys.executable, "manage.py", "reconcile"], cwd=ROOT, env={**process_env, **_as_env(SETTINGS)},
+            [sys.executable, "manage.py", "reconcile"], cwd=ROOT, env=command_env,
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=60, check=False,
         )
         time.sleep(2)
-    settled = not Execution.objects.exclude(status__in=Execution.FINAL_STATUSES).exists()
-    open_rows = Counter(Execution.objects.exclude(status__in=Execution.FINAL_STATUSES).values_list("status", flat=True))
-    executions = list(Execution.objects.all())
+    pruned = _pruned()
+    executions = [*Execution.objects.all(), *pruned]
+    open_rows = Counter(execution.status for execution in invariants.open_executions(executions))
 
-    # 1. every slot of the run, to both of its ends, has exactly one execution
-    slots_by_schedule: dict[int, list[datetime]] = defaultdict(list)
-    for execution in executions:
-        slots_by_schedule[execution.schedule_id].append(execution.scheduled_for)
-    gaps, doubles = 0, 0
-    for schedule in schedules:
-        slots = slots_by_schedule[schedule.pk]
-        doubles += len(slots) - len(set(slots))
-        gaps += len(_owed_slots(schedule, started_at, ended_at) - set(slots))
+    # 1. every slot of the run, to both of its ends, has exactly one execution (the pruned ones included)
+    duplicates, gaps = invariants.slot_violations(schedules, executions, created_at=started_at, ended_at=ended_at)
     # 2. no execution ran twice: each claim (attempt) ran its body at most once,
     #    no body completed after its claim moved on (a frozen body resumed), and
     #    no two bodies of one execution overlapped. A body interrupted after its
     #    side effect (its process killed before the outcome was recorded) is
     #    run again as a new attempt; that is counted, not failed (tasks dedupe
-    #    on current_execution()).
+    #    on current_execution()). Fenced side effects commit exactly once.
     events = test_tasks.events(redis_client)
-    starts = Counter((event["execution_id"], event["attempt"]) for event in events if event["event"] == "start")
-    ran_twice = {key: n for key, n in starts.items() if n > 1}
-    stale = _completed_after_claim_moved_on(events, executions)
-    concurrent = _overlapping_runs(events)
+    stale, ran_twice, concurrent = invariants.claim_violations(events, executions)
+    fenced_wrong = invariants.fenced_violations(test_tasks.side_effects(), executions)
     stops = Counter(event["execution_id"] for event in events if event["event"] == "stop")
     rerun_after_interruption = sum(1 for n in stops.values() if n > 1)
-    # 3. every execution succeeded (these tasks never raise; nothing is missed,
-    #    skipped, failed, timed out or cancelled), with the outcome of a body
-    #    that ran to its end under the attempt recorded
+    # 3. every execution succeeded (these tasks never raise but the planned
+    #    once, retried; nothing is missed, failed, timed out...), with the
+    #    outcome of a body that ran to its end under the attempt recorded; the
+    #    cancel_previous schedule's may also be cancelled or skipped by a newer slot
+    without_body = invariants.succeeded_without_body(events, executions, tasks=LOGGING_TASKS)
     statuses = Counter(e.status for e in executions)
-    finished_bodies = {(e["execution_id"], e["attempt"]) for e in events if e["event"] == "stop"}
-    without_body = [
-        e.pk for e in executions if e.status == Execution.Status.SUCCEEDED and (e.pk, e.attempt) not in finished_bodies
-    ]
+    overlapped_by_policy = _overlap_outcomes(in_transaction, executions)
     names = {schedule.pk: schedule.name for schedule in schedules}
     frozen_ids = {execution_id for execution_id, _ in frozen}
     unsuccessful = [
         {"id": e.pk, "schedule": names.get(e.schedule_id), "status": e.status, "attempt": e.attempt,
          "frozen": e.pk in frozen_ids, "error": e.error[:120], "worker": e.worker, "celery_task_id": e.celery_task_id,
          "started_at": _iso(e.started_at), "claim_expires_at": _iso(e.lease_expires_at)}
-        for e in executions if e.status != Execution.Status.SUCCEEDED
+        for e in executions if e.status != Execution.Status.SUCCEEDED and e.pk not in overlapped_by_policy
     ]
     unsuccessful.sort(key=lambda row: (row["status"] not in Execution.FINAL_STATUSES, row["id"]))  # final ones first
+    # 4. no every-second schedule went longer than 2 x the lease TTL without a committed slot
+    stall, stalled = invariants.max_stall(schedules, executions, created_at=started_at, ended_at=ended_at)
+    raised_while_down = sum(
+        1 for event in events if event["event"] == "raise" and any(down <= event["at"] <= up for down, up in outages)
+    )
     summary = {
         "seed": SEED, "duration_s": DURATION, "faults": dict(injected), "restarts": restarts, "crashed": dict(crashed),
-        "db_sessions_cut": sessions_cut, "frozen_bodies": frozen,
-        "executions_checked": len(executions), "statuses": dict(statuses), "duplicates": doubles + len(ran_twice),
-        "gaps": gaps, "completed_after_claim_moved_on": stale, "concurrent_runs": len(concurrent),
+        "db_sessions_cut": sessions_cut, "frozen_bodies": frozen, "failpoints_fired": fired,
+        "failing_bodies_raised_while_broker_down": raised_while_down, "reshards": reshards, "rolled": rolled,
+        "prune_reconcile": commands, "pruned": len(pruned),
+        "executions_checked": len(executions), "statuses": dict(statuses),
+        "cancel_previous_outcomes": dict(Counter(overlapped_by_policy.values())),
+        "duplicates": duplicates + len(ran_twice), "gaps": gaps, "completed_after_claim_moved_on": stale,
+        "concurrent_runs": len(concurrent), "fenced_side_effects_wrong": fenced_wrong,
         "succeeded_without_body": without_body, "rerun_after_interruption": rerun_after_interruption,
+        "max_stall_s": round(stall, 2), "max_stall_schedule": stalled, "stall_bound_s": STALL_BOUND_SECONDS,
         "not_final": dict(open_rows), "window": [started_at.isoformat(), ended_at.isoformat()],
         "unsuccessful": unsuccessful[:40], "timeline": timeline,
     }
+    stale_ids = {execution_id for execution_id, _ in stale}
+    summary["stale_bodies"] = [
+        {"id": e.pk, "schedule": names.get(e.schedule_id), "status": e.status, "attempt": e.attempt, "worker": e.worker,
+         "events": [event for event in events if event["execution_id"] == e.pk]}
+        for e in executions if e.pk in stale_ids
+    ]
     print("\nchaos summary: " + json.dumps(summary))
+    if os.environ.get("CHAOS_LOGS"):  # the processes' logs, kept past pytest's temporary directories
+        shutil.copytree(tmp_path, os.environ["CHAOS_LOGS"], dirs_exist_ok=True)
     Path(os.environ.get("CHAOS_SUMMARY", tempfile.gettempdir() + "/chaos-summary.json")).write_text(json.dumps(summary, indent=2))
 
-    # A fault every 3-6 s, plus what each takes (a frozen body: finding one, then the freeze).
+    # A fault every 3-6 s, plus what each takes; every nemesis at least once, and each did what it says.
     assert sum(injected.values()) >= DURATION // 10 and set(injected) == set(faults), summary
-    assert doubles == 0 and gaps == 0, summary
-    assert not ran_twice and not stale and not concurrent, summary
-    assert settled and not open_rows, summary
-    assert statuses == {Execution.Status.SUCCEEDED: len(executions)}, summary
+    assert raised_while_down and len(fired) >= injected["freeze_in_transaction"] + injected["freeze_in_fenced"], summary
+    assert duplicates == 0 and gaps == 0, summary
+    assert not ran_twice and not stale and not concurrent and not fenced_wrong, summary
+    assert not open_rows, summary
+    assert not unsuccessful, summary
     assert not without_body, summary
+    assert stall <= STALL_BOUND_SECONDS, summary
 
 
 def _iso(moment: datetime | None) -> str | None:
@@ -336,6 +584,39 @@ def _cut_database_sessions(worker: CeleryProcess) -> int:
             [APPLICATION_NAME_PREFIX + worker.name],
         )
         return sum(1 for (terminated,) in cursor.fetchall() if terminated)
+
+
+def _a_failing_body_starts(failing_ids: list[int]) -> int | None:
+    """Wait (up to two intervals) until a first attempt of a failing schedule is claimed; return its execution id."""
+    def started() -> int | None:
+        return (
+            Execution.objects.filter(
+                schedule_id__in=failing_ids, status=Execution.Status.RUNNING, attempt=1,
+                started_at__gte=leases.db_now() - timedelta(seconds=0.3),
+            ).values_list("pk", flat=True).first()
+        )
+
+    return wait_until(started, timeout=2 * FAILING_INTERVAL_SECONDS + 2, interval=0.05) or None  # type: ignore[return-value]
+
+
+def _overlap_outcomes(schedule: Schedule, executions: list[Execution]) -> dict[int, str]:
+    """{execution id: status} of the ``cancel_previous`` schedule's executions that a newer slot rightly ended.
+
+    ``cancelled`` with the policy's reason while a newer slot exists, or
+    ``skipped`` in the same commit (within a second) as a newer slot.
+    """
+    mine = [execution for execution in executions if execution.schedule_id == schedule.pk]
+    ended = {}
+    for execution in mine:
+        newer = [other for other in mine if other.scheduled_for > execution.scheduled_for]
+        cancelled = execution.status == Execution.Status.CANCELLED and execution.error == dispatch.CANCEL_PREVIOUS_ERROR
+        skipped = execution.status == Execution.Status.SKIPPED and any(
+            other.status != Execution.Status.SKIPPED and abs((other.created_at - execution.created_at).total_seconds()) < 1
+            for other in newer
+        )
+        if newer and (cancelled or skipped):
+            ended[execution.pk] = execution.status
+    return ended
 
 
 def _freeze_a_long_body(workers: list[CeleryProcess], long_ids: list[int]) -> tuple[int, int] | None:
@@ -386,55 +667,3 @@ def _parent_pid(pid: int) -> int | None:
     except OSError:
         return None
     return int(stat.rpartition(")")[2].split()[1])  # the field after the state
-
-
-def _owed_slots(schedule: Schedule, started_at: datetime, ended_at: datetime) -> set[datetime]:
-    """Return the slots of ``schedule`` after ``started_at`` up to ``ended_at``."""
-    count = int((ended_at - started_at).total_seconds() // schedule.interval) + 2
-    return {slot for slot in schedule.next_fire_times(count, after=started_at) if slot <= ended_at}
-
-
-def _completed_after_claim_moved_on(events: list[dict[str, Any]], executions: list[Execution]) -> list[list[int]]:
-    """Return [execution id, attempt] of each body that logged its end after its claim had moved on.
-
-    A claim has moved on once a later attempt of its execution started, or
-    once someone else finished the execution on that attempt (reconcile
-    recording a lost one ``failed``). The workers' clock and the database's
-    are this machine's.
-    """
-    first_start: dict[int, dict[int, float]] = defaultdict(dict)
-    for event in events:
-        if event["event"] == "start":
-            attempts = first_start[event["execution_id"]]
-            attempts[event["attempt"]] = min(event["at"], attempts.get(event["attempt"], event["at"]))
-    rows = {execution.pk: execution for execution in executions}
-    stale = []
-    for event in events:
-        if event["event"] != "stop":
-            continue
-        execution_id, attempt = event["execution_id"], event["attempt"]
-        moved_on = [at for later, at in first_start[execution_id].items() if later > attempt]
-        row = rows.get(execution_id)
-        if row and row.attempt == attempt and row.status != Execution.Status.SUCCEEDED and row.finished_at:
-            moved_on.append(row.finished_at.timestamp())
-        if moved_on and event["at"] > min(moved_on):
-            stale.append([execution_id, attempt])
-    return stale
-
-
-def _overlapping_runs(events: list[dict[str, Any]]) -> list[int]:
-    """Execution ids whose bodies ran at the same time in two processes."""
-    spans: dict[int, list[tuple[float, float]]] = defaultdict(list)
-    open_starts: dict[tuple[int, int], float] = {}
-    for event in events:
-        key = (event["execution_id"], event["pid"])
-        if event["event"] == "start":
-            open_starts[key] = event["at"]
-        elif key in open_starts:
-            spans[event["execution_id"]].append((open_starts.pop(key), event["at"]))
-    overlapping = []
-    for execution_id, runs in spans.items():
-        runs.sort()
-        if any(later[0] < earlier[1] for earlier, later in zip(runs, runs[1:])):
-            overlapping.append(execution_id)
-    return overlapping
