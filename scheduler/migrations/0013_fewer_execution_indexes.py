@@ -19,6 +19,8 @@ observability = import_module("scheduler.migrations.0012_observability")
 def recreate_sqlite_triggers(apps, schema_editor):
     if schema_editor.connection.vendor != "sqlite":
         return
+    # A rebuild dropped them, or (backwards: re-adding an index rebuilds nothing) they are still there.
+    observability.drop_triggers(apps, schema_editor)
     for sql in observability._create_triggers_sql("sqlite"):
         schema_editor.execute(sql, params=None)  # no placeholders: ``%`` is the modulo operator
 
