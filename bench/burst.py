@@ -63,8 +63,17 @@ from typing import Any
 from urllib.parse import urlparse
 
 from bench.common import (
-    ROOT, cpu_seconds, django_env, execute_sql, insert_generated, log_to_file, migrate, peak_rss_mib, stop_process,
-    table, write_results,
+    ROOT,
+    cpu_seconds,
+    django_env,
+    execute_sql,
+    insert_generated,
+    log_to_file,
+    migrate,
+    peak_rss_mib,
+    stop_process,
+    table,
+    write_results,
 )
 
 GOAL_PER_SECOND = 5000.0

@@ -62,8 +62,19 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import (
-    ROOT, cpu_seconds, django_env, execute_sql, insert_generated, log_to_file, migrate, peak_rss_mib, peers_python,
-    percentile, stop_process, table, write_results,
+    ROOT,
+    cpu_seconds,
+    django_env,
+    execute_sql,
+    insert_generated,
+    log_to_file,
+    migrate,
+    peak_rss_mib,
+    peers_python,
+    percentile,
+    stop_process,
+    table,
+    write_results,
 )
 
 SIZES = (1_000, 100_000, 1_000_000)

@@ -14,10 +14,10 @@ from typing import Any
 from zoneinfo import ZoneInfo
 
 from django import forms
-from django.core.validators import MinValueValidator
 from django.contrib import admin, messages
 from django.core.exceptions import NON_FIELD_ERRORS, PermissionDenied, ValidationError
 from django.core.paginator import Paginator
+from django.core.validators import MinValueValidator
 from django.db import connection, transaction
 from django.db.models import Exists, OuterRef, QuerySet
 from django.db.models.functions import Now
@@ -25,30 +25,43 @@ from django.forms.fields import InvalidJSONInput
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseNotAllowed
 from django.shortcuts import get_object_or_404, redirect
 from django.template.response import TemplateResponse
-from django.urls import path
-from django.urls import reverse
+from django.urls import path, reverse
 from django.utils import timezone
 from django.utils.functional import cached_property
 from django.utils.html import format_html, format_html_join
+from django.utils.http import urlencode
 from django.utils.safestring import mark_safe
 from django.utils.timesince import timesince, timeuntil
-from django.utils.http import urlencode
 from django.utils.translation import ngettext
 
 from scheduler import (
-    audit, backfill, clock, cluster, dispatch, leases, metrics, operations, overdue, shards, task_policy, timing,
+    audit,
+    backfill,
+    clock,
+    cluster,
+    dispatch,
+    leases,
+    metrics,
+    operations,
+    overdue,
+    result_admin,  # noqa: F401  (imported to replace django-celery-results' pages with scoped ones)
+    shards,
+    task_policy,
+    timing,
 )
 from scheduler.celery_app import celery_app
 from scheduler.conf import settings
 from scheduler.exceptions import BackfillRefused, BackfillTooLarge, ScheduleInvalid, TaskRefused
 from scheduler.limits import (
-    ARGUMENT_LABELS, PAUSED_REASON_MAX_CHARS, argument_problem, depth_problem, nests_deeper_than,
+    ARGUMENT_LABELS,
+    PAUSED_REASON_MAX_CHARS,
+    argument_problem,
+    depth_problem,
+    nests_deeper_than,
 )
 from scheduler.models import AuditEvent, Execution, Instance, Lease, OperatorProfile, Schedule
 from scheduler.models.schedule import EARLIEST, LATEST, TIMING_REQUIRED
 from scheduler.tenancy import EVERY_TENANT, Scope, scope_of_user
-
-from scheduler import result_admin  # noqa: F401  (imported to replace django-celery-results' pages with scoped ones)
 
 #: How many upcoming slots the schedule page previews.
 PREVIEW_COUNT = 5

@@ -151,7 +151,7 @@ class LeaderScheduler(Scheduler):
             # Drop the broken connection so the next tick reconnects.
             connection.close()
             return settings.FOLLOWER_RETRY_SECONDS
-        except Exception:  # noqa: BLE001 -- the loop boundary: one bad tick must not kill beat
+        except Exception:  # the loop boundary: one bad tick must not kill beat
             logger.exception("beat tick failed; trying again", extra={"action": "tick_failed"})
             return settings.FOLLOWER_RETRY_SECONDS
         finally:
@@ -335,7 +335,7 @@ class LeaderScheduler(Scheduler):
             state = self._still_held(lease)
             if state is not None:
                 self._log_reconcile(reconcile.reconcile(now=state.db_now, app=self.app))
-        except Exception:  # noqa: BLE001 -- reconcile is housekeeping: log it, keep dispatching
+        except Exception:  # reconcile is housekeeping: log it, keep dispatching
             logger.exception(
                 "reconcile failed; trying again in %ss", settings.RECONCILE_INTERVAL_SECONDS,
                 extra={"action": "reconcile_failed"},
@@ -362,7 +362,7 @@ class LeaderScheduler(Scheduler):
             ):
                 if report.changes:
                     self._log_reconcile(report)
-        except Exception:  # noqa: BLE001 -- housekeeping: log it, keep dispatching
+        except Exception:  # housekeeping: log it, keep dispatching
             logger.exception(
                 "broker check failed; trying again in %ss", settings.BROKER_CHECK_SECONDS,
                 extra={"action": "broker_check_failed"},

@@ -206,7 +206,7 @@ def _check_related(objs: Sequence[Model], field: Field) -> None:
     for obj in objs:
         # A row whose id is set needs nothing: bulk_create would only tidy its cache.
         if getattr(obj, attname) is None and field.is_cached(obj):
-            obj._prepare_related_fields_for_save(operation_name="bulk_create")
+            obj._prepare_related_fields_for_save(operation_name="bulk_create")  # noqa: SLF001 -- as bulk_create does
 
 
 def _values(objs: Sequence[Model], column: _Column, connection: BaseDatabaseWrapper) -> list[Any]:

@@ -251,7 +251,7 @@ def record_one(execution: Execution) -> tuple[Execution, bool]:
 def _insert_stamped(execution: Execution) -> None:
     """Insert the unsaved ``execution`` with ``created_at`` from the database clock; set its id and ``created_at``."""
     using = Execution.objects.db
-    execution._prepare_related_fields_for_save(operation_name="save")
+    execution._prepare_related_fields_for_save(operation_name="save")  # noqa: SLF001 -- as save() does before an INSERT
     execution.created_at = Now()  # compiled into the INSERT (raw: attribute values, no pre_save)
     try:
         query = InsertQuery(Execution)

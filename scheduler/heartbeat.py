@@ -213,7 +213,7 @@ class Heartbeat(threading.Thread):
         if connection is not None:
             try:
                 connection.release()
-            except Exception:  # noqa: BLE001 -- a broken connection may fail in any way while closing
+            except Exception:  # a broken connection may fail in any way while closing
                 logger.debug("closing the probe connection failed", exc_info=True)
 
     def _not_back(self, reason: str) -> None:

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from django.db import DatabaseError, connection, transaction
+from django.db import connection, transaction
 from django.db.models import F
 
 try:

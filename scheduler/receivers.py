@@ -22,8 +22,8 @@ from django.db import DatabaseError, close_old_connections
 
 from scheduler import heartbeat
 from scheduler.exceptions import MessageRefused
-from scheduler.models import Execution, Instance
 from scheduler.executions import fail_unrun
+from scheduler.models import Execution, Instance
 
 logger = logging.getLogger(__name__)
 

@@ -5,7 +5,8 @@ import logging
 from datetime import timedelta
 from typing import Any
 
-from celery.schedules import crontab, schedule as every
+from celery.schedules import crontab
+from celery.schedules import schedule as every
 from django.core.exceptions import ValidationError
 from django.db import IntegrityError, transaction
 

@@ -53,14 +53,14 @@ import os
 import random
 import time
 import traceback
+from collections.abc import Callable
 from contextlib import AbstractContextManager
 from datetime import timezone
-from collections.abc import Callable
 from typing import Any, TypeVar
 
 from celery import Task, current_task
-from celery.signals import task_postrun, task_prerun, worker_init, worker_process_init
 from celery.exceptions import Ignore, Reject, Retry, SoftTimeLimitExceeded, WorkerLostError
+from celery.signals import task_postrun, task_prerun, worker_init, worker_process_init
 from celery.worker.request import Request
 from django.db import DatabaseError, InterfaceError, OperationalError, close_old_connections, connection, connections
 

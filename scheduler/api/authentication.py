@@ -19,7 +19,6 @@ from scheduler.models.api_token import hash_token
 from scheduler.permissions import OPERATOR_GROUP, VIEWER_GROUP
 from scheduler.tenancy import Scope, scope_of_token, scope_of_user
 
-
 #: ``last_used_at`` is kept to this precision.
 LAST_USED_RESOLUTION = timedelta(minutes=1)
 
@@ -97,7 +96,7 @@ def caller(request: Request) -> Caller:
         result = Caller(token.role, scope_of_token(token), audit.Actor(AuditEvent.ActorType.TOKEN, token.name, token.tenant))
     else:
         result = Caller(user_role(request.user), scope_of_user(request.user), audit.user_actor(request.user))
-    request._scheduler_caller = result
+    request._scheduler_caller = result  # noqa: SLF001 -- our own per-request cache, read back above
     return result
 
 

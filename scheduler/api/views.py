@@ -32,8 +32,8 @@ from scheduler import audit, backfill, cluster, leases, operations, reconcile, t
 from scheduler.api import serializers as s
 from scheduler.api.authentication import caller
 from scheduler.api.filters import AuditEventFilter, ExecutionFilter, ScheduleFilter
-from scheduler.api.policies import OwnPolicies, extend_schema
 from scheduler.api.permissions import HasRole, Unscoped
+from scheduler.api.policies import OwnPolicies, extend_schema
 from scheduler.celery_app import celery_app
 from scheduler.conf import settings
 from scheduler.exceptions import BackfillRefused, BackfillTooLarge, TaskRefused

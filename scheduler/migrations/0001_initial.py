@@ -2,8 +2,9 @@
 
 import django.core.validators
 import django.db.models.deletion
-import scheduler.models.schedule
 from django.db import migrations, models
+
+import scheduler.models.schedule
 
 
 class Migration(migrations.Migration):

@@ -49,7 +49,9 @@ LATEST = datetime(9000, 1, 1, tzinfo=timezone.utc)
 def integer_range(field_name: str) -> tuple[int, int]:
     """Return the lowest and highest value validation accepts for an integer field of Schedule."""
     field = Schedule._meta.get_field(field_name)
-    lows = [validator.limit_value for validator in field._validators if isinstance(validator, MinValueValidator)]
+    # Only the validators the field declares: `validators` adds the database column range.
+    declared = field._validators  # noqa: SLF001 -- see above
+    lows = [validator.limit_value for validator in declared if isinstance(validator, MinValueValidator)]
     return max([0, *lows]), COLUMN_MAX[field.get_internal_type()]
 
 

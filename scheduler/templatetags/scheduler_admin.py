@@ -36,5 +36,5 @@ def leader_warning(context: dict[str, Any]) -> dict[str, Any]:
     request = context.get("request")
     if request is None or getattr(request, "_scheduler_leader_warning", False):
         return {"problem": ""}
-    request._scheduler_leader_warning = True
+    request._scheduler_leader_warning = True  # noqa: SLF001 -- our own per-request flag, read back above
     return {"problem": leader_problem(context)}

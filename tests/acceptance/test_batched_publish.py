@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 from collections import Counter
 from collections.abc import Callable, Iterator
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 import pytest
 import redis
@@ -40,7 +40,7 @@ ROWS = dispatch.PUBLISH_BATCH + 150  # more than one batch
 JITTER = 4  # seconds
 
 
-def pending(schedule: Schedule, slot, *, now) -> Execution:  # noqa: ANN001 -- datetimes
+def pending(schedule: Schedule, slot: datetime, *, now: datetime) -> Execution:
     return executions.execution_for(schedule, slot, status=Status.PENDING, now=now)
 
 

@@ -13,10 +13,10 @@ import redis
 from django.db import connection
 
 from scheduler import leases
-from scheduler.models import Execution, Lease, Schedule
+from scheduler.models import Execution, Schedule
 from tests import tasks as test_tasks
 from tests.processes import CeleryProcess, wait_until
-from tests.services import free_port, find_redis_server
+from tests.services import find_redis_server, free_port
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -19,10 +19,10 @@ def test_beat_json_logs_carry_instance_id_and_token(celery_processes: Callable[.
     def scheduler_lines() -> list[dict]:
         return [json.loads(line) for line in beat.log().splitlines() if line.startswith("{")]
 
-    assert wait_until(lambda: any(l.get("action") == "dispatched" for l in scheduler_lines()), timeout=30), beat.log()[-2000:]
+    assert wait_until(lambda: any(line.get("action") == "dispatched" for line in scheduler_lines()), timeout=30), beat.log()[-2000:]
     lines = scheduler_lines()
-    acquired = next(l for l in lines if l.get("action") == "lease_acquired")
-    dispatched = next(l for l in lines if l.get("action") == "dispatched")
+    acquired = next(line for line in lines if line.get("action") == "lease_acquired")
+    dispatched = next(line for line in lines if line.get("action") == "dispatched")
     assert acquired["instance_id"] == dispatched["instance_id"]
     assert dispatched["token"] == acquired["token"] and dispatched["schedule"] == "tick"
-    assert all("instance_id" in l for l in lines)
+    assert all("instance_id" in line for line in lines)

@@ -12,7 +12,6 @@ import signal
 import sqlite3
 import subprocess
 import threading
-import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator

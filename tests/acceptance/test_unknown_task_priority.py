@@ -65,7 +65,7 @@ def test_unknown_task__failed_with_the_reason_and_counted_on_its_schedule(celery
     assert schedule.paused_reason.startswith("Paused after 1 consecutive failures; last: ")
     assert schedule.next_run_at is None
     # And the finished execution's row was not overwritten by its late message
-    worker.wait_for_log(rf"finished-ghost", timeout=10)
+    worker.wait_for_log(r"finished-ghost", timeout=10)
     finished.refresh_from_db()
     assert (finished.status, finished.error) == (Execution.Status.SUCCEEDED, "")
 

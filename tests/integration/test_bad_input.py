@@ -14,13 +14,13 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+import hypothesis
 import pytest
 import redis
 from django.contrib.auth import get_user_model
 from django.core.exceptions import ValidationError
 from django.core.management import ManagementUtility, find_commands, load_command_class
 from django.test import Client
-import hypothesis
 from hypothesis import HealthCheck, example, given
 from hypothesis import strategies as st
 

@@ -151,7 +151,7 @@ def _host_ip(port: str | dict[str, Any]) -> str:
 def _run_entrypoint(service: dict[str, Any], **replace: str) -> subprocess.CompletedProcess[str]:
     """Run a service's rendered ``sh -c`` entrypoint and command here, with container paths swapped for local ones."""
     shell, flag, script, *args = [*service["entrypoint"], *service.get("command", [])]
-    assert (shell, flag) == ("/bin/sh", "-c"), entrypoint
+    assert (shell, flag) == ("/bin/sh", "-c"), service["entrypoint"]
     script = script.replace("$$", "$")  # `config` prints compose's escape; the container gets one "$"
     for container_path, local_path in replace.items():
         script = script.replace(container_path, local_path)

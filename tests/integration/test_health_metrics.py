@@ -9,9 +9,9 @@ import sys
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
+from datetime import timedelta
 from pathlib import Path
 from typing import IO
-from datetime import timedelta
 
 import pytest
 from django.db.models.functions import Now

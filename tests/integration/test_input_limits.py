@@ -15,7 +15,6 @@ from django.contrib.auth import get_user_model
 from django.core.cache import cache
 from django.test import Client, override_settings
 from django.test.client import RequestFactory
-from rest_framework.exceptions import ParseError
 from rest_framework.request import Request
 
 import scheduler

@@ -198,7 +198,7 @@ def test_leader__cancel_previous_in_flight_row_in_a_publishers_batch__left_at_on
     # Given a cancel_previous schedule whose pending execution a publisher holds in the batch it is
     # pushing (issue 26, finding 7: a follower frozen there, or waiting on a silent broker), and another schedule
     previous = schedule("previous", overlap="cancel_previous")
-    other = schedule("other")
+    schedule("other")
     pending = Execution.objects.create(
         idempotency_key="in-batch", task="scheduler.echo", scheduled_for=leases.db_now(),
         celery_task_id="celery-batch", schedule=previous,
@@ -225,7 +225,7 @@ def test_leader__a_lock_nobody_names_in_advance__waits_a_bounded_time_and_commit
 ) -> None:
     # Given two due schedules, and an open transaction (a backfill, frozen) that inserted the slot one of them is due at
     blocked = schedule("blocked")
-    other = schedule("other")
+    schedule("other")
     slot = blocked.next_run_at
     insert = lambda: executions.insert(  # noqa: E731
         [executions.execution_for(blocked, slot, status=Status.PENDING, now=leases.db_now())]

@@ -15,8 +15,8 @@ from django.test import Client, override_settings
 from scheduler import checks
 from scheduler.models import Schedule
 from scheduler.permissions import OPERATOR_GROUP, VIEWER_GROUP
-from tests.processes import ROOT
 from tests.integration.api_support import bind
+from tests.processes import ROOT
 
 PRODUCTION_ENV = {
     "DJANGO_DEBUG": "0",

@@ -79,9 +79,9 @@ def test_scheduler_urls__serve_the_probes_metrics_and_api_under_the_hosts_prefix
 
 def test_an_unguarded_task__cannot_be_scheduled_or_submitted() -> None:
     # Given: a task that opted out of the guard (its executions would never be recorded)
-    import tests.guard_tasks  # noqa: F401 -- registers the tasks in this process
     from django.core.exceptions import ValidationError
 
+    import tests.guard_tasks  # noqa: F401 -- registers the tasks in this process
     from scheduler import operations
     from scheduler.exceptions import SubmissionInvalid
     from scheduler.models import Execution, Schedule

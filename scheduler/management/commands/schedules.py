@@ -16,16 +16,16 @@ from scheduler.celery_app import celery_app
 from scheduler.exceptions import SchedulerError
 from scheduler.management.base import (
     SchedulerCommand,
-    model_fields,
     find_schedule,
+    model_fields,
     parse_iso,
     parse_json,
     text_table,
     text_value,
 )
 from scheduler.models import Schedule
-from scheduler.overdue import is_overdue
 from scheduler.models.schedule import integer_range
+from scheduler.overdue import is_overdue
 from scheduler.tenancy import EVERY_TENANT
 
 #: Options of ``create`` and ``update`` that set one model field each: flag, field, argparse keywords.
