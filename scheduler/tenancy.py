@@ -9,12 +9,14 @@ platform's own tasks (``scheduler.task_policy``).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 if TYPE_CHECKING:
     from django.db.models import QuerySet
 
     from scheduler.models import ApiToken
+
+_QS = TypeVar("_QS", bound="QuerySet[Any]")
 
 
 @dataclass(frozen=True)
@@ -35,7 +37,7 @@ class Scope:
     def sees_nothing(self) -> bool:
         return not self.every_tenant and not self.tenant
 
-    def filter(self, queryset: QuerySet[Any]) -> QuerySet[Any]:
+    def filter(self, queryset: _QS) -> _QS:
         """Return ``queryset`` (of a model with a ``tenant`` field) narrowed to this scope."""
         if self.every_tenant:
             return queryset

@@ -86,9 +86,13 @@ class Caller:
         return self.role == ApiToken.Role.OPERATOR
 
 
+#: Where ``caller()`` caches its answer on the request.
+_CALLER_ATTRIBUTE = "_scheduler_caller"
+
+
 def caller(request: Request) -> Caller:
     """Return the caller of an authenticated request (cached on the request)."""
-    cached = getattr(request, "_scheduler_caller", None)
+    cached = getattr(request, _CALLER_ATTRIBUTE, None)
     if cached is not None:
         return cached
     if isinstance(request.auth, ApiToken):
@@ -96,7 +100,7 @@ def caller(request: Request) -> Caller:
         result = Caller(token.role, scope_of_token(token), audit.Actor(AuditEvent.ActorType.TOKEN, token.name, token.tenant))
     else:
         result = Caller(user_role(request.user), scope_of_user(request.user), audit.user_actor(request.user))
-    request._scheduler_caller = result  # noqa: SLF001 -- our own per-request cache, read back above
+    setattr(request, _CALLER_ATTRIBUTE, result)
     return result
 
 

@@ -6,6 +6,7 @@ from datetime import datetime, timezone
 import django_filters
 from django import forms
 from django.core.exceptions import ValidationError
+from django.db.models import QuerySet
 from django.db.models.functions import Now
 from django_filters.fields import IsoDateTimeField
 
@@ -53,14 +54,14 @@ class ScheduleFilter(django_filters.FilterSet):
             "last_status": ["exact"],
         }
 
-    def filter_state(self, queryset, name, value):  # type: ignore[no-untyped-def] -- django-filter's method hook
+    def filter_state(self, queryset: QuerySet[Schedule], name: str, value: str) -> QuerySet[Schedule]:
         if value == "active":
             return queryset.filter(enabled=True, paused_reason="")
         if value == "paused":
             return queryset.exclude(paused_reason="")
         return queryset.filter(enabled=False)
 
-    def filter_overdue(self, queryset, name, value):  # type: ignore[no-untyped-def] -- django-filter's method hook
+    def filter_overdue(self, queryset: QuerySet[Schedule], name: str, value: bool) -> QuerySet[Schedule]:
         late = overdue.condition(now=Now())
         return queryset.filter(late) if value else queryset.exclude(late)
 

@@ -14,14 +14,20 @@ by its Content-Length and reads no further than the limit (a chunked body).
 """
 from __future__ import annotations
 
-from typing import IO, Any
+from collections.abc import Mapping, Sequence
+from typing import IO, TYPE_CHECKING, Any
 
 from django.conf import settings as django_settings
 from django.core.exceptions import RequestDataTooBig
 from rest_framework import exceptions, status
-from rest_framework.parsers import JSONParser, get_encoding
+from rest_framework.parsers import BaseParser, JSONParser, get_encoding  # type: ignore[attr-defined]  # DRF 3.18 API; the 3.16 stubs lack it
 from rest_framework.response import Response
 from rest_framework.utils import json
+
+if TYPE_CHECKING:
+    from rest_framework.views import APIView as _ViewBase
+else:
+    _ViewBase = object  # a mixin: the view class supplies APIView
 
 from scheduler.conf import settings
 from scheduler.limits import nests_deeper_than
@@ -48,7 +54,7 @@ def max_depth() -> int:
 class BoundedJSONParser(JSONParser):
     """JSON bodies of at most ``DATA_UPLOAD_MAX_MEMORY_SIZE`` bytes (else 413) and ``max_depth()`` levels (else 400)."""
 
-    def parse(self, stream: IO[bytes], media_type: str | None = None, parser_context: dict[str, Any] | None = None) -> Any:
+    def parse(self, stream: IO[bytes], media_type: str | None = None, parser_context: Mapping[str, Any] | None = None) -> Any:
         parser_context = parser_context or {}
         encoding = get_encoding(parser_context)
         body = _read(stream, parser_context.get("request"), django_settings.DATA_UPLOAD_MAX_MEMORY_SIZE)
@@ -105,15 +111,15 @@ def _declared_length(meta: Any) -> int:
         return 0
 
 
-class BoundedBodies:
+class BoundedBodies(_ViewBase):
     """Mixin of every API view: ``BoundedJSONParser``, and Django's own size refusal answered as its 413."""
 
-    parser_classes = (BoundedJSONParser,)
+    parser_classes: Sequence[type[BaseParser]] = (BoundedJSONParser,)
 
     def handle_exception(self, exc: Exception) -> Response:
         if isinstance(exc, RequestDataTooBig):
             # Django's refusal would be an HTML 400; the same refusal as the parser's, in JSON.
-            declared = _declared_length(self.request.META)  # type: ignore[attr-defined]
+            declared = _declared_length(self.request.META)
             limit = django_settings.DATA_UPLOAD_MAX_MEMORY_SIZE
             exc = too_large(declared if declared > limit else None, limit)
-        return super().handle_exception(exc)  # type: ignore[misc]
+        return super().handle_exception(exc)

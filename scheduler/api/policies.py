@@ -10,15 +10,18 @@ schema. Pagination and filters are set by each view set.
 """
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
 from drf_spectacular.generators import EndpointEnumerator, SchemaGenerator
 from drf_spectacular.utils import extend_schema as spectacular_extend_schema
-from rest_framework.authentication import SessionAuthentication
+from rest_framework.authentication import BaseAuthentication, SessionAuthentication
 from rest_framework.metadata import SimpleMetadata
-from rest_framework.negotiation import DefaultContentNegotiation
-from rest_framework.renderers import JSONRenderer
+from rest_framework.negotiation import BaseContentNegotiation, DefaultContentNegotiation
+from rest_framework.renderers import BaseRenderer, JSONRenderer
 from rest_framework.schemas.inspectors import DefaultSchema, ViewInspector
+from rest_framework.throttling import BaseThrottle
+from rest_framework.versioning import BaseVersioning
 from rest_framework.views import exception_handler
 
 from scheduler.api.authentication import BearerTokenAuthentication
@@ -26,6 +29,9 @@ from scheduler.api.parsers import BoundedBodies
 from scheduler.api.permissions import HasRole
 from scheduler.api.schema import ApiSchema
 from scheduler.api.throttling import PerCallerThrottle
+
+if TYPE_CHECKING:
+    from rest_framework.permissions import _PermissionClass
 
 
 class OwnSchema(DefaultSchema):
@@ -43,13 +49,14 @@ class OwnSchema(DefaultSchema):
 class OwnPolicies(BoundedBodies):
     """Mixin of every API view: its policies, none taken from the host's ``REST_FRAMEWORK``."""
 
-    authentication_classes = (BearerTokenAuthentication, SessionAuthentication)
-    permission_classes: tuple[type, ...] = (HasRole,)
-    throttle_classes = (PerCallerThrottle,)
-    renderer_classes = (JSONRenderer,)
-    content_negotiation_class = DefaultContentNegotiation
-    metadata_class = SimpleMetadata
-    versioning_class = None
+    authentication_classes: Sequence[type[BaseAuthentication]] = (BearerTokenAuthentication, SessionAuthentication)
+    permission_classes: Sequence[_PermissionClass] = (HasRole,)
+    throttle_classes: Sequence[type[BaseThrottle]] = (PerCallerThrottle,)
+    renderer_classes: Sequence[type[BaseRenderer]] = (JSONRenderer,)
+    content_negotiation_class: type[BaseContentNegotiation] = DefaultContentNegotiation
+    # DRF's APIView holds the class here; its stubs type the attribute as an instance.
+    metadata_class = SimpleMetadata  # type: ignore[assignment]
+    versioning_class: type[BaseVersioning] | None = None
     schema = OwnSchema()
 
     def get_exception_handler(self) -> Any:

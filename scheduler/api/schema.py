@@ -1,7 +1,7 @@
 """The OpenAPI schema's generator: drf-spectacular's, with the error answers every operation can give."""
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from drf_spectacular.extensions import OpenApiAuthenticationExtension
 from drf_spectacular.openapi import AutoSchema
@@ -26,7 +26,7 @@ BODY_ERRORS: dict[str, tuple[Any, str]] = {
 
 
 class ApiSchema(AutoSchema):
-    def _get_response_bodies(self, direction: str = "response") -> dict[str, Any]:
+    def _get_response_bodies(self, direction: Literal["request", "response"] = "response") -> dict[str, Any]:
         responses = super()._get_response_bodies(direction)
         errors = {**ERRORS, **(BODY_ERRORS if self.method in ("POST", "PUT", "PATCH") else {})}
         for code, (body, description) in errors.items():

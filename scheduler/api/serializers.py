@@ -87,7 +87,7 @@ class ScheduleSerializer(ApiModelSerializer):
             "total_runs", "total_missed", "consecutive_failures", "last_error", "created_at", "updated_at",
         )
         # The model's validation (below) checks the name once, within the tenant, with the admin's message.
-        extra_kwargs = {"name": {"validators": []}}
+        extra_kwargs: dict[str, dict[str, Any]] = {"name": {"validators": []}}
         validators: list[Any] = []
 
     def get_overdue(self, schedule: Schedule) -> bool:
@@ -200,11 +200,10 @@ def _in_range(value: Any) -> Any:
     return value
 
 
-def _within_backfill_cap(value: int) -> int:
+def _within_backfill_cap(value: int) -> None:
     cap = settings.BACKFILL_MAX_SLOTS
     if value > cap:
         raise serializers.ValidationError(f"At most {cap:,} (SCHEDULER_BACKFILL_MAX_SLOTS).")
-    return value
 
 
 class BackfillRequestSerializer(serializers.Serializer):

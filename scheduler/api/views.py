@@ -12,7 +12,7 @@ import hashlib
 from collections.abc import Callable
 from dataclasses import asdict
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, TypeVar
 from zoneinfo import ZoneInfo
 
 from django.db import transaction
@@ -26,6 +26,7 @@ from rest_framework.generics import get_object_or_404
 from rest_framework.pagination import CursorPagination, PageNumberPagination
 from rest_framework.request import Request
 from rest_framework.response import Response
+from rest_framework.serializers import BaseSerializer
 from rest_framework.views import APIView
 
 from scheduler import audit, backfill, cluster, leases, operations, reconcile, task_policy
@@ -38,6 +39,8 @@ from scheduler.celery_app import celery_app
 from scheduler.conf import settings
 from scheduler.exceptions import BackfillRefused, BackfillTooLarge, TaskRefused
 from scheduler.models import AuditEvent, Execution, Lease, Schedule
+
+_QS = TypeVar("_QS", bound=QuerySet[Any])
 
 #: Executions whose dispatch lag ``stats`` summarises, newest first.
 LAG_SAMPLE = 10_000
@@ -77,7 +80,7 @@ class NewestFirst(CursorPagination):
     max_page_size = 500
 
 
-def scoped(queryset: QuerySet[Any], request: Request) -> QuerySet[Any]:
+def scoped(queryset: _QS, request: Request) -> _QS:
     """Return ``queryset`` narrowed to the caller's scope (all rows for an unscoped caller, none for an unbound one)."""
     return caller(request).scope.filter(queryset)
 
@@ -131,7 +134,7 @@ class ScheduleViewSet(
         schedule = self.get_object()
         return Response(self.get_serializer(schedule).data, headers={"ETag": etag(schedule)})
 
-    def perform_create(self, serializer: s.ScheduleSerializer) -> None:
+    def perform_create(self, serializer: BaseSerializer[Any]) -> None:
         with transaction.atomic():
             schedule = serializer.save()
             audit.record(caller(self.request).actor, "create", schedule)
@@ -321,8 +324,9 @@ class ClusterView(OwnPolicies, APIView):
         now = leases.db_now()
         rows = list(Lease.objects.order_by("name"))
         for lease in rows:
-            lease.held = bool(lease.holder) and lease.expires_at is not None and lease.expires_at > now
-            lease.seconds_left = (lease.expires_at - now).total_seconds() if lease.held else None
+            expires_at = lease.expires_at
+            lease.held = bool(lease.holder) and expires_at is not None and expires_at > now
+            lease.seconds_left = (expires_at - now).total_seconds() if expires_at is not None and lease.held else None
         members = cluster.members(leaders={lease.holder for lease in rows if lease.held}, now=now)
         instances = [
             {

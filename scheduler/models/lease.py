@@ -22,6 +22,10 @@ class Lease(models.Model):
     #: Renewals refused because the holder had lost the lease (a metric).
     renew_failures = models.PositiveIntegerField(default=0)
 
+    # Not columns: the API's cluster view sets these on the rows it serializes.
+    held: bool
+    seconds_left: float | None
+
     class Meta:
         verbose_name = "lease"
 
