@@ -39,7 +39,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from itertools import chain
 from operator import attrgetter
-from typing import Any
+from typing import Any, cast
 
 from django.db import connections, models, router, transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
@@ -127,7 +127,7 @@ def insert_ignoring_conflicts(objs: Sequence[Model], *, key: str, batch_size: in
     statement = _statement(model, alias, connection.vendor, key)
     for column in statement.columns:
         if column.field.is_relation:
-            _check_related(objs, column.field)
+            _check_related(objs, cast("models.ForeignKey[Any, Any]", column.field))
     stored: list[Any] = []
     with transaction.atomic(using=alias, savepoint=False):
         if statement.by_column:
@@ -157,11 +157,11 @@ def _statement(model: type[Model], alias: str, vendor: str, key: str) -> _Statem
         if field.db_default is not NOT_PROVIDED:
             raise ValueError(f"{opts.label}.{field.name} has a db_default, which insert_ignoring_conflicts() does not write")
     unique = opts.get_field(key)
-    if not unique.unique:
+    if not isinstance(unique, Field) or not unique.unique:
         raise ValueError(f"{opts.label}.{key} is not unique: insert_ignoring_conflicts() ignores conflicts on a unique key")
     quote = connection.ops.quote_name
     # Fields that fill themselves in with the time take the database's clock (the ORM's ``Now()``), last.
-    clocked = [
+    clocked: list[Field[Any, Any]] = [
         field for field in fields if isinstance(field, models.DateTimeField) and (field.auto_now or field.auto_now_add)
     ]
     fields = [field for field in fields if field not in clocked] + clocked
@@ -174,7 +174,7 @@ def _statement(model: type[Model], alias: str, vendor: str, key: str) -> _Statem
     by_column = ""
     if vendor == "postgresql":
         # As Django's own UNNEST insert: the type without its length (varchar[], not varchar(255)[]).
-        arrays = ", ".join(f"(%b)::{column.field.db_type(connection).split('(')[0]}[]" for column in columns)
+        arrays = ", ".join(f"(%b)::{(column.field.db_type(connection) or '').split('(')[0]}[]" for column in columns)
         by_column = f"{head} SELECT *{clock} FROM unnest({arrays}) {tail}"
     return _Statement(columns, clock, head, tail, by_column)
 
@@ -188,25 +188,27 @@ def _parameters_limit(connection: BaseDatabaseWrapper) -> int:
 
 
 def _column(field: Field, connection: BaseDatabaseWrapper) -> _Column:
-    stored = field.target_field if field.is_relation else field
+    stored = cast("models.ForeignKey[Any, Any]", field).target_field if field.is_relation else field
     as_is = _STORED_AS_IS.get(type(stored), _Never)
     if type(field) is models.DateTimeField:
         # An aware datetime passes the field unchanged; then it is up to the database's adapter.
         probe = datetime(2000, 1, 1, tzinfo=timezone.utc)
-        as_is = datetime if connection.ops.adapt_datetimefield_value(probe) is probe else _Never
+        adapted: object = connection.ops.adapt_datetimefield_value(probe)  # the stubs say str | None
+        as_is = datetime if adapted is probe else _Never
     # Field.pre_save returns the attribute; DateField's too unless auto_now(_add) is set.
     overridden = type(field).pre_save is not Field.pre_save
     plain_date = isinstance(field, DateField) and not (field.auto_now or field.auto_now_add)
     return _Column(field, as_is, fills_itself=overridden and not plain_date)
 
 
-def _check_related(objs: Sequence[Model], field: Field) -> None:
+def _check_related(objs: Sequence[Model], field: models.ForeignKey[Any, Any]) -> None:
     """Raise for an unsaved related object, or take the id of one saved since its assignment, as bulk_create does."""
     attname = field.attname
     for obj in objs:
         # A row whose id is set needs nothing: bulk_create would only tidy its cache.
         if getattr(obj, attname) is None and field.is_cached(obj):
-            obj._prepare_related_fields_for_save(operation_name="bulk_create")  # noqa: SLF001 -- as bulk_create does
+            # Django's private step of bulk_create, not in the stubs.
+            obj._prepare_related_fields_for_save(operation_name="bulk_create")  # type: ignore[attr-defined]  # noqa: SLF001
 
 
 def _values(objs: Sequence[Model], column: _Column, connection: BaseDatabaseWrapper) -> list[Any]:

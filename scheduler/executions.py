@@ -29,7 +29,7 @@ import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
-from typing import Any
+from typing import Any, cast
 
 from django.db import IntegrityError, connections, transaction
 from django.db.models import (
@@ -251,14 +251,15 @@ def record_one(execution: Execution) -> tuple[Execution, bool]:
 def _insert_stamped(execution: Execution) -> None:
     """Insert the unsaved ``execution`` with ``created_at`` from the database clock; set its id and ``created_at``."""
     using = Execution.objects.db
-    execution._prepare_related_fields_for_save(operation_name="save")  # noqa: SLF001 -- as save() does before an INSERT
+    # Django's private step of save() before an INSERT, not in the stubs.
+    execution._prepare_related_fields_for_save(operation_name="save")  # type: ignore[attr-defined]  # noqa: SLF001
     execution.created_at = Now()  # compiled into the INSERT (raw: attribute values, no pre_save)
     try:
         query = InsertQuery(Execution)
         query.insert_values(_inserted(), [execution], raw=True)
         [(pk, created_at)] = query.get_compiler(using).execute_sql([Execution._meta.pk, _field("created_at")])
     except BaseException:
-        execution.created_at = None
+        execution.created_at = None  # type: ignore[assignment]  # unsaved again: the stubs type the saved row's value
         raise
     execution.pk, execution.created_at = pk, created_at
     execution._state.adding, execution._state.db = False, using
@@ -301,7 +302,7 @@ def _inserted() -> list[Any]:
 
 #: Columns of an ad-hoc row the database clock fills in: ``enqueued_at`` as the other writes of it
 #: (``mark_resent`` matches it exactly), ``created_at`` as the other inserts (``insert``).
-_AD_HOC_NOW = {"created_at": Now, "enqueued_at": lambda: _db_now_plus(0)}
+_AD_HOC_NOW: dict[str, Callable[[], Any]] = {"created_at": Now, "enqueued_at": lambda: _db_now_plus(0)}
 
 
 def _ad_hoc_sql(using: str) -> tuple[str, list[Any]]:
@@ -353,8 +354,8 @@ def pending_rows(*, limit: int, locked: bool = False) -> list[dict[str, Any]]:
     rows = Execution.objects.filter(status=Status.PENDING, held=False)
     if locked:
         rows = rows.select_for_update(skip_locked=True, of=("self",))
-    rows = rows.order_by("created_at", "id").values(*MESSAGE_FIELDS, "schedule_id", jitter=F("schedule__jitter"))
-    return list(rows[:limit])
+    values = rows.order_by("created_at", "id").values(*MESSAGE_FIELDS, "schedule_id", jitter=F("schedule__jitter"))
+    return list(values[:limit])
 
 
 def mark_queued(ids: Iterable[int], *, now: datetime) -> int:
@@ -487,7 +488,7 @@ def claim(
     failpoint("worker.claim.before")
     row = _CLAIM.execute(using, (by_id, settings.CLAIM_SECONDS), values)
     if row is None:
-        rows = Execution.objects.filter(pk=target) if by_id else Execution.objects.filter(idempotency_key=target)
+        rows = Execution.objects.filter(pk=execution_id) if execution_id is not None else Execution.objects.filter(idempotency_key=key)
         _refuse_unless_sent_for(rows.values_list("pk", "task", "celery_task_id").first(), task, celery_task_id)
         return None
     execution = _ROW.read(using, row)
@@ -1069,7 +1070,7 @@ def _moving(rows: QuerySet[Execution], to: str) -> QuerySet[Execution]:
 
 def _update_sql(rows: QuerySet[Execution], using: str, **fields: Any) -> tuple[str, list[Any]]:
     """The SQL and parameters of ``rows.update(**fields)`` on ``using``, not run (``Prepared`` runs it)."""
-    query = rows.query.chain(UpdateQuery)
+    query = cast(UpdateQuery, rows.query.chain(UpdateQuery))
     query.add_update_values(fields)
     return query.get_compiler(using).as_sql()
 

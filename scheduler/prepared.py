@@ -12,7 +12,7 @@ got.
 from __future__ import annotations
 
 from collections.abc import Callable, Hashable
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from django.db import connections, transaction
 from django.db.models import Expression, Field, Model
@@ -58,11 +58,13 @@ class Prepared:
             cursor.execute(sql, params)
             return cursor.fetchone() if cursor.description else cursor.rowcount
 
+_M = TypeVar("_M", bound=Model)
 
-class RowReader:
+
+class RowReader(Generic[_M]):
     """Turns a row of every concrete column of ``model``, as the database returns it, into an instance."""
 
-    def __init__(self, model: type[Model]) -> None:
+    def __init__(self, model: type[_M]) -> None:
         self.model = model
         self._fields = model._meta.concrete_fields
         self._attnames = [field.attname for field in self._fields]
@@ -74,7 +76,7 @@ class RowReader:
         quote = connections[using].ops.quote_name
         return ", ".join(quote(field.column) for field in self._fields)
 
-    def read(self, using: str, row: tuple[Any, ...]) -> Model:
+    def read(self, using: str, row: tuple[Any, ...]) -> _M:
         connection = connections[using]
         converters = self._converters.get(using)
         if converters is None:

@@ -2,8 +2,9 @@
 from __future__ import annotations
 
 import copy
+from collections.abc import Sequence
 from datetime import datetime, timezone
-from typing import Any
+from typing import Any, cast
 
 from django.core.exceptions import NON_FIELD_ERRORS, ValidationError
 from django.core.validators import MaxValueValidator, MinValueValidator
@@ -48,9 +49,9 @@ LATEST = datetime(9000, 1, 1, tzinfo=timezone.utc)
 
 def integer_range(field_name: str) -> tuple[int, int]:
     """Return the lowest and highest value validation accepts for an integer field of Schedule."""
-    field = Schedule._meta.get_field(field_name)
+    field = cast("models.Field[Any, Any]", Schedule._meta.get_field(field_name))
     # Only the validators the field declares: `validators` adds the database column range.
-    declared = field._validators  # noqa: SLF001 -- see above
+    declared = field._validators  # type: ignore[attr-defined]  # noqa: SLF001 -- see above; not in the stubs
     lows = [validator.limit_value for validator in declared if isinstance(validator, MinValueValidator)]
     return max([0, *lows]), COLUMN_MAX[field.get_internal_type()]
 
@@ -90,7 +91,8 @@ class ScheduleQuerySet(models.QuerySet):
         schedule: the opposite of the lock order everything else follows
         (``scheduler.executions``), a deadlock against a worker finishing a run.
         """
-        if self.query.is_sliced or self._fields is not None:
+        # _fields: set by values()/values_list(), as Django's own delete() checks; not in the stubs.
+        if self.query.is_sliced or self._fields is not None:  # type: ignore[attr-defined]
             return super().delete()  # which refuses it
         with transaction.atomic(using=self.db):
             locked = self.model._base_manager.using(self.db).select_for_update().filter(pk__in=self.values("pk"))
@@ -478,7 +480,7 @@ class Schedule(models.Model):
 
     # --- validation -----------------------------------------------------------
 
-    def get_constraints(self) -> list[tuple[type[models.Model], list[Any]]]:
+    def get_constraints(self) -> list[tuple[type[models.Model], Sequence[models.BaseConstraint]]]:
         """Return the constraints ``full_clean`` checks: none of these, ``clean()`` states each in words.
 
         Checking a check constraint too would repeat its message with the
@@ -498,7 +500,7 @@ class Schedule(models.Model):
         validation: it encodes them with ``json.dumps``, which recurses.
         """
         exclude = set(exclude or ())
-        errors: dict[str, list[str]] = {}
+        errors: dict[str, list[Any]] = {}
         for field, label in limits.ARGUMENT_LABELS.items():
             problem = None if field in exclude else limits.argument_problem(getattr(self, field), label=label)
             if problem:
@@ -555,13 +557,13 @@ class Schedule(models.Model):
                 "Must be at least 1 second: with 0 every slot would be missed. "
                 "To run only slots that are on time, set misfire to skip.",
             )
-        for field in self._meta.concrete_fields:
-            kind = field.get_internal_type()
+        for model_field in self._meta.concrete_fields:
+            kind = model_field.get_internal_type()
             if kind not in COLUMN_MAX:
                 continue
-            high, value = COLUMN_MAX[kind], getattr(self, field.attname)
+            high, value = COLUMN_MAX[kind], getattr(self, model_field.attname)
             # Above the database's own range the field's validator already said so.
             if isinstance(value, int) and high < value <= connection.ops.integer_field_range(kind)[1]:
-                add(field.name, MaxValueValidator(high).message % {"limit_value": high})
+                add(model_field.name, MaxValueValidator(high).message % {"limit_value": high})
         if errors:
             raise ValidationError(errors)
