@@ -19,11 +19,11 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 from functools import cache
-from typing import Any
+from typing import Any, cast
 
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Group, Permission
-from django.db.models import Model
+from django.db.models import Field, Model
 from django.db.models.signals import m2m_changed, post_delete, post_save, pre_save
 
 from scheduler import audit
@@ -87,7 +87,7 @@ def _after_save(
     before, after = instance.__dict__.pop(_BEFORE, {}), audit.snapshot(instance)
     if update_fields is not None and not created:
         # Only the saved fields: others may hold values the save did not write.
-        saved = {sender._meta.get_field(name).attname for name in update_fields}
+        saved = {cast(Field, sender._meta.get_field(name)).attname for name in update_fields}
         before = {name: value for name, value in before.items() if name in saved}
         after = {name: value for name, value in after.items() if name in saved}
     changes = audit.diff(before, after)

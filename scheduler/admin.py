@@ -10,7 +10,7 @@ zone everywhere (``project/formats`` for the model's own fields).
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 from zoneinfo import ZoneInfo
 
 from django import forms
@@ -30,7 +30,7 @@ from django.utils import timezone
 from django.utils.functional import cached_property
 from django.utils.html import format_html, format_html_join
 from django.utils.http import urlencode
-from django.utils.safestring import mark_safe
+from django.utils.safestring import SafeString, mark_safe
 from django.utils.timesince import timesince, timeuntil
 from django.utils.translation import ngettext
 
@@ -88,7 +88,7 @@ RUNNING_STATE_FIELDS = (
     "updated_at",
 )
 
-_STATUS_COLOURS = {
+_STATUS_COLOURS: dict[str, str] = {
     Execution.Status.SUCCEEDED: "#2e7d32",
     Execution.Status.FAILED: "#c62828",
     Execution.Status.TIMED_OUT: "#c62828",
@@ -145,7 +145,7 @@ class DatalistInput(forms.TextInput):
         #: Called at each render: tasks registered after start-up show up too.
         self.suggestions = suggestions
 
-    def render(self, name: str, value: Any, attrs: dict[str, Any] | None = None, renderer: Any = None) -> str:
+    def render(self, name: str, value: Any, attrs: dict[str, Any] | None = None, renderer: Any = None) -> SafeString:
         list_id = f"{name}-suggestions"
         box = super().render(name, value, {**(attrs or {}), "list": list_id}, renderer)
         options = format_html_join("", '<option value="{}">', ((choice,) for choice in self.suggestions()))
@@ -202,7 +202,7 @@ class InputFilter(admin.SimpleListFilter):
         value = (self.value() or "").strip()
         return queryset.filter(**{self.field: value}) if value else queryset
 
-    def choices(self, changelist: Any) -> Iterator[dict[str, Any]]:
+    def choices(self, changelist: Any) -> Iterator[Any]:  # the text box's own keys, for its template
         # The other active filters, kept as hidden fields of the text box's form.
         others = {k: v for k, v in changelist.get_filters_params().items() if k != self.parameter_name}
         yield {"value": self.value() or "", "others": [(k, v[-1] if isinstance(v, list) else v) for k, v in others.items()]}
@@ -244,21 +244,27 @@ class OverdueFilter(admin.SimpleListFilter):
         return queryset
 
 
-class ActionsNeedPermission:
+if TYPE_CHECKING:
+    _AdminBase = admin.ModelAdmin[Any]
+else:
+    _AdminBase = object  # a mixin: the admin class supplies ModelAdmin
+
+
+class ActionsNeedPermission(_AdminBase):
     """Answer 403 to an action the user may not run, instead of Django's silent "no action"."""
 
     def changelist_view(self, request: HttpRequest, extra_context: dict[str, Any] | None = None) -> HttpResponse:
         action = request.POST.get("action") if request.method == "POST" else None
-        if action and action not in self.get_actions(request):  # type: ignore[attr-defined]
+        if action and action not in self.get_actions(request):
             raise PermissionDenied(f"You may not run {action!r}.")
-        return super().changelist_view(request, extra_context)  # type: ignore[misc]
+        return super().changelist_view(request, extra_context)
 
 
-class TenantScoped:
+class TenantScoped(_AdminBase):
     """A staff user sees and changes only the rows of its scope: its tenant, every tenant, or none (``tenancy``)."""
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[Any]:
-        return scope_of_user(request.user).filter(super().get_queryset(request))  # type: ignore[misc]
+        return scope_of_user(request.user).filter(super().get_queryset(request))
 
 
 class ArgumentsField(forms.JSONField):
@@ -299,7 +305,8 @@ class BackfillForm(forms.Form):
     end = forms.DateTimeField(help_text="UTC; not in the future")
 
     def clean(self) -> dict[str, Any]:
-        cleaned = super().clean()
+        super().clean()
+        cleaned = self.cleaned_data
         for field in ("start", "end"):
             moment = cleaned.get(field)
             # Slot arithmetic overflows near year 1 (and 9999): the same span as a schedule's own times.
@@ -335,7 +342,7 @@ class ScheduleForm(forms.ModelForm):
             ]
         # The form field would say "≥ 0" for a negative number and the model "≥ 1" for 0.
         for name in AT_LEAST_ONE_FIELDS:
-            field = self.fields.get(name)
+            field = cast("forms.IntegerField | None", self.fields.get(name))
             if field is None:  # read-only for a viewer
                 continue
             field.min_value = 1
@@ -344,9 +351,10 @@ class ScheduleForm(forms.ModelForm):
             field.validators.append(MinValueValidator(1))
 
     def clean(self) -> dict[str, Any]:
-        cleaned = super().clean()
+        super().clean()
+        cleaned = self.cleaned_data
         task = cleaned.get("task") or self.instance.task
-        if task and "task" not in self._errors:
+        if task and "task" not in self.errors:
             tenant = self.instance.tenant if self.scope.is_bound else cleaned.get("tenant", self.instance.tenant)
             try:
                 task_policy.ensure_scope_allows(task, tenant=tenant, scope=self.scope)
@@ -364,15 +372,15 @@ class ScheduleForm(forms.ModelForm):
         return cleaned
 
     def _post_clean(self) -> None:
-        super()._post_clean()
+        super()._post_clean()  # type: ignore[misc]  # ModelForm's hook after clean(); not in the stubs
         # A timing field with its own error (a negative interval) left the
         # instance without that timing; "set exactly one" would only repeat it.
-        if any(name in self._errors for name in ("cron", "interval", "run_at")):
-            kept = [e for e in self._errors.get(NON_FIELD_ERRORS, []) if e != TIMING_REQUIRED]
+        if any(name in self.errors for name in ("cron", "interval", "run_at")):
+            kept: list[Any] = [e for e in self.errors.get(NON_FIELD_ERRORS, []) if e != TIMING_REQUIRED]
             if kept:
-                self._errors[NON_FIELD_ERRORS] = self.error_class(kept, error_class="nonfield")
+                self.errors[NON_FIELD_ERRORS] = self.error_class(kept, error_class="nonfield")
             else:
-                self._errors.pop(NON_FIELD_ERRORS, None)
+                self.errors.pop(NON_FIELD_ERRORS, None)
 
     def clean_task(self) -> str:
         name = self.cleaned_data["task"].strip()
@@ -1077,7 +1085,7 @@ class InstanceAdmin(ReadOnlyAdmin):
 
     @admin.display(boolean=True, description="leader", ordering="holds_lease")
     def leader(self, instance: Instance) -> bool:
-        return instance.holds_lease
+        return instance.holds_lease  # type: ignore[attr-defined]  # annotated by get_queryset()
 
 
 
@@ -1108,7 +1116,7 @@ class OperatorProfileAdmin(admin.ModelAdmin):
     def has_view_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return self.has_module_permission(request)
 
-    has_add_permission = has_module_permission  # type: ignore[assignment]
+    has_add_permission = has_module_permission
     has_change_permission = has_view_permission
     has_delete_permission = has_view_permission
 

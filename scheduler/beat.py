@@ -24,7 +24,7 @@ import os
 import socket
 import threading
 import time
-from typing import Any
+from typing import Any, cast
 
 from celery import __version__ as celery_version
 from celery.beat import Scheduler
@@ -117,8 +117,9 @@ class LeaderScheduler(Scheduler):
             extra={"action": "beat_started", "instance_id": self.instance_id},
         )
 
+    # Celery's Scheduler declares a plain attribute; reading it is all Celery does.
     @property
-    def schedule(self) -> dict[str, Any]:
+    def schedule(self) -> dict[str, Any]:  # type: ignore[override]
         # The due set lives in the database and is read per tick; there is no
         # in-memory heap to rebuild (and nothing for Celery to sync).
         return {}
@@ -403,7 +404,8 @@ class LeaderScheduler(Scheduler):
         if in_shards is not None:
             active = active.filter(shard__in=in_shards)
         next_due = active.filter(next_run_at__isnull=False).order_by("next_run_at").values_list("next_run_at", flat=True).first()
-        candidates = [self.max_interval, self._seconds_until_renew()]
+        # Scheduler.__init__ always sets max_interval; celery-types allows None.
+        candidates: list[float] = [cast(float, self.max_interval), self._seconds_until_renew()]
         if next_due is not None:
             candidates.append((next_due - db_now).total_seconds() - elapsed)
         # Schedules left because their rows were locked are due still: try them soon, not in a tight loop.

@@ -66,11 +66,12 @@ def bounded_connection(app: Celery) -> Iterator[Connection]:
 def _redis_channel(app: Celery) -> Iterator[Any | None]:
     """Yield the broker's Redis channel (``None`` for another broker); wrap its errors in ``BrokerUnavailable``."""
     with bounded_connection(app) as conn:
+        errors: tuple[type[BaseException], ...] = (OperationalError, OSError, *conn.connection_errors, *conn.channel_errors)
         try:
             # One attempt: the caller tries again at its next check.
             conn.ensure_connection(max_retries=0)
             yield conn.default_channel if conn.transport.driver_type == "redis" else None
-        except (OperationalError, OSError, *conn.connection_errors, *conn.channel_errors) as exc:
+        except errors as exc:
             raise BrokerUnavailable(f"broker unreachable: {exc}") from exc
 
 

@@ -21,7 +21,8 @@ def celery_app() -> Celery:
     """The host's Celery app: ``SCHEDULER_CELERY_APP`` if set, else ``celery.current_app``."""
     path = settings.CELERY_APP
     if not path:
-        app: Celery = current_app._get_current_object()
+        # current_app is a proxy; celery-types declares it as the Celery app itself.
+        app: Celery = current_app._get_current_object()  # type: ignore[attr-defined]
         return app
     try:
         named = symbol_by_name(path)

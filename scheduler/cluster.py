@@ -127,14 +127,22 @@ def shard_view(count: int | None = None) -> ShardView:
     assert db_now is not None
     count = count or shards.resolve(rows[0][1], shards.configured())
     states = {
-        name: LeaseState(name, holder, int(token), *map(dbclock.as_datetime, times), db_now)
-        for _, _, name, holder, token, *times in rows
+        name: LeaseState(
+            name,
+            holder,
+            int(token),
+            dbclock.as_datetime(acquired_at),
+            dbclock.as_datetime(renewed_at),
+            dbclock.as_datetime(expires_at),
+            db_now,
+        )
+        for _, _, name, holder, token, acquired_at, renewed_at, expires_at in rows
         if name is not None  # the clock's own row when no lease exists yet
     }
     names = shards.lease_names(count) if count > 1 else []
     return ShardView(
         db_now=db_now,
-        leases=[states.pop(name, None) or LeaseState(name, "", 0, None, None, None, db_now) for name in names],
+        leases=[states.pop(name) if name in states else LeaseState(name, "", 0, None, None, None, db_now) for name in names],
         others=list(states.values()),
         count=count,
     )

@@ -7,6 +7,7 @@ with a parameter list (``%%`` escapes a literal ``%``).
 from __future__ import annotations
 
 from datetime import datetime, timezone
+from typing import overload
 
 from django.db import connection
 from django.utils.dateparse import parse_datetime
@@ -35,6 +36,10 @@ def seconds_param(seconds: float) -> float | str:
     return f"{float(seconds):+.6f} seconds"
 
 
+@overload
+def as_datetime(value: None) -> None: ...
+@overload
+def as_datetime(value: datetime | str) -> datetime: ...
 def as_datetime(value: datetime | str | None) -> datetime | None:
     """Return an aware UTC datetime from what the driver returned (SQLite gives text)."""
     if value is None:

@@ -18,7 +18,7 @@ from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, ExitStack, nullcontext
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from celery import current_app
 from django.db import DatabaseError, connection, transaction
@@ -289,7 +289,7 @@ def _plan_one(schedule: Schedule, *, now: datetime) -> _Planned:
     try:
         plan = policies.plan_due(
             schedule.timing,
-            next_run_at=schedule.next_run_at,
+            next_run_at=schedule.next_run_at,  # type: ignore[arg-type]  # due: selected by its next_run_at
             now=now,
             catchup_window=schedule.catchup_window,
             misfire=schedule.misfire,
@@ -452,6 +452,9 @@ class _Recording:
         missed) by the beat, so it does not count towards ``max_runs`` either.
         """
         schedule, plan, overlap = self.schedule, self.plan, self.overlap
+        missed: Sequence[datetime]
+        skipped: Sequence[datetime]
+        run: Sequence[datetime]
         if stored is None:
             missed, skipped, run, buffered = plan.missed, overlap.skipped, overlap.run, overlap.buffered
         else:
@@ -497,7 +500,7 @@ def _slots(overlap: policies.OverlapPlan) -> set[datetime]:
 #: Highest message priority accepted: AMQP's limit (Redis honours 0-9, see ``submit``).
 MAX_PRIORITY = 255
 #: Longest tenant a submission takes (the column's length).
-TENANT_MAX = Execution._meta.get_field("tenant").max_length
+TENANT_MAX = cast(int, Execution._meta.get_field("tenant").max_length)  # a CharField's
 
 
 #: Messages pushed to the broker in one round trip (one Redis pipeline), and

@@ -413,7 +413,7 @@ class Claim:
         return Execution.objects.filter(pk=self.execution_id, attempt=self.attempt, status=Status.RUNNING)
 
 
-def worker_identity(hostname: str, pid: int) -> str:
+def worker_identity(hostname: str | None, pid: int | str) -> str:
     """Return what a pool process writes in ``Execution.worker`` when it claims: ``<hostname>:<pid>``."""
     return f"{hostname}:{pid}"
 

@@ -128,6 +128,7 @@ def parse(text: str) -> dict[str, Action]:
                 f"SCHEDULER_FAILPOINTS: {name}={spec!r}: the action is one of crash, freeze N, error, delay N, "
                 "optionally followed by @k"
             )
+        assert match is not None  # else kind is "", refused above
         if (match["seconds"] is not None) != (kind in TIMED):
             raise ImproperlyConfigured(
                 f"SCHEDULER_FAILPOINTS: {name}={spec!r}: freeze and delay take seconds, crash and error do not"

@@ -188,7 +188,7 @@ class Heartbeat(threading.Thread):
                 {"probe": number}, exchange="", routing_key=self.queue.name, declare=[self.queue], retry=False
             )
             return None
-        except (KombuError, OSError, *self._errors()) as exc:
+        except self._caught() as exc:
             self._drop_connection()
             return f"{type(exc).__name__}: {exc}"
 
@@ -199,9 +199,13 @@ class Heartbeat(threading.Thread):
                 queue = self.queue(self._connection.default_channel)
                 queue.purge()  # on Redis this deletes the list; delete() there only drops bindings
                 queue.delete()
-            except (KombuError, OSError, *self._errors()):
+            except self._caught():
                 logger.debug("could not delete the probe queue %s", self.queue.name, exc_info=True)
         self._drop_connection()
+
+    def _caught(self) -> tuple[type[BaseException], ...]:
+        """The errors a probe expects: kombu's, the socket's, and the transport's own."""
+        return (KombuError, OSError, *self._errors())
 
     def _errors(self) -> tuple[type[BaseException], ...]:
         if self._connection is None:

@@ -30,7 +30,7 @@ try:
     import psycopg
     from psycopg import pq
 except ImportError:  # an install for SQLite alone: InstanceLock, PostgreSQL's, is never made there
-    psycopg = pq = None  # type: ignore[assignment]
+    psycopg = pq = None  # type: ignore[assignment]  # bound, unused: the SQLite-only install never makes an InstanceLock
 
 from scheduler import dbclock, shards
 from scheduler.conf import settings
@@ -202,7 +202,7 @@ def renew_many(handles: Sequence[LeaseHandle], *, ttl: float) -> list[LeaseHandl
     )
     with connection.cursor() as cursor:
         cursor.execute(sql, [dbclock.seconds_param(ttl), *params])
-        rows = {name: rest for name, *rest in cursor.fetchall()}
+        rows = {name: (expires_at, db_now) for name, expires_at, db_now in cursor.fetchall()}
     return [
         _handle(handle.name, handle.holder, handle.token, *rows[handle.name], acquired_at=handle.acquired_at)
         for handle in handles

@@ -104,7 +104,15 @@ class _SecondsAfter(Func):
     arity = 2
     output_field = DateTimeField()
 
-    def as_sql(self, compiler: Any, connection: Any, **extra: Any) -> tuple[str, tuple[Any, ...]]:
+    def as_sql(
+        self,
+        compiler: Any,
+        connection: Any,
+        function: str | None = None,
+        template: str | None = None,
+        arg_joiner: str | None = None,
+        **extra_context: Any,
+    ) -> tuple[str, tuple[Any, ...]]:
         (moment, moment_params), (seconds, seconds_params) = (
             compiler.compile(expression) for expression in self.get_source_expressions()
         )

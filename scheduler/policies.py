@@ -151,6 +151,7 @@ def plan_overlap(policy: str, slots: Sequence[datetime], *, in_flight: int, buff
         return OverlapPlan(run=slots, buffered=None, skipped=())
     if policy == "cancel_previous":
         return OverlapPlan(run=slots[-1:], buffered=None, skipped=slots[:-1], cancel_in_flight=in_flight > 0)
+    run: tuple[datetime, ...]
     if in_flight:
         run, waiting = (), slots
     else:

@@ -149,7 +149,8 @@ class Publisher:
         if self._routes_by_name and key in self._routes:
             return self._routes[key]
         amqp, conf = self.app.amqp, self.app.conf
-        task = self.app._tasks.get(row["task"])  # send_task's own lookup (no app finalisation)
+        # send_task's own lookup (no app finalisation); the registry attribute is not in celery-types.
+        task = self.app._tasks.get(row["task"])  # type: ignore[attr-defined]
         exec_options = getattr(task, "_get_exec_options", None)
         options = {k: v for k, v in (exec_options() if exec_options else {}).items() if v is not None}
         if row["queue"]:
@@ -192,13 +193,14 @@ class Publisher:
         route = self._route(row)
         if route is None:
             return None
-        limits = time_limits(row["timeout"]) or {"time_limit": route.time_limit, "soft_time_limit": route.soft_time_limit}
+        limits: dict[str, Any] = time_limits(row["timeout"]) or {"time_limit": route.time_limit, "soft_time_limit": route.soft_time_limit}
         eta = start_at(row)
         amqp = self.app.amqp
         args, kwargs = row["args"] or (), row["kwargs"] or {}
         headers, properties, body, _ = amqp.as_task_v2(
             row["celery_task_id"] or str(uuid.uuid4()), row["task"], args, kwargs,
-            eta=eta if eta > now else None, reply_to=self._reply_to, ignore_result=None, origin=self._origin,
+            # ignore_result=None as send_task passes an unset option; celery-types says bool.
+            eta=eta if eta > now else None, reply_to=self._reply_to, ignore_result=None, origin=self._origin,  # type: ignore[arg-type]
             # Empty arguments (most schedules) repr alike either way, without saferepr's cost.
             argsrepr=saferepr(args, amqp.argsrepr_maxsize, maxlevels=self._repr_maxlevels) if args else repr(args),
             kwargsrepr=saferepr(kwargs, amqp.kwargsrepr_maxsize, maxlevels=self._repr_maxlevels) if kwargs else repr(kwargs),
@@ -219,7 +221,8 @@ class Publisher:
         payload, content_type, content_encoding = self.producer._prepare(
             body, route.serializer, None, None, route.compression, headers
         )
-        channel = self.connection.default_channel
+        # kombu's Redis channel: the stubs know only the StdChannel interface.
+        channel: Any = self.connection.default_channel
         message = channel.prepare_message(payload, priority, content_type, content_encoding, headers, properties)
         channel._inplace_augment_message(message, "", route.queue)
         return _Built(channel._q_for_pri(route.queue, channel._get_message_priority(message)), route.queue, message, body)
@@ -231,7 +234,7 @@ class Publisher:
         lists: defaultdict[str, list[str]] = defaultdict(list)
         for item in built:
             lists[item.key].append(dumps(item.message))
-        channel = self.connection.default_channel
+        channel: Any = self.connection.default_channel  # kombu's Redis channel, as above
         try:
             with channel.conn_or_acquire() as client, client.pipeline(transaction=False) as pipe:
                 for key, payloads in lists.items():
@@ -254,7 +257,7 @@ class Publisher:
 
     def _send_tasks(self, rows: list[dict[str, Any]], *, now: datetime) -> None:
         # Room for every command of the batch: kombu flushes it once, when the block ends.
-        with self.producer.batch(max_size=4 * len(rows)):
+        with self.producer.batch(max_size=4 * len(rows)):  # type: ignore[attr-defined]  # kombu 5.7; not in the stubs
             for row in rows:
                 self.app.send_task(row["task"], args=row["args"], kwargs=row["kwargs"], **self._options(row, now=now))
 

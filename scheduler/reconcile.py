@@ -36,6 +36,8 @@ from scheduler.failpoints import failpoint
 from scheduler.models import Execution, Instance, Schedule, tally
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
     from celery import Celery
 
 logger = logging.getLogger(__name__)
@@ -303,7 +305,7 @@ def resend_unclaimed(*, now: datetime, app: Celery | None = None) -> ReconcileRe
     return ReconcileReport(now=now, dry_run=False, repair=False, changes=changes, publish_error=publish_error)
 
 
-def _send(app: Celery, ids: list[int], *, now: datetime) -> tuple[set[int], str]:
+def _send(app: Celery, ids: Sequence[int | None], *, now: datetime) -> tuple[set[int], str]:
     """Send the executions ``ids`` that still wait for a worker; return the ids sent and any broker error."""
     sent: set[int] = set()
     waiting = Execution.objects.filter(status__in=[Status.PENDING, Status.QUEUED, Status.RETRYING], held=False)
@@ -526,6 +528,7 @@ def _audit(
             ]
             continue
         plan = _misfire_plan(schedule.misfire, missing, latest_slot=slots[-1])
+        recorded: list[dict[str, Any]]
         if dry_run:
             recorded = [{"id": None, "scheduled_for": slot, "status": status} for slot, status in plan]
         else:

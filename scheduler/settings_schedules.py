@@ -22,16 +22,14 @@ def _timing_fields(value: Any) -> dict[str, Any]:
     if isinstance(value, timedelta):
         return {"cron": "", "interval": max(int(value.total_seconds()), 1), "run_at": None}
     if isinstance(value, crontab):
-        fields = (
-            value._orig_minute,  # noqa: SLF001 -- crontab keeps the user's text only here
-            value._orig_hour,  # noqa: SLF001
-            value._orig_day_of_month,  # noqa: SLF001
-            value._orig_month_of_year,  # noqa: SLF001
-            value._orig_day_of_week,  # noqa: SLF001
-        )
+        # crontab keeps the user's text only in these private attributes (celery-types omits them).
+        parts = ("minute", "hour", "day_of_month", "month_of_year", "day_of_week")
+        fields = tuple(getattr(value, f"_orig_{part}") for part in parts)
         return {"cron": " ".join(str(f) for f in fields), "interval": None, "run_at": None}
     if isinstance(value, every):
-        return {"cron": "", "interval": max(int(value.run_every.total_seconds()), 1), "run_at": None}
+        # celery-types omits the attribute schedule.__init__ sets.
+        run_every: timedelta = value.run_every  # type: ignore[attr-defined]
+        return {"cron": "", "interval": max(int(run_every.total_seconds()), 1), "run_at": None}
     raise ValueError(f"unsupported schedule type {type(value).__name__}")
 
 

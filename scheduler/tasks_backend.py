@@ -48,7 +48,7 @@ CELERY_TASK = "scheduler.django_task"
 #: The framework's default queue is Celery's default queue.
 DEFAULT_QUEUE = "default"
 
-_STATUS = {
+_STATUS: dict[str, Any] = {
     Execution.Status.PENDING: TaskResultStatus.READY,
     Execution.Status.QUEUED: TaskResultStatus.READY,
     Execution.Status.RETRYING: TaskResultStatus.READY,
@@ -122,7 +122,8 @@ def run(path: str, args: list[Any], kwargs: dict[str, Any], *, execution_id: int
     """Run the ``@task`` at ``path`` (the body of ``scheduler.django_task``)."""
     task = task_at(path)
     if task.takes_context:
-        execution = Execution.objects.get(pk=execution_id)
+        # None finds no row: Execution.DoesNotExist, as for a deleted execution.
+        execution = Execution.objects.get(pk=execution_id)  # type: ignore[misc]
         context = TaskContext(task_result=_result(task, execution, task.backend))
         return task.call(context, *args, **kwargs)
     return task.call(*args, **kwargs)

@@ -477,7 +477,7 @@ def _fold_width(wall: datetime, tz: ZoneInfo) -> timedelta:
 
 @dataclass(frozen=True)
 class _Cron:
-    prototype: croniter  # never iterated itself; copied per search
+    prototype: croniter[datetime]  # never iterated itself; copied per search
     every_hour: bool
 
 

@@ -34,7 +34,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping
 from contextlib import nullcontext
 from datetime import datetime
-from typing import Any, TypeVar
+from typing import IO, Any, TypeVar, cast
 
 from django.core.exceptions import ImproperlyConfigured
 
@@ -131,7 +131,8 @@ def _exporter(name: str) -> Any:
 
         # One line per span, to the real standard output: Celery redirects
         # sys.stdout to its logger, and a multi-line span would be torn apart.
-        return ConsoleSpanExporter(out=sys.__stdout__, formatter=lambda span: span.to_json(indent=None) + "\n")
+        out = cast(IO[str], sys.__stdout__)  # None only without a console, where Celery has none either
+        return ConsoleSpanExporter(out=out, formatter=lambda span: span.to_json(indent=None) + "\n")
     from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 
     return OTLPSpanExporter()  # reads OTEL_EXPORTER_OTLP_[TRACES_]ENDPOINT, _HEADERS, _TIMEOUT

@@ -374,12 +374,14 @@ class ExecutionTask(Task):
         """
         claim: Claim | None = getattr(self.request, _CLAIM_ATTR, None)
         if claim is None:
-            return super().retry(*args, exc=exc, **kwargs)
+            return super().retry(*args, exc=exc, **kwargs)  # type: ignore[misc, arg-type]  # see below
         since = _renewer.now()
         self._mark_retrying(claim, exc, self._retry_delay(kwargs))
         try:
             failpoint("worker.retry.send")
-            return super().retry(*args, exc=exc, **kwargs)
+            # Passed through as received: callers give exc by keyword, and Celery
+            # takes any BaseException there (celery-types says Exception).
+            return super().retry(*args, exc=exc, **kwargs)  # type: ignore[misc, arg-type]
         except Retry:
             raise
         except Reject as refused:  # Celery could not send the message
@@ -467,7 +469,7 @@ def _not_sent(claim: Claim, error: BaseException) -> _RetryNotSent:
         "execution %s attempt %s: its retry could not be sent (%s); it stays retrying for the leader to send",
         *_token(claim), reason, extra={"action": "retry_not_sent", "execution_id": claim.execution_id},
     )
-    return _RetryNotSent(reason, requeue=False)
+    return _RetryNotSent(reason, requeue=False)  # type: ignore[arg-type]  # Reject keeps any reason; the stubs say Exception | str
 
 
 class GuardedRequest(Request):

@@ -257,7 +257,7 @@ def model_fields(instance: Model) -> dict[str, Any]:
     return {field.attname: getattr(instance, field.attname) for field in instance._meta.concrete_fields}
 
 
-def text_table(headers: tuple[str, ...], rows: list[tuple[str, ...]]) -> list[str]:
+def text_table(headers: tuple[str, ...], rows: Sequence[tuple[str, ...]]) -> list[str]:
     """Return aligned text lines for a header row and data rows."""
     widths = [max(len(row[i]) for row in (headers, *rows)) for i in range(len(headers))]
     return ["  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip() for row in (headers, *rows)]

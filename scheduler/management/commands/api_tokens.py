@@ -1,7 +1,7 @@
 """``manage.py api_tokens``: create, list and revoke the HTTP API's bearer tokens."""
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 from django.core.management.base import CommandError, CommandParser
 from django.db import transaction
@@ -11,8 +11,9 @@ from scheduler.management.base import SchedulerCommand, parse_duration, text_tab
 from scheduler.models import ApiToken
 
 #: Longest name and tenant a token takes (their columns' lengths).
-NAME_MAX = ApiToken._meta.get_field("name").max_length
-TENANT_MAX = ApiToken._meta.get_field("tenant").max_length
+# CharFields: their max_length is set.
+NAME_MAX = cast(int, ApiToken._meta.get_field("name").max_length)
+TENANT_MAX = cast(int, ApiToken._meta.get_field("tenant").max_length)
 
 
 class Command(SchedulerCommand):

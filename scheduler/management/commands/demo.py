@@ -4,18 +4,19 @@ from __future__ import annotations
 import os
 import secrets
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.core.exceptions import ValidationError
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import transaction
+from django.db.models import Field
 
 from scheduler import audit
 from scheduler.models import Schedule
 
-DEMO_SCHEDULES = (
+DEMO_SCHEDULES: tuple[dict[str, Any], ...] = (
     {"name": "demo: echo every 5 seconds", "task": "scheduler.echo", "interval": 5, "args": ["hello"]},
     {"name": "demo: sleep every minute", "task": "scheduler.sleep", "cron": "* * * * *", "kwargs": {"seconds": 2}},
 )
@@ -37,7 +38,7 @@ class Command(BaseCommand):
         User = get_user_model()
         try:
             # A name the table cannot hold (too long, a NUL) would otherwise fail in the database.
-            User._meta.get_field(User.USERNAME_FIELD).clean(username, None)
+            cast("Field[Any, Any]", User._meta.get_field(User.USERNAME_FIELD)).clean(username, None)
         except ValidationError as exc:
             raise CommandError(f"--username {username!r}: {' '.join(exc.messages)}") from None
         user = User.objects.filter(username=username).first()

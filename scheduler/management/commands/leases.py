@@ -56,7 +56,7 @@ examples:
     def _sharded(self, view: cluster.ShardView, *, as_json: bool) -> None:
         db_now = view.db_now
         members = cluster.members(leaders=view.holders, now=db_now)
-        replicas = {
+        replicas: dict[str, dict[str, Any]] = {
             instance_id: {"count": len(owned), "shards": owned}
             for instance_id, owned in view.by_replica(live=cluster.fresh_beats(members)).items()
         }

@@ -92,6 +92,7 @@ examples:
                 change = resharding.change_count(count, by="manage.py shards --set")
                 op.done({"previous": change.previous, "moved": change.moved, "settled": change.settled})
         plural = "s" if change.moved != 1 else ""
+        text: str | list[str]
         if dry_run:
             text = f"would change the shard count from {change.previous} to {count} and move {change.moved} schedule{plural} into shard id % {count}"
         else:
