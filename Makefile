@@ -3,7 +3,7 @@ PYTHON ?= python3.11
 VENV := .venv
 REQUIREMENTS := $(wildcard requirements*.txt)
 
-.PHONY: venv test run bench chaos explore docs
+.PHONY: venv lint test run bench chaos explore docs
 
 venv: $(VENV)/.installed
 
@@ -26,10 +26,18 @@ $(VENV)/.installed: $(REQUIREMENTS)
 
 # Installs the OS packages it needs (bin/ensure-packages), then starts its own
 # redis-server and PostgreSQL cluster; see tests/suite.py.
+# The lint gates run first; `make lint` runs them alone.
 test:
 	bin/ensure-packages test
 	$(MAKE) venv
+	$(MAKE) lint
 	$(VENV)/bin/python -m tests.suite $(PYTEST_ARGS)
+
+# ruff and mypy, as configured in pyproject.toml. mypy's Django plugin loads
+# project.settings, which needs DJANGO_DEBUG=1 (or a SECRET_KEY) to load.
+lint: venv
+	$(VENV)/bin/ruff check .
+	DJANGO_DEBUG=1 $(VENV)/bin/mypy
 
 # The fault-injection soak alone, on PostgreSQL: make chaos DURATION=600
 DURATION ?= 600
