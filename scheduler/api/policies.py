@@ -10,8 +10,8 @@ schema. Pagination and filters are set by each view set.
 """
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from drf_spectacular.generators import EndpointEnumerator, SchemaGenerator
 from drf_spectacular.utils import extend_schema as spectacular_extend_schema
@@ -32,6 +32,9 @@ from scheduler.api.throttling import PerCallerThrottle
 
 if TYPE_CHECKING:
     from rest_framework.permissions import _PermissionClass
+
+
+_F = TypeVar("_F", bound=Callable[..., Any])  # a view class or method
 
 
 class OwnSchema(DefaultSchema):
@@ -77,7 +80,7 @@ class OwnSchemaGenerator(SchemaGenerator):
     endpoint_inspector_cls = OwnEndpoints
 
 
-def extend_schema(**kwargs: Any) -> Any:
+def extend_schema(**kwargs: Any) -> Callable[[_F], _F]:
     """drf-spectacular's ``extend_schema``, built on ``ApiSchema`` for a view method too.
 
     On a method, drf-spectacular builds on ``DEFAULT_SCHEMA_CLASS`` as the
@@ -85,10 +88,11 @@ def extend_schema(**kwargs: Any) -> Any:
     there would break the API's schema.
     """
 
-    def decorator(f: Any) -> Any:
+    def decorator(f: _F) -> _F:
         if callable(f) and not isinstance(f, type) and getattr(f, "schema", None) is None:
-            f.kwargs = getattr(f, "kwargs", None) or {}
-            f.kwargs.setdefault("schema", ApiSchema)
+            extra = getattr(f, "kwargs", None) or {}
+            extra.setdefault("schema", ApiSchema)
+            f.kwargs = extra  # type: ignore[attr-defined]  # drf-spectacular reads it off the view method
         return spectacular_extend_schema(**kwargs)(f)
 
     return decorator
