@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
@@ -192,7 +192,7 @@ class Operation:
     """The event of one long write, from ``operation()``: ``start()`` before the work, ``done()`` after it."""
 
     def __init__(self, actor: Actor, action: str, obj: Model | None, *, changes: dict[str, Any], **where: Any) -> None:
-        self._begin = lambda: begin(actor, action, obj, changes=changes, **where)
+        self._begin: Callable[[], AuditEvent] = lambda: begin(actor, action, obj, changes=changes, **where)
         #: The event, once started.
         self.event: AuditEvent | None = None
         self._completed = False
