@@ -37,6 +37,7 @@ test:
 # project.settings, which needs DJANGO_DEBUG=1 (or a SECRET_KEY) to load.
 lint: venv
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
 	DJANGO_DEBUG=1 $(VENV)/bin/mypy
 
 # The fault-injection soak alone, on PostgreSQL: make chaos DURATION=600

@@ -8,6 +8,7 @@ superuser and reports the median of several renders.
 Run: ``python -m bench.admin_scale [--schedules 1000000] [--executions 10000000] [--repeat 5]``.
 Writes ``bench/results/admin_scale.json``.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -83,7 +84,9 @@ def _measure(repeat: int) -> list[dict[str, Any]]:
     client = Client()
     client.force_login(get_user_model().objects.create_superuser("bench", "bench@example.invalid", "pw"))
     schedule = Schedule.objects.order_by("id")[Schedule.objects.count() // 2]
-    execution = Execution.objects.filter(schedule=schedule).order_by("-scheduled_for").first() or Execution.objects.first()
+    execution = (
+        Execution.objects.filter(schedule=schedule).order_by("-scheduled_for").first() or Execution.objects.first()
+    )
     pages = {
         "schedule list": "/admin/scheduler/schedule/",
         "schedule list, page 100": "/admin/scheduler/schedule/?p=100",
@@ -115,8 +118,15 @@ def _measure(repeat: int) -> list[dict[str, Any]]:
                 samples.append(time.perf_counter() - started)
             status, queries = response.status_code, len(captured)
         results.append(
-            {"page": label, "url": url, "status": status, "queries": queries,
-             "median_seconds": statistics.median(samples), "max_seconds": max(samples), "samples": samples}
+            {
+                "page": label,
+                "url": url,
+                "status": status,
+                "queries": queries,
+                "median_seconds": statistics.median(samples),
+                "max_seconds": max(samples),
+                "samples": samples,
+            }
         )
         print(f"  {label}: {statistics.median(samples):.3f}s", flush=True)
     return results
@@ -148,9 +158,20 @@ def main(argv: list[str] | None = None) -> int:
         migrate(env)
         print(f"loading {args.schedules:,} schedules and {args.executions:,} executions into PostgreSQL...", flush=True)
         child = subprocess.run(
-            [sys.executable, "-m", "bench.admin_scale", "--child", f"--schedules={args.schedules}",
-             f"--executions={args.executions}", f"--repeat={args.repeat}"],
-            cwd=ROOT, env=env, stdout=subprocess.PIPE, text=True, check=True,
+            [
+                sys.executable,
+                "-m",
+                "bench.admin_scale",
+                "--child",
+                f"--schedules={args.schedules}",
+                f"--executions={args.executions}",
+                f"--repeat={args.repeat}",
+            ],
+            cwd=ROOT,
+            env=env,
+            stdout=subprocess.PIPE,
+            text=True,
+            check=True,
         )
     result = json.loads(child.stdout.strip().splitlines()[-1])
     rows = [[p["page"], p["status"], p["queries"], p["median_seconds"], p["max_seconds"]] for p in result["pages"]]
@@ -159,13 +180,21 @@ def main(argv: list[str] | None = None) -> int:
     slowest = max(p["median_seconds"] for p in result["pages"])
     if any(p["status"] != 200 for p in result["pages"]):
         print("\nsome pages did not answer 200; see the status column")
-    print(f"\nloaded in {result['loading']['load_schedules_seconds']:.0f}s + {result['loading']['load_executions_seconds']:.0f}s; "
-          f"goal: every page well under {GOAL_SECONDS:.0f}s; slowest median {slowest:.3f}s -> "
-          f"{'met' if slowest < GOAL_SECONDS and all(p['status'] == 200 for p in result['pages']) else 'NOT met'}")
+    print(
+        f"\nloaded in {result['loading']['load_schedules_seconds']:.0f}s + {result['loading']['load_executions_seconds']:.0f}s; "
+        f"goal: every page well under {GOAL_SECONDS:.0f}s; slowest median {slowest:.3f}s -> "
+        f"{'met' if slowest < GOAL_SECONDS and all(p['status'] == 200 for p in result['pages']) else 'NOT met'}"
+    )
     path = write_results(
         "admin_scale",
-        {"schedules": args.schedules, "executions": args.executions, "database": "PostgreSQL 15 (benchmark cluster, fsync off)",
-         "goal_seconds": GOAL_SECONDS, "slowest_median_seconds": slowest, **result},
+        {
+            "schedules": args.schedules,
+            "executions": args.executions,
+            "database": "PostgreSQL 15 (benchmark cluster, fsync off)",
+            "goal_seconds": GOAL_SECONDS,
+            "slowest_median_seconds": slowest,
+            **result,
+        },
     )
     print(f"wrote {path.relative_to(ROOT)}")
     return 0

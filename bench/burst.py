@@ -45,6 +45,7 @@ Run: ``python -m bench.burst [--kind interval,oneoff] [--schedules 10000,100000]
 [--replicas 1,2] [--shards 1,4] [--profile]``.
 Writes ``bench/results/burst.json``.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -106,9 +107,16 @@ def _load_burst(kind: str, count: int, due: str) -> None:
 
     timing = {"interval": "3600", "start_at": due} if kind == "interval" else {"run_at": due}
     insert_generated(
-        Schedule, count,
-        {"name": "'burst-' || g", "task": f"'{TASK}'", **timing, "next_run_at": due,
-         "created_at": "now()", "updated_at": "now()"},
+        Schedule,
+        count,
+        {
+            "name": "'burst-' || g",
+            "task": f"'{TASK}'",
+            **timing,
+            "next_run_at": due,
+            "created_at": "now()",
+            "updated_at": "now()",
+        },
     )
 
 
@@ -159,8 +167,16 @@ def _burst(
     processes = []
     with log.open("wb") as out:
         for _ in range(replicas):
-            processes.append(subprocess.Popen([celery, "-A", "project", "beat", "-l", "info", "--pidfile="], cwd=ROOT,
-                                              env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True))
+            processes.append(
+                subprocess.Popen(
+                    [celery, "-A", "project", "beat", "-l", "info", "--pidfile="],
+                    cwd=ROOT,
+                    env=env,
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                )
+            )
     try:
         _wait_for_leader(processes, shards)
         leader = _leader_pid(processes)
@@ -173,7 +189,9 @@ def _burst(
         cpu0 = {process.pid: cpu_seconds(process.pid) for process in processes}
         committed = published = None
         while published is None and time.time() < start + timeout:
-            rows, queued = execute_sql("SELECT count(*), count(*) FILTER (WHERE status = 'queued') FROM scheduler_execution")[0]
+            rows, queued = execute_sql(
+                "SELECT count(*), count(*) FILTER (WHERE status = 'queued') FROM scheduler_execution"
+            )[0]
             in_redis = client.llen(QUEUE)
             now = time.time()
             if committed is None and rows >= count:
@@ -188,10 +206,19 @@ def _burst(
             stop_process(process)
     rows, keys = execute_sql("SELECT count(*), count(DISTINCT idempotency_key) FROM scheduler_execution")[0]
     return {
-        "kind": kind, "batch_size": batch_size, "replicas": replicas, "shards": shards, "schedules": count, "executions": rows,
-        "duplicates": rows - keys, "committed_seconds": committed, "published_seconds": published,
-        "per_second": count / published if published else None, "leader_cpu_seconds": cpu[leader],
-        "replicas_cpu_seconds": sum(cpu.values()), "peak_rss_mib": rss,
+        "kind": kind,
+        "batch_size": batch_size,
+        "replicas": replicas,
+        "shards": shards,
+        "schedules": count,
+        "executions": rows,
+        "duplicates": rows - keys,
+        "committed_seconds": committed,
+        "published_seconds": published,
+        "per_second": count / published if published else None,
+        "leader_cpu_seconds": cpu[leader],
+        "replicas_cpu_seconds": sum(cpu.values()),
+        "peak_rss_mib": rss,
     }
 
 
@@ -203,7 +230,10 @@ def _redis_ceiling(*options: str) -> dict[str, Any]:
     command = [binary, "-h", url.hostname, "-p", str(url.port), "-t", "lpush", "-n", "100000", "-q", *options]
     output = subprocess.run(command, capture_output=True, text=True, check=True).stdout
     rate = float(re.findall(r"LPUSH: ([\d.]+) requests per second", output)[-1])
-    return {"what": f"Redis LPUSH: redis-benchmark -t lpush -n 100000 -q {' '.join(options)}".rstrip(), "per_second": rate}
+    return {
+        "what": f"Redis LPUSH: redis-benchmark -t lpush -n 100000 -q {' '.join(options)}".rstrip(),
+        "per_second": rate,
+    }
 
 
 def _insert_ceiling(count: int, repeat: int = 3) -> dict[str, Any]:
@@ -217,15 +247,25 @@ def _insert_ceiling(count: int, repeat: int = 3) -> dict[str, Any]:
             execute_sql("TRUNCATE bench_insert_ceiling")
             started = time.perf_counter()
             insert_generated(
-                Execution, count,
-                {"idempotency_key": "'ceiling:' || g", "task": f"'{TASK}'", "scheduled_for": "now()",
-                 "celery_task_id": "gen_random_uuid()::text", "lease_token": "1", "created_at": "now()"},
+                Execution,
+                count,
+                {
+                    "idempotency_key": "'ceiling:' || g",
+                    "task": f"'{TASK}'",
+                    "scheduled_for": "now()",
+                    "celery_task_id": "gen_random_uuid()::text",
+                    "lease_token": "1",
+                    "created_at": "now()",
+                },
                 table="bench_insert_ceiling",
             )
             best = min(best, time.perf_counter() - started)
     finally:
         execute_sql("DROP TABLE bench_insert_ceiling")
-    return {"what": f"PostgreSQL: INSERT ... SELECT generate_series, {count:,} execution rows", "per_second": count / best}
+    return {
+        "what": f"PostgreSQL: INSERT ... SELECT generate_series, {count:,} execution rows",
+        "per_second": count / best,
+    }
 
 
 def _send_task_ceiling(count: int) -> dict[str, Any]:
@@ -238,8 +278,15 @@ def _send_task_ceiling(count: int) -> dict[str, Any]:
     with app.producer_or_acquire() as producer:
         started = time.perf_counter()
         for number in range(count):
-            app.send_task(TASK, args=[], kwargs={}, task_id=str(uuid.uuid4()), headers={"execution_id": number},
-                          producer=producer, retry=False)
+            app.send_task(
+                TASK,
+                args=[],
+                kwargs={},
+                task_id=str(uuid.uuid4()),
+                headers={"execution_id": number},
+                producer=producer,
+                retry=False,
+            )
         elapsed = time.perf_counter() - started
     client.delete(QUEUE)
     return {"what": f"Celery: send_task on one producer, {count:,} messages", "per_second": count / elapsed}
@@ -255,16 +302,30 @@ def _publisher_ceiling(count: int) -> dict[str, Any]:
 
     client = _reset()
     now = datetime.now(timezone.utc)
-    rows = [{"id": number, "task": TASK, "args": [], "kwargs": {}, "queue": "", "priority": None, "celery_task_id": "",
-             "timeout": None, "scheduled_for": now} for number in range(count)]
+    rows = [
+        {
+            "id": number,
+            "task": TASK,
+            "args": [],
+            "kwargs": {},
+            "queue": "",
+            "priority": None,
+            "celery_task_id": "",
+            "timeout": None,
+            "scheduled_for": now,
+        }
+        for number in range(count)
+    ]
     with publisher.connect(app) as sender:
         started = time.perf_counter()
         for start in range(0, count, PUBLISH_BATCH):
-            sender.send(rows[start:start + PUBLISH_BATCH], now=now)
+            sender.send(rows[start : start + PUBLISH_BATCH], now=now)
         elapsed = time.perf_counter() - started
     client.delete(QUEUE)
-    return {"what": f"scheduler.publisher: one pipeline per {PUBLISH_BATCH} messages, {count:,} messages",
-            "per_second": count / elapsed}
+    return {
+        "what": f"scheduler.publisher: one pipeline per {PUBLISH_BATCH} messages, {count:,} messages",
+        "per_second": count / elapsed,
+    }
 
 
 def _where(code: tuple[str, int, str]) -> str:
@@ -301,15 +362,38 @@ def _profile(kind: str, count: int) -> dict[str, Any]:
 
     def top(index: int) -> list[dict[str, Any]]:
         ranked = sorted(stats.items(), key=lambda item: item[1][index], reverse=True)[:HOTSPOTS]
-        return [{"function": _where(code), "calls": calls, "own_seconds": own, "cumulative_seconds": cumulative,
-                 "own_share": own / total} for code, (_, calls, own, cumulative, _) in ranked]
+        return [
+            {
+                "function": _where(code),
+                "calls": calls,
+                "own_seconds": own,
+                "cumulative_seconds": cumulative,
+                "own_share": own / total,
+            }
+            for code, (_, calls, own, cumulative, _) in ranked
+        ]
 
-    return {"kind": kind, "schedules": count, "published": published, "seconds": elapsed, "per_second": published / elapsed,
-            "by_own_time": top(2), "by_cumulative_time": top(3)}
+    return {
+        "kind": kind,
+        "schedules": count,
+        "published": published,
+        "seconds": elapsed,
+        "per_second": published / elapsed,
+        "by_own_time": top(2),
+        "by_cumulative_time": top(3),
+    }
 
 
-def _child(kinds: list[str], counts: list[int], batch_sizes: list[int], replica_counts: list[int],
-           shard_counts: list[int], timeout: float, profile: bool, logs: Path) -> dict[str, Any]:
+def _child(
+    kinds: list[str],
+    counts: list[int],
+    batch_sizes: list[int],
+    replica_counts: list[int],
+    shard_counts: list[int],
+    timeout: float,
+    profile: bool,
+    logs: Path,
+) -> dict[str, Any]:
     import django
 
     django.setup()
@@ -321,13 +405,30 @@ def _child(kinds: list[str], counts: list[int], batch_sizes: list[int], replica_
             for batch_size in batch_sizes:
                 for replicas in replica_counts:
                     for shards in shard_counts:
-                        print(f"burst of {count:,} {kind} schedules, batch size {batch_size:,}, {replicas} replica(s), "
-                              f"{shards} shard(s)...", file=sys.stderr, flush=True)
-                        runs.append(_burst(kind, count, batch_size, replicas, shards, timeout,
-                                           logs / f"beat-{kind}-{count}-{batch_size}-{replicas}-{shards}.log"))
-    ceilings = {"redis": _redis_ceiling(), "redis_one_connection": _redis_ceiling("-c", "1"),
-                "insert": _insert_ceiling(counts[0]), "send_task": _send_task_ceiling(counts[0]),
-                "publisher": _publisher_ceiling(counts[0])}
+                        print(
+                            f"burst of {count:,} {kind} schedules, batch size {batch_size:,}, {replicas} replica(s), "
+                            f"{shards} shard(s)...",
+                            file=sys.stderr,
+                            flush=True,
+                        )
+                        runs.append(
+                            _burst(
+                                kind,
+                                count,
+                                batch_size,
+                                replicas,
+                                shards,
+                                timeout,
+                                logs / f"beat-{kind}-{count}-{batch_size}-{replicas}-{shards}.log",
+                            )
+                        )
+    ceilings = {
+        "redis": _redis_ceiling(),
+        "redis_one_connection": _redis_ceiling("-c", "1"),
+        "insert": _insert_ceiling(counts[0]),
+        "send_task": _send_task_ceiling(counts[0]),
+        "publisher": _publisher_ceiling(counts[0]),
+    }
     result: dict[str, Any] = {"runs": runs, "ceilings": ceilings, "load_average_before": load_before}
     profiles = []
     for kind in kinds:
@@ -349,31 +450,55 @@ def _numbers(text: str) -> list[int]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--kind", default=",".join(KINDS), help="schedule kinds, one burst each: interval,oneoff (default both)")
-    parser.add_argument("--schedules", default="10000", help="schedules due in the same second, one burst each (default 10000)")
+    parser.add_argument(
+        "--kind", default=",".join(KINDS), help="schedule kinds, one burst each: interval,oneoff (default both)"
+    )
+    parser.add_argument(
+        "--schedules", default="10000", help="schedules due in the same second, one burst each (default 10000)"
+    )
     parser.add_argument("--batch-sizes", default="500,2000", help="SCHEDULER_DISPATCH_BATCH_SIZE values, one run each")
-    parser.add_argument("--replicas", default="1,2", help="beat replicas, one run each (default 1,2: the follower publishes)")
-    parser.add_argument("--shards", default="1,4",
-                        help="SCHEDULER_SHARDS values, one run each (default 1,4: one leader, then every replica commits)")
+    parser.add_argument(
+        "--replicas", default="1,2", help="beat replicas, one run each (default 1,2: the follower publishes)"
+    )
+    parser.add_argument(
+        "--shards",
+        default="1,4",
+        help="SCHEDULER_SHARDS values, one run each (default 1,4: one leader, then every replica commits)",
+    )
     parser.add_argument("--timeout", type=float, default=300.0, help="seconds a burst may take (default 300)")
     parser.add_argument("--profile", action="store_true", help="profile the leader even when the goal is met")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--logs", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     try:
-        batch_sizes, counts, replica_counts = _numbers(args.batch_sizes), _numbers(args.schedules), _numbers(args.replicas)
+        batch_sizes, counts, replica_counts = (
+            _numbers(args.batch_sizes),
+            _numbers(args.schedules),
+            _numbers(args.replicas),
+        )
         shard_counts = _numbers(args.shards)
     except ValueError:
         parser.error("--schedules, --batch-sizes, --replicas and --shards take comma-separated whole numbers")
     kinds = [kind.strip() for kind in args.kind.split(",") if kind.strip()]
     if not kinds or not set(kinds) <= set(KINDS):
         parser.error(f"--kind takes {' and/or '.join(KINDS)}, comma-separated")
-    if (not counts or min(counts) < 1 or not batch_sizes or min(batch_sizes) < 1 or not replica_counts
-            or min(replica_counts) < 1 or not shard_counts or min(shard_counts) < 1 or args.timeout <= 0):
+    if (
+        not counts
+        or min(counts) < 1
+        or not batch_sizes
+        or min(batch_sizes) < 1
+        or not replica_counts
+        or min(replica_counts) < 1
+        or not shard_counts
+        or min(shard_counts) < 1
+        or args.timeout <= 0
+    ):
         parser.error("--schedules, --batch-sizes, --replicas, --shards and --timeout must be positive")
 
     if args.child:
-        result = _child(kinds, counts, batch_sizes, replica_counts, shard_counts, args.timeout, args.profile, Path(args.logs))
+        result = _child(
+            kinds, counts, batch_sizes, replica_counts, shard_counts, args.timeout, args.profile, Path(args.logs)
+        )
         print(json.dumps(result), flush=True)
         return 0
 
@@ -384,11 +509,25 @@ def main(argv: list[str] | None = None) -> int:
         env = django_env(pg_url, redis_url, Path(tmp), debug=False)
         migrate(env)
         child = subprocess.run(
-            [sys.executable, "-m", "bench.burst", "--child", f"--kind={args.kind}", f"--schedules={args.schedules}",
-             f"--batch-sizes={args.batch_sizes}", f"--replicas={args.replicas}", f"--shards={args.shards}",
-             f"--timeout={args.timeout}", f"--logs={tmp}",
-             *(["--profile"] if args.profile else [])],
-            cwd=ROOT, env=env, stdout=subprocess.PIPE, text=True, check=True,
+            [
+                sys.executable,
+                "-m",
+                "bench.burst",
+                "--child",
+                f"--kind={args.kind}",
+                f"--schedules={args.schedules}",
+                f"--batch-sizes={args.batch_sizes}",
+                f"--replicas={args.replicas}",
+                f"--shards={args.shards}",
+                f"--timeout={args.timeout}",
+                f"--logs={tmp}",
+                *(["--profile"] if args.profile else []),
+            ],
+            cwd=ROOT,
+            env=env,
+            stdout=subprocess.PIPE,
+            text=True,
+            check=True,
         )
     result = json.loads(child.stdout.strip().splitlines()[-1])
 
@@ -397,43 +536,88 @@ def main(argv: list[str] | None = None) -> int:
     for run in result["runs"]:
         rate = run["per_second"]
         shards = f", {run['shards']} shards" if run.get("shards", 1) > 1 else ""
-        rows.append([f"{run['replicas']} replica(s){shards}, {run['kind']} x {run['schedules']:,}, batch {run['batch_size']:,}",
-                     run["executions"],
-                     run["committed_seconds"] or "-", run["published_seconds"] or "did not finish", rate or "-",
-                     run["leader_cpu_seconds"], run["leader_cpu_seconds"] * 1000 / max(run["executions"], 1),
-                     f"{rate / limit:.1%}" if rate else "-"])
+        rows.append(
+            [
+                f"{run['replicas']} replica(s){shards}, {run['kind']} x {run['schedules']:,}, batch {run['batch_size']:,}",
+                run["executions"],
+                run["committed_seconds"] or "-",
+                run["published_seconds"] or "did not finish",
+                rate or "-",
+                run["leader_cpu_seconds"],
+                run["leader_cpu_seconds"] * 1000 / max(run["executions"], 1),
+                f"{rate / limit:.1%}" if rate else "-",
+            ]
+        )
     for ceiling in result["ceilings"].values():
         rows.append([ceiling["what"], "-", "-", "-", ceiling["per_second"], "-", "-", "-"])
     print()
-    print(table(["what", "executions", "committed s", "published s", "per second", "leader CPU s", "CPU ms/execution",
-                 "of ceiling"], rows))
+    print(
+        table(
+            [
+                "what",
+                "executions",
+                "committed s",
+                "published s",
+                "per second",
+                "leader CPU s",
+                "CPU ms/execution",
+                "of ceiling",
+            ],
+            rows,
+        )
+    )
     default_batch = batch_sizes[0]
     met = True
     for count in counts:
         for kind in kinds:
-            rate = max(run["per_second"] or 0 for run in result["runs"]
-                       if (run["kind"], run["schedules"], run["batch_size"]) == (kind, count, default_batch))
+            rate = max(
+                run["per_second"] or 0
+                for run in result["runs"]
+                if (run["kind"], run["schedules"], run["batch_size"]) == (kind, count, default_batch)
+            )
             met = met and rate >= GOAL_PER_SECOND
-            print(f"\ngoal: >= {GOAL_PER_SECOND:,.0f} executions/s; {kind} x {count:,}, batch {default_batch:,}, best of the replica counts: "
-                  f"{rate:,.0f}/s = {rate / limit:.1%} of the ceiling -> {'met' if rate >= GOAL_PER_SECOND else 'NOT met'}")
+            print(
+                f"\ngoal: >= {GOAL_PER_SECOND:,.0f} executions/s; {kind} x {count:,}, batch {default_batch:,}, best of the replica counts: "
+                f"{rate:,.0f}/s = {rate / limit:.1%} of the ceiling -> {'met' if rate >= GOAL_PER_SECOND else 'NOT met'}"
+            )
     print(f"(ceiling {limit:,.0f}/s: the lower of Redis LPUSH and the PostgreSQL bulk INSERT)")
-    print(f"load average (1, 5, 15 min): {result['load_average_before']} before, {result['load_average_after']} after "
-          f"on {os.cpu_count()} CPUs")
+    print(
+        f"load average (1, 5, 15 min): {result['load_average_before']} before, {result['load_average_after']} after "
+        f"on {os.cpu_count()} CPUs"
+    )
     for profile in result["profiles"]:
-        print(f"\nhotspots, {profile['kind']} (cProfile, in process: {profile['published']:,} published in "
-              f"{profile['seconds']:.2f}s = {profile['per_second']:,.0f}/s under the profiler), by own time:")
-        print(table(["function", "calls", "own s", "share", "cumulative s"],
-                    [[h["function"], h["calls"], h["own_seconds"], f"{h['own_share']:.1%}", h["cumulative_seconds"]]
-                     for h in profile["by_own_time"]]))
+        print(
+            f"\nhotspots, {profile['kind']} (cProfile, in process: {profile['published']:,} published in "
+            f"{profile['seconds']:.2f}s = {profile['per_second']:,.0f}/s under the profiler), by own time:"
+        )
+        print(
+            table(
+                ["function", "calls", "own s", "share", "cumulative s"],
+                [
+                    [h["function"], h["calls"], h["own_seconds"], f"{h['own_share']:.1%}", h["cumulative_seconds"]]
+                    for h in profile["by_own_time"]
+                ],
+            )
+        )
         print("\nby cumulative time:")
-        print(table(["function", "calls", "cumulative s"],
-                    [[h["function"], h["calls"], h["cumulative_seconds"]] for h in profile["by_cumulative_time"]]))
+        print(
+            table(
+                ["function", "calls", "cumulative s"],
+                [[h["function"], h["calls"], h["cumulative_seconds"]] for h in profile["by_cumulative_time"]],
+            )
+        )
     print(f"\nran in {time.monotonic() - started:.0f}s")
-    path = write_results("burst", {
-        "database": "PostgreSQL (benchmark cluster, fsync off)", "broker": "Redis (benchmark instance, no worker)",
-        "goal_per_second": GOAL_PER_SECOND, "ceiling_per_second": limit, "met": met,
-        **result,
-    })
+    path = write_results(
+        "burst",
+        {
+            "database": "PostgreSQL (benchmark cluster, fsync off)",
+            "broker": "Redis (benchmark instance, no worker)",
+            "goal_per_second": GOAL_PER_SECOND,
+            "ceiling_per_second": limit,
+            "met": met,
+            **result,
+        },
+    )
     print(f"wrote {path.relative_to(ROOT)}")
     return 0
 

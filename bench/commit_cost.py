@@ -19,6 +19,7 @@ Run: ``python -m bench.commit_cost [--schedules 10000] [--databases postgresql,s
 [--kinds interval,one-off,max_runs] [--profile]`` (it starts its own PostgreSQL).
 Writes ``bench/results/commit_cost.json``.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -58,7 +59,10 @@ def _load(kind: str, count: int) -> None:
         timing["max_runs"] = 1
     # bulk_create skips save(): next_run_at is set here, as save() would.
     Schedule.objects.bulk_create(
-        (Schedule(name=f"bench-{kind}-{number}", task="bench.noop", next_run_at=due, **timing) for number in range(count)),
+        (
+            Schedule(name=f"bench-{kind}-{number}", task="bench.noop", next_run_at=due, **timing)
+            for number in range(count)
+        ),
         batch_size=1000,
     )
 
@@ -89,7 +93,10 @@ def _measure_kind(kind: str, count: int, *, profile: bool) -> dict[str, Any]:
     if executions != count:
         raise SystemExit(f"{kind}: {executions} executions committed for {count} due schedules")
     result: dict[str, Any] = {
-        "kind": kind, "executions": executions, "passes": passes, "seconds": seconds,
+        "kind": kind,
+        "executions": executions,
+        "passes": passes,
+        "seconds": seconds,
         "us_per_execution": seconds / executions * 1e6,
         "cpu_us_per_execution": cpu_seconds / executions * 1e6,
     }
@@ -147,20 +154,37 @@ def main(argv: list[str] | None = None) -> int:
             migrate(env)
             print(f"measuring on {database} ({args.schedules} due schedules x {len(kinds)} kinds)...", flush=True)
             command = [
-                sys.executable, "-m", "bench.commit_cost", "--child", f"--schedules={args.schedules}",
+                sys.executable,
+                "-m",
+                "bench.commit_cost",
+                "--child",
+                f"--schedules={args.schedules}",
                 f"--kinds={','.join(kinds)}",
             ]
             child = subprocess.run(
                 command + (["--profile"] if args.profile else []),
-                cwd=ROOT, env=env, stdout=subprocess.PIPE, text=True, check=True,
+                cwd=ROOT,
+                env=env,
+                stdout=subprocess.PIPE,
+                text=True,
+                check=True,
             )
             results.append(json.loads(child.stdout.strip().splitlines()[-1]))
 
     rows = []
     for result in results:
         for kind in result["kinds"]:
-            rows.append([result["vendor"], kind["kind"], kind["executions"], kind["passes"], kind["seconds"],
-                         kind["us_per_execution"], kind["cpu_us_per_execution"]])
+            rows.append(
+                [
+                    result["vendor"],
+                    kind["kind"],
+                    kind["executions"],
+                    kind["passes"],
+                    kind["seconds"],
+                    kind["us_per_execution"],
+                    kind["cpu_us_per_execution"],
+                ]
+            )
             if "profile" in kind:
                 print(f"\n--- {result['vendor']}, {kind['kind']}: most own time ---\n{kind.pop('profile')}")
     print()

@@ -1,4 +1,5 @@
 """What every benchmark shares: its own services, a migrated database, tables and JSON."""
+
 from __future__ import annotations
 
 import json
@@ -77,7 +78,17 @@ def peers_python() -> Path:
         print(f"installing the peers into {PEERS_VENV.relative_to(ROOT)} ...", flush=True)
         subprocess.run([sys.executable, "-m", "venv", str(PEERS_VENV)], check=True)
         subprocess.run(
-            [str(python), "-m", "pip", "install", "-q", "-r", str(ROOT / "requirements.txt"), "-r", str(PEERS_REQUIREMENTS)],
+            [
+                str(python),
+                "-m",
+                "pip",
+                "install",
+                "-q",
+                "-r",
+                str(ROOT / "requirements.txt"),
+                "-r",
+                str(PEERS_REQUIREMENTS),
+            ],
             check=True,
         )
         stamp.write_text(wanted)
@@ -201,6 +212,11 @@ def write_results(name: str, payload: dict[str, Any]) -> Path:
     """Write ``bench/results/<name>.json`` with the machine and time of the run."""
     RESULTS_DIR.mkdir(parents=True, exist_ok=True)
     path = RESULTS_DIR / f"{name}.json"
-    document = {"benchmark": name, "measured_at": datetime.now(timezone.utc).isoformat(), "machine": machine(), **payload}
+    document = {
+        "benchmark": name,
+        "measured_at": datetime.now(timezone.utc).isoformat(),
+        "machine": machine(),
+        **payload,
+    }
     path.write_text(json.dumps(document, indent=2) + "\n")
     return path

@@ -22,6 +22,7 @@ from the database, not from logs.
 Run: ``python -m bench.end_to_end [--tasks 10000] [--concurrency 1]``
 (it starts its own PostgreSQL and Redis). Writes ``bench/results/end_to_end.json``.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -51,24 +52,49 @@ CELERY = str(Path(sys.executable).with_name("celery"))
 def _reset() -> None:
     import redis
 
-    execute_sql("TRUNCATE scheduler_execution, scheduler_schedule, scheduler_instance, scheduler_lease,"
-                " django_celery_results_taskresult CASCADE")
+    execute_sql(
+        "TRUNCATE scheduler_execution, scheduler_schedule, scheduler_instance, scheduler_lease,"
+        " django_celery_results_taskresult CASCADE"
+    )
     redis.Redis.from_url(os.environ["REDIS_URL"]).flushdb()
 
 
 def _start(args: list[str], log: Path, env: dict[str, str] | None = None) -> subprocess.Popen[Any]:
     with log.open("ab") as out:
-        return subprocess.Popen([CELERY, *args], cwd=ROOT, env=env or os.environ.copy(), stdout=out,
-                                stderr=subprocess.STDOUT, start_new_session=True)
+        return subprocess.Popen(
+            [CELERY, *args],
+            cwd=ROOT,
+            env=env or os.environ.copy(),
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
 
 
 def _start_workers(concurrency: int, logs: Path) -> list[subprocess.Popen[Any]]:
     from project.celery import app
 
     workers = [
-        _start(["-A", "project", "worker", "-P", "prefork", "-c", str(concurrency), "-n", f"e2e-{number}@%h",
-                "--include", "bench.tasks", "-l", "warning", "--without-gossip", "--without-mingle"],
-               logs / f"worker-{number}.log")
+        _start(
+            [
+                "-A",
+                "project",
+                "worker",
+                "-P",
+                "prefork",
+                "-c",
+                str(concurrency),
+                "-n",
+                f"e2e-{number}@%h",
+                "--include",
+                "bench.tasks",
+                "-l",
+                "warning",
+                "--without-gossip",
+                "--without-mingle",
+            ],
+            logs / f"worker-{number}.log",
+        )
         for number in range(WORKERS)
     ]
     deadline = time.monotonic() + 60
@@ -82,7 +108,9 @@ def _wait_until_recorded(count: int, due: datetime, timeout: float, where: str) 
     """Poll until ``count`` successful results are stored; return T -> last ``date_done``."""
     deadline = time.monotonic() + max(due.timestamp() - time.time(), 0) + timeout
     while True:
-        done, last = execute_sql(f"SELECT count(*), max(date_done) FROM django_celery_results_taskresult WHERE {where}")[0]
+        done, last = execute_sql(
+            f"SELECT count(*), max(date_done) FROM django_celery_results_taskresult WHERE {where}"
+        )[0]
         if done >= count:
             seconds = (last - due).total_seconds()
             return {"recorded": done, "seconds": seconds, "per_second": count / seconds}
@@ -104,28 +132,50 @@ def _leader_gated(count: int, timeout: float, logs: Path) -> dict[str, Any]:
             time.sleep(0.05)
         (due,) = execute_sql(f"SELECT date_trunc('second', now()) + interval '{LEAD_SECONDS} seconds'")[0]
         insert_generated(
-            Schedule, count,
-            {"name": "'e2e-' || g", "task": "'bench.noop'", "interval": "3600", "start_at": f"'{due.isoformat()}'",
-             "next_run_at": f"'{due.isoformat()}'", "created_at": "now()", "updated_at": "now()"},
+            Schedule,
+            count,
+            {
+                "name": "'e2e-' || g",
+                "task": "'bench.noop'",
+                "interval": "3600",
+                "start_at": f"'{due.isoformat()}'",
+                "next_run_at": f"'{due.isoformat()}'",
+                "created_at": "now()",
+                "updated_at": "now()",
+            },
         )
         result = _wait_until_recorded(count, due, timeout, "task_name = 'bench.noop' AND status = 'SUCCESS'")
     finally:
         stop_process(beat)
     rows, succeeded, keys = execute_sql(
         "SELECT count(*), count(*) FILTER (WHERE status = 'succeeded'), count(DISTINCT idempotency_key)"
-        " FROM scheduler_execution")[0]
-    return {"kind": "leader-gated beat", "tasks": count, **result, "executions": rows, "succeeded": succeeded,
-            "duplicates": rows - keys}
+        " FROM scheduler_execution"
+    )[0]
+    return {
+        "kind": "leader-gated beat",
+        "tasks": count,
+        **result,
+        "executions": rows,
+        "succeeded": succeeded,
+        "duplicates": rows - keys,
+    }
 
 
 def _plain(count: int, timeout: float, logs: Path) -> dict[str, Any]:
     _reset()
     (now,) = execute_sql("SELECT now()")[0]
     due = (now + timedelta(seconds=PLAIN_LEAD_SECONDS + 60)).replace(second=0, microsecond=0)
-    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "bench.plain_settings", "BENCH_PLAIN_TASKS": str(count),
-           "BENCH_PLAIN_DUE": due.isoformat()}
-    beat = _start(["-A", "project", "beat", "-l", "info", "--pidfile=", f"--schedule={logs / 'plain-beat-schedule'}"],
-                  logs / "beat-plain.log", env)
+    env = {
+        **os.environ,
+        "DJANGO_SETTINGS_MODULE": "bench.plain_settings",
+        "BENCH_PLAIN_TASKS": str(count),
+        "BENCH_PLAIN_DUE": due.isoformat(),
+    }
+    beat = _start(
+        ["-A", "project", "beat", "-l", "info", "--pidfile=", f"--schedule={logs / 'plain-beat-schedule'}"],
+        logs / "beat-plain.log",
+        env,
+    )
     try:
         result = _wait_until_recorded(count, due, timeout, "task_name = 'bench.noop_plain' AND status = 'SUCCESS'")
     finally:
@@ -174,25 +224,57 @@ def main(argv: list[str] | None = None) -> int:
         env = django_env(pg_url, redis_url, Path(tmp), debug=False)
         migrate(env)
         child = subprocess.run(
-            [sys.executable, "-m", "bench.end_to_end", "--child", f"--tasks={args.tasks}",
-             f"--concurrency={args.concurrency}", f"--timeout={args.timeout}", f"--logs={tmp}"],
-            cwd=ROOT, env=env, stdout=subprocess.PIPE, text=True, check=True,
+            [
+                sys.executable,
+                "-m",
+                "bench.end_to_end",
+                "--child",
+                f"--tasks={args.tasks}",
+                f"--concurrency={args.concurrency}",
+                f"--timeout={args.timeout}",
+                f"--logs={tmp}",
+            ],
+            cwd=ROOT,
+            env=env,
+            stdout=subprocess.PIPE,
+            text=True,
+            check=True,
         )
     result = json.loads(child.stdout.strip().splitlines()[-1])
     runs = result["runs"]
     print()
-    print(table(["beat", "tasks", "recorded", "due -> last recorded s", "executions/s"],
-                [[run["kind"], run["tasks"], run["recorded"], run["seconds"] or "did not finish", run["per_second"] or "-"]
-                 for run in runs]))
+    print(
+        table(
+            ["beat", "tasks", "recorded", "due -> last recorded s", "executions/s"],
+            [
+                [
+                    run["kind"],
+                    run["tasks"],
+                    run["recorded"],
+                    run["seconds"] or "did not finish",
+                    run["per_second"] or "-",
+                ]
+                for run in runs
+            ],
+        )
+    )
     ours, plain = runs
     if ours["per_second"] and plain["per_second"]:
-        print(f"\nleader-gated / plain: {ours['per_second'] / plain['per_second']:.2f} "
-              f"({WORKERS} workers x {args.concurrency} process(es); duplicates: {ours['duplicates']})")
+        print(
+            f"\nleader-gated / plain: {ours['per_second'] / plain['per_second']:.2f} "
+            f"({WORKERS} workers x {args.concurrency} process(es); duplicates: {ours['duplicates']})"
+        )
     print(f"ran in {time.monotonic() - started:.0f}s")
-    path = write_results("end_to_end", {
-        "database": "PostgreSQL (benchmark cluster, fsync off)", "broker": "Redis (benchmark instance)",
-        "workers": WORKERS, "concurrency": args.concurrency, **result,
-    })
+    path = write_results(
+        "end_to_end",
+        {
+            "database": "PostgreSQL (benchmark cluster, fsync off)",
+            "broker": "Redis (benchmark instance)",
+            "workers": WORKERS,
+            "concurrency": args.concurrency,
+            **result,
+        },
+    )
     print(f"wrote {path.relative_to(ROOT)}")
     return 0
 

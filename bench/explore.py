@@ -17,6 +17,7 @@ then the matrix, and writes ``bench/results/explore.json``: per database,
 one result per (failpoint, action), replacing the earlier result of the same
 scenario and keeping the others. The processes' logs stay in ``--logs``.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -78,7 +79,9 @@ def markdown(databases: dict[str, Any]) -> str:
             by_point.setdefault(result["point"], {})[(database, result["action"])] = result
     columns = [(database, action) for database in databases for action in actions]
     lines = [
-        "| failpoint | " + " | ".join(f"{'PG' if db == 'postgresql' else 'SQLite'} {action}" for db, action in columns) + " |",
+        "| failpoint | "
+        + " | ".join(f"{'PG' if db == 'postgresql' else 'SQLite'} {action}" for db, action in columns)
+        + " |",
         "|---|" + "---:|" * len(columns),
     ]
     for point, results in by_point.items():
@@ -90,7 +93,12 @@ def markdown(databases: dict[str, Any]) -> str:
             elif result.get("passed"):
                 cells.append(f"ok {result['time_to_final']:.1f}")
             else:
-                cells.append("**FAIL**: " + ", ".join(name for name in ("slots", "final", "claims", "stall", "leadership") if not result.get(name)))
+                cells.append(
+                    "**FAIL**: "
+                    + ", ".join(
+                        name for name in ("slots", "final", "claims", "stall", "leadership") if not result.get(name)
+                    )
+                )
         lines.append(f"| `{point}` | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -102,7 +110,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--actions", default="", help="comma-separated: crash, freeze, error, delay (default: all)")
     parser.add_argument("--fast", action="store_true", help="only the scenarios make test runs")
     parser.add_argument("--logs", default="", help="where the processes' logs go (default: a new temporary directory)")
-    parser.add_argument("--markdown", action="store_true", help="print the stored matrix as a Markdown table (docs/testing.md); run nothing")
+    parser.add_argument(
+        "--markdown",
+        action="store_true",
+        help="print the stored matrix as a Markdown table (docs/testing.md); run nothing",
+    )
     args = parser.parse_args(argv)
     if args.markdown:
         print(markdown(_previous()))

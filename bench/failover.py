@@ -43,6 +43,7 @@ each result carries the previous run's figures for the same system and
 signal under ``before`` (printed beside the new ones), and the previous
 results of systems not measured this time are kept as they were.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -139,7 +140,9 @@ def _wait(predicate: Callable[[], Any], timeout: float, interval: float = 0.05) 
 def _wait_ready(cluster: Cluster) -> None:
     for replica in cluster.replicas:
         if not _wait(lambda r=replica: re.search(cluster.ready, r.log()), STARTUP_WAIT, 0.2):
-            raise SystemExit(f"{replica.name} did not start within {STARTUP_WAIT:.0f}s; log tail:\n{replica.log()[-3000:]}")
+            raise SystemExit(
+                f"{replica.name} did not start within {STARTUP_WAIT:.0f}s; log tail:\n{replica.log()[-3000:]}"
+            )
 
 
 def kill_leaders(cluster: Cluster, sig: int, kills: int, *, wait: float, rng: random.Random) -> list[dict[str, Any]]:
@@ -167,10 +170,14 @@ def kill_leaders(cluster: Cluster, sig: int, kills: int, *, wait: float, rng: ra
         dispatched = _wait(lambda: cluster.first_dispatch_after(marker, leader, killed_at), wait, 0.05)
         gap = None if dispatched is None else dispatched - killed_at
         takeover = None if took is None else took - killed_at
-        samples.append({"pid": leader.pid, "killed_at": killed_at, "takeover_seconds": takeover, "gap_seconds": gap, **details})
-        _log(f"  kill {number + 1}/{kills} ({signal.Signals(sig).name}): "
-             + (f"takeover {takeover:.3f}s, " if takeover is not None else "")
-             + (f"gap {gap:.2f}s" if gap is not None else f"no takeover within {wait:.0f}s"))
+        samples.append(
+            {"pid": leader.pid, "killed_at": killed_at, "takeover_seconds": takeover, "gap_seconds": gap, **details}
+        )
+        _log(
+            f"  kill {number + 1}/{kills} ({signal.Signals(sig).name}): "
+            + (f"takeover {takeover:.3f}s, " if takeover is not None else "")
+            + (f"gap {gap:.2f}s" if gap is not None else f"no takeover within {wait:.0f}s")
+        )
         leader.stop()
         index = cluster.replicas.index(leader)
         cluster.replicas[index] = cluster.start()
@@ -268,10 +275,16 @@ def _measure_database(kills: int, logs: Path) -> list[dict[str, Any]]:
         for sample in samples:
             newer = cluster.rows().filter(lease_token__gt=sample["token"]).order_by("created_at").first()
             sample["new_token"] = newer.lease_token if newer else None
-        results.append({
-            "system": connection.vendor, "signal": name, "replicas": REPLICAS, **gap_summary(samples),
-            **_slot_counts(list(cluster.rows().values_list("scheduled_for", "status"))), "samples": samples,
-        })
+        results.append(
+            {
+                "system": connection.vendor,
+                "signal": name,
+                "replicas": REPLICAS,
+                **gap_summary(samples),
+                **_slot_counts(list(cluster.rows().values_list("scheduled_for", "status"))),
+                "samples": samples,
+            }
+        )
     return results
 
 
@@ -299,11 +312,23 @@ class RedBeatCluster(Cluster):
     #: RedBeat's lock key with its default key prefix.
     lock_key = "redbeat::lock"
 
-    def __init__(self, celery: Path, redis_url: str, client: Any, logs: Path, tag: str, *, lock_timeout: int | None) -> None:
+    def __init__(
+        self, celery: Path, redis_url: str, client: Any, logs: Path, tag: str, *, lock_timeout: int | None
+    ) -> None:
         self.client = client
         env = {key: value for key, value in os.environ.items() if not key.startswith(("SCHEDULER_", "REDBEAT_"))}
         env.update(REDIS_URL=redis_url, PYTHONUNBUFFERED="1")
-        argv = [str(celery), "-A", "bench.redbeat_app", "beat", "-S", "redbeat.RedBeatScheduler", "-l", "info", "--pidfile="]
+        argv = [
+            str(celery),
+            "-A",
+            "bench.redbeat_app",
+            "beat",
+            "-S",
+            "redbeat.RedBeatScheduler",
+            "-l",
+            "info",
+            "--pidfile=",
+        ]
         if lock_timeout is not None:
             env["REDBEAT_LOCK_TIMEOUT"] = str(lock_timeout)
             argv += ["--max-interval", "1"]
@@ -354,7 +379,9 @@ def _send_counts(sends: list[float], stopped_at: float) -> dict[str, int]:
     }
 
 
-def _measure_redbeat(celery: Path, redis_url: str, logs: Path, kills: int, default_lock_kills: int) -> list[dict[str, Any]]:
+def _measure_redbeat(
+    celery: Path, redis_url: str, logs: Path, kills: int, default_lock_kills: int
+) -> list[dict[str, Any]]:
     """Kill the RedBeat leader with the tuned lock (one cluster per signal) and the default one (fresh per kill)."""
     import redis
 
@@ -381,10 +408,18 @@ def _measure_redbeat(celery: Path, redis_url: str, logs: Path, kills: int, defau
                 stopped_at = time.time()
                 counts.update(_send_counts(cluster.sends(), stopped_at))
                 lock_seconds = cluster.lock_timeout()
-            results.append({
-                "system": label, "signal": name, "replicas": PEER_REPLICAS, "lock_timeout_seconds": lock_seconds,
-                "takeover_wait_seconds": wait, **gap_summary(samples), **counts, "samples": samples,
-            })
+            results.append(
+                {
+                    "system": label,
+                    "signal": name,
+                    "replicas": PEER_REPLICAS,
+                    "lock_timeout_seconds": lock_seconds,
+                    "takeover_wait_seconds": wait,
+                    **gap_summary(samples),
+                    **counts,
+                    "samples": samples,
+                }
+            )
     client.close()
     return results
 
@@ -421,8 +456,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--kills", type=int, default=10, help="kills per signal and system (default 10)")
     parser.add_argument("--databases", default="postgresql,sqlite", help="comma-separated: postgresql, sqlite")
     parser.add_argument("--skip-peers", action="store_true", help="do not measure celery-redbeat")
-    parser.add_argument("--default-lock-kills", type=int, default=1,
-                        help=f"kills per signal for RedBeat's default lock, each waiting up to {PEER_DEFAULT_WAIT:.0f}s (default 1)")
+    parser.add_argument(
+        "--default-lock-kills",
+        type=int,
+        default=1,
+        help=f"kills per signal for RedBeat's default lock, each waiting up to {PEER_DEFAULT_WAIT:.0f}s (default 1)",
+    )
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--logs", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -454,7 +493,11 @@ def main(argv: list[str] | None = None) -> int:
             migrate(env)
             child = subprocess.run(
                 [sys.executable, "-m", "bench.failover", "--child", f"--kills={args.kills}", f"--logs={tmp}"],
-                cwd=ROOT, env=env, stdout=subprocess.PIPE, text=True, check=True,
+                cwd=ROOT,
+                env=env,
+                stdout=subprocess.PIPE,
+                text=True,
+                check=True,
             )
             results += json.loads(child.stdout.strip().splitlines()[-1])
         if celery is not None:
@@ -467,40 +510,81 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     for r in measured:
         before = r.get("before", {})
-        rows.append([
-            r["system"], r["signal"], r["kills"], f"{r['takeovers']}/{r['kills']}",
-            _fmt(r.get("takeover_median_seconds")), _fmt(r.get("takeover_p90_seconds")),
-            _fmt(r["gap_median_seconds"]), _fmt(r.get("gap_p90_seconds")),
-            _fmt(before.get("gap_median_seconds")), _fmt(before.get("gap_p90_seconds")),
-            r["duplicates"], r["misses"],
-        ])
+        rows.append(
+            [
+                r["system"],
+                r["signal"],
+                r["kills"],
+                f"{r['takeovers']}/{r['kills']}",
+                _fmt(r.get("takeover_median_seconds")),
+                _fmt(r.get("takeover_p90_seconds")),
+                _fmt(r["gap_median_seconds"]),
+                _fmt(r.get("gap_p90_seconds")),
+                _fmt(before.get("gap_median_seconds")),
+                _fmt(before.get("gap_p90_seconds")),
+                r["duplicates"],
+                r["misses"],
+            ]
+        )
     print()
-    print(table([
-        "system", "signal", "kills", "took over", "takeover median s", "takeover p90 s", "gap median s", "gap p90 s",
-        "before: gap median s", "before: gap p90 s", "duplicates", "misses",
-    ], rows))
-    print("takeover: kill -> the lease under a new token; gap: kill -> first row committed under it (waits for the"
-          " next one-second slot too). The previous run measured only the gap.")
+    print(
+        table(
+            [
+                "system",
+                "signal",
+                "kills",
+                "took over",
+                "takeover median s",
+                "takeover p90 s",
+                "gap median s",
+                "gap p90 s",
+                "before: gap median s",
+                "before: gap p90 s",
+                "duplicates",
+                "misses",
+            ],
+            rows,
+        )
+    )
+    print(
+        "takeover: kill -> the lease under a new token; gap: kill -> first row committed under it (waits for the"
+        " next one-second slot too). The previous run measured only the gap."
+    )
     print(f"load average (1/5/15 min) before {load['before']}, after {load['after']} on {os.cpu_count()} cpus")
     for r in measured:
         if r["takeovers"] < r["kills"]:
-            print(f"{r['system']} ({r['signal']}): no takeover within {r.get('takeover_wait_seconds', TAKEOVER_WAIT):.0f}s "
-                  f"in {r['kills'] - r['takeovers']} of {r['kills']} kills"
-                  + (f" (lock timeout {r['lock_timeout_seconds']:.0f}s)" if r.get("lock_timeout_seconds") else ""))
+            print(
+                f"{r['system']} ({r['signal']}): no takeover within {r.get('takeover_wait_seconds', TAKEOVER_WAIT):.0f}s "
+                f"in {r['kills'] - r['takeovers']} of {r['kills']} kills"
+                + (f" (lock timeout {r['lock_timeout_seconds']:.0f}s)" if r.get("lock_timeout_seconds") else "")
+            )
     print(f"\ntook {elapsed / 60:.1f} min")
-    path = write_results("failover", {
-        "settings": {
-            "project": {"replicas": REPLICAS, **{f"SCHEDULER_{k}": float(v) for k, v in LEASE_SETTINGS.items()},
-                        "schedule_interval_seconds": 1, "takeover_wait_seconds": TAKEOVER_WAIT},
-            "redbeat": {"replicas": PEER_REPLICAS, "tuned_lock_timeout_seconds": PEER_LOCK_TIMEOUT,
-                        "tuned_max_interval_seconds": 1, "default_lock_wait_seconds": PEER_DEFAULT_WAIT,
-                        "default_lock_kills_per_signal": args.default_lock_kills, "skipped": args.skip_peers},
-            "kills_per_signal": args.kills, "steady_seconds_between_kills": STEADY_SECONDS,
+    path = write_results(
+        "failover",
+        {
+            "settings": {
+                "project": {
+                    "replicas": REPLICAS,
+                    **{f"SCHEDULER_{k}": float(v) for k, v in LEASE_SETTINGS.items()},
+                    "schedule_interval_seconds": 1,
+                    "takeover_wait_seconds": TAKEOVER_WAIT,
+                },
+                "redbeat": {
+                    "replicas": PEER_REPLICAS,
+                    "tuned_lock_timeout_seconds": PEER_LOCK_TIMEOUT,
+                    "tuned_max_interval_seconds": 1,
+                    "default_lock_wait_seconds": PEER_DEFAULT_WAIT,
+                    "default_lock_kills_per_signal": args.default_lock_kills,
+                    "skipped": args.skip_peers,
+                },
+                "kills_per_signal": args.kills,
+                "steady_seconds_between_kills": STEADY_SECONDS,
+            },
+            "elapsed_seconds": elapsed,
+            "load_average": load,
+            "results": results,
         },
-        "elapsed_seconds": elapsed,
-        "load_average": load,
-        "results": results,
-    })
+    )
     print(f"wrote {path.relative_to(ROOT)}")
     return 0
 

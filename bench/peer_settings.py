@@ -2,6 +2,7 @@
 
 Used only inside ``bench/.venv-peers``, where django-celery-beat is installed.
 """
+
 from project.settings import *  # noqa: F403
 
 INSTALLED_APPS = [*INSTALLED_APPS, "django_celery_beat"]  # noqa: F405

@@ -3,6 +3,7 @@
 ``BENCH_PLAIN_TASKS`` entries of ``bench.noop_plain``, each a crontab for the
 minute ``BENCH_PLAIN_DUE`` (ISO 8601, UTC), so all fall due at that instant.
 """
+
 import os
 from datetime import datetime
 

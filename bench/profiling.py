@@ -13,6 +13,7 @@ not cProfile's (which slows every Python call and so inflates Celery's own
 overhead most). Only the child's main thread, which runs the tasks, is
 timed; the claim renewer's threads are not.
 """
+
 from __future__ import annotations
 
 import functools

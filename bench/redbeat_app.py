@@ -7,6 +7,7 @@ when set, replaces RedBeat's default lock timeout (5 × the beat's loop interval
 Log records carry their Unix time (``%(created)``) so sends can be timed
 across processes.
 """
+
 from __future__ import annotations
 
 import os

@@ -45,6 +45,7 @@ did not finish, with the memory it had reached.
 Run: ``python -m bench.scale [--sizes 1000,100000,1000000] [--window 60] [--skip-peers] [--cap 300]``.
 Writes ``bench/results/scale.json``.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -103,9 +104,16 @@ def _load_ours(total: int) -> None:
     far = f"to_timestamp((floor(extract(epoch from now()) / {WEEK}) + 2) * {WEEK})"  # a weekly slot, >= 1 week away
     for prefix, count, interval in (("idle", total - DUE_PER_SECOND, WEEK), ("due", DUE_PER_SECOND, 1)):
         insert_generated(
-            Schedule, count,
-            {"name": f"'{prefix}-' || g", "task": f"'{TASK}'", "interval": str(interval), "next_run_at": far,
-             "created_at": "now()", "updated_at": "now()"},
+            Schedule,
+            count,
+            {
+                "name": f"'{prefix}-' || g",
+                "task": f"'{TASK}'",
+                "interval": str(interval),
+                "next_run_at": far,
+                "created_at": "now()",
+                "updated_at": "now()",
+            },
         )
     execute_sql("VACUUM ANALYZE scheduler_schedule")
 
@@ -128,16 +136,24 @@ def _load_peer(total: int) -> float:
     }
     for prefix, count in (("idle", total - DUE_PER_SECOND), ("due", DUE_PER_SECOND)):
         insert_generated(
-            PeriodicTask, count,
-            {"name": f"'{prefix}-' || g", "task": f"'{TASK}'", "interval_id": str(every[prefix].pk),
-             "last_run_at": "now()", "date_changed": "now()"},
+            PeriodicTask,
+            count,
+            {
+                "name": f"'{prefix}-' || g",
+                "task": f"'{TASK}'",
+                "interval_id": str(every[prefix].pk),
+                "last_run_at": "now()",
+                "date_changed": "now()",
+            },
         )
     execute_sql("VACUUM ANALYZE django_celery_beat_periodictask")
     return PeriodicTask.objects.get(name="due-1").last_run_at.timestamp()
 
 
 def _db_xacts() -> int:
-    return int(execute_sql("SELECT xact_commit + xact_rollback FROM pg_stat_database WHERE datname = current_database()")[0][0])
+    return int(
+        execute_sql("SELECT xact_commit + xact_rollback FROM pg_stat_database WHERE datname = current_database()")[0][0]
+    )
 
 
 def _run_beat(command: list[str], log: Path, *, window: float, cap: float) -> dict[str, Any]:
@@ -147,17 +163,24 @@ def _run_beat(command: list[str], log: Path, *, window: float, cap: float) -> di
     client = redis.Redis.from_url(os.environ["REDIS_URL"])
     client.flushdb()
     with log.open("wb") as out:
-        process = subprocess.Popen(command, cwd=ROOT, env=os.environ.copy(), stdout=out, stderr=subprocess.STDOUT,
-                                   start_new_session=True)
+        process = subprocess.Popen(
+            command, cwd=ROOT, env=os.environ.copy(), stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+        )
     launched_at = time.time()
     try:
         launched = time.monotonic()
         while client.llen(QUEUE) == 0:
             if process.poll() is not None:
-                raise SystemExit(f"the beat exited with {process.returncode}:\n{log.read_text(errors='replace')[-3000:]}")
+                raise SystemExit(
+                    f"the beat exited with {process.returncode}:\n{log.read_text(errors='replace')[-3000:]}"
+                )
             if time.monotonic() - launched > cap:
-                return {"finished": False, "cap_seconds": cap, "peak_rss_mib": peak_rss_mib(process.pid),
-                        "cpu_seconds_until_cap": cpu_seconds(process.pid)}
+                return {
+                    "finished": False,
+                    "cap_seconds": cap,
+                    "peak_rss_mib": peak_rss_mib(process.pid),
+                    "cpu_seconds_until_cap": cpu_seconds(process.pid),
+                }
             time.sleep(0.02)
         startup = time.monotonic() - launched
         time.sleep(WARMUP_SECONDS)
@@ -171,25 +194,38 @@ def _run_beat(command: list[str], log: Path, *, window: float, cap: float) -> di
         stop_process(process)
     (t0, cpu0, queued0, xacts0), (t1, cpu1, queued1, xacts1) = samples
     return {
-        "finished": True, "launched_at": launched_at, "startup_seconds": startup, "window": (t0, t1),
-        "cpu_seconds_per_minute": (cpu1 - cpu0) / (t1 - t0) * 60, "peak_rss_mib": rss,
-        "messages_per_second": (queued1 - queued0) / (t1 - t0), "db_xacts_per_second": (xacts1 - xacts0) / (t1 - t0),
+        "finished": True,
+        "launched_at": launched_at,
+        "startup_seconds": startup,
+        "window": (t0, t1),
+        "cpu_seconds_per_minute": (cpu1 - cpu0) / (t1 - t0) * 60,
+        "peak_rss_mib": rss,
+        "messages_per_second": (queued1 - queued0) / (t1 - t0),
+        "db_xacts_per_second": (xacts1 - xacts0) / (t1 - t0),
     }
 
 
 def _lag_summary(lags_ms: list[float], *, overdue_ms: list[float] = ()) -> dict[str, Any]:
     """Summarise lags; ``overdue_ms`` are lower bounds (still unsent at the window's end) and count as lags."""
     every = [*lags_ms, *overdue_ms]
-    return {"lag_samples": len(every), "lag_overdue_at_end": len(overdue_ms), "lag_p50_ms": percentile(every, 50),
-            "lag_p99_ms": percentile(every, 99), "lag_max_ms": max(every) if every else None}
+    return {
+        "lag_samples": len(every),
+        "lag_overdue_at_end": len(overdue_ms),
+        "lag_p50_ms": percentile(every, 50),
+        "lag_p99_ms": percentile(every, 99),
+        "lag_max_ms": max(every) if every else None,
+    }
 
 
 def _lags_ours(launched_at: float, t0: float, t1: float) -> dict[str, Any]:
     from scheduler.models import Execution
 
-    rows = list(Execution.objects.filter(
-        scheduled_for__gte=datetime.fromtimestamp(t0, timezone.utc), scheduled_for__lt=datetime.fromtimestamp(t1, timezone.utc)
-    ).values_list("scheduled_for", "enqueued_at", "created_at"))
+    rows = list(
+        Execution.objects.filter(
+            scheduled_for__gte=datetime.fromtimestamp(t0, timezone.utc),
+            scheduled_for__lt=datetime.fromtimestamp(t1, timezone.utc),
+        ).values_list("scheduled_for", "enqueued_at", "created_at")
+    )
     lags = [(sent - slot).total_seconds() * 1000 for slot, sent, _ in rows if sent is not None]
     overdue = [(t1 - slot.timestamp()) * 1000 for slot, sent, _ in rows if sent is None]
     built = [(created - slot).total_seconds() * 1000 for slot, _, created in rows]
@@ -198,13 +234,21 @@ def _lags_ours(launched_at: float, t0: float, t1: float) -> dict[str, Any]:
         if sent is not None:
             worst[slot] = max(worst[slot], (sent - slot).total_seconds() * 1000)
     slowest = sorted(worst.items(), key=lambda item: item[1], reverse=True)[:5]
-    return {**_lag_summary(lags, overdue_ms=overdue), "slots": len(rows),
-            "built_p50_ms": percentile(built, 50), "built_p99_ms": percentile(built, 99),
-            "slowest_slots": [{"slot": slot.isoformat(), "seconds_after_beat_start": slot.timestamp() - launched_at,
-                               "lag_ms": lag} for slot, lag in slowest]}
+    return {
+        **_lag_summary(lags, overdue_ms=overdue),
+        "slots": len(rows),
+        "built_p50_ms": percentile(built, 50),
+        "built_p99_ms": percentile(built, 99),
+        "slowest_slots": [
+            {"slot": slot.isoformat(), "seconds_after_beat_start": slot.timestamp() - launched_at, "lag_ms": lag}
+            for slot, lag in slowest
+        ],
+    }
 
 
-_SEND = re.compile(r"^\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}): INFO/MainProcess\] Scheduler: Sending due task (due-\d+) ")
+_SEND = re.compile(
+    r"^\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}): INFO/MainProcess\] Scheduler: Sending due task (due-\d+) "
+)
 
 
 def _lags_peer(log: Path, last_run_at: float, t0: float, t1: float) -> dict[str, Any]:
@@ -285,7 +329,9 @@ def _child(kind: str, size: int, window: float, cap: float, logs: Path) -> dict[
             from importlib.metadata import version
 
             result["version"] = version("django-celery-beat")
-        result.update(_run_beat([celery, "-A", "project", "beat", "-l", "info", "--pidfile="], log, window=window, cap=cap))
+        result.update(
+            _run_beat([celery, "-A", "project", "beat", "-l", "info", "--pidfile="], log, window=window, cap=cap)
+        )
         if result["finished"] and kind == "ours":
             result.update(_lags_ours(result["launched_at"], *result["window"]))
             result.update(_measure_ticks())
@@ -304,12 +350,33 @@ def _child(kind: str, size: int, window: float, cap: float, logs: Path) -> dict[
 def _row(result: dict[str, Any]) -> list[Any]:
     label = LABELS[result["kind"]] + (f" {result['version']}" if result.get("version") else "")
     if not result["finished"]:
-        return [label, result["schedules"], result["load_seconds"], f"did not finish in {result['cap_seconds']:g} s", "-",
-                result["peak_rss_mib"], "-", "-", "-", "-", "-", "-", "-", "-"]
+        return [
+            label,
+            result["schedules"],
+            result["load_seconds"],
+            f"did not finish in {result['cap_seconds']:g} s",
+            "-",
+            result["peak_rss_mib"],
+            "-",
+            "-",
+            "-",
+            "-",
+            "-",
+            "-",
+            "-",
+            "-",
+        ]
     return [
-        label, result["schedules"], result["load_seconds"], result["startup_seconds"], result["cpu_seconds_per_minute"],
-        result["peak_rss_mib"], result.get("queries_per_tick", "-"), result.get("tick_ms", "-"),
-        result["db_xacts_per_second"], result["messages_per_second"],
+        label,
+        result["schedules"],
+        result["load_seconds"],
+        result["startup_seconds"],
+        result["cpu_seconds_per_minute"],
+        result["peak_rss_mib"],
+        result.get("queries_per_tick", "-"),
+        result.get("tick_ms", "-"),
+        result["db_xacts_per_second"],
+        result["messages_per_second"],
         *("-" if result[key] is None else result[key] for key in ("lag_p50_ms", "lag_p99_ms", "lag_max_ms")),
         result["lag_overdue_at_end"],
     ]
@@ -324,8 +391,14 @@ def _verdict(results: list[dict[str, Any]]) -> dict[str, Any]:
     flat = cpu_ratio <= FLAT_RATIO and large["queries_per_tick"] == small["queries_per_tick"]
     p99 = large["lag_p99_ms"]
     lag_ok = p99 is not None and p99 <= GOAL_P99_MS and not large["lag_overdue_at_end"]
-    return {"largest": large["schedules"], "cpu_ratio_largest_to_smallest": cpu_ratio, "flat": flat,
-            "p99_ms_at_largest": p99, "p99_met": lag_ok, "met": flat and lag_ok}
+    return {
+        "largest": large["schedules"],
+        "cpu_ratio_largest_to_smallest": cpu_ratio,
+        "flat": flat,
+        "p99_ms_at_largest": p99,
+        "p99_met": lag_ok,
+        "met": flat and lag_ok,
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -333,8 +406,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sizes", default=",".join(str(s) for s in SIZES), help="comma-separated schedule counts")
     parser.add_argument("--window", type=float, default=60.0, help="seconds measured per run (default 60)")
     parser.add_argument("--skip-peers", action="store_true", help="run this project's beat only")
-    parser.add_argument("--cap", type=float, default=300.0,
-                        help="seconds a beat may take to send its first message, else it did not finish (default 300)")
+    parser.add_argument(
+        "--cap",
+        type=float,
+        default=300.0,
+        help="seconds a beat may take to send its first message, else it did not finish (default 300)",
+    )
     parser.add_argument("--child", choices=KINDS, help=argparse.SUPPRESS)
     parser.add_argument("--logs", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -366,30 +443,70 @@ def main(argv: list[str] | None = None) -> int:
             for kind, python in kinds.items():
                 _log(f"{LABELS[kind]}: {size:,} schedules, {DUE_PER_SECOND} due every second...")
                 child = subprocess.run(
-                    [str(python), "-m", "bench.scale", f"--child={kind}", f"--sizes={size}", f"--window={args.window}",
-                     f"--cap={args.cap}", f"--logs={tmp}"],
-                    cwd=ROOT, env={**env, "DJANGO_SETTINGS_MODULE": "project.settings" if kind == "ours" else "bench.peer_settings"},
-                    stdout=subprocess.PIPE, text=True, check=True,
+                    [
+                        str(python),
+                        "-m",
+                        "bench.scale",
+                        f"--child={kind}",
+                        f"--sizes={size}",
+                        f"--window={args.window}",
+                        f"--cap={args.cap}",
+                        f"--logs={tmp}",
+                    ],
+                    cwd=ROOT,
+                    env={
+                        **env,
+                        "DJANGO_SETTINGS_MODULE": "project.settings" if kind == "ours" else "bench.peer_settings",
+                    },
+                    stdout=subprocess.PIPE,
+                    text=True,
+                    check=True,
                 )
                 results.append(json.loads(child.stdout.strip().splitlines()[-1]))
 
     print()
-    print(table(
-        ["scheduler", "schedules", "load s", "startup s", "CPU s/min", "peak RSS MiB", "queries/tick", "tick ms",
-         "DB xacts/s", "msgs/s", "lag p50 ms", "lag p99 ms", "lag max ms", "unsent at end"],
-        [_row(result) for result in results],
-    ))
+    print(
+        table(
+            [
+                "scheduler",
+                "schedules",
+                "load s",
+                "startup s",
+                "CPU s/min",
+                "peak RSS MiB",
+                "queries/tick",
+                "tick ms",
+                "DB xacts/s",
+                "msgs/s",
+                "lag p50 ms",
+                "lag p99 ms",
+                "lag max ms",
+                "unsent at end",
+            ],
+            [_row(result) for result in results],
+        )
+    )
     verdict = _verdict(results)
     if verdict.get("largest"):
-        print(f"\ngoal: cost flat in the number of schedules (same queries/tick, CPU/min within {FLAT_RATIO}x) and "
-              f"p99 lag <= {GOAL_P99_MS:.0f} ms at {verdict['largest']:,}: CPU ratio {verdict['cpu_ratio_largest_to_smallest']:.2f}, "
-              f"p99 {verdict['p99_ms_at_largest']:.0f} ms -> {'met' if verdict['met'] else 'NOT met'}")
+        print(
+            f"\ngoal: cost flat in the number of schedules (same queries/tick, CPU/min within {FLAT_RATIO}x) and "
+            f"p99 lag <= {GOAL_P99_MS:.0f} ms at {verdict['largest']:,}: CPU ratio {verdict['cpu_ratio_largest_to_smallest']:.2f}, "
+            f"p99 {verdict['p99_ms_at_largest']:.0f} ms -> {'met' if verdict['met'] else 'NOT met'}"
+        )
     print(f"ran in {time.monotonic() - started:.0f}s")
-    path = write_results("scale", {
-        "database": "PostgreSQL (benchmark cluster, fsync off)", "broker": "Redis (benchmark instance, no worker)",
-        "due_per_second": DUE_PER_SECOND, "window_seconds": args.window, "cap_seconds": args.cap,
-        "goal": {"p99_lag_ms": GOAL_P99_MS, "flat_cpu_ratio": FLAT_RATIO}, "verdict": verdict, "results": results,
-    })
+    path = write_results(
+        "scale",
+        {
+            "database": "PostgreSQL (benchmark cluster, fsync off)",
+            "broker": "Redis (benchmark instance, no worker)",
+            "due_per_second": DUE_PER_SECOND,
+            "window_seconds": args.window,
+            "cap_seconds": args.cap,
+            "goal": {"p99_lag_ms": GOAL_P99_MS, "flat_cpu_ratio": FLAT_RATIO},
+            "verdict": verdict,
+            "results": results,
+        },
+    )
     print(f"wrote {path.relative_to(ROOT)}")
     return 0
 

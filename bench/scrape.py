@@ -18,6 +18,7 @@ and more schedules than ``SCHEDULER_METRICS_PER_SCHEDULE_LIMIT``.
 Run: ``python -m bench.scrape [--schedules 1000000] [--executions 10000000] [--repeat 10]``.
 Writes ``bench/results/scrape.json``.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -165,9 +166,20 @@ def main(argv: list[str] | None = None) -> int:
         migrate(env)
         print(f"loading {args.schedules:,} schedules and {args.executions:,} executions into PostgreSQL...", flush=True)
         child = subprocess.run(
-            [sys.executable, "-m", "bench.scrape", "--child", f"--schedules={args.schedules}",
-             f"--executions={args.executions}", f"--repeat={args.repeat}"],
-            cwd=ROOT, env=env, stdout=subprocess.PIPE, text=True, check=True,
+            [
+                sys.executable,
+                "-m",
+                "bench.scrape",
+                "--child",
+                f"--schedules={args.schedules}",
+                f"--executions={args.executions}",
+                f"--repeat={args.repeat}",
+            ],
+            cwd=ROOT,
+            env=env,
+            stdout=subprocess.PIPE,
+            text=True,
+            check=True,
         )
     load_after = os.getloadavg()
     result = json.loads(child.stdout.strip().splitlines()[-1])
@@ -185,8 +197,15 @@ def main(argv: list[str] | None = None) -> int:
     )
     path = write_results(
         "scrape",
-        {"schedules": args.schedules, "executions": args.executions, "database": "PostgreSQL 15 (benchmark cluster, fsync off)",
-         "goal_seconds": GOAL_SECONDS, "load_average_before": load_before, "load_average_after": load_after, **result},
+        {
+            "schedules": args.schedules,
+            "executions": args.executions,
+            "database": "PostgreSQL 15 (benchmark cluster, fsync off)",
+            "goal_seconds": GOAL_SECONDS,
+            "load_average_before": load_before,
+            "load_average_after": load_after,
+            **result,
+        },
     )
     print(f"wrote {path.relative_to(ROOT)}")
     return 0

@@ -42,6 +42,7 @@ Run: ``python -m bench.shards [--replicas 1,3,5] [--shards 64] [--schedules 1000
 [--seconds 30] [--kills 3] [--databases postgresql,sqlite]``
 (it starts its own PostgreSQL and Redis). Writes ``bench/results/shards.json``.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -159,7 +160,9 @@ def _wait_balanced(count: int, replicas: Replicas, what: str) -> dict[str, tuple
     held = wait_until(lambda: _balanced(count, replicas), timeout=BALANCE_WAIT, interval=0.1)
     if not held:
         loads = Counter(holder for holder, _ in _holders(count).values())
-        raise SystemExit(f"the shards did not spread over the replicas within {BALANCE_WAIT:.0f}s {what}: {dict(loads)}")
+        raise SystemExit(
+            f"the shards did not spread over the replicas within {BALANCE_WAIT:.0f}s {what}: {dict(loads)}"
+        )
     return held
 
 
@@ -213,7 +216,9 @@ def _steady(count: int, replicas: Replicas, seconds: float, first_id: int) -> di
     ended = leases.db_now()
     cpu = {pid: cpu_seconds(pid) - used for pid, used in cpu0.items()}
     after = _holders(count)
-    wait_until(lambda: _caught_up(first_id), timeout=BALANCE_WAIT, interval=0.1)  # the window's last slots are committed too
+    wait_until(
+        lambda: _caught_up(first_id), timeout=BALANCE_WAIT, interval=0.1
+    )  # the window's last slots are committed too
 
     def per_replica(rows: Any) -> Counter[int]:
         by_dispatcher = rows.values_list("dispatcher").annotate(n=Count("id")).values_list("dispatcher", "n")
@@ -263,7 +268,9 @@ def _kill_loop(count: int, replicas: Replicas, sig: int, kills: int, rng: random
         taken: dict[str, float] = {}
 
         def all_taken() -> bool:
-            rows = Lease.objects.filter(name__in=theirs.keys() - taken.keys()).values_list("name", "holder", "token", "acquired_at")
+            rows = Lease.objects.filter(name__in=theirs.keys() - taken.keys()).values_list(
+                "name", "holder", "token", "acquired_at"
+            )
             for name, holder, token, acquired_at in rows:
                 if token > theirs[name] and holder and _pid(holder) != victim.pid and acquired_at is not None:
                     taken[name] = acquired_at.timestamp() - killed_db
@@ -272,14 +279,30 @@ def _kill_loop(count: int, replicas: Replicas, sig: int, kills: int, rng: random
         wait_until(all_taken, timeout=TAKEOVER_WAIT, interval=0.01)
         not_taken += len(theirs) - len(taken)
         gaps += taken.values()
-        samples.append({"pid": victim.pid, "killed_at": killed_at, "db_offset_seconds": offset, "shards": len(theirs),
-                        "takeover_seconds": dict(sorted(taken.items())), "not_taken": sorted(theirs.keys() - taken.keys())})
+        samples.append(
+            {
+                "pid": victim.pid,
+                "killed_at": killed_at,
+                "db_offset_seconds": offset,
+                "shards": len(theirs),
+                "takeover_seconds": dict(sorted(taken.items())),
+                "not_taken": sorted(theirs.keys() - taken.keys()),
+            }
+        )
         summary = gap_summary(list(taken.values()))
-        _log(f"    kill {number + 1}/{kills} ({signal.Signals(sig).name}): {len(taken)}/{len(theirs)} shards taken, "
-             + (f"median {summary['median_seconds']:.3f}s, max {summary['max_seconds']:.3f}s" if taken else "none"))
+        _log(
+            f"    kill {number + 1}/{kills} ({signal.Signals(sig).name}): {len(taken)}/{len(theirs)} shards taken, "
+            + (f"median {summary['median_seconds']:.3f}s, max {summary['max_seconds']:.3f}s" if taken else "none")
+        )
         replicas.replace(victim)
     _wait_balanced(count, replicas, "after the last kill")
-    return {"kills": kills, "shards": len(gaps) + not_taken, "not_taken": not_taken, **gap_summary(gaps), "samples": samples}
+    return {
+        "kills": kills,
+        "shards": len(gaps) + not_taken,
+        "not_taken": not_taken,
+        **gap_summary(gaps),
+        "samples": samples,
+    }
 
 
 def _slot_counts(first_id: int) -> dict[str, int]:
@@ -290,15 +313,26 @@ def _slot_counts(first_id: int) -> dict[str, int]:
 
     not_run = [Execution.Status.MISSED, Execution.Status.SKIPPED]
     per_schedule = (
-        Execution.objects.filter(schedule_id__gte=first_id).values("schedule_id")
-        .annotate(rows=Count("id"), slots=Count("scheduled_for", distinct=True), first=Min("scheduled_for"),
-                  last=Max("scheduled_for"), not_run=Count("id", filter=Q(status__in=not_run)))
+        Execution.objects.filter(schedule_id__gte=first_id)
+        .values("schedule_id")
+        .annotate(
+            rows=Count("id"),
+            slots=Count("scheduled_for", distinct=True),
+            first=Min("scheduled_for"),
+            last=Max("scheduled_for"),
+            not_run=Count("id", filter=Q(status__in=not_run)),
+        )
     )
     totals = Counter(schedules=0, slots=0, rows=0, duplicates=0, gaps=0)
     for row in per_schedule:
         expected = round((row["last"] - row["first"]).total_seconds()) + 1
-        totals.update(schedules=1, slots=expected, rows=row["rows"], duplicates=row["rows"] - row["slots"],
-                      gaps=expected - row["slots"] + row["not_run"])
+        totals.update(
+            schedules=1,
+            slots=expected,
+            rows=row["rows"],
+            duplicates=row["rows"] - row["slots"],
+            gaps=expected - row["slots"] + row["not_run"],
+        )
     return dict(totals)
 
 
@@ -312,8 +346,9 @@ def _drain(redis_url: str, stop: threading.Event) -> None:
     client.close()
 
 
-def _measure_database(replica_counts: list[int], count: int, schedules: int, seconds: float, kills: int,
-                      logs: Path) -> list[dict[str, Any]]:
+def _measure_database(
+    replica_counts: list[int], count: int, schedules: int, seconds: float, kills: int, logs: Path
+) -> list[dict[str, Any]]:
     """Every replica count against this process's DATABASE_URL; return one result each."""
     import django
 
@@ -340,9 +375,11 @@ def _measure_database(replica_counts: list[int], count: int, schedules: int, sec
             if not wait_until(lambda: _caught_up(first_id), timeout=BALANCE_WAIT, interval=0.2):
                 raise SystemExit(f"the replicas did not catch up with the schedules within {BALANCE_WAIT:.0f}s")
             steady = _steady(count, replicas, seconds, first_id)
-            _log(f"  steady: {steady['executions']} executions in {steady['window_seconds']:.1f}s, "
-                 f"dispatches per replica {steady['dispatches']['per_replica']}, "
-                 f"{steady['cpu_ms_per_execution'] or 0:.3f} CPU ms per execution")
+            _log(
+                f"  steady: {steady['executions']} executions in {steady['window_seconds']:.1f}s, "
+                f"dispatches per replica {steady['dispatches']['per_replica']}, "
+                f"{steady['cpu_ms_per_execution'] or 0:.3f} CPU ms per execution"
+            )
             failover = {}
             if size >= 2 and kills:
                 for name, sig in SIGNALS.items():
@@ -350,11 +387,18 @@ def _measure_database(replica_counts: list[int], count: int, schedules: int, sec
         finally:
             replicas.stop()
             Schedule.objects.filter(pk__gte=first_id).update(enabled=False)
-        results.append({
-            "system": connection.vendor, "replicas": size, "shards": count, "schedules": schedules,
-            "steady": steady, "failover": failover, "slots": _slot_counts(first_id),
-            "elapsed_seconds": time.monotonic() - started,
-        })
+        results.append(
+            {
+                "system": connection.vendor,
+                "replicas": size,
+                "shards": count,
+                "schedules": schedules,
+                "steady": steady,
+                "failover": failover,
+                "slots": _slot_counts(first_id),
+                "elapsed_seconds": time.monotonic() - started,
+            }
+        )
     stop.set()
     return results
 
@@ -375,33 +419,87 @@ def _print_tables(results: list[dict[str, Any]]) -> None:
     for r in results:
         s = r["steady"]
         per_replica = [ms for ms in s["cpu_ms_per_execution_per_replica"] if ms is not None]
-        rows.append([
-            r["system"], r["replicas"], f"{s['shards']['min']}-{s['shards']['max']}", s["shards_changed_hands"],
-            s["executions"], s["executions_per_second"], f"{s['dispatches']['min']:,}-{s['dispatches']['max']:,}",
-            s["dispatches"]["mean"], _fmt(s["dispatches"]["max_deviation_pct"]), s["cpu_seconds"],
-            _fmt(s["cpu_ms_per_execution"]),
-            f"{min(per_replica):.3f}-{max(per_replica):.3f}" if per_replica else "-",
-        ])
+        rows.append(
+            [
+                r["system"],
+                r["replicas"],
+                f"{s['shards']['min']}-{s['shards']['max']}",
+                s["shards_changed_hands"],
+                s["executions"],
+                s["executions_per_second"],
+                f"{s['dispatches']['min']:,}-{s['dispatches']['max']:,}",
+                s["dispatches"]["mean"],
+                _fmt(s["dispatches"]["max_deviation_pct"]),
+                s["cpu_seconds"],
+                _fmt(s["cpu_ms_per_execution"]),
+                f"{min(per_replica):.3f}-{max(per_replica):.3f}" if per_replica else "-",
+            ]
+        )
     print()
-    print(table([
-        "database", "replicas", "shards/replica", "changed hands", "committed", "per s", "dispatches/replica",
-        "mean", "max dev %", "beat CPU s", "CPU ms/exec", "per replica ms/exec",
-    ], rows))
+    print(
+        table(
+            [
+                "database",
+                "replicas",
+                "shards/replica",
+                "changed hands",
+                "committed",
+                "per s",
+                "dispatches/replica",
+                "mean",
+                "max dev %",
+                "beat CPU s",
+                "CPU ms/exec",
+                "per replica ms/exec",
+            ],
+            rows,
+        )
+    )
     rows = []
     for r in results:
         for name, f in r["failover"].items():
-            rows.append([r["system"], r["replicas"], name, f["kills"], f"{f['shards'] - f['not_taken']}/{f['shards']}",
-                         _fmt(f["median_seconds"]), _fmt(f["p90_seconds"]), _fmt(f["max_seconds"]),
-                         r["slots"]["duplicates"], r["slots"]["gaps"]])
+            rows.append(
+                [
+                    r["system"],
+                    r["replicas"],
+                    name,
+                    f["kills"],
+                    f"{f['shards'] - f['not_taken']}/{f['shards']}",
+                    _fmt(f["median_seconds"]),
+                    _fmt(f["p90_seconds"]),
+                    _fmt(f["max_seconds"]),
+                    r["slots"]["duplicates"],
+                    r["slots"]["gaps"],
+                ]
+            )
         if not r["failover"]:
-            rows.append([r["system"], r["replicas"], "-", 0, "-", "-", "-", "-", r["slots"]["duplicates"], r["slots"]["gaps"]])
+            rows.append(
+                [r["system"], r["replicas"], "-", 0, "-", "-", "-", "-", r["slots"]["duplicates"], r["slots"]["gaps"]]
+            )
     print()
-    print(table(["database", "replicas", "signal", "kills", "shards taken", "takeover median s", "p90 s", "max s",
-                 "duplicates (run)", "gaps (run)"], rows))
-    print("takeover: kill -> acquired_at of each of the killed replica's shards under a newer token (database clock);"
-          " duplicates and gaps: every slot of every schedule over the replica count's whole run.\n"
-          "per replica ms/exec: a replica's CPU over the rows it committed in the window; shard 0's holder also reconciles and,"
-          " on SQLite, publishes for all.")
+    print(
+        table(
+            [
+                "database",
+                "replicas",
+                "signal",
+                "kills",
+                "shards taken",
+                "takeover median s",
+                "p90 s",
+                "max s",
+                "duplicates (run)",
+                "gaps (run)",
+            ],
+            rows,
+        )
+    )
+    print(
+        "takeover: kill -> acquired_at of each of the killed replica's shards under a newer token (database clock);"
+        " duplicates and gaps: every slot of every schedule over the replica count's whole run.\n"
+        "per replica ms/exec: a replica's CPU over the rows it committed in the window; shard 0's holder also reconciles and,"
+        " on SQLite, publishes for all."
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -428,7 +526,9 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--databases takes postgresql and/or sqlite")
 
     if args.child:
-        results = _measure_database(replica_counts, args.shards, args.schedules, args.seconds, args.kills, Path(args.logs))
+        results = _measure_database(
+            replica_counts, args.shards, args.schedules, args.seconds, args.kills, Path(args.logs)
+        )
         print(json.dumps(results), flush=True)
         return 0
 
@@ -448,29 +548,52 @@ def main(argv: list[str] | None = None) -> int:
             env = {**django_env(url or "", redis_url, var_dir, debug=False), "SCHEDULER_SHARDS": str(args.shards)}
             migrate(env)
             child = subprocess.run(
-                [sys.executable, "-m", "bench.shards", "--child", f"--replicas={args.replicas}", f"--shards={args.shards}",
-                 f"--schedules={args.schedules}", f"--seconds={args.seconds}", f"--kills={args.kills}", f"--logs={tmp}"],
-                cwd=ROOT, env=env, stdout=subprocess.PIPE, text=True, check=True,
+                [
+                    sys.executable,
+                    "-m",
+                    "bench.shards",
+                    "--child",
+                    f"--replicas={args.replicas}",
+                    f"--shards={args.shards}",
+                    f"--schedules={args.schedules}",
+                    f"--seconds={args.seconds}",
+                    f"--kills={args.kills}",
+                    f"--logs={tmp}",
+                ],
+                cwd=ROOT,
+                env=env,
+                stdout=subprocess.PIPE,
+                text=True,
+                check=True,
             )
             results += json.loads(child.stdout.strip().splitlines()[-1])
     elapsed = time.monotonic() - started
     load = {"before": load_before, "after": os.getloadavg()}
 
     _print_tables(results)
-    print(f"load average (1/5/15 min) before {load['before']}, after {load['after']} on {os.cpu_count()} cpus;"
-          " on 2 cores more replicas spread the work, they do not speed it up")
+    print(
+        f"load average (1/5/15 min) before {load['before']}, after {load['after']} on {os.cpu_count()} cpus;"
+        " on 2 cores more replicas spread the work, they do not speed it up"
+    )
     print(f"\ntook {elapsed / 60:.1f} min")
-    path = write_results("shards", {
-        "settings": {
-            "replicas": replica_counts, "SCHEDULER_SHARDS": args.shards, "schedules": args.schedules,
-            "schedule_interval_seconds": 1, "steady_seconds": args.seconds, "kills_per_signal": args.kills,
-            **{f"SCHEDULER_{k}": float(v) for k, v in LEASE_SETTINGS.items()},
+    path = write_results(
+        "shards",
+        {
+            "settings": {
+                "replicas": replica_counts,
+                "SCHEDULER_SHARDS": args.shards,
+                "schedules": args.schedules,
+                "schedule_interval_seconds": 1,
+                "steady_seconds": args.seconds,
+                "kills_per_signal": args.kills,
+                **{f"SCHEDULER_{k}": float(v) for k, v in LEASE_SETTINGS.items()},
+            },
+            "note": "On 2 cores this shows the spread, not a speed-up: all replicas share two cores with PostgreSQL.",
+            "elapsed_seconds": elapsed,
+            "load_average": load,
+            "results": results,
         },
-        "note": "On 2 cores this shows the spread, not a speed-up: all replicas share two cores with PostgreSQL.",
-        "elapsed_seconds": elapsed,
-        "load_average": load,
-        "results": results,
-    })
+    )
     print(f"wrote {path.relative_to(ROOT)}")
     return 0
 

@@ -1,4 +1,5 @@
 """Tasks the benchmarks run; workers load them with ``--include bench.tasks``."""
+
 from __future__ import annotations
 
 from celery import Task, shared_task

@@ -19,6 +19,7 @@ backlog schedules and records at most 100 ``missed`` rows per schedule
 
 Run: ``python -m bench.tick_backlog [--schedules 500]``. Writes ``bench/results/tick_backlog.json``.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -48,9 +49,16 @@ def _load(count: int, seconds_behind: int) -> None:
     execute_sql("TRUNCATE scheduler_execution, scheduler_schedule, scheduler_lease CASCADE")
     behind = f"date_trunc('minute', now()) - interval '{seconds_behind} seconds'"
     insert_generated(
-        Schedule, count,
-        {"name": "'behind-' || g", "task": f"'{TASK}'", "cron": "'* * * * *'", "next_run_at": behind,
-         "created_at": "now()", "updated_at": "now()"},
+        Schedule,
+        count,
+        {
+            "name": "'behind-' || g",
+            "task": f"'{TASK}'",
+            "cron": "'* * * * *'",
+            "next_run_at": behind,
+            "created_at": "now()",
+            "updated_at": "now()",
+        },
     )
     execute_sql("VACUUM ANALYZE scheduler_schedule")
 
@@ -68,9 +76,14 @@ def _pass(lease: Any) -> dict[str, Any]:
         report = dispatch.dispatch_due(lease)
     cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
     return {
-        "cpu_ms": cpu * 1000, "wall_ms": wall * 1000, "statements": len(queries),
-        "transactions": report.transactions, "longest_transaction_ms": report.longest_transaction_seconds * 1000,
-        "schedules": report.schedules, "rows": Execution.objects.count() - rows_before, "more": report.more,
+        "cpu_ms": cpu * 1000,
+        "wall_ms": wall * 1000,
+        "statements": len(queries),
+        "transactions": report.transactions,
+        "longest_transaction_ms": report.longest_transaction_seconds * 1000,
+        "schedules": report.schedules,
+        "rows": Execution.objects.count() - rows_before,
+        "more": report.more,
     }
 
 
@@ -86,10 +99,15 @@ def _depth(label: str, seconds_behind: int, count: int) -> dict[str, Any]:
         passes.append(_pass(lease))
     missed = sum(Schedule.objects.values_list("total_missed", flat=True))
     return {
-        "depth": label, "seconds_behind": seconds_behind, "schedules": count, "first_pass": passes[0],
-        "drain_passes": len(passes), "drain_cpu_seconds": sum(p["cpu_ms"] for p in passes) / 1000,
+        "depth": label,
+        "seconds_behind": seconds_behind,
+        "schedules": count,
+        "first_pass": passes[0],
+        "drain_passes": len(passes),
+        "drain_cpu_seconds": sum(p["cpu_ms"] for p in passes) / 1000,
         "drain_longest_transaction_ms": max(p["longest_transaction_ms"] for p in passes),
-        "drain_statements": sum(p["statements"] for p in passes), "total_missed": missed,
+        "drain_statements": sum(p["statements"] for p in passes),
+        "total_missed": missed,
     }
 
 
@@ -129,32 +147,70 @@ def main(argv: list[str] | None = None) -> int:
         migrate(env)
         child = subprocess.run(
             [sys.executable, "-m", "bench.tick_backlog", "--child", f"--schedules={args.schedules}", f"--logs={tmp}"],
-            cwd=ROOT, env=env, stdout=subprocess.PIPE, text=True, check=True,
+            cwd=ROOT,
+            env=env,
+            stdout=subprocess.PIPE,
+            text=True,
+            check=True,
         )
     result = json.loads(child.stdout.strip().splitlines()[-1])
 
     rows = []
     for run in result["runs"]:
         first = run["first_pass"]
-        rows.append([
-            run["depth"], first["schedules"], first["cpu_ms"], first["cpu_ms"] / max(first["schedules"], 1),
-            first["statements"], first["longest_transaction_ms"], first["rows"], run["drain_passes"],
-            run["drain_cpu_seconds"], run["drain_longest_transaction_ms"], run["total_missed"],
-        ])
+        rows.append(
+            [
+                run["depth"],
+                first["schedules"],
+                first["cpu_ms"],
+                first["cpu_ms"] / max(first["schedules"], 1),
+                first["statements"],
+                first["longest_transaction_ms"],
+                first["rows"],
+                run["drain_passes"],
+                run["drain_cpu_seconds"],
+                run["drain_longest_transaction_ms"],
+                run["total_missed"],
+            ]
+        )
     print()
-    print(table(["behind", "schedules/pass", "pass CPU ms", "CPU ms/schedule", "statements", "longest tx ms",
-                 "rows/pass", "passes to drain", "drain CPU s", "drain longest tx ms", "missed counted"], rows))
+    print(
+        table(
+            [
+                "behind",
+                "schedules/pass",
+                "pass CPU ms",
+                "CPU ms/schedule",
+                "statements",
+                "longest tx ms",
+                "rows/pass",
+                "passes to drain",
+                "drain CPU s",
+                "drain longest tx ms",
+                "missed counted",
+            ],
+            rows,
+        )
+    )
     first, deepest = result["runs"][0]["first_pass"], result["runs"][-1]["first_pass"]
     measures = ("cpu_ms", "statements", "longest_transaction_ms")
     flat = all(deepest[measure] <= FLAT_RATIO * first[measure] for measure in measures)
-    print(f"\none pass {DEPTHS[-1][0]} behind vs {DEPTHS[0][0]} behind: {deepest['cpu_ms']:,.0f} vs {first['cpu_ms']:,.0f} "
-          f"CPU ms, {deepest['statements']} vs {first['statements']} statements, longest transaction "
-          f"{deepest['longest_transaction_ms']:,.0f} vs {first['longest_transaction_ms']:,.0f} ms "
-          f"-> {'flat' if flat else 'NOT flat'} (none more than {FLAT_RATIO}x)")
+    print(
+        f"\none pass {DEPTHS[-1][0]} behind vs {DEPTHS[0][0]} behind: {deepest['cpu_ms']:,.0f} vs {first['cpu_ms']:,.0f} "
+        f"CPU ms, {deepest['statements']} vs {first['statements']} statements, longest transaction "
+        f"{deepest['longest_transaction_ms']:,.0f} vs {first['longest_transaction_ms']:,.0f} ms "
+        f"-> {'flat' if flat else 'NOT flat'} (none more than {FLAT_RATIO}x)"
+    )
     print(f"\nran in {time.monotonic() - started:.0f}s")
-    path = write_results("tick_backlog", {
-        "database": "PostgreSQL (benchmark cluster, fsync off)", "flat_ratio": FLAT_RATIO, "flat": flat, **result,
-    })
+    path = write_results(
+        "tick_backlog",
+        {
+            "database": "PostgreSQL (benchmark cluster, fsync off)",
+            "flat_ratio": FLAT_RATIO,
+            "flat": flat,
+            **result,
+        },
+    )
     print(f"wrote {path.relative_to(ROOT)}")
     return 0
 

@@ -14,6 +14,7 @@ the GIL to encode each span), and with every span sampled out
 
 Run: ``python -m bench.tracing_overhead [--executions 1000]``. Writes ``bench/results/tracing_overhead.json``.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -53,10 +54,15 @@ def _measure(executions: int) -> dict[str, float]:
 
     schedule = SimpleNamespace(name="bench")
     rows = [
-        SimpleNamespace(celery_task_id=f"task-{i}", schedule_id=1, schedule=schedule, tenant="", lease_token=1, trigger="scheduled")
+        SimpleNamespace(
+            celery_task_id=f"task-{i}", schedule_id=1, schedule=schedule, tenant="", lease_token=1, trigger="scheduled"
+        )
         for i in range(executions)
     ]
-    messages = [{"id": i, "celery_task_id": f"task-{i}", "schedule_id": 1, "scheduled_for": None, "task": "t"} for i in range(executions)]
+    messages = [
+        {"id": i, "celery_task_id": f"task-{i}", "schedule_id": 1, "scheduled_for": None, "task": "t"}
+        for i in range(executions)
+    ]
     lease = SimpleNamespace(name="beat", token=1)
 
     def bare(chunk: Any, *, lease: Any) -> None:
@@ -82,7 +88,9 @@ def _measure(executions: int) -> dict[str, float]:
         "tick_span_us": _best(tick_span, 100_000),
         "bare_call_us": _best(lambda: bare(rows, lease=lease), 100_000),
         "traced_call_us": _best(lambda: traced(rows, lease=lease), 100_000 if not tracing.enabled() else 10_000),
-        "message_headers_us": _best(lambda: tracing.message_headers(messages[0]), 100_000 if not tracing.enabled() else 5_000),
+        "message_headers_us": _best(
+            lambda: tracing.message_headers(messages[0]), 100_000 if not tracing.enabled() else 5_000
+        ),
         "tick_hooks_us": _best(tick, 200 if not tracing.enabled() else 5),
     }
 
@@ -105,15 +113,35 @@ def main() -> None:
             out = Path(tmp) / "result.json"
             env = {**base, **variables}
             subprocess.run(
-                [sys.executable, "-m", "bench.tracing_overhead", "--executions", str(args.executions), "--child", str(out)],
-                cwd=ROOT, env=env, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                [
+                    sys.executable,
+                    "-m",
+                    "bench.tracing_overhead",
+                    "--executions",
+                    str(args.executions),
+                    "--child",
+                    str(out),
+                ],
+                cwd=ROOT,
+                env=env,
+                check=True,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
             )
             results[label] = json.loads(out.read_text())
     rows = [
-        [label, r["tick_span_us"] - r["empty_block_us"], r["traced_call_us"] - r["bare_call_us"], r["message_headers_us"], r["tick_hooks_us"]]
+        [
+            label,
+            r["tick_span_us"] - r["empty_block_us"],
+            r["traced_call_us"] - r["bare_call_us"],
+            r["message_headers_us"],
+            r["tick_hooks_us"],
+        ]
         for label, r in results.items()
     ]
-    print(table(["tracing", "tick span µs", "traced wrapper µs", "per message µs", f"tick of {args.executions} µs"], rows))
+    print(
+        table(["tracing", "tick span µs", "traced wrapper µs", "per message µs", f"tick of {args.executions} µs"], rows)
+    )
     path = write_results("tracing_overhead", {"executions_per_tick": args.executions, "results": results})
     print(f"\nwritten {path.relative_to(ROOT)}")
 

@@ -21,6 +21,7 @@ the breakdown and writes ``bench/results/worker_overhead_profile.json``
 instead; its rates are slowed a little by the timers, so they are not the
 benchmark's figures.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -92,9 +93,25 @@ def _worker(app: Any, *, profile_dir: Path | None = None) -> Iterator[tuple[subp
         include += ",bench.profiling"
     worker = subprocess.Popen(
         [
-            str(Path(sys.executable).with_name("celery")), "-A", "project", "worker", "-P", "prefork", "-c", "2",
-            "-n", f"{WORKER_NAME}@%h", "-Q", "bench.idle", "--include", include, "-l", "warning",
-            "--without-gossip", "--without-mingle", "--without-heartbeat",
+            str(Path(sys.executable).with_name("celery")),
+            "-A",
+            "project",
+            "worker",
+            "-P",
+            "prefork",
+            "-c",
+            "2",
+            "-n",
+            f"{WORKER_NAME}@%h",
+            "-Q",
+            "bench.idle",
+            "--include",
+            include,
+            "-l",
+            "warning",
+            "--without-gossip",
+            "--without-mingle",
+            "--without-heartbeat",
         ],
         cwd=ROOT,
         env=env,
@@ -121,8 +138,11 @@ def _run_kind(app: Any, destination: list[str], kind: str, tasks: int, round_num
     if kind == "guarded":
         rows = Execution.objects.bulk_create(
             Execution(
-                idempotency_key=f"bench:{uuid.uuid4()}", task="bench.noop", queue=queue,
-                scheduled_for=leases.db_now(), celery_task_id=str(uuid.uuid4()),
+                idempotency_key=f"bench:{uuid.uuid4()}",
+                task="bench.noop",
+                queue=queue,
+                scheduled_for=leases.db_now(),
+                celery_task_id=str(uuid.uuid4()),
             )
             for _ in range(tasks)
         )
@@ -237,8 +257,18 @@ def main(argv: list[str] | None = None) -> int:
             # costs every statement extra work (on SQLite, one more query each).
             env = django_env(url, redis_url, var_dir, debug=False)
             migrate(env)
-            print(f"measuring on {database} ({args.tasks} tasks x {len(KINDS)} kinds x {args.rounds} rounds)...", flush=True)
-            command = [sys.executable, "-m", "bench.worker_overhead", "--child", f"--tasks={args.tasks}", f"--rounds={args.rounds}"]
+            print(
+                f"measuring on {database} ({args.tasks} tasks x {len(KINDS)} kinds x {args.rounds} rounds)...",
+                flush=True,
+            )
+            command = [
+                sys.executable,
+                "-m",
+                "bench.worker_overhead",
+                "--child",
+                f"--tasks={args.tasks}",
+                f"--rounds={args.rounds}",
+            ]
             if args.profile:
                 command.append(f"--profile-dir={Path(tmp) / database / 'profile'}")
             child = subprocess.run(command, cwd=ROOT, env=env, stdout=subprocess.PIPE, text=True, check=True)
@@ -251,8 +281,15 @@ def main(argv: list[str] | None = None) -> int:
             rate = statistics.median(result["tasks_per_second"][kind])
             ratio = rate / baseline
             rows.append([result["vendor"], kind, result["tasks_per_round"] * result["rounds"], rate, ratio])
-            summary.append({"database": result["vendor"], "kind": kind, "median_tasks_per_second": rate,
-                            "ratio_to_plain": ratio, "samples": result["tasks_per_second"][kind]})
+            summary.append(
+                {
+                    "database": result["vendor"],
+                    "kind": kind,
+                    "median_tasks_per_second": rate,
+                    "ratio_to_plain": ratio,
+                    "samples": result["tasks_per_second"][kind],
+                }
+            )
     print()
     print(table(["database", "tasks", "runs", "tasks/s (median)", "ratio to plain"], rows))
     guarded = [row for row in summary if row["kind"] != "plain"]
@@ -260,10 +297,16 @@ def main(argv: list[str] | None = None) -> int:
     # The machine may be shared: the ratios are what count, the load says how far to trust them.
     load_after = os.getloadavg()
     print(f"\nload average (1, 5, 15 min): before {load_before}, after {load_after}")
-    print(f"goal: guarded / plain >= {GOAL_RATIO}; lowest measured ratio {worst:.2f} -> {'met' if worst >= GOAL_RATIO else 'NOT met'}")
-    payload = {"worker": "celery prefork, concurrency 2, Redis broker, django-db results",
-               "goal_ratio": GOAL_RATIO, "lowest_ratio": worst, "results": summary,
-               "load_average": {"before": load_before, "after": load_after}}
+    print(
+        f"goal: guarded / plain >= {GOAL_RATIO}; lowest measured ratio {worst:.2f} -> {'met' if worst >= GOAL_RATIO else 'NOT met'}"
+    )
+    payload = {
+        "worker": "celery prefork, concurrency 2, Redis broker, django-db results",
+        "goal_ratio": GOAL_RATIO,
+        "lowest_ratio": worst,
+        "results": summary,
+        "load_average": {"before": load_before, "after": load_after},
+    }
     if args.profile:
         payload["profile"] = _profile_summary(results)
     path = write_results("worker_overhead_profile" if args.profile else "worker_overhead", payload)
@@ -290,21 +333,41 @@ def _profile_summary(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
             buckets["between tasks (pool: receive, reply, wait)"] = [between, 0.0, 0.0]
             wall = {name: round(seconds / tasks * 1000, 3) for name, (seconds, _, _) in buckets.items()}
             rows = sorted(
-                ([name, seconds / tasks * 1000, db / tasks * 1000, queries / tasks] for name, (seconds, db, queries) in buckets.items()),
+                (
+                    [name, seconds / tasks * 1000, db / tasks * 1000, queries / tasks]
+                    for name, (seconds, db, queries) in buckets.items()
+                ),
                 key=lambda row: -row[1],
             )
-            rows.append(["total (pool child, per task)", sum(row[1] for row in rows), sum(row[2] for row in rows), sum(row[3] for row in rows)])
+            rows.append(
+                [
+                    "total (pool child, per task)",
+                    sum(row[1] for row in rows),
+                    sum(row[2] for row in rows),
+                    sum(row[3] for row in rows),
+                ]
+            )
             cpu = {group: round(seconds / tasks * 1000, 3) for group, seconds in profile["cpu_seconds"].items()}
             print(f"\n{result['vendor']}, {kind}: {tasks} tasks over {len(children)} pool children")
             print(table(["wall ms per task, by bucket", "ms", "of which in queries", "queries"], rows))
-            print("CPU ms per task: " + ", ".join(f"{group} {ms:.3f}" for group, ms in cpu.items()) + f"; total {sum(cpu.values()):.3f}")
-            summary.append({
-                "database": result["vendor"], "kind": kind, "tasks": tasks,
-                "wall_ms_per_task": wall,
-                "query_ms_per_task": {name: round(db / tasks * 1000, 3) for name, (_, db, _) in buckets.items() if db},
-                "queries_per_task": {name: round(q / tasks, 3) for name, (_, _, q) in buckets.items() if q},
-                "cpu_ms_per_task": cpu,
-            })
+            print(
+                "CPU ms per task: "
+                + ", ".join(f"{group} {ms:.3f}" for group, ms in cpu.items())
+                + f"; total {sum(cpu.values()):.3f}"
+            )
+            summary.append(
+                {
+                    "database": result["vendor"],
+                    "kind": kind,
+                    "tasks": tasks,
+                    "wall_ms_per_task": wall,
+                    "query_ms_per_task": {
+                        name: round(db / tasks * 1000, 3) for name, (_, db, _) in buckets.items() if db
+                    },
+                    "queries_per_task": {name: round(q / tasks, 3) for name, (_, _, q) in buckets.items() if q},
+                    "cpu_ms_per_task": cpu,
+                }
+            )
     return summary
 
 

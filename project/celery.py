@@ -1,4 +1,5 @@
 """The project's Celery app, configured from Django settings (``CELERY_`` namespace)."""
+
 from __future__ import annotations
 
 import os

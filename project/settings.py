@@ -4,6 +4,7 @@ See the configuration table in docs/configuration.md. Scheduler-specific setting
 (``SCHEDULER_*``) have their defaults in ``scheduler/conf.py``; set them here
 only to override.
 """
+
 from __future__ import annotations
 
 import os
@@ -34,8 +35,7 @@ SECRET_KEY = os.environ.get("SECRET_KEY", "")
 if not SECRET_KEY:
     if not DEBUG:
         raise ImproperlyConfigured(
-            "SECRET_KEY is not set. Set the SECRET_KEY environment variable "
-            "(or DJANGO_DEBUG=1 for local development)."
+            "SECRET_KEY is not set. Set the SECRET_KEY environment variable (or DJANGO_DEBUG=1 for local development)."
         )
     SECRET_KEY = "insecure-development-key-do-not-use-in-production"
 
@@ -240,9 +240,7 @@ for _name, _default in [*vars(_SchedulerDefaults).items(), *_deprecated_defaults
                 env_bool(f"SCHEDULER_{_name}") if isinstance(_default, bool) else type(_default)(_raw)
             )
         except ValueError:
-            raise ImproperlyConfigured(
-                f"SCHEDULER_{_name}={_raw!r} is not a valid {type(_default).__name__}"
-            ) from None
+            raise ImproperlyConfigured(f"SCHEDULER_{_name}={_raw!r} is not a valid {type(_default).__name__}") from None
 
 # SCHEDULER_LOG_FORMAT=json writes the scheduler's logs as JSON lines; every
 # record carries the instance id, lease token, execution id and schedule in

@@ -1,4 +1,5 @@
 """URL routes: the admin, and the scheduler's HTTP API, probes and metrics at the root (``scheduler.urls``)."""
+
 from __future__ import annotations
 
 from django.contrib import admin

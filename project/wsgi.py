@@ -1,4 +1,5 @@
 """WSGI entry point."""
+
 from __future__ import annotations
 
 import os

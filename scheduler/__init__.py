@@ -5,6 +5,7 @@ and ``scheduler.fenced()``.
 They are resolved on first use so that importing this package loads no
 models before Django's app registry is ready.
 """
+
 from __future__ import annotations
 
 from typing import Any

@@ -13,6 +13,7 @@ commits or rolls back with it; a bare ``save()`` in autocommit (as
 ``createsuperuser`` does) commits the row, then its event. The actor is
 ``audit.current_actor()``: the request's user, else "system".
 """
+
 from __future__ import annotations
 
 from collections.abc import Iterator
@@ -53,7 +54,9 @@ def connect() -> None:
         post_save.connect(_after_save, sender=model, dispatch_uid=uid)
         post_delete.connect(_after_delete, sender=model, dispatch_uid=uid)
     for through in _owners():
-        m2m_changed.connect(_many_changed, sender=through, dispatch_uid=f"scheduler.access_audit.{through._meta.label_lower}")
+        m2m_changed.connect(
+            _many_changed, sender=through, dispatch_uid=f"scheduler.access_audit.{through._meta.label_lower}"
+        )
 
 
 @cache
@@ -72,7 +75,9 @@ def _skipped(raw: bool, update_fields: Any) -> bool:
     return raw or _quiet.get() or (update_fields is not None and set(update_fields) <= {"last_login"})
 
 
-def _before_save(sender: type[Model], instance: Model, raw: bool = False, update_fields: Any = None, **kwargs: Any) -> None:
+def _before_save(
+    sender: type[Model], instance: Model, raw: bool = False, update_fields: Any = None, **kwargs: Any
+) -> None:
     if _skipped(raw, update_fields):
         return
     stored = None if instance._state.adding else sender._default_manager.filter(pk=instance.pk).first()
@@ -137,5 +142,7 @@ def _names(owner: Model, field: str) -> list[str]:
     """The owner's groups by name, or its permissions as ``app_label.codename``, sorted."""
     related = getattr(owner, field).all()
     if related.model is Permission:
-        return sorted(f"{app}.{codename}" for app, codename in related.values_list("content_type__app_label", "codename"))
+        return sorted(
+            f"{app}.{codename}" for app, codename in related.values_list("content_type__app_label", "codename")
+        )
     return sorted(related.values_list("name", flat=True))

@@ -7,6 +7,7 @@ Actions, in the lists and as buttons on each object's page, call the same
 domain functions as the management commands. Times show seconds and their
 zone everywhere (``project/formats`` for the model's own fields).
 """
+
 from __future__ import annotations
 
 from collections.abc import Iterator
@@ -178,7 +179,9 @@ class EstimatedCountPaginator(Paginator):
         queryset = self.object_list
         if connection.vendor == "postgresql" and isinstance(queryset, QuerySet) and not queryset.query.where:
             with connection.cursor() as cursor:
-                cursor.execute("SELECT reltuples::bigint FROM pg_class WHERE relname = %s", [queryset.model._meta.db_table])
+                cursor.execute(
+                    "SELECT reltuples::bigint FROM pg_class WHERE relname = %s", [queryset.model._meta.db_table]
+                )
                 row = cursor.fetchone()
             if row and row[0] > self.ESTIMATE_ABOVE:
                 return int(row[0])
@@ -205,7 +208,10 @@ class InputFilter(admin.SimpleListFilter):
     def choices(self, changelist: Any) -> Iterator[Any]:  # the text box's own keys, for its template
         # The other active filters, kept as hidden fields of the text box's form.
         others = {k: v for k, v in changelist.get_filters_params().items() if k != self.parameter_name}
-        yield {"value": self.value() or "", "others": [(k, v[-1] if isinstance(v, list) else v) for k, v in others.items()]}
+        yield {
+            "value": self.value() or "",
+            "others": [(k, v[-1] if isinstance(v, list) else v) for k, v in others.items()],
+        }
 
 
 def input_filter(field: str) -> type[InputFilter]:
@@ -397,7 +403,15 @@ class ScheduleAdmin(TenantScoped, ActionsNeedPermission, admin.ModelAdmin):
     form = ScheduleForm
     paginator = EstimatedCountPaginator
     list_display = ("name", "task", "timing_text", "timezone", "next_run", "last_run", "state")
-    list_filter = (StateFilter, OverdueFilter, LastStatusFilter, "enabled", input_filter("task"), input_filter("queue"), input_filter("tenant"))
+    list_filter = (
+        StateFilter,
+        OverdueFilter,
+        LastStatusFilter,
+        "enabled",
+        input_filter("task"),
+        input_filter("queue"),
+        input_filter("tenant"),
+    )
     # Exact, case-sensitive matches: each an index lookup (a substring or
     # case-insensitive search scans every row).
     search_fields = ("name__exact", "task__exact")
@@ -411,7 +425,14 @@ class ScheduleAdmin(TenantScoped, ActionsNeedPermission, admin.ModelAdmin):
             "Timing",
             {
                 "fields": (
-                    "cron", "interval", "run_at", "run_at_now", "timezone", "start_at", "end_at", "max_runs",
+                    "cron",
+                    "interval",
+                    "run_at",
+                    "run_at_now",
+                    "timezone",
+                    "start_at",
+                    "end_at",
+                    "max_runs",
                     "next_fire_times",
                 )
             },
@@ -503,7 +524,8 @@ class ScheduleAdmin(TenantScoped, ActionsNeedPermission, admin.ModelAdmin):
         if getattr(schedule, "is_overdue", False):
             return format_html(
                 '{} <strong class="overdue" style="color:#c62828" title="No success since {}">overdue</strong>',
-                active, utc(schedule.last_success_at) if schedule.last_success_at else "it started",
+                active,
+                utc(schedule.last_success_at) if schedule.last_success_at else "it started",
             )
         return active
 
@@ -641,7 +663,10 @@ class ScheduleAdmin(TenantScoped, ActionsNeedPermission, admin.ModelAdmin):
             with transaction.atomic():
                 result = operations.run_now(schedule, app=app, scope=scope_of_user(request.user))
                 audit.record(
-                    audit.user_actor(request.user), "run_now", schedule, changes={"execution": [None, result.execution.pk]}
+                    audit.user_actor(request.user),
+                    "run_now",
+                    schedule,
+                    changes={"execution": [None, result.execution.pk]},
                 )
         except operations.ActionRefused as exc:
             self.message_user(request, str(exc), level=messages.WARNING)
@@ -671,13 +696,24 @@ class ScheduleAdmin(TenantScoped, ActionsNeedPermission, admin.ModelAdmin):
             confirm = "confirm" in request.POST
             start, end = form.cleaned_data["start"], form.cleaned_data["end"]
             try:
-                task_policy.ensure_scope_allows(schedule.task, tenant=schedule.tenant, scope=scope_of_user(request.user))
+                task_policy.ensure_scope_allows(
+                    schedule.task, tenant=schedule.tenant, scope=scope_of_user(request.user)
+                )
                 # Committed once the range is accepted, before the first execution; completed after.
                 with audit.operation(
-                    audit.user_actor(request.user), "backfill", schedule, changes={"start": start, "end": end}, start=False
+                    audit.user_actor(request.user),
+                    "backfill",
+                    schedule,
+                    changes={"start": start, "end": end},
+                    start=False,
                 ) as op:
                     report = backfill.backfill(
-                        schedule, start=start, end=end, now=leases.db_now(), dry_run=not confirm, app=app,
+                        schedule,
+                        start=start,
+                        end=end,
+                        now=leases.db_now(),
+                        dry_run=not confirm,
+                        app=app,
                         on_start=op.start,
                     )
                     op.done(report.outcome)
@@ -761,7 +797,10 @@ class ScheduleAdmin(TenantScoped, ActionsNeedPermission, admin.ModelAdmin):
                 change(schedule)
                 audit.record(actor, verb.removesuffix("d"), schedule, before=before)
             count += 1
-        self.message_user(request, ngettext("%(n)d schedule %(verb)s.", "%(n)d schedules %(verb)s.", count) % {"n": count, "verb": verb})
+        self.message_user(
+            request,
+            ngettext("%(n)d schedule %(verb)s.", "%(n)d schedules %(verb)s.", count) % {"n": count, "verb": verb},
+        )
 
     @admin.action(description="Run selected schedules now", permissions=["change"])
     def run_now(self, request: HttpRequest, queryset: QuerySet[Schedule]) -> None:
@@ -773,7 +812,9 @@ class ScheduleAdmin(TenantScoped, ActionsNeedPermission, admin.ModelAdmin):
                 with transaction.atomic():
                     result = operations.run_now(schedule, app=app, scope=scope)
                     audit.record(
-                        audit.user_actor(request.user), "run_now", schedule,
+                        audit.user_actor(request.user),
+                        "run_now",
+                        schedule,
                         changes={"execution": [None, result.execution.pk]},
                     )
             except operations.ActionRefused as exc:
@@ -781,15 +822,21 @@ class ScheduleAdmin(TenantScoped, ActionsNeedPermission, admin.ModelAdmin):
                 continue
             sent += 1
             if result.broker_error:
-                problems.append(f"{schedule.name}: recorded, not sent yet ({result.broker_error}); the beat leader will send it")
+                problems.append(
+                    f"{schedule.name}: recorded, not sent yet ({result.broker_error}); the beat leader will send it"
+                )
         if sent:
-            self.message_user(request, ngettext("%(n)d execution started.", "%(n)d executions started.", sent) % {"n": sent})
+            self.message_user(
+                request, ngettext("%(n)d execution started.", "%(n)d executions started.", sent) % {"n": sent}
+            )
         for problem in problems:
             self.message_user(request, problem, level=messages.WARNING)
 
     @admin.action(description="Enable selected schedules", permissions=["change"])
     def enable(self, request: HttpRequest, queryset: QuerySet[Schedule]) -> None:
-        self._each(request, queryset, lambda s: operations.set_enabled(s, True, now=leases.db_now()), "enabled", runs=True)
+        self._each(
+            request, queryset, lambda s: operations.set_enabled(s, True, now=leases.db_now()), "enabled", runs=True
+        )
 
     @admin.action(description="Disable selected schedules", permissions=["change"])
     def disable(self, request: HttpRequest, queryset: QuerySet[Schedule]) -> None:
@@ -802,7 +849,9 @@ class ScheduleAdmin(TenantScoped, ActionsNeedPermission, admin.ModelAdmin):
 
     @admin.action(description="Resume selected schedules", permissions=["change"])
     def resume(self, request: HttpRequest, queryset: QuerySet[Schedule]) -> None:
-        self._each(request, queryset, lambda s: operations.resume_schedule(s, now=leases.db_now()), "resumed", runs=True)
+        self._each(
+            request, queryset, lambda s: operations.resume_schedule(s, now=leases.db_now()), "resumed", runs=True
+        )
 
 
 class ReadOnlyAdmin(admin.ModelAdmin):
@@ -826,7 +875,15 @@ class ExecutionAdmin(TenantScoped, ActionsNeedPermission, ReadOnlyAdmin):
     paginator = EstimatedCountPaginator
     # Fits 1400 px beside the filters: the attempt goes under the status, long values wrap (admin.css).
     list_display = (
-        "id", "schedule_or_task", "trigger", "scheduled_for", "status_text", "lag", "queue_wait", "duration", "worker",
+        "id",
+        "schedule_or_task",
+        "trigger",
+        "scheduled_for",
+        "status_text",
+        "lag",
+        "queue_wait",
+        "duration",
+        "worker",
     )
     list_filter = ("status", "trigger", ("scheduled_for", admin.DateFieldListFilter))
     # Exact matches, each an index lookup; a term with a colon is a key prefix (see get_search_results).
@@ -891,7 +948,9 @@ class ExecutionAdmin(TenantScoped, ActionsNeedPermission, ReadOnlyAdmin):
             self.message_user(request, str(exc), level=messages.WARNING)
             return redirect("admin:scheduler_execution_change", execution.pk)
         if result.broker_error:
-            self.message_user(request, f"execution {execution.pk}: broker unreachable ({result.broker_error})", level=messages.WARNING)
+            self.message_user(
+                request, f"execution {execution.pk}: broker unreachable ({result.broker_error})", level=messages.WARNING
+            )
         if action == "cancel":
             self.message_user(request, f"Execution {execution.pk} cancelled.")
             return redirect("admin:scheduler_execution_change", execution.pk)
@@ -940,14 +999,23 @@ class ExecutionAdmin(TenantScoped, ActionsNeedPermission, ReadOnlyAdmin):
                 continue
             done += 1
             if result.broker_error:
-                self.message_user(request, f"execution {execution.pk}: broker unreachable ({result.broker_error})", level=messages.WARNING)
+                self.message_user(
+                    request,
+                    f"execution {execution.pk}: broker unreachable ({result.broker_error})",
+                    level=messages.WARNING,
+                )
         if done:
-            self.message_user(request, ngettext("%(n)d execution %(verb)s.", "%(n)d executions %(verb)s.", done) % {"n": done, "verb": verb})
+            self.message_user(
+                request,
+                ngettext("%(n)d execution %(verb)s.", "%(n)d executions %(verb)s.", done) % {"n": done, "verb": verb},
+            )
 
     @admin.display(description="status", ordering="status")
     def status_text(self, execution: Execution) -> str:
         if execution.attempt > 1:
-            return format_html('{}<br><span class="quiet">attempt {}</span>', status_badge(execution.status), execution.attempt)
+            return format_html(
+                '{}<br><span class="quiet">attempt {}</span>', status_badge(execution.status), execution.attempt
+            )
         return status_badge(execution.status)
 
     @admin.display(description="schedule / task", ordering="schedule")
@@ -979,7 +1047,8 @@ class ExecutionAdmin(TenantScoped, ActionsNeedPermission, ReadOnlyAdmin):
         return format_html(
             "<ol class='attempt-errors'>{}</ol>",
             format_html_join(
-                "", "<li value='{}'>{} <span class='quiet'>{}</span></li>",
+                "",
+                "<li value='{}'>{} <span class='quiet'>{}</span></li>",
                 ((a["attempt"], a["error"], a.get("at") or "") for a in attempts),
             ),
         )
@@ -1058,7 +1127,9 @@ def _shard_context(view: cluster.ShardView, members: list[cluster.Member]) -> di
             {
                 "shard": shard,
                 "state": state,
-                "renewed_age": (view.db_now - state.renewed_at).total_seconds() if state.is_held and state.renewed_at else None,
+                "renewed_age": (view.db_now - state.renewed_at).total_seconds()
+                if state.is_held and state.renewed_at
+                else None,
             }
             for shard, state in enumerate(view.leases)
         ],
@@ -1086,7 +1157,6 @@ class InstanceAdmin(ReadOnlyAdmin):
     @admin.display(boolean=True, description="leader", ordering="holds_lease")
     def leader(self, instance: Instance) -> bool:
         return instance.holds_lease  # type: ignore[attr-defined]  # annotated by get_queryset()
-
 
 
 @admin.register(AuditEvent)

@@ -1,4 +1,5 @@
 """App configuration for the scheduler."""
+
 from __future__ import annotations
 
 from django.apps import AppConfig

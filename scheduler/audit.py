@@ -14,6 +14,7 @@ Users, groups, permissions and operator profiles are recorded by model-signal
 receivers (``scheduler.access_audit``), whoever changes them; their actor is
 ``current_actor()``.
 """
+
 from __future__ import annotations
 
 import json
@@ -173,9 +174,7 @@ def begin(
     transaction it commits with that transaction.)
     """
     with transaction.atomic():
-        return record(
-            actor, action, obj, changes={**changes, "state": STARTED}, object_type=object_type, tenant=tenant
-        )
+        return record(actor, action, obj, changes={**changes, "state": STARTED}, object_type=object_type, tenant=tenant)
 
 
 def complete(event: AuditEvent, *, changes: dict[str, Any] | None = None, error: str = "") -> None:

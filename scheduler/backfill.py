@@ -11,6 +11,7 @@ the beat leader sends them once it is back (the outbox). Under a ``rate`` the
 run stops after the batch that failed instead, so the leader cannot send the
 rest faster than asked; running the backfill again records them.
 """
+
 from __future__ import annotations
 
 import time
@@ -79,7 +80,9 @@ class BackfillReport:
     def outcome(self) -> dict[str, int | str]:
         """Return what it did, for its audit event: executions recorded and sent, slots left alone or not recorded."""
         counts: dict[str, int | str] = {
-            "created": self.created, "already_present": self.already_present, "published": self.published,
+            "created": self.created,
+            "already_present": self.already_present,
+            "published": self.published,
             "not_recorded": self.not_recorded,
         }
         return {**counts, "broker_error": self.broker_error} if self.broker_error else counts
@@ -170,8 +173,14 @@ def backfill(
     present = existing(schedule, slots)
     states = tuple(SlotState(slot, *present.get(slot, (None, ""))) for slot in slots)
     report = BackfillReport(
-        schedule=schedule.name, start=start, end=end, dry_run=dry_run, slots=states,
-        created=0, already_present=len(present), published=0,
+        schedule=schedule.name,
+        start=start,
+        end=end,
+        dry_run=dry_run,
+        slots=states,
+        created=0,
+        already_present=len(present),
+        published=0,
     )
     if dry_run:
         return report
@@ -187,7 +196,9 @@ def backfill(
         if broker_error and rate:
             break
         rows = executions.record_slots(
-            schedule, [(slot, Execution.Status.PENDING) for slot in missing[index : index + batch]], now=now,
+            schedule,
+            [(slot, Execution.Status.PENDING) for slot in missing[index : index + batch]],
+            now=now,
             trigger=Execution.Trigger.BACKFILL,
         )
         created += len(rows)
@@ -204,7 +215,14 @@ def backfill(
             time.sleep(max(published / rate - (time.monotonic() - started), 0.0))
     not_recorded = len(missing) - done
     return BackfillReport(
-        schedule=schedule.name, start=start, end=end, dry_run=False, slots=states,
-        created=created, already_present=len(slots) - created - not_recorded, published=published,
-        broker_error=broker_error, not_recorded=not_recorded,
+        schedule=schedule.name,
+        start=start,
+        end=end,
+        dry_run=False,
+        slots=states,
+        created=created,
+        already_present=len(slots) - created - not_recorded,
+        published=published,
+        broker_error=broker_error,
+        not_recorded=not_recorded,
     )

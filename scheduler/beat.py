@@ -16,6 +16,7 @@ is decided every tick by the stored shard count (``shard_keeper.follow_count``),
 the same for every replica: a replica that reads a new count gives up what it
 holds under the old one and takes its part of the new one on that tick.
 """
+
 from __future__ import annotations
 
 import contextvars
@@ -113,7 +114,10 @@ class LeaderScheduler(Scheduler):
             logger.exception("could not create the built-in schedules; continuing")
         logger.info(
             "beat replica %s started (lease %r, ttl %ss, renew %ss)",
-            self.instance_id, self.lease_name, settings.LEASE_TTL_SECONDS, settings.LEASE_RENEW_SECONDS,
+            self.instance_id,
+            self.lease_name,
+            settings.LEASE_TTL_SECONDS,
+            settings.LEASE_RENEW_SECONDS,
             extra={"action": "beat_started", "instance_id": self.instance_id},
         )
 
@@ -133,7 +137,10 @@ class LeaderScheduler(Scheduler):
         self._ticking = True
         try:
             with tracing.span(
-                "scheduler.tick", instance_id=self.instance_id, lease_name=self.lease_name, lease_token=self.lease and self.lease.token
+                "scheduler.tick",
+                instance_id=self.instance_id,
+                lease_name=self.lease_name,
+                lease_token=self.lease and self.lease.token,
             ):
                 self._follow_count()
                 delay = self._tick() if self.shards is None else self._tick_sharded()
@@ -148,7 +155,9 @@ class LeaderScheduler(Scheduler):
             self._step_down("database unavailable")
             if self.shards is not None and (dropped := self.shards.forget()):
                 # Uncertain, so paused: taken again, under new tokens, once the database answers.
-                logger.warning("shards %s paused until the database answers", dropped, extra={"action": "shards_paused"})
+                logger.warning(
+                    "shards %s paused until the database answers", dropped, extra={"action": "shards_paused"}
+                )
             # Drop the broken connection so the next tick reconnects.
             connection.close()
             return settings.FOLLOWER_RETRY_SECONDS
@@ -263,12 +272,17 @@ class LeaderScheduler(Scheduler):
         self._revoke(report.cancelled_task_ids)
         for name, reason in report.completed:
             logger.info(
-                "schedule %s turned itself off: %s", name, reason,
+                "schedule %s turned itself off: %s",
+                name,
+                reason,
                 extra={"action": "schedule_completed", "schedule": name, "instance_id": self.instance_id},
             )
         for name, slot in report.fired:
             logger.info(
-                "dispatch %s slot %s%s", name, slot.isoformat(), f" (token {token})" if token is not None else "",
+                "dispatch %s slot %s%s",
+                name,
+                slot.isoformat(),
+                f" (token {token})" if token is not None else "",
                 extra={"action": "dispatched", "schedule": name, "instance_id": self.instance_id, "token": token},
             )
 
@@ -279,7 +293,8 @@ class LeaderScheduler(Scheduler):
         except (BrokerError, OSError, ConnectionError) as exc:
             if not self._broker_down:
                 logger.warning(
-                    "broker unreachable (%s); executions stay pending until it returns", exc,
+                    "broker unreachable (%s); executions stay pending until it returns",
+                    exc,
                     extra={"action": "broker_unavailable", "instance_id": self.instance_id},
                 )
             self._broker_down = True
@@ -338,7 +353,8 @@ class LeaderScheduler(Scheduler):
                 self._log_reconcile(reconcile.reconcile(now=state.db_now, app=self.app))
         except Exception:  # reconcile is housekeeping: log it, keep dispatching
             logger.exception(
-                "reconcile failed; trying again in %ss", settings.RECONCILE_INTERVAL_SECONDS,
+                "reconcile failed; trying again in %ss",
+                settings.RECONCILE_INTERVAL_SECONDS,
                 extra={"action": "reconcile_failed"},
             )
         finally:
@@ -365,7 +381,8 @@ class LeaderScheduler(Scheduler):
                     self._log_reconcile(report)
         except Exception:  # housekeeping: log it, keep dispatching
             logger.exception(
-                "broker check failed; trying again in %ss", settings.BROKER_CHECK_SECONDS,
+                "broker check failed; trying again in %ss",
+                settings.BROKER_CHECK_SECONDS,
                 extra={"action": "broker_check_failed"},
             )
         finally:
@@ -382,7 +399,9 @@ class LeaderScheduler(Scheduler):
     def _log_reconcile(self, report: reconcile.ReconcileReport) -> None:
         if report.changes or report.publish_error:
             logger.info(
-                "reconcile: %s%s", report.summary(), f"; {report.publish_error}" if report.publish_error else "",
+                "reconcile: %s%s",
+                report.summary(),
+                f"; {report.publish_error}" if report.publish_error else "",
                 extra={"action": "reconciled", "instance_id": self.instance_id, "counts": report.counts},
             )
 
@@ -403,7 +422,12 @@ class LeaderScheduler(Scheduler):
         active = Schedule.objects.active()
         if in_shards is not None:
             active = active.filter(shard__in=in_shards)
-        next_due = active.filter(next_run_at__isnull=False).order_by("next_run_at").values_list("next_run_at", flat=True).first()
+        next_due = (
+            active.filter(next_run_at__isnull=False)
+            .order_by("next_run_at")
+            .values_list("next_run_at", flat=True)
+            .first()
+        )
         # Scheduler.__init__ always sets max_interval; celery-types allows None.
         candidates: list[float] = [cast(float, self.max_interval), self._seconds_until_renew()]
         if next_due is not None:
@@ -448,7 +472,9 @@ class LeaderScheduler(Scheduler):
         self._last_heartbeat = 0.0  # publish is_leader at once
         self._hold_lease_lock()
         logger.info(
-            "leadership acquired by %s (token %s%s)", self.instance_id, lease.token,
+            "leadership acquired by %s (token %s%s)",
+            self.instance_id,
+            lease.token,
             ", previous holder's session is gone" if gone else "",
             extra={"action": "lease_acquired", "instance_id": self.instance_id, "token": lease.token},
         )
@@ -518,21 +544,37 @@ class LeaderScheduler(Scheduler):
     def _count_changed(self, previous: int | None, count: int) -> None:
         if previous is None:
             logger.info(
-                "shard count %s (stored), followed by %s", count, self.instance_id,
+                "shard count %s (stored), followed by %s",
+                count,
+                self.instance_id,
                 extra={"action": "shard_count", "instance_id": self.instance_id, "shards": count},
             )
         else:
             logger.warning(
-                "shard count changed from %s to %s; %s follows it", previous, count, self.instance_id,
-                extra={"action": "shard_count_changed", "instance_id": self.instance_id, "shards": count, "previous": previous},
+                "shard count changed from %s to %s; %s follows it",
+                previous,
+                count,
+                self.instance_id,
+                extra={
+                    "action": "shard_count_changed",
+                    "instance_id": self.instance_id,
+                    "shards": count,
+                    "previous": previous,
+                },
             )
         configured = shards.configured()
         if configured != count:
             logger.warning(
                 "SCHEDULER_SHARDS is %s here but the stored shard count is %s: following the stored count "
                 "(the setting only seeds an empty table; change the count with manage.py shards --set N)",
-                configured, count,
-                extra={"action": "shard_count_differs", "instance_id": self.instance_id, "shards": count, "configured": configured},
+                configured,
+                count,
+                extra={
+                    "action": "shard_count_differs",
+                    "instance_id": self.instance_id,
+                    "shards": count,
+                    "configured": configured,
+                },
             )
 
     def _release_lease(self, reason: str) -> None:
@@ -551,10 +593,15 @@ class LeaderScheduler(Scheduler):
         self._last_heartbeat = 0.0
         if released:
             logger.info(
-                "leadership released by %s (token %s) %s", self.instance_id, token, reason,
+                "leadership released by %s (token %s) %s",
+                self.instance_id,
+                token,
+                reason,
                 extra={"action": "lease_released", "instance_id": self.instance_id, "token": token},
             )
-        signals.leadership_lost.send(sender=self.__class__, instance_id=self.instance_id, token=token, reason="released")
+        signals.leadership_lost.send(
+            sender=self.__class__, instance_id=self.instance_id, token=token, reason="released"
+        )
 
     def _leave_shards(self, *, shutdown: bool) -> None:
         """Release every held shard; on shutdown leave the live list first, so the others take them at once."""
@@ -570,7 +617,10 @@ class LeaderScheduler(Scheduler):
             return
         if released:
             logger.info(
-                "shards released by %s %s: %s", self.instance_id, when, ", ".join(released),
+                "shards released by %s %s: %s",
+                self.instance_id,
+                when,
+                ", ".join(released),
                 extra={"action": "shards_released", "instance_id": self.instance_id, "leases": released},
             )
 
@@ -610,7 +660,10 @@ class LeaderScheduler(Scheduler):
         self._drop_lease_lock()
         logs.unbind("token")
         logger.warning(
-            "leadership lost by %s (token %s): %s", self.instance_id, token, reason,
+            "leadership lost by %s (token %s): %s",
+            self.instance_id,
+            token,
+            reason,
             extra={"action": "lease_lost", "instance_id": self.instance_id, "token": token},
         )
         signals.leadership_lost.send(sender=self.__class__, instance_id=self.instance_id, token=token, reason=reason)

@@ -23,6 +23,7 @@ answering (SIGSTOP, a VM pause, a network that drops packets) still takes
 TCP connections from its listen backlog, and a call without a timeout
 would wait for it for ever, holding the leader's tick past its lease.
 """
+
 from __future__ import annotations
 
 from collections.abc import Collection, Iterator
@@ -66,7 +67,12 @@ def bounded_connection(app: Celery) -> Iterator[Connection]:
 def _redis_channel(app: Celery) -> Iterator[Any | None]:
     """Yield the broker's Redis channel (``None`` for another broker); wrap its errors in ``BrokerUnavailable``."""
     with bounded_connection(app) as conn:
-        errors: tuple[type[BaseException], ...] = (OperationalError, OSError, *conn.connection_errors, *conn.channel_errors)
+        errors: tuple[type[BaseException], ...] = (
+            OperationalError,
+            OSError,
+            *conn.connection_errors,
+            *conn.channel_errors,
+        )
         try:
             # One attempt: the caller tries again at its next check.
             conn.ensure_connection(max_retries=0)
@@ -118,4 +124,4 @@ def queues_holding_messages(app: Celery, queues: Collection[str]) -> set[str] | 
                     pipe.llen(channel._q_for_pri(name, step))
             lengths = pipe.execute()
         steps = len(channel.priority_steps)
-        return {name for index, name in enumerate(names) if any(lengths[index * steps:(index + 1) * steps])}
+        return {name for index, name in enumerate(names) if any(lengths[index * steps : (index + 1) * steps])}

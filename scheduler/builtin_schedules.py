@@ -6,6 +6,7 @@ or disabled in the admin survives every restart. A built-in is also not
 created when some other schedule already runs its task (a ``beat_schedule``
 entry, or one made by hand), so housekeeping never runs twice a day.
 """
+
 from __future__ import annotations
 
 import logging
@@ -82,7 +83,9 @@ def ensure_builtin_schedules(app: Celery) -> list[str]:
         if Schedule.objects.filter(Q(name=name) | Q(task=values["task"])).exists() or not _create(name, values):
             continue
         created.append(name)
-        logger.info("built-in schedule %r created", name, extra={"action": "builtin_schedule_created", "schedule": name})
+        logger.info(
+            "built-in schedule %r created", name, extra={"action": "builtin_schedule_created", "schedule": name}
+        )
     return created
 
 

@@ -30,6 +30,7 @@ takes to quote them into the SQL text as Django's client-side cursor does.
 SQLite (3.35+, for ``RETURNING``) gets one multi-row ``INSERT ... VALUES``
 per batch, as many rows as its limit on parameters allows.
 """
+
 from __future__ import annotations
 
 import functools
@@ -134,7 +135,9 @@ def insert_ignoring_conflicts(objs: Sequence[Model], *, key: str, batch_size: in
             with _binding_cursor(connection) as cursor:
                 for start in range(0, len(objs), batch_size):
                     batch = objs[start : start + batch_size]
-                    cursor.execute(statement.by_column, [_values(batch, column, connection) for column in statement.columns])
+                    cursor.execute(
+                        statement.by_column, [_values(batch, column, connection) for column in statement.columns]
+                    )
                     stored += [row[0] for row in cursor.fetchall()]
         else:
             size = max(1, min(batch_size, _parameters_limit(connection) // len(statement.columns)))
@@ -155,10 +158,14 @@ def _statement(model: type[Model], alias: str, vendor: str, key: str) -> _Statem
     fields = [field for field in opts.concrete_fields if not field.generated and not field.primary_key]
     for field in fields:
         if field.db_default is not NOT_PROVIDED:
-            raise ValueError(f"{opts.label}.{field.name} has a db_default, which insert_ignoring_conflicts() does not write")
+            raise ValueError(
+                f"{opts.label}.{field.name} has a db_default, which insert_ignoring_conflicts() does not write"
+            )
     unique = opts.get_field(key)
     if not isinstance(unique, Field) or not unique.unique:
-        raise ValueError(f"{opts.label}.{key} is not unique: insert_ignoring_conflicts() ignores conflicts on a unique key")
+        raise ValueError(
+            f"{opts.label}.{key} is not unique: insert_ignoring_conflicts() ignores conflicts on a unique key"
+        )
     quote = connection.ops.quote_name
     # Fields that fill themselves in with the time take the database's clock (the ORM's ``Now()``), last.
     clocked: list[Field[Any, Any]] = [
@@ -237,7 +244,9 @@ def _values(objs: Sequence[Model], column: _Column, connection: BaseDatabaseWrap
         return [value if value is None or isinstance(value, str) else prepared(value) for value in raw]
     if as_is is datetime:
         return [
-            value if value is None or (isinstance(value, datetime) and value.utcoffset() is not None) else prepared(value)
+            value
+            if value is None or (isinstance(value, datetime) and value.utcoffset() is not None)
+            else prepared(value)
             for value in raw
         ]
     return [value if value is None or type(value) is as_is else prepared(value) for value in raw]

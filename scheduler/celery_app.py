@@ -8,6 +8,7 @@ Django project that is the app ``mysite/celery.py`` creates (Celery's Django
 fix-up makes the first app the default in every thread), so the setting is
 needed only when a process holds more than one app.
 """
+
 from __future__ import annotations
 
 from celery import Celery, current_app

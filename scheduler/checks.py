@@ -2,6 +2,7 @@
 
 Ids never change once released: ``scheduler.E001`` ... for errors, ``scheduler.W001`` ... for warnings.
 """
+
 from __future__ import annotations
 
 from typing import Any

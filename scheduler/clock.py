@@ -1,4 +1,5 @@
 """The one place that reads the local wall clock."""
+
 from __future__ import annotations
 
 from datetime import datetime

@@ -6,6 +6,7 @@ lead. The leader is whoever holds the lease now; the flag is never read.
 With shards (a stored shard count above 1) each shard's lease has its own
 leader, and ``shard_view`` reads them all, and the count, at once.
 """
+
 from __future__ import annotations
 
 from collections.abc import Collection
@@ -142,7 +143,9 @@ def shard_view(count: int | None = None) -> ShardView:
     names = shards.lease_names(count) if count > 1 else []
     return ShardView(
         db_now=db_now,
-        leases=[states.pop(name) if name in states else LeaseState(name, "", 0, None, None, None, db_now) for name in names],
+        leases=[
+            states.pop(name) if name in states else LeaseState(name, "", 0, None, None, None, db_now) for name in names
+        ],
         others=list(states.values()),
         count=count,
     )

@@ -4,6 +4,7 @@ Every setting is ``SCHEDULER_<NAME>`` in Django settings and ``<NAME>`` here.
 Values are looked up on each attribute access so that ``override_settings``
 and pytest-django's ``settings`` fixture take effect without a reload.
 """
+
 from __future__ import annotations
 
 from typing import Any

@@ -4,6 +4,7 @@ Leases and execution claims compare times inside SQL against the server's
 clock, never the local one. The fragments are written for ``cursor.execute``
 with a parameter list (``%%`` escapes a literal ``%``).
 """
+
 from __future__ import annotations
 
 from datetime import datetime, timezone

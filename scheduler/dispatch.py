@@ -6,6 +6,7 @@ sends Celery messages. A crash between the two leaves ``pending`` rows that
 whoever leads next publishes; a message sent twice is harmless because the
 worker claims each execution once.
 """
+
 from __future__ import annotations
 
 import functools
@@ -230,7 +231,9 @@ def _commit_unblocked(
             locked = set(exc.schedule_ids)
             left, rest = _split_off(part, locked)
             report.locked += len(left)
-            _left_for_later([left], "another transaction holds an execution in flight that cancel_previous would cancel")
+            _left_for_later(
+                [left], "another transaction holds an execution in flight that cancel_previous would cancel"
+            )
             if rest:
                 parts.append(rest)
             continue
@@ -261,7 +264,9 @@ def _left_for_later(parts: Sequence[list[_Planned]], why: str) -> None:
     if names:
         shown = ", ".join(names[:10]) + (f" and {len(names) - 10} more" if len(names) > 10 else "")
         logger.warning(
-            "schedule(s) %s left for the next tick: %s", shown, why,
+            "schedule(s) %s left for the next tick: %s",
+            shown,
+            why,
             extra={"action": "dispatch_left_locked", "schedules": names[:100]},
         )
 
@@ -363,7 +368,9 @@ def _commit(
         failpoint("dispatch.commit.before_fence")
         # Sharded, only the leases of the shards in this chunk are locked: the
         # other shards' commits never wait on this one.
-        leases.assert_held_many(sorted({lease_for(item.schedule.shard) for item in chunk}, key=lambda lease: lease.name))
+        leases.assert_held_many(
+            sorted({lease_for(item.schedule.shard) for item in chunk}, key=lambda lease: lease.name)
+        )
         failpoint("dispatch.commit.after_fence")
         planned_from = {
             item.schedule.pk: (item.schedule.next_run_at, item.schedule.slots_sent, item.schedule.shard)
@@ -407,8 +414,12 @@ def _commit(
                 to_cancel.append(schedule.pk)
             lease = lease_for(schedule.shard)
             build = functools.partial(
-                executions.execution_for, schedule, now=now,
-                token=lease.token, lease_name=lease.name, dispatcher=lease.holder,
+                executions.execution_for,
+                schedule,
+                now=now,
+                token=lease.token,
+                lease_name=lease.name,
+                dispatcher=lease.holder,
             )
             first = len(rows)
             rows += [build(slot, status=Execution.Status.MISSED) for slot in plan.missed]
@@ -471,7 +482,11 @@ class _Recording:
             logger.warning(
                 "schedule %s: %d slot(s) older than its catch-up window (%ss) or skipped by "
                 "misfire=%s recorded as missed, %d more not recorded",
-                schedule.name, len(missed), schedule.catchup_window, schedule.misfire, plan.missed_not_recorded,
+                schedule.name,
+                len(missed),
+                schedule.catchup_window,
+                schedule.misfire,
+                plan.missed_not_recorded,
                 extra={"action": "slots_missed", "schedule": schedule.name},
             )
         sent_now = len(run) + (buffered is not None)
@@ -486,7 +501,10 @@ class _Recording:
         disabled_reason = None
         if next_run_at is None:
             disabled_reason = _completion_reason(
-                schedule, runs_used=schedule.slots_sent + sent_now, sent=sent_now > 0, skipped=bool(skipped),
+                schedule,
+                runs_used=schedule.slots_sent + sent_now,
+                sent=sent_now > 0,
+                skipped=bool(skipped),
                 taken=sent_now < meant,
             )
             report.completed.append((schedule.name, disabled_reason))
@@ -525,7 +543,7 @@ def publish(app: Celery, rows: list[dict[str, Any]], *, now: datetime) -> list[i
     try:
         with publisher.connect(app) as sender:
             for start in range(0, len(rows), PUBLISH_BATCH):
-                batch = rows[start:start + PUBLISH_BATCH]
+                batch = rows[start : start + PUBLISH_BATCH]
                 sender.send(batch, now=now)
                 sent += [row["id"] for row in batch]
     finally:
@@ -670,7 +688,9 @@ def submit(
             # The row stays pending; the leader publishes pending rows every tick.
             logger.warning(
                 "execution %s recorded but not sent yet (%s); the beat leader will send it",
-                execution.pk, exc, extra={"action": "submit_deferred", "execution_id": execution.pk},
+                execution.pk,
+                exc,
+                extra={"action": "submit_deferred", "execution_id": execution.pk},
             )
 
     transaction.on_commit(send)

@@ -1,4 +1,5 @@
 """Errors raised by the scheduler; each one's docstring is its default message."""
+
 from __future__ import annotations
 
 

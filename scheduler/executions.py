@@ -22,6 +22,7 @@ Every move to a final status (and every row inserted final) is also
 counted, by a database trigger in the same statement, into the tallies
 ``/metrics`` reads (``scheduler.models.tally``): no path here needs to.
 """
+
 from __future__ import annotations
 
 import logging
@@ -378,9 +379,7 @@ def release_buffered() -> int:
         schedule_id=OuterRef("schedule_id"), status__in=Execution.ACTIVE_STATUSES, held=False
     )
     return (
-        Execution.objects.filter(held=True, status=Status.PENDING)
-        .exclude(Exists(others_in_flight))
-        .update(held=False)
+        Execution.objects.filter(held=True, status=Status.PENDING).exclude(Exists(others_in_flight)).update(held=False)
     )
 
 
@@ -404,7 +403,11 @@ class Claim:
     def of(cls, execution: Execution) -> Claim:
         """Return the claim ``execution`` (a running row as read) stands for."""
         return cls(
-            execution.pk, execution.attempt, execution.schedule_id, execution.started_at, execution.max_retries,
+            execution.pk,
+            execution.attempt,
+            execution.schedule_id,
+            execution.started_at,
+            execution.max_retries,
             error_retries(execution.attempt_errors),
         )
 
@@ -488,7 +491,11 @@ def claim(
     failpoint("worker.claim.before")
     row = _CLAIM.execute(using, (by_id, settings.CLAIM_SECONDS), values)
     if row is None:
-        rows = Execution.objects.filter(pk=execution_id) if execution_id is not None else Execution.objects.filter(idempotency_key=key)
+        rows = (
+            Execution.objects.filter(pk=execution_id)
+            if execution_id is not None
+            else Execution.objects.filter(idempotency_key=key)
+        )
         _refuse_unless_sent_for(rows.values_list("pk", "task", "celery_task_id").first(), task, celery_task_id)
         return None
     execution = _ROW.read(using, row)
@@ -589,8 +596,10 @@ def held_by(*, worker: str, execution_id: int | None = None, key: str = "") -> C
     wrote its identity with the claim, so this finds the claim that child
     made and never a successor's (another process, another identity).
     """
-    rows = Execution.objects.filter(pk=execution_id) if execution_id is not None else Execution.objects.filter(
-        idempotency_key=key
+    rows = (
+        Execution.objects.filter(pk=execution_id)
+        if execution_id is not None
+        else Execution.objects.filter(idempotency_key=key)
     )
     execution = rows.filter(worker=worker, status=Status.RUNNING).first()
     return Claim.of(execution) if execution is not None else None
@@ -707,12 +716,17 @@ def finish(held: Claim, *, status: str, result: Any = None, error: str = "", tra
     """
     finished = _record_outcome(
         lambda: _finish_held(held, status, result, error, traceback_text),
-        held.schedule_id, held.started_at, status=status, error=error,
+        held.schedule_id,
+        held.started_at,
+        status=status,
+        error=error,
     )
     if not finished:
         logger.warning(
             "execution %s attempt %s: the claim moved on; its outcome here (%s) is not recorded",
-            held.execution_id, held.attempt, status,
+            held.execution_id,
+            held.attempt,
+            status,
             extra={"action": "claim_lost", "execution_id": held.execution_id},
         )
     return finished
@@ -732,7 +746,9 @@ def finish_in_transaction(held: Claim) -> bool:
     if not transaction.get_connection().in_atomic_block:
         raise TransactionManagementError("finish_in_transaction() needs the caller's transaction.atomic()")
     return _record_outcome(
-        lambda: _finish_held(held, Status.SUCCEEDED, None, "", ""), held.schedule_id, held.started_at,
+        lambda: _finish_held(held, Status.SUCCEEDED, None, "", ""),
+        held.schedule_id,
+        held.started_at,
         status=Status.SUCCEEDED,
     )
 
@@ -764,7 +780,9 @@ def fail_exhausted(held: Claim) -> str | None:
     reason = f"{lost_error(held.attempt - 1)}; no retries left"
     if finish(held, status=Status.FAILED, error=reason):
         logger.error(
-            "execution %s failed: %s", held.execution_id, reason,
+            "execution %s failed: %s",
+            held.execution_id,
+            reason,
             extra={"action": "execution_failed", "execution_id": held.execution_id},
         )
     return reason
@@ -800,8 +818,10 @@ def retry(held: Claim, *, delay_seconds: float, error: str = "", traceback_text:
 
 def retry_due_in(*, execution_id: int | None = None, key: str = "") -> float | None:
     """Return the seconds (database clock) until that ``retrying`` execution's retry is due; ``None`` if it is due or not retrying."""
-    rows = Execution.objects.filter(pk=execution_id) if execution_id is not None else Execution.objects.filter(
-        idempotency_key=key
+    rows = (
+        Execution.objects.filter(pk=execution_id)
+        if execution_id is not None
+        else Execution.objects.filter(idempotency_key=key)
     )
     read = rows.retry_not_due().annotate(db_now=_db_now_plus(0)).values_list("enqueued_at", "db_now").first()
     return (read[0] - read[1]).total_seconds() if read is not None else None
@@ -827,9 +847,7 @@ def undo_retry(held: Claim) -> bool:
     if entries and entries[-1].get("attempt") == held.attempt:
         entries.pop()
     expires = _db_now_plus(settings.CLAIM_SECONDS)
-    return bool(
-        _move(waiting, Status.RUNNING, attempt=held.attempt, lease_expires_at=expires, attempt_errors=entries)
-    )
+    return bool(_move(waiting, Status.RUNNING, attempt=held.attempt, lease_expires_at=expires, attempt_errors=entries))
 
 
 # --- recovery, refusal and cancellation ---------------------------------------------------------
@@ -863,7 +881,10 @@ def retry_lost(execution_id: int, *, due: datetime) -> bool:
     entry = attempt_error(attempt, lost_error(attempt), at=now)
     return bool(
         _move(
-            lost.filter(attempt=attempt), Status.RETRYING, attempt=_NEXT_ATTEMPT, enqueued_at=due,
+            lost.filter(attempt=attempt),
+            Status.RETRYING,
+            attempt=_NEXT_ATTEMPT,
+            enqueued_at=due,
             attempt_errors=[*(earlier or []), entry],
         )
     )
@@ -873,8 +894,11 @@ def fail_lost(execution: Execution, *, reason: str) -> bool:
     """Record a ``lost`` execution ``failed`` with ``reason`` and count it on its schedule."""
     lost = Execution.objects.filter(pk=execution.pk, status=Status.LOST)
     return _record_outcome(
-        lambda: _finish_rows(lost, Status.FAILED, None, reason, ""), execution.schedule_id, execution.started_at,
-        status=Status.FAILED, error=reason,
+        lambda: _finish_rows(lost, Status.FAILED, None, reason, ""),
+        execution.schedule_id,
+        execution.started_at,
+        status=Status.FAILED,
+        error=reason,
     )
 
 
@@ -897,8 +921,11 @@ def fail_unrun(execution_id: int, *, task: str, celery_task_id: str, reason: str
         pk=execution_id, status__in=Execution.WAITING_STATUSES, task=task, celery_task_id=celery_task_id
     )
     return _record_outcome(
-        lambda: _finish_rows(waiting, Status.FAILED, None, reason, ""), execution.schedule_id, execution.started_at,
-        status=Status.FAILED, error=reason,
+        lambda: _finish_rows(waiting, Status.FAILED, None, reason, ""),
+        execution.schedule_id,
+        execution.started_at,
+        status=Status.FAILED,
+        error=reason,
     )
 
 
@@ -941,7 +968,12 @@ def _cancel(rows: QuerySet[Execution], *, reason: str, now: datetime) -> int:
 
 
 def _record_outcome(
-    write: Callable[[], int], schedule_id: int | None, started_at: datetime | None, *, status: str, error: str = "",
+    write: Callable[[], int],
+    schedule_id: int | None,
+    started_at: datetime | None,
+    *,
+    status: str,
+    error: str = "",
 ) -> bool:
     """Write the final ``status`` with ``write`` (a conditional UPDATE); count it on the schedule when written."""
     if schedule_id is None:  # one statement: the common ad-hoc path stays cheap
@@ -970,7 +1002,11 @@ def _finish_held(held: Claim, status: str, result: Any, error: str, traceback_te
     """``_finish_rows`` of ``held.rows()``, by the statement compiled once per status (the worker's path)."""
     assert status in Execution.FINAL_STATUSES, status
     values = {
-        "id": held.execution_id, "attempt": held.attempt, "result": result, "error": error, "traceback": traceback_text,
+        "id": held.execution_id,
+        "attempt": held.attempt,
+        "result": result,
+        "error": error,
+        "traceback": traceback_text,
     }
     return _FINISH.execute(Execution.objects.db, (status,), values)
 

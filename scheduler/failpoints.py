@@ -39,6 +39,7 @@ With the variable unset (production), ``failpoint()`` costs one dict lookup.
 An unknown name or a malformed action stops the process at import with
 ``ImproperlyConfigured``: a typo must not make a test pass that injected nothing.
 """
+
 from __future__ import annotations
 
 import fcntl
@@ -162,7 +163,11 @@ def _hit(name: str, action: Action) -> None:
     if hit is None or (action.hit is not None and hit != action.hit):
         return
     logger.warning(
-        "failpoint %s: %s (hit %d, pid %d)", name, action, hit, os.getpid(),
+        "failpoint %s: %s (hit %d, pid %d)",
+        name,
+        action,
+        hit,
+        os.getpid(),
         extra={"action": "failpoint", "failpoint": name},
     )
     _record(name, action, hit)
@@ -209,7 +214,9 @@ def _freeze(seconds: float) -> None:
     # The second SIGCONT covers a helper that woke before the SIGSTOP below landed.
     subprocess.Popen(
         ["/bin/sh", "-c", f"sleep {seconds:g}; kill -CONT {pid}; sleep 1; kill -CONT {pid}"],
-        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
     )
     os.kill(pid, signal.SIGSTOP)
 

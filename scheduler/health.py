@@ -18,6 +18,7 @@ naming the overdue schedules; it is about the jobs, so ``/readyz`` ignores it.
 It names every tenant's schedules, so it takes ``SCHEDULER_METRICS_TOKEN``
 like ``/metrics`` (``scheduler.metrics_token``).
 """
+
 from __future__ import annotations
 
 import logging
@@ -155,7 +156,9 @@ def schedules(request: HttpRequest) -> JsonResponse:
     more = f" (the first {len(names)} named)" if count > len(names) else ""
     check = Check(not names, f"{count} overdue{more}: {', '.join(names)}" if names else "no schedule is overdue")
     return _answer(
-        {"database": database, "schedules": check}, ok="on time", not_ok="overdue",
+        {"database": database, "schedules": check},
+        ok="on time",
+        not_ok="overdue",
         extra={"overdue": names, "overdue_count": count},
     )
 
@@ -174,7 +177,9 @@ def _answer(checks: dict[str, Check], *, ok: str, not_ok: str, extra: dict[str, 
 def _unreachable(component: str, exc: BaseException) -> Check:
     """A failed check that names ``component`` only; the driver's message, which names hosts, ports and users, is logged."""
     logger.warning(
-        "%s unreachable: %s", component, str(exc).strip() or type(exc).__name__,
+        "%s unreachable: %s",
+        component,
+        str(exc).strip() or type(exc).__name__,
         extra={"action": f"{component}_unreachable"},
     )
     return Check(False, f"{component} unreachable")

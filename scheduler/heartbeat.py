@@ -37,6 +37,7 @@ on Redis that makes the consumer's event loop refresh and sweep binding
 tables with blocking calls, and a call on a silent socket would freeze the
 loop for good instead of letting kombu's BRPOP health check reconnect.
 """
+
 from __future__ import annotations
 
 import logging
@@ -224,7 +225,8 @@ class Heartbeat(threading.Thread):
         if self._deaf_since is None:
             self._deaf_since = time.monotonic()
             logger.warning(
-                "worker probe did not come back through the broker (%s); no heartbeat until it does", reason,
+                "worker probe did not come back through the broker (%s); no heartbeat until it does",
+                reason,
                 extra={"action": "worker_probe_failed", "instance_id": self.instance_id},
             )
 
@@ -249,7 +251,8 @@ class Heartbeat(threading.Thread):
             return
         if self._deaf_since is not None:
             logger.warning(
-                "worker probe came back through the broker again after %.0fs", time.monotonic() - self._deaf_since,
+                "worker probe came back through the broker again after %.0fs",
+                time.monotonic() - self._deaf_since,
                 extra={"action": "worker_probe_recovered", "instance_id": self.instance_id},
             )
             self._deaf_since = None

@@ -6,6 +6,7 @@ imported, left alone because a schedule of that name exists, or refused with
 the reason; nothing on django-celery-beat's side is changed, and running the
 import again creates nothing new.
 """
+
 from __future__ import annotations
 
 import json
@@ -34,9 +35,27 @@ TABLE_PREFIX = "django_celery_beat_"
 #: Columns read from each of django-celery-beat's tables (2.x schema, prefix left off).
 COLUMNS: dict[str, tuple[str, ...]] = {
     "periodictask": (
-        "id", "name", "task", "args", "kwargs", "queue", "exchange", "routing_key", "headers", "priority",
-        "expires", "expire_seconds", "one_off", "start_time", "enabled", "total_run_count", "description",
-        "crontab_id", "interval_id", "clocked_id", "solar_id",
+        "id",
+        "name",
+        "task",
+        "args",
+        "kwargs",
+        "queue",
+        "exchange",
+        "routing_key",
+        "headers",
+        "priority",
+        "expires",
+        "expire_seconds",
+        "one_off",
+        "start_time",
+        "enabled",
+        "total_run_count",
+        "description",
+        "crontab_id",
+        "interval_id",
+        "clocked_id",
+        "solar_id",
     ),
     "crontabschedule": ("id", "minute", "hour", "day_of_month", "month_of_year", "day_of_week", "timezone"),
     "intervalschedule": ("id", "every", "period"),

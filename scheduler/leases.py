@@ -8,6 +8,7 @@ replica's advisory lock (``InstanceLock``) only tells a follower that the
 holder's process is gone so it may take over before the TTL runs out, and
 ``release`` sends a NOTIFY so followers take a released lease at once.
 """
+
 from __future__ import annotations
 
 import enum
@@ -309,8 +310,7 @@ def current(name: str) -> LeaseState:
     now = dbclock.now_sql()
     with connection.cursor() as cursor:
         cursor.execute(
-            f"SELECT holder, token, acquired_at, renewed_at, expires_at, {now} "
-            f"FROM scheduler_lease WHERE name = %s",
+            f"SELECT holder, token, acquired_at, renewed_at, expires_at, {now} FROM scheduler_lease WHERE name = %s",
             [name],
         )
         row = cursor.fetchone()
@@ -418,7 +418,9 @@ class InstanceLock:
         if lease_name in self._lease_locks:
             return True
         try:
-            row = self._connection().execute("SELECT pg_try_advisory_lock(%s)", [_lease_lock_key(lease_name)]).fetchone()
+            row = (
+                self._connection().execute("SELECT pg_try_advisory_lock(%s)", [_lease_lock_key(lease_name)]).fetchone()
+            )
         except psycopg.Error:
             self.close()
             return False

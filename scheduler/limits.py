@@ -4,6 +4,7 @@ Every entry point (the admin, the commands, the API, ``submit()``) reaches
 these through the model's validation or ``dispatch.submit``, so a value is
 refused with the same message wherever it comes from.
 """
+
 from __future__ import annotations
 
 import json
@@ -71,7 +72,9 @@ def argument_problem(value: Any, *, label: str) -> str | None:
 def depth_problem(label: str) -> str:
     """Return the message for task arguments nested past ``SCHEDULER_ARGS_MAX_DEPTH``, starting with ``label``."""
     max_depth = settings.ARGS_MAX_DEPTH
-    return f"{label} nest more than {max_depth} levels deep; at most {max_depth} (SCHEDULER_ARGS_MAX_DEPTH) are allowed."
+    return (
+        f"{label} nest more than {max_depth} levels deep; at most {max_depth} (SCHEDULER_ARGS_MAX_DEPTH) are allowed."
+    )
 
 
 def text_problems(value: Any, limit: int) -> list[str]:

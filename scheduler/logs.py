@@ -5,6 +5,7 @@ loggers to one JSON object per line. Whatever the format, every record gets
 the context of the process that writes it: the beat replica's instance id
 and lease token, or the execution id and schedule a worker is running.
 """
+
 from __future__ import annotations
 
 import contextvars

@@ -13,6 +13,7 @@ The series name every tenant's schedules, tasks and queues: a series that
 names a schedule carries its ``tenant`` too, and the endpoint takes
 ``SCHEDULER_METRICS_TOKEN`` (``scheduler.metrics_token``).
 """
+
 from __future__ import annotations
 
 import logging
@@ -71,7 +72,9 @@ def oldest_queued(*, now: datetime) -> dict[str, float]:
     the ``(status, created_at)`` index. Past that many queued rows, a queue
     whose every row is younger than those is left out.
     """
-    oldest = Execution.objects.filter(status=Execution.Status.QUEUED).order_by("created_at").values("pk")[:QUEUED_SAMPLE]
+    oldest = (
+        Execution.objects.filter(status=Execution.Status.QUEUED).order_by("created_at").values("pk")[:QUEUED_SAMPLE]
+    )
     rows = (
         Execution.objects.filter(pk__in=oldest)
         .values_list("queue")
@@ -91,7 +94,8 @@ def _fold_tallies() -> None:
         tally.fold()
     except DatabaseError:
         logger.warning(
-            "folding the execution tallies failed; the next scrape folds", exc_info=True,
+            "folding the execution tallies failed; the next scrape folds",
+            exc_info=True,
             extra={"action": "tally_fold_failed"},
         )
 
@@ -214,7 +218,10 @@ class DatabaseCollector(Collector):
         counts = recent.aggregate(
             total=Count("pk"),
             late_sum=Sum(Case(When(late, then=F("lag")), default=Value(timedelta(0)), output_field=DurationField())),
-            **{f"le_{n}": Count("pk", filter=Q(lag__lte=timedelta(seconds=bound))) for n, bound in enumerate(LAG_BUCKETS)},
+            **{
+                f"le_{n}": Count("pk", filter=Q(lag__lte=timedelta(seconds=bound)))
+                for n, bound in enumerate(LAG_BUCKETS)
+            },
         )
         buckets = [(str(bound), counts[f"le_{n}"]) for n, bound in enumerate(LAG_BUCKETS)]
         buckets.append(("+Inf", counts["total"]))
@@ -261,10 +268,13 @@ class DatabaseCollector(Collector):
             "scheduler_shards", "Shards the schedules are split into (SCHEDULER_SHARDS; 1: one leader).", value=count
         )
         held = GaugeMetricFamily(
-            "scheduler_shard_held", "1 while a beat replica holds the shard's lease unexpired, else 0.", labels=["shard"]
+            "scheduler_shard_held",
+            "1 while a beat replica holds the shard's lease unexpired, else 0.",
+            labels=["shard"],
         )
         leader = GaugeMetricFamily(
-            "scheduler_shard_leader_info", "1 for each held shard, labelled with the replica holding it.",
+            "scheduler_shard_leader_info",
+            "1 for each held shard, labelled with the replica holding it.",
             labels=["shard", "instance"],
         )
         per_replica = GaugeMetricFamily(
@@ -326,7 +336,9 @@ class DatabaseCollector(Collector):
             labels=["instance", "role", "stale"],
         )
         for member in members:
-            ages.add_metric([member.instance.instance_id, member.instance.role, str(member.is_stale).lower()], member.age)
+            ages.add_metric(
+                [member.instance.instance_id, member.instance.role, str(member.is_stale).lower()], member.age
+            )
         yield ages
 
 

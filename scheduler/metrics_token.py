@@ -7,6 +7,7 @@ Without one they stay open, as Prometheus scrapers expect by default.
 The probes load balancers call (``/healthz``, ``/readyz``, ``/leaderz``)
 are never gated: they cannot send a header.
 """
+
 from __future__ import annotations
 
 import functools

@@ -1,4 +1,5 @@
 """AuditActorMiddleware: the request's user acts for the audit events that model signals record."""
+
 from __future__ import annotations
 
 from collections.abc import Callable

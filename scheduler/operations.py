@@ -6,6 +6,7 @@ transaction, and talks to the broker only once that transaction has
 committed: a broker outage leaves a ``pending`` row that the beat leader
 sends later, or a ``cancelled`` row that no worker will claim.
 """
+
 from __future__ import annotations
 
 from collections.abc import Iterable
@@ -179,7 +180,6 @@ def _revoke(app: Celery, task_id: str, result: ActionResult) -> None:
 
 def _first_line(exc: BaseException) -> str:
     return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-
 
 
 def save_schedule(schedule: Schedule, *, now: datetime, fields: Iterable[str] | None = None) -> None:

@@ -18,6 +18,7 @@ every success moves it forward in the same UPDATE that counts the run
 through ``Schedule.objects.overdue`` and ``is_overdue``. It imports no
 models (``scheduler.models.schedule`` imports it), only ``timing``.
 """
+
 from __future__ import annotations
 
 import functools
@@ -86,10 +87,7 @@ def flag() -> ExpressionWrapper:
 def is_overdue(schedule: Schedule, *, now: datetime) -> bool:
     """Return whether ``schedule`` (as loaded) is overdue at ``now``: the row-level twin of ``condition``."""
     return (
-        schedule.enabled
-        and not schedule.is_paused
-        and schedule.overdue_at is not None
-        and schedule.overdue_at <= now
+        schedule.enabled and not schedule.is_paused and schedule.overdue_at is not None and schedule.overdue_at <= now
     )
 
 

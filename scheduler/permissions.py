@@ -9,6 +9,7 @@ Their names carry the app's prefix so they do not meet a host's own groups;
 releases before 0.1.0 called them "schedule operator" and "viewer" (migration
 0020 renames them).
 """
+
 from __future__ import annotations
 
 from typing import Any

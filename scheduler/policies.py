@@ -5,6 +5,7 @@ leader expands the slots that came due since, splits them by the catch-up
 window and the misfire policy, and says where ``next_run_at`` moves to; the
 overlap policy and then ``max_runs`` decide which of the slots to run are sent.
 """
+
 from __future__ import annotations
 
 import hashlib

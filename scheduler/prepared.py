@@ -9,6 +9,7 @@ adapted by the column's field as the ORM would, in their place and runs the
 same SQL. The SQL is the ORM's own, so both databases get what they always
 got.
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable, Hashable
@@ -57,6 +58,7 @@ class Prepared:
         with transaction.mark_for_rollback_on_error(using=using), connection.cursor() as cursor:
             cursor.execute(sql, params)
             return cursor.fetchone() if cursor.description else cursor.rowcount
+
 
 _M = TypeVar("_M", bound=Model)
 

@@ -5,6 +5,7 @@ deleted, in the same transaction: reconcile's audit starts after that mark,
 so it never finds a slot without its row and without the mark, and never
 records again a slot that ran and was pruned (SPEC guarantee 10).
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable, Collection
@@ -117,9 +118,7 @@ def _delete(ids: list[int]) -> int:
         # idle-in-transaction bound on a loaded machine.
         Execution.objects.filter(retry_of__in=ids).update(retry_of=None)
         with connection.cursor() as cursor:
-            cursor.execute(
-                f"DELETE FROM {Execution._meta.db_table} WHERE id IN ({', '.join(['%s'] * len(ids))})", ids
-            )
+            cursor.execute(f"DELETE FROM {Execution._meta.db_table} WHERE id IN ({', '.join(['%s'] * len(ids))})", ids)
             deleted = cursor.rowcount
         if not deleted:
             return 0  # another prune took them, and marked them

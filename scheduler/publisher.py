@@ -19,6 +19,7 @@ publishing from inside a task (parent and root ids), task-level
 every broker other than Redis. Nothing waits for these messages' results,
 so the result backend is not told of them (``on_task_call``).
 """
+
 from __future__ import annotations
 
 import uuid
@@ -46,8 +47,20 @@ if TYPE_CHECKING:
 
 
 #: Options a route may carry that the fast path expresses; any other sends by ``send_task``.
-_ROUTE_OPTIONS = frozenset({"queue", "exchange", "routing_key", "exchange_type", "priority", "serializer",
-                            "compression", "delivery_mode", "time_limit", "soft_time_limit"})
+_ROUTE_OPTIONS = frozenset(
+    {
+        "queue",
+        "exchange",
+        "routing_key",
+        "exchange_type",
+        "priority",
+        "serializer",
+        "compression",
+        "delivery_mode",
+        "time_limit",
+        "soft_time_limit",
+    }
+)
 
 
 def time_limits(timeout: int | None) -> dict[str, float]:
@@ -183,7 +196,9 @@ class Publisher:
             priority=options.get("priority"),
             serializer=options.get("serializer") or conf.task_serializer,
             compression=options.get("compression") or conf.task_compression,
-            delivery_mode=options.get("delivery_mode") or queue.exchange.delivery_mode or conf.task_default_delivery_mode,
+            delivery_mode=options.get("delivery_mode")
+            or queue.exchange.delivery_mode
+            or conf.task_default_delivery_mode,
             time_limit=options.get("time_limit"),
             soft_time_limit=options.get("soft_time_limit"),
         )
@@ -193,17 +208,28 @@ class Publisher:
         route = self._route(row)
         if route is None:
             return None
-        limits: dict[str, Any] = time_limits(row["timeout"]) or {"time_limit": route.time_limit, "soft_time_limit": route.soft_time_limit}
+        limits: dict[str, Any] = time_limits(row["timeout"]) or {
+            "time_limit": route.time_limit,
+            "soft_time_limit": route.soft_time_limit,
+        }
         eta = start_at(row)
         amqp = self.app.amqp
         args, kwargs = row["args"] or (), row["kwargs"] or {}
         headers, properties, body, _ = amqp.as_task_v2(
-            row["celery_task_id"] or str(uuid.uuid4()), row["task"], args, kwargs,
+            row["celery_task_id"] or str(uuid.uuid4()),
+            row["task"],
+            args,
+            kwargs,
             # ignore_result=None as send_task passes an unset option; celery-types says bool.
-            eta=eta if eta > now else None, reply_to=self._reply_to, ignore_result=None, origin=self._origin,  # type: ignore[arg-type]
+            eta=eta if eta > now else None,
+            reply_to=self._reply_to,
+            ignore_result=None,  # type: ignore[arg-type]
+            origin=self._origin,
             # Empty arguments (most schedules) repr alike either way, without saferepr's cost.
             argsrepr=saferepr(args, amqp.argsrepr_maxsize, maxlevels=self._repr_maxlevels) if args else repr(args),
-            kwargsrepr=saferepr(kwargs, amqp.kwargsrepr_maxsize, maxlevels=self._repr_maxlevels) if kwargs else repr(kwargs),
+            kwargsrepr=saferepr(kwargs, amqp.kwargsrepr_maxsize, maxlevels=self._repr_maxlevels)
+            if kwargs
+            else repr(kwargs),
             **limits,
         )
         headers[Execution.MESSAGE_HEADER] = row["id"]
@@ -212,8 +238,14 @@ class Publisher:
             properties["priority"] = route.priority
         if signals.before_task_publish.receivers:
             signals.before_task_publish.send(
-                sender=row["task"], body=body, exchange="", routing_key=route.queue, declare=[],
-                headers=headers, properties=properties, retry_policy={},
+                sender=row["task"],
+                body=body,
+                exchange="",
+                routing_key=route.queue,
+                declare=[],
+                headers=headers,
+                properties=properties,
+                retry_policy={},
             )
         # kombu's Producer.publish, then the Redis channel's basic_publish and _put.
         priority = properties.pop("priority", 0)
@@ -225,7 +257,9 @@ class Publisher:
         channel: Any = self.connection.default_channel
         message = channel.prepare_message(payload, priority, content_type, content_encoding, headers, properties)
         channel._inplace_augment_message(message, "", route.queue)
-        return _Built(channel._q_for_pri(route.queue, channel._get_message_priority(message)), route.queue, message, body)
+        return _Built(
+            channel._q_for_pri(route.queue, channel._get_message_priority(message)), route.queue, message, body
+        )
 
     def _push(self, built: list[_Built]) -> None:
         """LPUSH every message in one pipeline, one command per list, oldest first out."""
@@ -249,8 +283,11 @@ class Publisher:
         if signals.after_task_publish.receivers:
             for item in built:
                 signals.after_task_publish.send(
-                    sender=item.message["headers"]["task"], body=item.body, headers=item.message["headers"],
-                    exchange="", routing_key=item.queue,
+                    sender=item.message["headers"]["task"],
+                    body=item.body,
+                    headers=item.message["headers"],
+                    exchange="",
+                    routing_key=item.queue,
                 )
 
     # --- the fallback: Celery's send_task ------------------------------------------------

@@ -11,6 +11,7 @@ record such an execution ``failed`` with the reason instead, if the message
 was sent for it (its task name and task id are the execution's); another
 message that names it is refused, logged and counted, as the claim does.
 """
+
 from __future__ import annotations
 
 import logging
@@ -85,12 +86,15 @@ def _fail_refused(message: Any, reason: str) -> None:
     try:
         # Only the message sent for the execution may fail it: its task name and task id must be the row's.
         failed = fail_unrun(
-            int(execution_id), task=str(headers.get("task") or ""), celery_task_id=str(headers.get("id") or ""),
+            int(execution_id),
+            task=str(headers.get("task") or ""),
+            celery_task_id=str(headers.get("id") or ""),
             reason=reason,
         )
     except MessageRefused as refused:
         logger.warning(
-            "%s; not failed", refused,
+            "%s; not failed",
+            refused,
             extra={"action": "message_refused", "execution_id": refused.execution_id, "reason": refused.reason},
         )
         return
@@ -100,6 +104,8 @@ def _fail_refused(message: Any, reason: str) -> None:
         return
     if failed:
         logger.error(
-            "execution %s failed: %s", execution_id, reason,
+            "execution %s failed: %s",
+            execution_id,
+            reason,
             extra={"action": "execution_failed", "execution_id": execution_id},
         )

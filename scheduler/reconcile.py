@@ -14,6 +14,7 @@ schedules and of slots per pass, so over successive passes it sees them all.
 A pass uses the calling thread's own database connection; a caller that
 runs it on a thread of its own closes that connection when the thread ends.
 """
+
 from __future__ import annotations
 
 import logging
@@ -126,7 +127,9 @@ _CURSOR = _AuditCursor()
 
 
 @tracing.traced("scheduler.reconcile", after=tracing.reconciled_attributes)
-def reconcile(*, now: datetime, dry_run: bool = False, repair: bool = False, app: Celery | None = None) -> ReconcileReport:
+def reconcile(
+    *, now: datetime, dry_run: bool = False, repair: bool = False, app: Celery | None = None
+) -> ReconcileReport:
     """Run one reconcile pass against the database clock ``now``; return what it changed.
 
     ``dry_run`` computes the same report and changes nothing. ``repair``
@@ -184,8 +187,10 @@ def _recover_lost(*, now: datetime, dry_run: bool) -> tuple[list[Change], list[i
         lost_count = executions.lost_attempts(attempt, execution.attempt_errors)
         if executions.lost_retries_left(lost_count, execution.max_retries):
             change = Change(
-                "lost_retrying", f"{executions.lost_error(attempt)}; retrying as attempt {attempt + 1}",
-                execution.pk, execution.schedule_id,
+                "lost_retrying",
+                f"{executions.lost_error(attempt)}; retrying as attempt {attempt + 1}",
+                execution.pk,
+                execution.schedule_id,
             )
             if not dry_run and not _retry_lost(execution, due=now + timedelta(seconds=_backoff(execution))):
                 continue
@@ -214,7 +219,9 @@ def _fail_lost(execution: Execution, reason: str) -> bool:
     failed = executions.fail_lost(execution, reason=reason)
     if failed:
         logger.error(
-            "execution %s failed: %s", execution.pk, reason,
+            "execution %s failed: %s",
+            execution.pk,
+            reason,
             extra={"action": "execution_failed", "execution_id": execution.pk},
         )
     return bool(failed)
@@ -223,7 +230,9 @@ def _fail_lost(execution: Execution, reason: str) -> bool:
 def _old_pending(*, now: datetime) -> list[Change]:
     """Return a change per ``pending`` execution nobody sent in time (sent at the end of the pass)."""
     cutoff = now - timedelta(seconds=settings.RECONCILE_PENDING_AFTER_SECONDS)
-    old = Execution.objects.filter(status=Status.PENDING, held=False, created_at__lt=cutoff).order_by("created_at", "id")
+    old = Execution.objects.filter(status=Status.PENDING, held=False, created_at__lt=cutoff).order_by(
+        "created_at", "id"
+    )
     return [
         Change("published", f"pending since {created_at.isoformat()}; sent", pk, schedule_id)
         for pk, schedule_id, created_at in old.values_list("id", "schedule_id", "created_at")[:BATCH_SIZE]
@@ -257,7 +266,14 @@ def _unclaimed_queued(*, now: datetime, dry_run: bool, app: Celery) -> list[Chan
     rows = [
         row
         for row in stale.order_by("enqueued_at", "id").values(
-            "id", "schedule_id", "enqueued_at", "created_at", "scheduled_for", "status", "task", "queue",
+            "id",
+            "schedule_id",
+            "enqueued_at",
+            "created_at",
+            "scheduled_for",
+            "status",
+            "task",
+            "queue",
             jitter=F("schedule__jitter"),
         )[:BATCH_SIZE]
         if row["status"] == Status.RETRYING or publisher.start_at(row) < cutoff
@@ -276,7 +292,9 @@ def _unclaimed_queued(*, now: datetime, dry_run: bool, app: Celery) -> list[Chan
         if not dry_run and not executions.mark_resent(pk, was_enqueued_at=enqueued_at, now=now):
             continue
         since = (enqueued_at or row["created_at"]).isoformat()
-        changes.append(Change("republished", f"waiting since {since}, never claimed; sent again", pk, row["schedule_id"]))
+        changes.append(
+            Change("republished", f"waiting since {since}, never claimed; sent again", pk, row["schedule_id"])
+        )
     return changes
 
 
@@ -450,7 +468,9 @@ def _fix_next_run_at(schedules: list[Schedule], *, now: datetime, dry_run: bool)
         was = current.isoformat() if current else "unset"
         now_at = expected.isoformat() if expected else "none (no slots left)"
         reason = "was unset" if current is None else "was not a slot of its timing"
-        changes.append(Change("next_run_at", f"{schedule.name}: next_run_at {was} -> {now_at} ({reason})", None, schedule.pk))
+        changes.append(
+            Change("next_run_at", f"{schedule.name}: next_run_at {was} -> {now_at} ({reason})", None, schedule.pk)
+        )
     return changes
 
 
@@ -462,7 +482,10 @@ def _remove_stale_instances(*, now: datetime, dry_run: bool) -> list[Change]:
         if not dry_run and not stale.filter(pk=instance.pk).delete()[0]:
             continue
         changes.append(
-            Change("instance_removed", f"{instance.role} {instance.instance_id}, last seen {instance.last_seen.isoformat()}")
+            Change(
+                "instance_removed",
+                f"{instance.role} {instance.instance_id}, last seen {instance.last_seen.isoformat()}",
+            )
         )
     return changes
 
@@ -534,7 +557,9 @@ def _audit(
         else:
             recorded = _record(schedule, plan, now=now)
         for row in recorded:
-            detail = f"{schedule.name}: slot {row['scheduled_for'].isoformat()} had no execution; recorded {row['status']}"
+            detail = (
+                f"{schedule.name}: slot {row['scheduled_for'].isoformat()} had no execution; recorded {row['status']}"
+            )
             changes.append(Change("slot_recorded", detail, row["id"], schedule.pk))
         to_send += [row["id"] for row in recorded if row["status"] == Status.PENDING and row["id"] is not None]
     return changes, to_send, last_id

@@ -50,6 +50,7 @@ when the thread next runs Python code: not during a blocking C call or a
 ``time.sleep()`` (it arrives when that returns), and a body that catches
 ``Exception`` and goes on swallows it.
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -247,7 +248,9 @@ class ClaimRenewer:
             self._busy_since = sent
             logger.warning(
                 "could not renew the claims on executions %s yet: another transaction holds the database or their rows; "
-                "trying again every %ss while the claims last", ids, BUSY_RETRY_SECONDS,
+                "trying again every %ss while the claims last",
+                ids,
+                BUSY_RETRY_SECONDS,
                 extra={"action": "claim_renew_busy"},
             )
 
@@ -290,7 +293,9 @@ class ClaimRenewer:
             for claim in stopping:
                 logger.error(
                     "execution %s attempt %s: %s; stopping its body, recording nothing",
-                    claim.execution_id, claim.attempt, reason,
+                    claim.execution_id,
+                    claim.attempt,
+                    reason,
                     extra={"action": "claim_lost_stopped", "execution_id": claim.execution_id},
                 )
             if stopping and self.exit_on_loss:

@@ -16,6 +16,7 @@ during a change is a schedule sitting in a shard that no replica holds:
 Each step is safe to interrupt: the schedules are then in shards the stored
 count's owners hold, and running the change again finishes it.
 """
+
 from __future__ import annotations
 
 import time
@@ -85,7 +86,9 @@ def move_schedules(count: int, *, batch: int = MOVE_BATCH) -> int:
     moved, after = 0, 0
     home = F("id") % count
     while True:
-        bound = Schedule.objects.filter(pk__gt=after).order_by("pk").values_list("pk", flat=True)[batch - 1 : batch].first()
+        bound = (
+            Schedule.objects.filter(pk__gt=after).order_by("pk").values_list("pk", flat=True)[batch - 1 : batch].first()
+        )
         rows = Schedule.objects.filter(pk__gt=after)
         if bound is not None:
             rows = rows.filter(pk__lte=bound)
@@ -109,8 +112,10 @@ def settled(count: int) -> bool | None:
     fencing = [view.state(settings.LEASE_NAME)] if count == 1 else view.leases
     names = {state.name for state in fencing}
     stray = [
-        state for state in view.others
-        if state.is_held and state.name not in names
+        state
+        for state in view.others
+        if state.is_held
+        and state.name not in names
         and (state.name == settings.LEASE_NAME or shards.shard_of_lease(state.name) is not None)
     ]
     return all(state.is_held and state.holder in live for state in fencing) and not stray

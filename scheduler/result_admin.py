@@ -6,6 +6,7 @@ allowed to view them, so they are replaced: a result is visible to a caller
 whose scope holds the execution that ran it; the rest (results of tasks run
 outside the execution guard, and groups) only to callers of every tenant.
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -39,7 +40,11 @@ class ScopedTaskResultAdmin(results_admin.TaskResultAdmin):
 
     def get_list_filter(self, request: HttpRequest) -> Any:
         # The worker and task-name filters list their values from every row, any tenant's.
-        return ("status", "date_done") if not scope_of_user(request.user).every_tenant else super().get_list_filter(request)
+        return (
+            ("status", "date_done")
+            if not scope_of_user(request.user).every_tenant
+            else super().get_list_filter(request)
+        )
 
 
 class UnscopedOnlyGroupResultAdmin(results_admin.GroupResultAdmin):

@@ -8,6 +8,7 @@ is only a courtesy: the executions are recorded ``cancelled`` before, and a
 worker that still gets such a message refuses it (a cancelled execution
 cannot be claimed).
 """
+
 from __future__ import annotations
 
 import contextvars

@@ -16,6 +16,7 @@ when the claim moved on:
   project's database then happen exactly once, even when a frozen worker
   resumes after its successor finished.
 """
+
 from __future__ import annotations
 
 import json

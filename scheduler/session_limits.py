@@ -17,6 +17,7 @@ around ``checkpoint()`` its execution's row. So on PostgreSQL:
 SQLite has no such bounds: a writer holds the whole database, and the
 others wait its busy timeout.
 """
+
 from __future__ import annotations
 
 import sqlite3

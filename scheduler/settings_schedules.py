@@ -1,4 +1,5 @@
 """Upsert the entries of Celery's ``beat_schedule`` setting as Schedule rows."""
+
 from __future__ import annotations
 
 import logging
@@ -69,6 +70,8 @@ def sync_beat_schedule(beat_schedule: dict[str, dict[str, Any]]) -> list[str]:
             except IntegrityError:
                 continue
             except ValidationError as exc:
-                logger.error("beat_schedule entry %r ignored: %s", name, exc, extra={"action": "settings_schedule_invalid"})
+                logger.error(
+                    "beat_schedule entry %r ignored: %s", name, exc, extra={"action": "settings_schedule_invalid"}
+                )
                 break
     return synced

@@ -22,6 +22,7 @@ than 1, every step:
 The fence itself is in the dispatch transaction (``leases.assert_held_many``):
 the keeper only decides what to ask for.
 """
+
 from __future__ import annotations
 
 import logging
@@ -136,7 +137,9 @@ class ShardKeeper:
         if lost:
             leases.record_renew_failure(*lost)
             logger.warning(
-                "shards lost by %s: %s", self.instance_id, ", ".join(lost),
+                "shards lost by %s: %s",
+                self.instance_id,
+                ", ".join(lost),
                 extra={"action": "shards_lost", "instance_id": self.instance_id, "leases": list(lost)},
             )
 
@@ -146,7 +149,9 @@ class ShardKeeper:
         released = leases.release_many([self.held.pop(shard) for shard in unwanted])
         if released:
             logger.info(
-                "shards released by %s to their preferred owners: %s", self.instance_id, ", ".join(released),
+                "shards released by %s to their preferred owners: %s",
+                self.instance_id,
+                ", ".join(released),
                 extra={"action": "shards_released", "instance_id": self.instance_id, "leases": released},
             )
 
@@ -158,7 +163,9 @@ class ShardKeeper:
             # if its instance lock is free its process is gone, so its shards
             # are taken now instead of a TTL later (as ``acquire``'s ``gone``).
             held_by_others = list(
-                Lease.objects.filter(name__in=names).exclude(holder__in=["", self.instance_id]).values_list("holder", "token")
+                Lease.objects.filter(name__in=names)
+                .exclude(holder__in=["", self.instance_id])
+                .values_list("holder", "token")
             )
             alive = leases.locked_instances({holder for holder, _ in held_by_others})
             gone = [(holder, token) for holder, token in held_by_others if holder not in live and holder not in alive]
@@ -169,6 +176,12 @@ class ShardKeeper:
             self._last_renew = time.monotonic()
         self.held.update(_by_shard(taken))
         logger.info(
-            "shards taken by %s: %s", self.instance_id, ", ".join(f"{lease.name} (token {lease.token})" for lease in taken),
-            extra={"action": "shards_acquired", "instance_id": self.instance_id, "leases": [lease.name for lease in taken]},
+            "shards taken by %s: %s",
+            self.instance_id,
+            ", ".join(f"{lease.name} (token {lease.token})" for lease in taken),
+            extra={
+                "action": "shards_acquired",
+                "instance_id": self.instance_id,
+                "leases": [lease.name for lease in taken],
+            },
         )

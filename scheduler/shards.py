@@ -15,6 +15,7 @@ shard's owner changes only when the list or the count does, and no replica
 gets more than its fair share rounded up, so the shards stay within one of
 even.
 """
+
 from __future__ import annotations
 
 import hashlib

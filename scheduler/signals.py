@@ -1,4 +1,5 @@
 """Django signals the scheduler sends; receivers observe, they cannot veto."""
+
 from __future__ import annotations
 
 from django.dispatch import Signal

@@ -7,6 +7,7 @@ superuser, an operator bound to every tenant, or the deployer (the command
 line, settings, the built-in schedules). ``SCHEDULER_TENANT_TASKS`` narrows
 what a tenant's rows may run, whoever writes them.
 """
+
 from __future__ import annotations
 
 from fnmatch import fnmatchcase

@@ -3,6 +3,7 @@
 Each is guarded (``base=ExecutionTask``) whatever the host app's task class,
 so that their executions are recorded when the host guards only some tasks.
 """
+
 from __future__ import annotations
 
 import time
@@ -42,7 +43,9 @@ def prune_executions(older_than_days: int | None = None, keep_last: int | None =
     """
     days = _count(
         settings.PRUNE_OLDER_THAN_DAYS if older_than_days is None else older_than_days,
-        name="older_than_days", minimum=1, maximum=MAX_PRUNE_DAYS,
+        name="older_than_days",
+        minimum=1,
+        maximum=MAX_PRUNE_DAYS,
     )
     keep = _count(settings.PRUNE_KEEP_LAST if keep_last is None else keep_last, name="keep_last", minimum=0)
     cutoff = leases.db_now() - timedelta(days=days)
@@ -53,7 +56,9 @@ def prune_executions(older_than_days: int | None = None, keep_last: int | None =
         audit_deleted = prune.prune_audit_events(older_than=cutoff, keep=[op.event.pk] if op.event else [])
         op.done({"deleted": report.deleted, "audit_events_deleted": audit_deleted})
     return {
-        "older_than": cutoff.isoformat(), "keep_last": keep, "deleted": report.deleted,
+        "older_than": cutoff.isoformat(),
+        "keep_last": keep,
+        "deleted": report.deleted,
         "audit_events_deleted": audit_deleted,
     }
 

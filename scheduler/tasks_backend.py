@@ -18,6 +18,7 @@ An idempotency key, which the framework has no word for, comes from the
 block around the call: ``with idempotency_key("receipt-42"): send.enqueue()``
 records one execution however many times it runs.
 """
+
 from __future__ import annotations
 
 import contextlib

@@ -6,6 +6,7 @@ without a tenant see no row at all, until someone binds them explicitly.
 Only superusers and callers bound to every tenant are trusted with the
 platform's own tasks (``scheduler.task_policy``).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass

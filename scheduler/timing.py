@@ -24,6 +24,7 @@ Instants that coincide (several gap times shifted to the same transition,
 or a shifted time equal to a real slot) collapse into one, and slots are
 always strictly increasing in real time.
 """
+
 from __future__ import annotations
 
 import copy
@@ -103,15 +104,11 @@ class Timing:
         kinds = [name for name, value in given if value is not None]
         if len(kinds) != 1:
             got = " and ".join(kinds) if kinds else "none"
-            raise ScheduleInvalid(
-                f"Exactly one of cron, interval or run_at must be set, got {got}"
-            )
+            raise ScheduleInvalid(f"Exactly one of cron, interval or run_at must be set, got {got}")
         if self.cron is not None:
             validate_cron(self.cron)
         if self.interval is not None and (not _is_count(self.interval) or self.interval == 0):
-            raise ScheduleInvalid(
-                f"Interval must be a positive whole number of seconds, got {self.interval!r}"
-            )
+            raise ScheduleInvalid(f"Interval must be a positive whole number of seconds, got {self.interval!r}")
         validate_timezone(self.timezone)
         for name in ("run_at", "start_at", "end_at"):
             value = getattr(self, name)
@@ -119,17 +116,14 @@ class Timing:
                 raise ScheduleInvalid(f"{name} must be a timezone-aware datetime, got {value!r}")
         if self.start_at is not None and self.end_at is not None and self.start_at > self.end_at:
             raise ScheduleInvalid(
-                f"start_at ({self.start_at.isoformat()}) must not be after end_at "
-                f"({self.end_at.isoformat()})"
+                f"start_at ({self.start_at.isoformat()}) must not be after end_at ({self.end_at.isoformat()})"
             )
         if self.max_runs is not None and not _is_count(self.max_runs):
             raise ScheduleInvalid(f"max_runs must be a whole number >= 0, got {self.max_runs!r}")
         if self.dst_gap not in DST_GAP_POLICIES:
             raise ScheduleInvalid(f"dst_gap must be 'shift' or 'skip', got {self.dst_gap!r}")
         if self.dst_fold not in DST_FOLD_POLICIES:
-            raise ScheduleInvalid(
-                f"dst_fold must be 'first', 'last' or 'both', got {self.dst_fold!r}"
-            )
+            raise ScheduleInvalid(f"dst_fold must be 'first', 'last' or 'both', got {self.dst_fold!r}")
 
 
 def describe(timing: Timing) -> str:
@@ -165,9 +159,7 @@ def validate_timezone(name: str) -> None:
     if name == "localtime":
         # A symlink to the host's zone, not an IANA name: two hosts would
         # disagree on when the schedule fires.
-        raise ScheduleInvalid(
-            "Unknown timezone 'localtime'; use an IANA name such as 'Europe/Berlin'"
-        )
+        raise ScheduleInvalid("Unknown timezone 'localtime'; use an IANA name such as 'Europe/Berlin'")
     try:
         ZoneInfo(name)
     except (ZoneInfoNotFoundError, ValueError) as exc:
@@ -306,9 +298,7 @@ def _count_interval(timing: Timing, *, since: datetime, until: datetime) -> int:
 # --- generation ---------------------------------------------------------------
 
 
-def _slots(
-    timing: Timing, *, after: datetime, until: datetime | None, runs_so_far: int
-) -> Iterator[datetime]:
+def _slots(timing: Timing, *, after: datetime, until: datetime | None, runs_so_far: int) -> Iterator[datetime]:
     """Yield slots after `after` within start_at..end_at and until, increasing."""
     # start_at is inclusive: searching after the instant just before it
     # admits a slot exactly at start_at.
@@ -339,9 +329,7 @@ def _slots(
         yield slot
 
 
-def _interval_slots(
-    timing: Timing, *, after: datetime, upper: datetime | None
-) -> Iterator[datetime]:
+def _interval_slots(timing: Timing, *, after: datetime, upper: datetime | None) -> Iterator[datetime]:
     assert timing.interval is not None
     # Integer microseconds, not float seconds, so slot k is exactly
     # anchor + k * interval however far from the anchor it lies.
@@ -357,9 +345,7 @@ def _interval_slots(
         k += 1
 
 
-def _cron_slots(
-    timing: Timing, *, after: datetime, upper: datetime | None
-) -> Iterator[datetime]:
+def _cron_slots(timing: Timing, *, after: datetime, upper: datetime | None) -> Iterator[datetime]:
     assert timing.cron is not None
     cron = _parse_cron(timing.cron)
     tz = ZoneInfo(timing.timezone)
@@ -417,9 +403,7 @@ def _cron_slots(
             yield instant
 
 
-def _instants_at(
-    wall: datetime, tz: ZoneInfo, *, gap: str, fold: str
-) -> tuple[list[datetime], bool]:
+def _instants_at(wall: datetime, tz: ZoneInfo, *, gap: str, fold: str) -> tuple[list[datetime], bool]:
     """Return the instants a wall time maps to, and whether it is ambiguous."""
     first = wall.replace(tzinfo=tz, fold=0)
     second = wall.replace(tzinfo=tz, fold=1)
@@ -435,9 +419,7 @@ def _instants_at(
             return [], False
         return [_transition(wall, tz, before=offset_first)], False
     # Ambiguous: fold=0 is the earlier instant (PEP 495), fold=1 the later.
-    earlier, later = sorted(
-        (wall - offset).replace(tzinfo=UTC) for offset in (offset_first, offset_second)
-    )
+    earlier, later = sorted((wall - offset).replace(tzinfo=UTC) for offset in (offset_first, offset_second))
     if fold == "first":
         return [earlier], True
     if fold == "last":
@@ -541,7 +523,7 @@ def _strip_expression(message: str, expr: str) -> str:
     message = message.strip()
     prefix = f"[{expr}]"
     if message.startswith(prefix):
-        message = message[len(prefix):]
+        message = message[len(prefix) :]
     message = re.sub(r" in field \d+", "", message)
     message = re.sub(r"^\s*is not acceptable\s*[.,]?\s*", "", message)
     return message.strip()

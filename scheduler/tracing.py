@@ -24,6 +24,7 @@ Hooks elsewhere are one line: ``with tracing.span(...)``, ``@tracing.traced(...)
 ``tracing.message_headers(row)`` and ``tracing.created(rows)``; the
 attributes each span gets are chosen here.
 """
+
 from __future__ import annotations
 
 import functools
@@ -239,12 +240,15 @@ def created(rows: Iterable[Any]) -> None:
     with _remembered_lock:
         for row in rows:
             if row.celery_task_id:  # only pending rows get one: the others are never sent
-                _remembered[row.celery_task_id] = (context, {
-                    "schedule_name": row.schedule.name if row.schedule_id else None,
-                    "tenant": row.tenant,
-                    "lease_token": row.lease_token,
-                    "trigger": row.trigger,
-                })
+                _remembered[row.celery_task_id] = (
+                    context,
+                    {
+                        "schedule_name": row.schedule.name if row.schedule_id else None,
+                        "tenant": row.tenant,
+                        "lease_token": row.lease_token,
+                        "trigger": row.trigger,
+                    },
+                )
         while len(_remembered) > REMEMBER_AT_MOST:
             _remembered.popitem(last=False)
 
@@ -327,9 +331,13 @@ def claimed_attributes(execution: Any) -> dict[str, Any]:
 
 def claim_attributes(held: Any, *_: Any, status: str | None = None, **__: Any) -> dict[str, Any]:
     """Attributes of a write by a claim holder (``held`` is an ``executions.Claim``)."""
-    return {"execution_id": held.execution_id, "attempt": held.attempt, "schedule_id": held.schedule_id, "status": status}
+    return {
+        "execution_id": held.execution_id,
+        "attempt": held.attempt,
+        "schedule_id": held.schedule_id,
+        "status": status,
+    }
 
 
 def reconciled_attributes(report: Any) -> dict[str, Any]:
     return {"changes": len(report.changes)}
-

@@ -4,6 +4,7 @@ The HTTP API and its schema under ``api/``, the probes (``healthz``,
 ``readyz``, ``leaderz``, ``healthz/schedules``) and Prometheus ``metrics``.
 The admin pages come with the host's own ``admin.site.urls``.
 """
+
 from __future__ import annotations
 
 from django.urls import include, path

@@ -45,6 +45,7 @@ worker's main process). Only the prefork pool (Celery's default) enforces both; 
 ``solo`` and ``threads`` pools a task runs past its timeout. No timeout means
 no limit. Timed-out executions are final; they are not retried.
 """
+
 from __future__ import annotations
 
 import json
@@ -140,7 +141,6 @@ def _error_text(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"
 
 
-
 # --- claims ----------------------------------------------------------------------------
 
 
@@ -216,6 +216,7 @@ def _refuse_executions(self: Task, task_id: str, args: Any, kwargs: Any) -> None
     logger.warning("%s (execution %s); not run", reason, execution_id, extra={"action": "unguarded_execution"})
     raise Ignore()
 
+
 #: What an opted-out task (``guarded=False``) takes back from ``celery.Task``.
 _GUARD_ATTRIBUTES = ("acks_late", "reject_on_worker_lost", "Request", "before_start", "__call__", "retry")
 
@@ -253,14 +254,17 @@ class ExecutionTask(Task):
             execution, since = self._claim(task_id, args, kwargs, worker=worker, execution_id=execution_id)
         except MessageRefused as refused:
             logger.warning(
-                "%s; acknowledged, not run", refused,
+                "%s; acknowledged, not run",
+                refused,
                 extra={"action": "message_refused", "execution_id": refused.execution_id, "reason": refused.reason},
             )
             raise Ignore() from None
         if execution is None:
             logger.warning(
                 "duplicate delivery of execution %s (task %s, celery id %s): not run",
-                execution_id or executions.ad_hoc_key(task_id), self.name, task_id,
+                execution_id or executions.ad_hoc_key(task_id),
+                self.name,
+                task_id,
                 extra={"action": "duplicate_delivery", "execution_id": execution_id},
             )
             raise Ignore()
@@ -277,7 +281,8 @@ class ExecutionTask(Task):
             logger.warning(
                 "execution %s attempt %s: this process was paused after claiming it and the claim could not be "
                 "confirmed (it moved on, or the database did not answer); not run",
-                claim.execution_id, claim.attempt,
+                claim.execution_id,
+                claim.attempt,
                 extra={"action": "claim_lost_before_body", "execution_id": claim.execution_id},
             )
             raise Ignore()
@@ -339,7 +344,11 @@ class ExecutionTask(Task):
         except SoftTimeLimitExceeded as exc:
             reason = f"Soft time limit of {execution.timeout}s exceeded"
             _reconnecting(
-                executions.finish, claim, status=Execution.Status.TIMED_OUT, error=reason, traceback_text=traceback.format_exc()
+                executions.finish,
+                claim,
+                status=Execution.Status.TIMED_OUT,
+                error=reason,
+                traceback_text=traceback.format_exc(),
             )
             raise SoftTimeLimitExceeded(reason) from exc
         except Exception as exc:
@@ -352,7 +361,11 @@ class ExecutionTask(Task):
                 )
                 raise self._retry_after_error(claim, exc, delay) from exc
             _reconnecting(
-                executions.finish, claim, status=Execution.Status.FAILED, error=_error_text(exc), traceback_text=traceback.format_exc()
+                executions.finish,
+                claim,
+                status=Execution.Status.FAILED,
+                error=_error_text(exc),
+                traceback_text=traceback.format_exc(),
             )
             raise
         finally:
@@ -467,7 +480,9 @@ def _not_sent(claim: Claim, error: BaseException) -> _RetryNotSent:
     reason = getattr(error, "reason", None) or error
     logger.warning(
         "execution %s attempt %s: its retry could not be sent (%s); it stays retrying for the leader to send",
-        *_token(claim), reason, extra={"action": "retry_not_sent", "execution_id": claim.execution_id},
+        *_token(claim),
+        reason,
+        extra={"action": "retry_not_sent", "execution_id": claim.execution_id},
     )
     return _RetryNotSent(reason, requeue=False)  # type: ignore[arg-type]  # Reject keeps any reason; the stubs say Exception | str
 

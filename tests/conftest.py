@@ -1,4 +1,5 @@
 """Shared fixtures for the whole suite."""
+
 from __future__ import annotations
 
 import os
@@ -143,7 +144,12 @@ def celery_processes(
     started: list[CeleryProcess] = []
 
     def start(
-        kind: str, name: str, *, queues: str | None = None, concurrency: int = 2, checkout: Path | None = None,
+        kind: str,
+        name: str,
+        *,
+        queues: str | None = None,
+        concurrency: int = 2,
+        checkout: Path | None = None,
         **settings: object,
     ) -> CeleryProcess:
         env = dict(process_env)

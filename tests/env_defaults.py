@@ -1,4 +1,5 @@
 """Environment defaults that must exist before pytest-django imports settings."""
+
 from __future__ import annotations
 
 import os

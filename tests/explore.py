@@ -55,6 +55,7 @@ A point that never fired is reported ``not reached``, not passed.
 ``bench/explore.py`` runs the whole matrix (``make explore``);
 ``tests/chaos/test_explore.py`` runs a fast subset in ``make test``.
 """
+
 from __future__ import annotations
 
 import json
@@ -287,16 +288,22 @@ def run(point: Point, action: str, *, env: dict[str, str], workdir: Path) -> dic
         ended_at = leases.db_now()
         # Every slot up to the end is owed: let the beat commit them before turning the schedules off.
         committed = wait_until(
-            lambda: _watched(cluster, lease_log, lease_names)
-            and not Schedule.objects.filter(next_run_at__lte=ended_at).exists(),
-            timeout=30, interval=0.2,
+            lambda: (
+                _watched(cluster, lease_log, lease_names)
+                and not Schedule.objects.filter(next_run_at__lte=ended_at).exists()
+            ),
+            timeout=30,
+            interval=0.2,
         )
         Schedule.objects.update(enabled=False)
         final_wait_started = time.time()
         settled = wait_until(
-            lambda: _watched(cluster, lease_log, lease_names)
-            and not Execution.objects.exclude(status__in=Execution.FINAL_STATUSES).exists(),
-            timeout=FINAL_BOUND_SECONDS + 10, interval=0.2,
+            lambda: (
+                _watched(cluster, lease_log, lease_names)
+                and not Execution.objects.exclude(status__in=Execution.FINAL_STATUSES).exists()
+            ),
+            timeout=FINAL_BOUND_SECONDS + 10,
+            interval=0.2,
         )
         settle_seconds = time.time() - final_wait_started
         executions = list(Execution.objects.order_by("id"))
@@ -330,9 +337,17 @@ def run(point: Point, action: str, *, env: dict[str, str], workdir: Path) -> dic
         assert fault_end is not None
         result.update(
             _check(
-                point, action, fired_in=result["fired_in"], fault_end=fault_end, schedules=schedules,
-                created_at=created_at, ended_at=ended_at, executions=executions, events=events,
-                side_effects=side_effects if fenced else None, lease_log=lease_log,
+                point,
+                action,
+                fired_in=result["fired_in"],
+                fault_end=fault_end,
+                schedules=schedules,
+                created_at=created_at,
+                ended_at=ended_at,
+                executions=executions,
+                events=events,
+                side_effects=side_effects if fenced else None,
+                lease_log=lease_log,
             )
         )
     else:
@@ -376,7 +391,9 @@ def _create_schedules(point: Point, *, now: datetime) -> list[Schedule]:
         Schedule(name=f"tick-{n}", task="tests.record", interval=1, kwargs={"label": f"tick-{n}"}) for n in range(4)
     ]
     long = Schedule(
-        name="long", task="tests.record", interval=LONG_INTERVAL_SECONDS,
+        name="long",
+        task="tests.record",
+        interval=LONG_INTERVAL_SECONDS,
         kwargs={"label": "long", "seconds": LONG_BODY_SECONDS, "step": 0.1},
     )
     schedules = [*every_second, long]
@@ -397,8 +414,12 @@ def _all_held(names: Iterable[str]) -> bool:
 
 
 def _precondition(
-    point: Point, cluster: Cluster, broker: redis.Redis, schedules: list[Schedule],
-    lease_log: list[tuple[float, str, str, int]], lease_names: list[str],
+    point: Point,
+    cluster: Cluster,
+    broker: redis.Redis,
+    schedules: list[Schedule],
+    lease_log: list[tuple[float, str, str, int]],
+    lease_names: list[str],
 ) -> str:
     """Bring the cluster to the state the point needs before it is armed; return what was done."""
     if "lost_worker" in point.needs:
@@ -409,7 +430,9 @@ def _precondition(
         def running_long() -> bool:
             _watched(cluster, lease_log, lease_names)
             row = Execution.objects.filter(schedule=long, status=Execution.Status.RUNNING).first()
-            worker = row and next((w for w in cluster.workers if row.worker.startswith(f"{w.name}@") and w.alive()), None)
+            worker = row and next(
+                (w for w in cluster.workers if row.worker.startswith(f"{w.name}@") and w.alive()), None
+            )
             if worker:
                 found.update(execution=row.pk, worker=worker)
             return bool(worker)
@@ -428,7 +451,11 @@ def _precondition(
 
 
 def _watch(
-    cluster: Cluster, lease_log: list[tuple[float, str, str, int]], lease_names: list[str], *, seconds: float,
+    cluster: Cluster,
+    lease_log: list[tuple[float, str, str, int]],
+    lease_names: list[str],
+    *,
+    seconds: float,
     until: Callable[[], Any] | None = None,
 ) -> Any:
     """Supervise and log the leases for ``seconds``, or until ``until()`` returns something; return that."""
@@ -463,9 +490,18 @@ def _fired(shared: Path) -> dict[str, Any] | None:
 
 
 def _check(
-    point: Point, action: str, *, fired_in: str, fault_end: float, schedules: list[Schedule], created_at: datetime,
-    ended_at: datetime, executions: list[Execution], events: list[dict[str, Any]],
-    side_effects: list[tuple[int, int, int]] | None, lease_log: list[tuple[float, str, str, int]],
+    point: Point,
+    action: str,
+    *,
+    fired_in: str,
+    fault_end: float,
+    schedules: list[Schedule],
+    created_at: datetime,
+    ended_at: datetime,
+    executions: list[Execution],
+    events: list[dict[str, Any]],
+    side_effects: list[tuple[int, int, int]] | None,
+    lease_log: list[tuple[float, str, str, int]],
 ) -> dict[str, Any]:
     """Check the invariants on what the scenario left; return them, the figures and the failures."""
     failures: list[str] = []
@@ -479,12 +515,14 @@ def _check(
     open_rows = invariants.open_executions(executions)
     delays = [
         e.finished_at.timestamp() - max(e.scheduled_for.timestamp(), fault_end)
-        for e in executions if e.status in Execution.FINAL_STATUSES and e.finished_at is not None
+        for e in executions
+        if e.status in Execution.FINAL_STATUSES and e.finished_at is not None
     ]
     time_to_final = max([0.0, *delays])
     if open_rows:
         failures.append(
-            "final: not final: " + ", ".join(f"{e.pk} {e.status} attempt {e.attempt}" for e in open_rows[:5])
+            "final: not final: "
+            + ", ".join(f"{e.pk} {e.status} attempt {e.attempt}" for e in open_rows[:5])
             + (f" (+{len(open_rows) - 5})" if len(open_rows) > 5 else "")
         )
     if time_to_final > FINAL_BOUND_SECONDS:
@@ -553,12 +591,15 @@ def scenarios(points: Iterable[str] | None = None, actions: Iterable[str] | None
 
 def row(result: dict[str, Any]) -> list[Any]:
     """One line of the printed matrix."""
+
     def mark(name: str) -> str:
         value = result.get(name)
         return "-" if value is None else ("ok" if value else "FAIL")
 
     return [
-        result["point"], result["action"], result["fired_in"] or "not reached",
+        result["point"],
+        result["action"],
+        result["fired_in"] or "not reached",
         *(mark(name) for name in INVARIANTS),
         "-" if result.get("time_to_final") is None else result["time_to_final"],
         "-" if result.get("max_gap") is None else result["max_gap"],

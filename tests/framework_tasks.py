@@ -1,4 +1,5 @@
 """``@task`` functions of Django's tasks framework, run by real workers through ``SchedulerBackend``."""
+
 from __future__ import annotations
 
 from typing import Any

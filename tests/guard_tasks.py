@@ -2,6 +2,7 @@
 
 Each appends ``<task>:<label>`` to a Redis list, so a test sees every body that ran.
 """
+
 from __future__ import annotations
 
 from celery import shared_task

@@ -6,6 +6,7 @@ scheme, a schema class that is not drf-spectacular's and an exception
 handler of its own, and its own date-time formats. ``tests/acceptance/test_api_host_settings.py`` serves
 the project with it and checks that the API still answers as documented.
 """
+
 from __future__ import annotations
 
 from project.settings import *  # noqa: F403 -- the demo project, with only REST_FRAMEWORK replaced

@@ -21,6 +21,7 @@ the same things with these functions:
 The run log's clock (``time.time()`` in the workers) and the database's are
 this machine's.
 """
+
 from __future__ import annotations
 
 from collections import Counter, defaultdict
@@ -102,12 +103,16 @@ def claim_violations(
     return stale, twice, overlapping
 
 
-def succeeded_without_body(events: list[dict[str, Any]], executions: Iterable[Execution], *, tasks: Sequence[str]) -> list[int]:
+def succeeded_without_body(
+    events: list[dict[str, Any]], executions: Iterable[Execution], *, tasks: Sequence[str]
+) -> list[int]:
     """Ids of succeeded executions of ``tasks`` (which log their bodies) whose attempt logged no finished body."""
     finished = {(event["execution_id"], event["attempt"]) for event in events if event["event"] == "stop"}
     return [
-        execution.pk for execution in executions
-        if execution.task in tasks and execution.status == Execution.Status.SUCCEEDED
+        execution.pk
+        for execution in executions
+        if execution.task in tasks
+        and execution.status == Execution.Status.SUCCEEDED
         and (execution.pk, execution.attempt) not in finished
     ]
 
@@ -143,7 +148,8 @@ def max_stall(
         if schedule.interval != 1:
             continue
         commits = sorted(
-            [lo] + [e.created_at.timestamp() for e in by_schedule[schedule.pk] if lo < e.scheduled_for.timestamp() <= hi]
+            [lo]
+            + [e.created_at.timestamp() for e in by_schedule[schedule.pk] if lo < e.scheduled_for.timestamp() <= hi]
         )
         gap = max((later - earlier for earlier, later in pairwise(commits)), default=0.0)
         if gap > worst:

@@ -2,6 +2,7 @@
 
 ``tests/acceptance/test_guard_per_task.py`` runs a worker of it.
 """
+
 from __future__ import annotations
 
 import os

@@ -1,4 +1,5 @@
 """Start, signal and watch real ``celery`` processes from tests (bounded waits only)."""
+
 from __future__ import annotations
 
 import os
@@ -101,9 +102,24 @@ def beat_argv() -> list[str]:
 
 def worker_argv(name: str, *, concurrency: int = 2, queues: str | None = None) -> list[str]:
     return [
-        CELERY, "-A", "project", "worker", "-l", "info", "-P", "prefork", "-c", str(concurrency),
-        "-n", f"{name}@%h", "--include", "tests.tasks", "--without-gossip", "--without-mingle",
-        "--without-heartbeat", *(["-Q", queues] if queues else []),
+        CELERY,
+        "-A",
+        "project",
+        "worker",
+        "-l",
+        "info",
+        "-P",
+        "prefork",
+        "-c",
+        str(concurrency),
+        "-n",
+        f"{name}@%h",
+        "--include",
+        "tests.tasks",
+        "--without-gossip",
+        "--without-mingle",
+        "--without-heartbeat",
+        *(["-Q", queues] if queues else []),
     ]
 
 

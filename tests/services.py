@@ -1,4 +1,5 @@
 """Start throwaway redis-server and PostgreSQL instances for the test suite."""
+
 from __future__ import annotations
 
 import contextlib
@@ -72,8 +73,7 @@ def find_redis_server() -> str:
     path = shutil.which("redis-server")
     if path is None:
         raise ServiceError(
-            "redis-server not found on PATH. Install it with "
-            "`apt-get install redis-server` (Debian/Ubuntu)."
+            "redis-server not found on PATH. Install it with `apt-get install redis-server` (Debian/Ubuntu)."
         )
     return path
 
@@ -85,16 +85,33 @@ def redis_server() -> Iterator[str]:
     workdir = Path(tempfile.mkdtemp(prefix="scheduler-redis-"))
     port = free_port()
     log = workdir / "redis.log"
-    args = [binary, "--bind", "127.0.0.1", "--port", str(port), "--dir", str(workdir),
-            "--save", "", "--appendonly", "no", "--daemonize", "no", "--logfile", str(log)]
+    args = [
+        binary,
+        "--bind",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--dir",
+        str(workdir),
+        "--save",
+        "",
+        "--appendonly",
+        "no",
+        "--daemonize",
+        "no",
+        "--logfile",
+        str(log),
+    ]
     # A new session keeps a Ctrl-C in the terminal from killing the server
     # before our own teardown runs.
-    proc = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL, start_new_session=True)
+    proc = subprocess.Popen(
+        args, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
+    )
     # No retries: redis-py retries (with backoff) the ConnectionError that a
     # successful SHUTDOWN causes, which would add seconds to every teardown.
-    client = redis.Redis(host="127.0.0.1", port=port, socket_timeout=1, socket_connect_timeout=1,
-                         retry=Retry(NoBackoff(), 0))
+    client = redis.Redis(
+        host="127.0.0.1", port=port, socket_timeout=1, socket_connect_timeout=1, retry=Retry(NoBackoff(), 0)
+    )
 
     def ping() -> bool:
         try:
@@ -134,8 +151,7 @@ def find_pg_bindir() -> Path:
         if out.returncode == 0 and out.stdout.strip():
             candidates.append(Path(out.stdout.strip()))
     versioned = glob.glob("/usr/lib/postgresql/*/bin")
-    versioned.sort(key=lambda p: (Path(p).parent.name == PG_VERSION, _major(Path(p).parent.name)),
-                   reverse=True)
+    versioned.sort(key=lambda p: (Path(p).parent.name == PG_VERSION, _major(Path(p).parent.name)), reverse=True)
     candidates += [Path(p) for p in versioned]
     if initdb := shutil.which("initdb"):
         candidates.append(Path(initdb).parent)
@@ -159,8 +175,9 @@ def _unprivileged_user() -> str:
         with contextlib.suppress(KeyError):
             pwd.getpwnam(name)
             return name
-    subprocess.run(["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin",
-                    "scheduler-test"], check=True)
+    subprocess.run(
+        ["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", "scheduler-test"], check=True
+    )
     return "scheduler-test"
 
 
@@ -171,18 +188,27 @@ def _as_user(user: str | None) -> list[str]:
     if runuser := shutil.which("runuser"):
         return [runuser, "-u", user, "--"]
     if setpriv := shutil.which("setpriv"):
-        return [setpriv, f"--reuid={user}", f"--regid={pwd.getpwnam(user).pw_gid}",
-                "--clear-groups", "--"]
-    raise ServiceError("running as root, but neither runuser nor setpriv is available "
-                       "to start PostgreSQL as an unprivileged user (install util-linux)")
+        return [setpriv, f"--reuid={user}", f"--regid={pwd.getpwnam(user).pw_gid}", "--clear-groups", "--"]
+    raise ServiceError(
+        "running as root, but neither runuser nor setpriv is available "
+        "to start PostgreSQL as an unprivileged user (install util-linux)"
+    )
 
 
 def _run(what: str, cmd: list[str], log: Path, cwd: Path, timeout: float) -> None:
     # Output goes to a file, not a pipe: a pipe inherited by the postmaster
     # would keep subprocess.run waiting for EOF forever.
     with log.open("ab") as out:
-        result = subprocess.run(cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                                cwd=cwd, timeout=timeout, check=False, start_new_session=True)
+        result = subprocess.run(
+            cmd,
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            cwd=cwd,
+            timeout=timeout,
+            check=False,
+            start_new_session=True,
+        )
     if result.returncode != 0:
         raise ServiceError(f"{what} failed (exit {result.returncode}); log tail:\n{_tail(log)}")
 
@@ -207,14 +233,24 @@ def postgres_cluster() -> Iterator[str]:
     pg_ctl = [*prefix, str(bindir / "pg_ctl"), "-D", str(data)]
     started = False
     try:
-        initdb = [*prefix, str(bindir / "initdb"), "-D", str(data), "-U", PG_ROLE, "--auth=trust",
-                  "--no-locale", "-E", "UTF8", "--no-sync"]
+        initdb = [
+            *prefix,
+            str(bindir / "initdb"),
+            "-D",
+            str(data),
+            "-U",
+            PG_ROLE,
+            "--auth=trust",
+            "--no-locale",
+            "-E",
+            "UTF8",
+            "--no-sync",
+        ]
         _run("initdb", initdb, workdir / "initdb.log", workdir, 120)
         options = [f"-h 127.0.0.1 -p {port} -k {shlex.quote(str(sockets))}"]
         options += [f"-c {key}={value}" for key, value in PG_FAST_SETTINGS.items()]
         started = True
-        start = [*pg_ctl, "-l", str(log), "-w", "-t", str(int(STARTUP_TIMEOUT)),
-                 "-o", " ".join(options), "start"]
+        start = [*pg_ctl, "-l", str(log), "-w", "-t", str(int(STARTUP_TIMEOUT)), "-o", " ".join(options), "start"]
         _run("pg_ctl start", start, workdir / "pg_ctl.log", workdir, STARTUP_TIMEOUT + 10)
         admin_dsn = f"postgresql://{PG_ROLE}@127.0.0.1:{port}/postgres"
 

@@ -2,6 +2,7 @@
 
 Usage: ``python -m tests.suite [pytest args...]`` (what ``make test`` runs).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -46,8 +47,7 @@ def parse_junit(label: str, exit_code: int, path: Path) -> RunResult:
     except (OSError, ET.ParseError):
         return RunResult(label, exit_code)  # pytest died before writing it
     suites = [root] if root.tag == "testsuite" else root.findall("testsuite")
-    total = {key: sum(int(s.get(key, 0)) for s in suites)
-             for key in ("tests", "failures", "errors", "skipped")}
+    total = {key: sum(int(s.get(key, 0)) for s in suites) for key in ("tests", "failures", "errors", "skipped")}
     passed = total["tests"] - total["failures"] - total["errors"] - total["skipped"]
     return RunResult(label, exit_code, passed, total["failures"], total["errors"], total["skipped"])
 
@@ -57,11 +57,20 @@ def banner(text: str) -> None:
     print(f"\n{line}\n== {text}\n{line}", flush=True)
 
 
-def start_pytest(label: str, env: dict[str, str], args: list[str], junit: Path) -> tuple[subprocess.Popen[str], threading.Thread]:
+def start_pytest(
+    label: str, env: dict[str, str], args: list[str], junit: Path
+) -> tuple[subprocess.Popen[str], threading.Thread]:
     """Start pytest in a subprocess with env; a thread copies its output, each line prefixed with label."""
     print(f"[{label}] pytest on {env.get('DATABASE_URL', 'sqlite file in ' + env['VAR_DIR'])}", flush=True)
-    process = subprocess.Popen([sys.executable, "-m", "pytest", *args, f"--junitxml={junit}"], cwd=ROOT, env=env,
-                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace")
+    process = subprocess.Popen(
+        [sys.executable, "-m", "pytest", *args, f"--junitxml={junit}"],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        errors="replace",
+    )
 
     def copy_output() -> None:
         assert process.stdout is not None
@@ -76,9 +85,18 @@ def start_pytest(label: str, env: dict[str, str], args: list[str], junit: Path) 
 def summary(results: list[RunResult]) -> str:
     row = "{:<12}{:>6}{:>8}{:>8}{:>8}{:>9}  {}".format
     header = row("database", "exit", "passed", "failed", "errors", "skipped", "result")
-    rows = [row(r.label, r.exit_code, r.passed, r.failed, r.errors, r.skipped,
-                "ok" if r.ok else "FAILED" + (" (no test passed)" if r.passed == 0 else ""))
-            for r in results]
+    rows = [
+        row(
+            r.label,
+            r.exit_code,
+            r.passed,
+            r.failed,
+            r.errors,
+            r.skipped,
+            "ok" if r.ok else "FAILED" + (" (no test passed)" if r.passed == 0 else ""),
+        )
+        for r in results
+    ]
     return "\n".join([header, "-" * len(header), *rows])
 
 
@@ -86,9 +104,12 @@ def main(args: list[str]) -> int:
     """Start Redis and PostgreSQL, run pytest on SQLite and on PostgreSQL at once, report both."""
     # SIGTERM (CI cancel) becomes SystemExit so the services' teardown runs.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
-    base = {k: v for k, v in os.environ.items()
-            # Anything here would point the tests at someone else's services.
-            if k not in {"DATABASE_URL", "REDIS_URL", "CELERY_BROKER_URL", "VAR_DIR"}}
+    base = {
+        k: v
+        for k, v in os.environ.items()
+        # Anything here would point the tests at someone else's services.
+        if k not in {"DATABASE_URL", "REDIS_URL", "CELERY_BROKER_URL", "VAR_DIR"}
+    }
     # SCHEDULER_SUITE_DATABASES=postgresql runs one database only (make chaos does).
     wanted = os.environ.get("SCHEDULER_SUITE_DATABASES", "").split(",")
     labels = [label for label in ("sqlite", "postgresql") if label in wanted] or ["sqlite", "postgresql"]
@@ -99,9 +120,14 @@ def main(args: list[str]) -> int:
             # Both databases run at once (most tests wait on real processes, so
             # two runs share 2 cores well), each with its own broker.
             for label in labels:
-                env = {**base, "REDIS_URL": services.enter_context(redis_server()), "DJANGO_DEBUG": "1",
-                       # Keeps tests off the dev var/db.sqlite3.
-                       "VAR_DIR": str(workdir / f"var-{label}"), "SCHEDULER_TEST_DB_LABEL": label}
+                env = {
+                    **base,
+                    "REDIS_URL": services.enter_context(redis_server()),
+                    "DJANGO_DEBUG": "1",
+                    # Keeps tests off the dev var/db.sqlite3.
+                    "VAR_DIR": str(workdir / f"var-{label}"),
+                    "SCHEDULER_TEST_DB_LABEL": label,
+                }
                 if label == "postgresql":
                     env["DATABASE_URL"] = services.enter_context(postgres_cluster())
                 # The chaos soak runs on PostgreSQL only (the production database;

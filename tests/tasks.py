@@ -3,6 +3,7 @@
 Each writes its side effects to Redis lists the test reads back, so a test can
 tell how many times, and when, a body really ran.
 """
+
 from __future__ import annotations
 
 import json

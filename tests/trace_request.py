@@ -5,6 +5,7 @@ A process of its own, so tracing is configured from its environment
 instrumentation traces the request. Prints the created execution's id as
 ``execution <id>``; the spans follow on standard output when it exits.
 """
+
 from __future__ import annotations
 
 import os

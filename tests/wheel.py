@@ -1,4 +1,5 @@
 """Build the project's wheel in a copy of the files it is made of (two suite runs may build at once)."""
+
 from __future__ import annotations
 
 import shutil
@@ -20,7 +21,9 @@ def build(workdir: Path) -> Path:
     out = workdir / "dist"
     built = subprocess.run(
         [sys.executable, "-m", "build", "--wheel", "--no-isolation", "--outdir", str(out), str(source)],
-        capture_output=True, text=True, timeout=300,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert built.returncode == 0, built.stdout + built.stderr
     [path] = out.glob("*.whl")

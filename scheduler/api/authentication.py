@@ -3,6 +3,7 @@
 ``caller(request)`` turns either into one ``Caller`` with a role and a
 tenant; permissions, querysets and the audit trail read only that.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -97,7 +98,9 @@ def caller(request: Request) -> Caller:
         return cached
     if isinstance(request.auth, ApiToken):
         token = request.auth
-        result = Caller(token.role, scope_of_token(token), audit.Actor(AuditEvent.ActorType.TOKEN, token.name, token.tenant))
+        result = Caller(
+            token.role, scope_of_token(token), audit.Actor(AuditEvent.ActorType.TOKEN, token.name, token.tenant)
+        )
     else:
         result = Caller(user_role(request.user), scope_of_user(request.user), audit.user_actor(request.user))
     setattr(request, _CALLER_ATTRIBUTE, result)
@@ -117,5 +120,3 @@ def user_role(user: Any) -> str:
     if OPERATOR_GROUP in groups:
         return ApiToken.Role.OPERATOR
     return ApiToken.Role.VIEWER if VIEWER_GROUP in groups else ""
-
-

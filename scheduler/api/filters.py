@@ -1,4 +1,5 @@
 """Query filters of the list endpoints (django-filter: typed, validated, described in the schema)."""
+
 from __future__ import annotations
 
 from datetime import datetime, timezone
@@ -39,7 +40,8 @@ class MomentFilter(django_filters.IsoDateTimeFilter):
 
 class ScheduleFilter(django_filters.FilterSet):
     state = django_filters.ChoiceFilter(
-        choices=[("active", "active"), ("paused", "paused"), ("disabled", "disabled")], method="filter_state",
+        choices=[("active", "active"), ("paused", "paused"), ("disabled", "disabled")],
+        method="filter_state",
     )
     overdue = django_filters.BooleanFilter(method="filter_overdue")
 

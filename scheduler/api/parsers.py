@@ -12,6 +12,7 @@ Django's ``request.body``, whose Content-Length check raises
 versions hand the parser the raw stream, which ``BoundedJSONParser`` checks
 by its Content-Length and reads no further than the limit (a chunked body).
 """
+
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
@@ -54,7 +55,9 @@ def max_depth() -> int:
 class BoundedJSONParser(JSONParser):
     """JSON bodies of at most ``DATA_UPLOAD_MAX_MEMORY_SIZE`` bytes (else 413) and ``max_depth()`` levels (else 400)."""
 
-    def parse(self, stream: IO[bytes], media_type: str | None = None, parser_context: Mapping[str, Any] | None = None) -> Any:
+    def parse(
+        self, stream: IO[bytes], media_type: str | None = None, parser_context: Mapping[str, Any] | None = None
+    ) -> Any:
         parser_context = parser_context or {}
         encoding = get_encoding(parser_context)
         body = _read(stream, parser_context.get("request"), django_settings.DATA_UPLOAD_MAX_MEMORY_SIZE)

@@ -1,4 +1,5 @@
 """Roles: a viewer reads, an operator also writes; the cluster-wide reconcile needs an unscoped operator."""
+
 from __future__ import annotations
 
 from typing import Any

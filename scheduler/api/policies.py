@@ -8,6 +8,7 @@ per-caller throttle, JSON in (bounded) and out, no versioning, DRF's own
 error answers (``{"detail": ...}`` and field errors), drf-spectacular's
 schema. Pagination and filters are set by each view set.
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
@@ -71,7 +72,9 @@ class OwnEndpoints(EndpointEnumerator):
 
     def should_include_endpoint(self, path: str, callback: Any) -> bool:
         view = getattr(callback, "cls", None)
-        return isinstance(view, type) and issubclass(view, OwnPolicies) and super().should_include_endpoint(path, callback)
+        return (
+            isinstance(view, type) and issubclass(view, OwnPolicies) and super().should_include_endpoint(path, callback)
+        )
 
 
 class OwnSchemaGenerator(SchemaGenerator):

@@ -1,4 +1,5 @@
 """The OpenAPI schema's generator: drf-spectacular's, with the error answers every operation can give."""
+
 from __future__ import annotations
 
 from typing import Any, Literal

@@ -4,6 +4,7 @@ A schedule is validated by ``operations.validate_schedule`` (the model's
 ``full_clean`` and the registered-task check), so the API answers with the
 admin's and the CLI's messages, as field errors.
 """
+
 from __future__ import annotations
 
 import json
@@ -52,7 +53,10 @@ class IsoDateTime(serializers.DateTimeField):
 class ApiModelSerializer(serializers.ModelSerializer):
     """The API's model serializers: model date-times as ``IsoDateTime``."""
 
-    serializer_field_mapping = {**serializers.ModelSerializer.serializer_field_mapping, models.DateTimeField: IsoDateTime}
+    serializer_field_mapping = {
+        **serializers.ModelSerializer.serializer_field_mapping,
+        models.DateTimeField: IsoDateTime,
+    }
 
 
 def _no_nul(value: Any) -> Any:
@@ -74,17 +78,61 @@ class ScheduleSerializer(ApiModelSerializer):
     class Meta:
         model = Schedule
         fields = (
-            "id", "name", "task", "args", "kwargs", "queue", "priority", "description", "tenant",
-            "cron", "interval", "run_at", "timezone", "start_at", "end_at", "max_runs",
-            "overlap", "catchup_window", "misfire", "jitter", "dst_gap", "dst_fold", "timeout",
-            "max_retries", "retry_backoff", "pause_after_failures", "alert_after",
-            "enabled", "paused_reason", "disabled_reason", "next_run_at", "last_run_at", "last_status",
-            "last_success_at", "overdue",
-            "total_runs", "total_missed", "consecutive_failures", "last_error", "created_at", "updated_at",
+            "id",
+            "name",
+            "task",
+            "args",
+            "kwargs",
+            "queue",
+            "priority",
+            "description",
+            "tenant",
+            "cron",
+            "interval",
+            "run_at",
+            "timezone",
+            "start_at",
+            "end_at",
+            "max_runs",
+            "overlap",
+            "catchup_window",
+            "misfire",
+            "jitter",
+            "dst_gap",
+            "dst_fold",
+            "timeout",
+            "max_retries",
+            "retry_backoff",
+            "pause_after_failures",
+            "alert_after",
+            "enabled",
+            "paused_reason",
+            "disabled_reason",
+            "next_run_at",
+            "last_run_at",
+            "last_status",
+            "last_success_at",
+            "overdue",
+            "total_runs",
+            "total_missed",
+            "consecutive_failures",
+            "last_error",
+            "created_at",
+            "updated_at",
         )
         read_only_fields = (
-            "id", "disabled_reason", "next_run_at", "last_run_at", "last_status", "last_success_at",
-            "total_runs", "total_missed", "consecutive_failures", "last_error", "created_at", "updated_at",
+            "id",
+            "disabled_reason",
+            "next_run_at",
+            "last_run_at",
+            "last_status",
+            "last_success_at",
+            "total_runs",
+            "total_missed",
+            "consecutive_failures",
+            "last_error",
+            "created_at",
+            "updated_at",
         )
         # The model's validation (below) checks the name once, within the tenant, with the admin's message.
         extra_kwargs: dict[str, dict[str, Any]] = {"name": {"validators": []}}
@@ -117,7 +165,8 @@ class ScheduleSerializer(ApiModelSerializer):
             operations.validate_schedule(schedule, app=app, scope=scope)
             if "run_at" in schedule.changed_fields() or (self.instance is None and schedule.run_at):
                 operations.ensure_run_at_ahead(
-                    schedule.run_at, now=leases.db_now(),
+                    schedule.run_at,
+                    now=leases.db_now(),
                     hint="Give a future time; to run the task once now, use the run-now action.",
                 )
         except DjangoValidationError as exc:
@@ -143,7 +192,8 @@ class ScheduleSerializer(ApiModelSerializer):
             # unique constraint decides, with the validation's own message.
             if Schedule.objects.filter(tenant=schedule.tenant, name=schedule.name).exclude(pk=schedule.pk).exists():
                 message = Schedule._meta.get_field("name").error_messages["unique"] % {
-                    "model_name": "Schedule", "field_label": "Name",
+                    "model_name": "Schedule",
+                    "field_label": "Name",
                 }
                 raise serializers.ValidationError({"name": [message]}) from None
             raise
@@ -158,10 +208,35 @@ class ExecutionSerializer(ApiModelSerializer):
     class Meta:
         model = Execution
         fields = (
-            "id", "idempotency_key", "trigger", "schedule", "retry_of", "task", "args", "kwargs", "queue",
-            "priority", "scheduled_for", "status", "attempt", "timeout", "max_retries", "retry_backoff",
-            "celery_task_id", "worker", "lease_token", "enqueued_at", "started_at", "finished_at",
-            "duration_seconds", "result", "error", "attempt_errors", "traceback", "tenant", "created_at",
+            "id",
+            "idempotency_key",
+            "trigger",
+            "schedule",
+            "retry_of",
+            "task",
+            "args",
+            "kwargs",
+            "queue",
+            "priority",
+            "scheduled_for",
+            "status",
+            "attempt",
+            "timeout",
+            "max_retries",
+            "retry_backoff",
+            "celery_task_id",
+            "worker",
+            "lease_token",
+            "enqueued_at",
+            "started_at",
+            "finished_at",
+            "duration_seconds",
+            "result",
+            "error",
+            "attempt_errors",
+            "traceback",
+            "tenant",
+            "created_at",
         )
         read_only_fields = fields
 
@@ -170,8 +245,16 @@ class AuditEventSerializer(ApiModelSerializer):
     class Meta:
         model = AuditEvent
         fields = (
-            "id", "actor_type", "actor", "action", "object_type", "object_id", "object_repr", "changes",
-            "tenant", "created_at",
+            "id",
+            "actor_type",
+            "actor",
+            "action",
+            "object_type",
+            "object_id",
+            "object_repr",
+            "changes",
+            "tenant",
+            "created_at",
         )
         read_only_fields = fields
 
@@ -211,7 +294,9 @@ class BackfillRequestSerializer(serializers.Serializer):
     end = IsoDateTime(validators=[_in_range])
     dry_run = serializers.BooleanField(default=True, help_text="Preview only (the default); false records the slots.")
     limit = serializers.IntegerField(
-        default=DEFAULT_LIMIT, min_value=1, validators=[_within_backfill_cap],
+        default=DEFAULT_LIMIT,
+        min_value=1,
+        validators=[_within_backfill_cap],
         help_text="Refuse a range of more slots than this; at most SCHEDULER_BACKFILL_MAX_SLOTS (10,000 by default).",
     )
 

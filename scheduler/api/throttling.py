@@ -1,4 +1,5 @@
 """Throttling per token (per user for sessions), at ``SCHEDULER_API_THROTTLE_RATE``."""
+
 from __future__ import annotations
 
 from typing import Any

@@ -1,4 +1,5 @@
 """Routes of the API (``/api/v1/``), its OpenAPI schema (``/api/schema/``) and docs (``/api/docs/``)."""
+
 from __future__ import annotations
 
 from typing import Any

@@ -6,6 +6,7 @@ object answers 404 everywhere, actions included. Writes go through
 ``AuditEvent`` in the same transaction; a backfill and a reconcile, many
 transactions each, commit theirs before the work and complete it after.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -48,7 +49,9 @@ LAG_SAMPLE = 10_000
 DEFAULT_WINDOW = timedelta(hours=24)
 
 IF_MATCH = OpenApiParameter(
-    "If-Match", OpenApiTypes.STR, OpenApiParameter.HEADER,
+    "If-Match",
+    OpenApiTypes.STR,
+    OpenApiParameter.HEADER,
     description="The ETag of the schedule as read; a schedule changed since answers 412 and is not changed.",
 )
 
@@ -114,8 +117,12 @@ class ScopedViewSet(OwnPolicies, viewsets.GenericViewSet):
 
 @extend_schema(tags=["schedules"])
 class ScheduleViewSet(
-    mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.CreateModelMixin, mixins.UpdateModelMixin,
-    mixins.DestroyModelMixin, ScopedViewSet,
+    mixins.ListModelMixin,
+    mixins.RetrieveModelMixin,
+    mixins.CreateModelMixin,
+    mixins.UpdateModelMixin,
+    mixins.DestroyModelMixin,
+    ScopedViewSet,
 ):
     """Schedules of the caller's tenant: CRUD, the operator actions, upcoming fire times and backfill."""
 
@@ -185,7 +192,9 @@ class ScheduleViewSet(
         params = s.PauseSerializer(data=request.data)
         params.is_valid(raise_exception=True)
         reason = params.validated_data["reason"].strip() or f"Paused by {caller(request).actor.name} through the API"
-        return self._change(request, "pause", lambda schedule, now: operations.pause_schedule(schedule, reason, now=now))
+        return self._change(
+            request, "pause", lambda schedule, now: operations.pause_schedule(schedule, reason, now=now)
+        )
 
     @extend_schema(request=None, responses=s.ScheduleSerializer)
     @action(detail=True, methods=["post"])
@@ -218,7 +227,9 @@ class ScheduleViewSet(
         try:
             with transaction.atomic():
                 result = operations.run_now(schedule, app=celery_app(), scope=caller(request).scope)
-                audit.record(caller(request).actor, "run_now", schedule, changes={"execution": [None, result.execution.pk]})
+                audit.record(
+                    caller(request).actor, "run_now", schedule, changes={"execution": [None, result.execution.pk]}
+                )
         except operations.ActionRefused as exc:
             raise Refused(str(exc)) from None
         return Response(s.ActionResultSerializer(_action_result(result)).data, status=status.HTTP_201_CREATED)
@@ -232,8 +243,15 @@ class ScheduleViewSet(
         params.is_valid(raise_exception=True)
         zone = ZoneInfo(schedule.timezone)
         times = schedule.next_fire_times(params.validated_data["n"], after=leases.db_now())
-        note = "" if schedule.enabled and not schedule.is_paused else "The schedule is off: it does not fire until turned on."
-        data = {"times": [{"utc": t, "local": t.astimezone(zone).strftime("%Y-%m-%d %H:%M:%S %Z")} for t in times], "note": note}
+        note = (
+            ""
+            if schedule.enabled and not schedule.is_paused
+            else "The schedule is off: it does not fire until turned on."
+        )
+        data = {
+            "times": [{"utc": t, "local": t.astimezone(zone).strftime("%Y-%m-%d %H:%M:%S %Z")} for t in times],
+            "note": note,
+        }
         return Response(s.NextSerializer(data).data)
 
     @extend_schema(request=s.BackfillRequestSerializer, responses=s.BackfillReportSerializer)
@@ -250,8 +268,14 @@ class ScheduleViewSet(
             # Committed once the range is accepted, before the first execution; completed after.
             with audit.operation(caller(request).actor, "backfill", schedule, changes=window, start=False) as op:
                 report = backfill.backfill(
-                    schedule, start=options["start"], end=options["end"], now=leases.db_now(),
-                    dry_run=options["dry_run"], limit=options["limit"], app=celery_app(), on_start=op.start,
+                    schedule,
+                    start=options["start"],
+                    end=options["end"],
+                    now=leases.db_now(),
+                    dry_run=options["dry_run"],
+                    limit=options["limit"],
+                    app=celery_app(),
+                    on_start=op.start,
                 )
                 op.done(report.outcome)
         except BackfillTooLarge as exc:
@@ -284,7 +308,9 @@ class ExecutionViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, ScopedV
         try:
             with transaction.atomic():
                 result = operations.retry_execution(execution, app=celery_app(), scope=caller(request).scope)
-                audit.record(caller(request).actor, "retry", execution, changes={"retried_by": [None, result.execution.pk]})
+                audit.record(
+                    caller(request).actor, "retry", execution, changes={"retried_by": [None, result.execution.pk]}
+                )
         except operations.ActionRefused as exc:
             raise Refused(str(exc)) from None
         return Response(s.ActionResultSerializer(_action_result(result)).data, status=status.HTTP_201_CREATED)
@@ -330,9 +356,13 @@ class ClusterView(OwnPolicies, APIView):
         members = cluster.members(leaders={lease.holder for lease in rows if lease.held}, now=now)
         instances = [
             {
-                **{field: getattr(m.instance, field) for field in
-                   ("instance_id", "role", "hostname", "pid", "version", "started_at", "last_seen")},
-                "is_leader": m.is_leader, "heartbeat_age_seconds": m.age, "is_stale": m.is_stale,
+                **{
+                    field: getattr(m.instance, field)
+                    for field in ("instance_id", "role", "hostname", "pid", "version", "started_at", "last_seen")
+                },
+                "is_leader": m.is_leader,
+                "heartbeat_age_seconds": m.age,
+                "is_stale": m.is_stale,
             }
             for m in members
         ]

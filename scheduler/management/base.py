@@ -7,6 +7,7 @@ on; Django prints it and exits with status 1. Argument errors exit with 2.
 With ``--json`` the same line is also printed on stdout as
 ``{"error": "..."}``, so a script parses one stream either way.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -176,7 +177,9 @@ def parse_iso(value: str, *, name: str = "date") -> datetime:
         # Say why a well-shaped value is wrong (``day is out of range for month``);
         # for other text the reason would only repeat the value.
         reason = "" if "isoformat" in str(exc) else f" ({_first_line(exc)})"
-        raise CommandError(f"{name} {value!r} is not an ISO-8601 date or time{reason}, e.g. 2026-03-29T02:30:00Z") from None
+        raise CommandError(
+            f"{name} {value!r} is not an ISO-8601 date or time{reason}, e.g. 2026-03-29T02:30:00Z"
+        ) from None
     if not EARLIEST <= parsed < LATEST:
         raise CommandError(f"{name} {value!r} is out of range; expected a time from 1970-01-01 to 8999-12-31")
     return parsed
@@ -203,7 +206,7 @@ def parse_json(value: str, *, name: str, kind: type) -> Any:
     except RecursionError:
         raise CommandError(f"{name} is not valid JSON: nested too deeply") from None
     if not isinstance(parsed, kind):
-        expected = "a JSON list, e.g. [1, \"two\"]" if kind is list else "a JSON object, e.g. {\"key\": 1}"
+        expected = 'a JSON list, e.g. [1, "two"]' if kind is list else 'a JSON object, e.g. {"key": 1}'
         raise CommandError(f"{name} must be {expected}")
     return parsed
 

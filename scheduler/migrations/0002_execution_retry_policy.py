@@ -4,25 +4,24 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('scheduler', '0001_initial'),
+        ("scheduler", "0001_initial"),
     ]
 
     operations = [
         migrations.AddField(
-            model_name='execution',
-            name='max_retries',
+            model_name="execution",
+            name="max_retries",
             field=models.PositiveIntegerField(default=0),
         ),
         migrations.AddField(
-            model_name='execution',
-            name='retry_backoff',
+            model_name="execution",
+            name="retry_backoff",
             field=models.PositiveIntegerField(default=1),
         ),
         migrations.AddField(
-            model_name='execution',
-            name='timeout',
-            field=models.PositiveIntegerField(blank=True, help_text='Seconds; empty means no time limit.', null=True),
+            model_name="execution",
+            name="timeout",
+            field=models.PositiveIntegerField(blank=True, help_text="Seconds; empty means no time limit.", null=True),
         ),
     ]

@@ -4,29 +4,28 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('scheduler', '0002_execution_retry_policy'),
+        ("scheduler", "0002_execution_retry_policy"),
     ]
 
     operations = [
         migrations.AddField(
-            model_name='execution',
-            name='held',
+            model_name="execution",
+            name="held",
             field=models.BooleanField(default=False),
         ),
         migrations.AddField(
-            model_name='schedule',
-            name='disabled_reason',
-            field=models.TextField(blank=True, default='', editable=False),
+            model_name="schedule",
+            name="disabled_reason",
+            field=models.TextField(blank=True, default="", editable=False),
         ),
         migrations.AddField(
-            model_name='schedule',
-            name='total_missed',
+            model_name="schedule",
+            name="total_missed",
             field=models.PositiveIntegerField(default=0, editable=False),
         ),
         migrations.AddIndex(
-            model_name='execution',
-            index=models.Index(condition=models.Q(('held', True)), fields=['schedule'], name='execution_held'),
+            model_name="execution",
+            index=models.Index(condition=models.Q(("held", True)), fields=["schedule"], name="execution_held"),
         ),
     ]

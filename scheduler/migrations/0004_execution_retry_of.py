@@ -5,15 +5,20 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('scheduler', '0003_overlap_and_completion'),
+        ("scheduler", "0003_overlap_and_completion"),
     ]
 
     operations = [
         migrations.AddField(
-            model_name='execution',
-            name='retry_of',
-            field=models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.SET_NULL, related_name='retries', to='scheduler.execution'),
+            model_name="execution",
+            name="retry_of",
+            field=models.ForeignKey(
+                blank=True,
+                null=True,
+                on_delete=django.db.models.deletion.SET_NULL,
+                related_name="retries",
+                to="scheduler.execution",
+            ),
         ),
     ]

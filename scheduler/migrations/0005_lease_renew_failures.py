@@ -4,15 +4,14 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('scheduler', '0004_execution_retry_of'),
+        ("scheduler", "0004_execution_retry_of"),
     ]
 
     operations = [
         migrations.AddField(
-            model_name='lease',
-            name='renew_failures',
+            model_name="lease",
+            name="renew_failures",
             field=models.PositiveIntegerField(default=0),
         ),
     ]

@@ -4,15 +4,14 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('scheduler', '0005_lease_renew_failures'),
+        ("scheduler", "0005_lease_renew_failures"),
     ]
 
     operations = [
         migrations.AddField(
-            model_name='schedule',
-            name='last_status',
-            field=models.CharField(blank=True, db_index=True, default='', editable=False, max_length=20),
+            model_name="schedule",
+            name="last_status",
+            field=models.CharField(blank=True, db_index=True, default="", editable=False, max_length=20),
         ),
     ]

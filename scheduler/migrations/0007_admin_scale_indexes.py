@@ -4,32 +4,33 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('scheduler', '0006_schedule_last_status'),
+        ("scheduler", "0006_schedule_last_status"),
     ]
 
     operations = [
         migrations.AlterField(
-            model_name='schedule',
-            name='last_status',
-            field=models.CharField(blank=True, default='', editable=False, max_length=20),
+            model_name="schedule",
+            name="last_status",
+            field=models.CharField(blank=True, default="", editable=False, max_length=20),
         ),
         migrations.AlterField(
-            model_name='schedule',
-            name='task',
-            field=models.CharField(db_index=True, help_text='Dotted name of the Celery task.', max_length=255),
+            model_name="schedule",
+            name="task",
+            field=models.CharField(db_index=True, help_text="Dotted name of the Celery task.", max_length=255),
         ),
         migrations.AddIndex(
-            model_name='schedule',
-            index=models.Index(fields=['next_run_at', '-id'], name='schedule_next_run'),
+            model_name="schedule",
+            index=models.Index(fields=["next_run_at", "-id"], name="schedule_next_run"),
         ),
         migrations.AddIndex(
-            model_name='schedule',
-            index=models.Index(fields=['last_status', 'name'], name='schedule_last_status'),
+            model_name="schedule",
+            index=models.Index(fields=["last_status", "name"], name="schedule_last_status"),
         ),
         migrations.AddIndex(
-            model_name='schedule',
-            index=models.Index(condition=models.Q(('paused_reason', ''), _negated=True), fields=['name'], name='schedule_paused'),
+            model_name="schedule",
+            index=models.Index(
+                condition=models.Q(("paused_reason", ""), _negated=True), fields=["name"], name="schedule_paused"
+            ),
         ),
     ]

@@ -8,10 +8,13 @@ def backfill_counters(apps, schema_editor):
     alias = schema_editor.connection.alias
     Schedule = apps.get_model("scheduler", "Schedule")
     Execution = apps.get_model("scheduler", "Execution")
-    for schedule in Schedule.objects.using(alias).filter(models.Q(max_runs__isnull=False) | models.Q(run_at__isnull=False)):
+    for schedule in Schedule.objects.using(alias).filter(
+        models.Q(max_runs__isnull=False) | models.Q(run_at__isnull=False)
+    ):
         # Beat keys are schedule:<id>:<ISO slot>; run-now keys are schedule:<id>:manual:<uuid>.
         sent = (
-            Execution.objects.using(alias).filter(schedule_id=schedule.pk, idempotency_key__startswith=f"schedule:{schedule.pk}:")
+            Execution.objects.using(alias)
+            .filter(schedule_id=schedule.pk, idempotency_key__startswith=f"schedule:{schedule.pk}:")
             .exclude(idempotency_key__startswith=f"schedule:{schedule.pk}:manual:")
             .exclude(status__in=["missed", "skipped"])
             .count()

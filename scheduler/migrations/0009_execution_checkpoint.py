@@ -4,19 +4,20 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('scheduler', '0008_counters_and_priority'),
+        ("scheduler", "0008_counters_and_priority"),
     ]
 
     operations = [
         migrations.AddField(
-            model_name='execution',
-            name='checkpoint',
+            model_name="execution",
+            name="checkpoint",
             field=models.JSONField(blank=True, null=True),
         ),
         migrations.AddIndex(
-            model_name='execution',
-            index=models.Index(condition=models.Q(('status', 'queued')), fields=['queue', 'created_at'], name='execution_queued'),
+            model_name="execution",
+            index=models.Index(
+                condition=models.Q(("status", "queued")), fields=["queue", "created_at"], name="execution_queued"
+            ),
         ),
     ]

@@ -16,29 +16,40 @@ def triggers_from_keys(apps, schema_editor):
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('scheduler', '0009_execution_checkpoint'),
+        ("scheduler", "0009_execution_checkpoint"),
     ]
 
     operations = [
         migrations.AddField(
-            model_name='execution',
-            name='attempt_errors',
+            model_name="execution",
+            name="attempt_errors",
             field=models.JSONField(blank=True, default=list),
         ),
         migrations.AddField(
-            model_name='execution',
-            name='trigger',
-            field=models.CharField(choices=[('scheduled', 'scheduled'), ('manual', 'manual (run now)'), ('backfill', 'backfill'), ('retry', 'retry'), ('submit', 'submit')], default='scheduled', max_length=16),
+            model_name="execution",
+            name="trigger",
+            field=models.CharField(
+                choices=[
+                    ("scheduled", "scheduled"),
+                    ("manual", "manual (run now)"),
+                    ("backfill", "backfill"),
+                    ("retry", "retry"),
+                    ("submit", "submit"),
+                ],
+                default="scheduled",
+                max_length=16,
+            ),
         ),
         migrations.AddIndex(
-            model_name='execution',
-            index=models.Index(fields=['trigger', '-scheduled_for'], name='execution_trigger'),
+            model_name="execution",
+            index=models.Index(fields=["trigger", "-scheduled_for"], name="execution_trigger"),
         ),
         migrations.AddIndex(
-            model_name='execution',
-            index=models.Index(fields=['idempotency_key'], name='execution_key_prefix', opclasses=['varchar_pattern_ops']),
+            model_name="execution",
+            index=models.Index(
+                fields=["idempotency_key"], name="execution_key_prefix", opclasses=["varchar_pattern_ops"]
+            ),
         ),
         migrations.RunPython(triggers_from_keys, migrations.RunPython.noop),
     ]

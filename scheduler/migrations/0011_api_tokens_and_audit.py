@@ -1,4 +1,5 @@
 """HTTP API tokens, tenant scoping and the audit trail."""
+
 import django.db.models.deletion
 import django.db.models.functions.datetime
 from django.conf import settings
@@ -6,7 +7,6 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
         ("scheduler", "0010_execution_trigger"),
         migrations.swappable_dependency(settings.AUTH_USER_MODEL),

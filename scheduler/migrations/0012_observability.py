@@ -6,6 +6,7 @@ they commit with it whatever path made the change; the trigger's SQL is
 spelled once per database below. The current rows seed the tallies and the
 schedules' last success, cadence and overdue deadline.
 """
+
 from __future__ import annotations
 
 import django.core.validators
@@ -134,13 +135,21 @@ def fill_deadlines(apps, schema_editor):
     batch = []
     for schedule in schedules.order_by("pk").iterator(chunk_size=1000):
         shape = timing.Timing(
-            cron=schedule.cron or None, interval=schedule.interval, run_at=schedule.run_at,
-            timezone=schedule.timezone, start_at=schedule.start_at, end_at=schedule.end_at,
-            max_runs=schedule.max_runs, dst_gap=schedule.dst_gap, dst_fold=schedule.dst_fold,
+            cron=schedule.cron or None,
+            interval=schedule.interval,
+            run_at=schedule.run_at,
+            timezone=schedule.timezone,
+            start_at=schedule.start_at,
+            end_at=schedule.end_at,
+            max_runs=schedule.max_runs,
+            dst_gap=schedule.dst_gap,
+            dst_fold=schedule.dst_fold,
         )
         schedule.cadence = overdue.cadence(shape)
         schedule.overdue_at = overdue.deadline(
-            shape, window=schedule.alert_after or schedule.cadence, last_success_at=schedule.last_success_at,
+            shape,
+            window=schedule.alert_after or schedule.cadence,
+            last_success_at=schedule.last_success_at,
             since=schedule.owed_since or schedule.created_at,
         )
         batch.append(schedule)
@@ -151,7 +160,6 @@ def fill_deadlines(apps, schema_editor):
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
         ("scheduler", "0011_api_tokens_and_audit"),
     ]

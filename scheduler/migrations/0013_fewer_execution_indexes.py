@@ -8,6 +8,7 @@ On SQLite, altering the foreign key rebuilds the table, which drops its
 triggers: the execution tallies' triggers (migration 0012) are created again
 after the rebuild, in both directions.
 """
+
 from importlib import import_module
 
 import django.db.models.deletion
@@ -26,7 +27,6 @@ def recreate_sqlite_triggers(apps, schema_editor):
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
         ("scheduler", "0012_observability"),
     ]
@@ -42,8 +42,12 @@ class Migration(migrations.Migration):
             model_name="execution",
             name="schedule",
             field=models.ForeignKey(
-                blank=True, db_index=False, null=True, on_delete=django.db.models.deletion.SET_NULL,
-                related_name="executions", to="scheduler.schedule",
+                blank=True,
+                db_index=False,
+                null=True,
+                on_delete=django.db.models.deletion.SET_NULL,
+                related_name="executions",
+                to="scheduler.schedule",
             ),
         ),
         migrations.RunPython(recreate_sqlite_triggers, migrations.RunPython.noop),

@@ -5,6 +5,7 @@ to ``id % SCHEDULER_SHARDS`` when sharding is turned on. On SQLite, adding a
 column with a default rebuilds ``scheduler_execution``, which drops its
 triggers: the tallies' triggers (migration 0012) are created again after it.
 """
+
 from importlib import import_module
 
 from django.db import migrations, models
@@ -13,7 +14,6 @@ tallies = import_module("scheduler.migrations.0013_fewer_execution_indexes")
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
         ("scheduler", "0013_fewer_execution_indexes"),
     ]

@@ -5,6 +5,7 @@ token without a tenant saw every tenant. From now on they see nothing unless
 marked "all tenants", so the migration marks the existing ones, and says how
 many, so that nobody loses access silently.
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -27,41 +28,45 @@ def mark_existing_all_tenants(apps: Any, schema_editor: Any) -> None:
     users = profiles + len(created)
     if users or tokens:
         print(
-            f"\n  scheduler: marked {users} staff user(s) and {tokens} API token(s) \"all tenants\", as they saw every "
+            f'\n  scheduler: marked {users} staff user(s) and {tokens} API token(s) "all tenants", as they saw every '
             "tenant before; review them (admin: operator profiles; manage.py api_tokens list).",
         )
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('scheduler', '0014_shards'),
+        ("scheduler", "0014_shards"),
         migrations.swappable_dependency(settings.AUTH_USER_MODEL),
     ]
 
     operations = [
         migrations.AddField(
-            model_name='apitoken',
-            name='all_tenants',
+            model_name="apitoken",
+            name="all_tenants",
             field=models.BooleanField(default=False),
         ),
         migrations.AddField(
-            model_name='operatorprofile',
-            name='all_tenants',
-            field=models.BooleanField(default=False, help_text="Every tenant's rows, and the platform's own tasks. Leave the tenant empty."),
+            model_name="operatorprofile",
+            name="all_tenants",
+            field=models.BooleanField(
+                default=False, help_text="Every tenant's rows, and the platform's own tasks. Leave the tenant empty."
+            ),
         ),
         migrations.AlterField(
-            model_name='schedule',
-            name='name',
+            model_name="schedule",
+            name="name",
             field=models.CharField(db_index=True, max_length=200),
         ),
         migrations.AddConstraint(
-            model_name='operatorprofile',
-            constraint=models.CheckConstraint(condition=models.Q(('all_tenants', False), ('tenant', ''), _connector='OR'), name='operator_profile_one_binding'),
+            model_name="operatorprofile",
+            constraint=models.CheckConstraint(
+                condition=models.Q(("all_tenants", False), ("tenant", ""), _connector="OR"),
+                name="operator_profile_one_binding",
+            ),
         ),
         migrations.AddConstraint(
-            model_name='schedule',
-            constraint=models.UniqueConstraint(fields=('tenant', 'name'), name='schedule_name_per_tenant'),
+            model_name="schedule",
+            constraint=models.UniqueConstraint(fields=("tenant", "name"), name="schedule_name_per_tenant"),
         ),
         migrations.RunPython(mark_existing_all_tenants, migrations.RunPython.noop),
     ]

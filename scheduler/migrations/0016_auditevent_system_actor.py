@@ -2,6 +2,7 @@
 
 Only the field's choices change; no column is altered.
 """
+
 from __future__ import annotations
 
 from django.db import migrations, models

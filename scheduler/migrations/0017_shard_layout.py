@@ -5,6 +5,7 @@ The table starts empty: the first beat replica of this version stores its
 shards --set N`` changes it. Until a row exists, every process reads its own
 ``SCHEDULER_SHARDS``, as before.
 """
+
 from __future__ import annotations
 
 from django.db import migrations, models

@@ -3,6 +3,7 @@
 Empty for every schedule at first: what prunes before this migration deleted
 is not known, and the audit still never looks past the retention setting.
 """
+
 from __future__ import annotations
 
 from django.db import migrations, models

@@ -14,6 +14,7 @@ On SQLite the triggers are dropped and created again with the new body; a
 later migration that rebuilds ``scheduler_execution`` there must create them
 again after the rebuild (``recreate_sqlite_triggers``), in both directions.
 """
+
 from importlib import import_module
 
 from django.db import migrations, models
@@ -121,7 +122,6 @@ def add_to_counters(apps, schema_editor):
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
         ("scheduler", "0018_schedule_pruned_through"),
     ]

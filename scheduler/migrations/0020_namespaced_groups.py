@@ -9,6 +9,7 @@ permissions do not even exist yet while this runs) and keeps its name. If
 the new name is taken already, the old group's members join it and the old
 group goes. Reversible.
 """
+
 from django.db import migrations
 
 RENAMES = (("viewer", "scheduler: viewer"), ("schedule operator", "scheduler: operator"))
@@ -41,7 +42,6 @@ def backwards(apps, schema_editor):
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
         ("scheduler", "0019_tally_increments"),
         ("auth", "0012_alter_user_first_name_max_length"),

@@ -1,4 +1,5 @@
 """The scheduler's tables: what should run, what did run, who leads."""
+
 from __future__ import annotations
 
 from scheduler.models.api_token import ApiToken
@@ -12,6 +13,14 @@ from scheduler.models.shard_layout import ShardLayout
 from scheduler.models.tally import DurationTally, ExecutionTally
 
 __all__ = (
-    "ApiToken", "AuditEvent", "DurationTally", "Execution", "ExecutionTally", "Instance", "Lease", "OperatorProfile", "Schedule",
+    "ApiToken",
+    "AuditEvent",
+    "DurationTally",
+    "Execution",
+    "ExecutionTally",
+    "Instance",
+    "Lease",
+    "OperatorProfile",
+    "Schedule",
     "ShardLayout",
 )

@@ -1,4 +1,5 @@
 """ApiToken: a bearer token of the HTTP API, stored as a hash, with a role, a tenant and an expiry."""
+
 from __future__ import annotations
 
 import hashlib
@@ -56,7 +57,11 @@ class ApiToken(models.Model):
             raise ValueError("A token is bound to one tenant or to all tenants, not both.")
         raw = TOKEN_PREFIX + secrets.token_urlsafe(32)
         token = cls.objects.create(
-            name=name, token_hash=hash_token(raw), role=role, tenant=tenant, all_tenants=all_tenants,
+            name=name,
+            token_hash=hash_token(raw),
+            role=role,
+            tenant=tenant,
+            all_tenants=all_tenants,
             expires_at=expires_at,
         )
         return token, raw

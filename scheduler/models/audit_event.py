@@ -1,4 +1,5 @@
 """AuditEvent: who changed what, when, through the API, the admin or the CLI."""
+
 from __future__ import annotations
 
 from django.db import models

@@ -1,4 +1,5 @@
 """Execution: one row per (schedule, slot) or per ad-hoc submission."""
+
 from __future__ import annotations
 
 from datetime import timedelta
@@ -142,9 +143,7 @@ class Execution(models.Model):
         db_index=False,
     )
     #: The execution this one re-runs (``executions retry``), if any.
-    retry_of = models.ForeignKey(
-        "self", null=True, blank=True, on_delete=models.SET_NULL, related_name="retries"
-    )
+    retry_of = models.ForeignKey("self", null=True, blank=True, on_delete=models.SET_NULL, related_name="retries")
     task = models.CharField(max_length=255)
     args = models.JSONField(default=list, blank=True)
     kwargs = models.JSONField(default=dict, blank=True)
@@ -206,11 +205,15 @@ class Execution(models.Model):
             models.Index(fields=["queue", "created_at"], name="execution_queued", condition=Q(status="queued")),
             # /metrics: the dispatch lag of scheduled slots sent lately, newest first.
             models.Index(
-                fields=["-enqueued_at"], name="execution_sent", condition=Q(trigger="scheduled", enqueued_at__isnull=False)
+                fields=["-enqueued_at"],
+                name="execution_sent",
+                condition=Q(trigger="scheduled", enqueued_at__isnull=False),
             ),
             # /metrics: waiting and running executions by status and queue, from the index alone.
             models.Index(
-                fields=["status", "queue"], name="execution_current", condition=Q(status__in=["pending", "queued", "running"])
+                fields=["status", "queue"],
+                name="execution_current",
+                condition=Q(status__in=["pending", "queued", "running"]),
             ),
         ]
 

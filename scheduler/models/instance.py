@@ -1,4 +1,5 @@
 """Instance: the heartbeat registry of beat replicas and workers."""
+
 from __future__ import annotations
 
 from django.db import models

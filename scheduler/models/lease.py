@@ -1,4 +1,5 @@
 """Lease: named, time-bounded ownership with a fencing token."""
+
 from __future__ import annotations
 
 from django.db import models

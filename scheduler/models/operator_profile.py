@@ -1,4 +1,5 @@
 """OperatorProfile: the tenant a staff user is bound to, for the admin and the API."""
+
 from __future__ import annotations
 
 from django.conf import settings
@@ -24,9 +25,7 @@ class OperatorProfile(models.Model):
     class Meta:
         verbose_name = "operator profile"
         constraints = [
-            models.CheckConstraint(
-                condition=Q(all_tenants=False) | Q(tenant=""), name="operator_profile_one_binding"
-            ),
+            models.CheckConstraint(condition=Q(all_tenants=False) | Q(tenant=""), name="operator_profile_one_binding"),
         ]
 
     def __str__(self) -> str:
@@ -35,4 +34,3 @@ class OperatorProfile(models.Model):
     def clean(self) -> None:
         if self.all_tenants and self.tenant:
             raise ValidationError({"tenant": "Leave the tenant empty for a profile bound to all tenants."})
-

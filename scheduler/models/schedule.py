@@ -1,4 +1,5 @@
 """Schedule: what should run and when, with its policies and running state."""
+
 from __future__ import annotations
 
 import copy
@@ -380,7 +381,8 @@ class Schedule(models.Model):
         """
         return {
             field.attname: copy.deepcopy(self.__dict__[field.attname])
-            if isinstance(field, models.JSONField) else self.__dict__[field.attname]
+            if isinstance(field, models.JSONField)
+            else self.__dict__[field.attname]
             for field in self._meta.concrete_fields
             if field.attname in self.__dict__
         }
@@ -506,7 +508,10 @@ class Schedule(models.Model):
             if problem:
                 errors[field] = [problem]
                 exclude.add(field)
-        for field, limit in (("description", limits.DESCRIPTION_MAX_CHARS), ("paused_reason", limits.PAUSED_REASON_MAX_CHARS)):
+        for field, limit in (
+            ("description", limits.DESCRIPTION_MAX_CHARS),
+            ("paused_reason", limits.PAUSED_REASON_MAX_CHARS),
+        ):
             problems = [] if field in exclude else limits.text_problems(getattr(self, field), limit)
             if problems:
                 errors[field] = problems
@@ -537,9 +542,9 @@ class Schedule(models.Model):
         except ScheduleInvalid as exc:
             add("timezone", str(exc))
         if not isinstance(self.args, list):
-            add("args", "Arguments must be a JSON list, for example [1, \"two\"].")
+            add("args", 'Arguments must be a JSON list, for example [1, "two"].')
         if not isinstance(self.kwargs, dict):
-            add("kwargs", "Keyword arguments must be a JSON object, for example {\"key\": 1}.")
+            add("kwargs", 'Keyword arguments must be a JSON object, for example {"key": 1}.')
         if self.start_at and self.end_at and self.end_at <= self.start_at:
             add("end_at", "End must be after start.")
         for field in ("run_at", "start_at", "end_at"):

@@ -1,4 +1,5 @@
 """ShardLayout: the one stored shard count every beat replica follows."""
+
 from __future__ import annotations
 
 from django.db import models

@@ -23,6 +23,7 @@ On SQLite, a migration that rebuilds ``scheduler_execution`` (most field
 changes do) drops its triggers: it must create them again, with the SQL of
 migration 0019 (``recreate_sqlite_triggers`` there), as 0013 did with 0012's.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -183,7 +184,10 @@ def duration_counts(*, using: str = DEFAULT_DB_ALIAS) -> dict[tuple[str, str], t
     """Return {(task, le): (count, seconds)}: the totals plus the increments not folded yet, read at one instant."""
     totals = DurationTally.objects.using(using).values_list("task", "le").annotate(n=Sum("count"), s=Sum("seconds"))
     pending = (
-        TallyIncrement.objects.using(using).exclude(le="").values_list("task", "le").annotate(n=Count("id"), s=Sum("seconds"))
+        TallyIncrement.objects.using(using)
+        .exclude(le="")
+        .values_list("task", "le")
+        .annotate(n=Count("id"), s=Sum("seconds"))
     )
     counts: dict[tuple[str, str], tuple[int, float]] = {}
     for task, le, count, seconds in totals.order_by().union(pending.order_by(), all=True):

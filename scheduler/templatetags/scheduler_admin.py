@@ -5,6 +5,7 @@ The app's own admin templates (``admin/scheduler/*.html``) put
 admin page adds the same to the ``messages`` block of its own
 ``admin/base_site.html``; it renders once per request, wherever it appears.
 """
+
 from __future__ import annotations
 
 from typing import Any

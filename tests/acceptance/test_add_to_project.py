@@ -18,6 +18,7 @@ host). Then it adds a schedule of the user's task through the admin, as the
 page's last step says, and checks its executions: each succeeded, one per
 slot.
 """
+
 from __future__ import annotations
 
 import json
@@ -56,7 +57,10 @@ def test_the_page_has_the_steps_this_test_follows() -> None:
     kinds = [(lang, title) for lang, title, _ in steps()]
     assert ("bash", None) in kinds and ("bash", "run") in kinds
     assert {title for lang, title in kinds if lang == "python"} >= {
-        "billing/tasks.py", "mysite/settings.py (append)", "mysite/celery.py", "mysite/urls.py (append)",
+        "billing/tasks.py",
+        "mysite/settings.py (append)",
+        "mysite/celery.py",
+        "mysite/urls.py (append)",
     }
 
 
@@ -105,8 +109,14 @@ def test_adding_to_a_project__as_the_page_says__runs_a_schedule_once_per_slot(
         argv = shlex.split(command)
         if argv[:2] == ["pip", "install"]:  # the wheel just built, at the lock's versions
             extra = "[postgresql]" if database else ""
-            argv = [str(bin_dir / "pip"), "install", "--quiet", "-c", str(ROOT / "requirements.txt"),
-                    *[f"{wheel}{extra}" if arg == DISTRIBUTION else arg for arg in argv[2:]]]
+            argv = [
+                str(bin_dir / "pip"),
+                "install",
+                "--quiet",
+                "-c",
+                str(ROOT / "requirements.txt"),
+                *[f"{wheel}{extra}" if arg == DISTRIBUTION else arg for arg in argv[2:]],
+            ]
         done = subprocess.run(argv, cwd=project, env=env, capture_output=True, text=True, timeout=timeout)
         assert done.returncode == 0, f"{command}:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
         return done.stdout
@@ -195,12 +205,36 @@ def _add_schedule_in_the_admin(base: str) -> None:
     form = browser.get(f"{base}/admin/scheduler/schedule/add/", timeout=10)
     assert form.status_code == 200, form.text[:2000]
     fields: dict[str, Any] = {
-        "name": "invoices", "task": "billing.send_invoices", "args": "[]", "kwargs": "{}", "queue": "",
-        "priority": "", "description": "", "tenant": "", "cron": "", "interval": "1", "run_at_0": "",
-        "run_at_1": "", "timezone": "UTC", "start_at_0": "", "start_at_1": "", "end_at_0": "", "end_at_1": "",
-        "max_runs": "", "overlap": "allow", "catchup_window": "300", "misfire": "run_all", "jitter": "0",
-        "dst_gap": "shift", "dst_fold": "first", "timeout": "", "max_retries": "0", "retry_backoff": "1",
-        "pause_after_failures": "", "enabled": "on", "paused_reason": "",
+        "name": "invoices",
+        "task": "billing.send_invoices",
+        "args": "[]",
+        "kwargs": "{}",
+        "queue": "",
+        "priority": "",
+        "description": "",
+        "tenant": "",
+        "cron": "",
+        "interval": "1",
+        "run_at_0": "",
+        "run_at_1": "",
+        "timezone": "UTC",
+        "start_at_0": "",
+        "start_at_1": "",
+        "end_at_0": "",
+        "end_at_1": "",
+        "max_runs": "",
+        "overlap": "allow",
+        "catchup_window": "300",
+        "misfire": "run_all",
+        "jitter": "0",
+        "dst_gap": "shift",
+        "dst_fold": "first",
+        "timeout": "",
+        "max_retries": "0",
+        "retry_backoff": "1",
+        "pause_after_failures": "",
+        "enabled": "on",
+        "paused_reason": "",
         "csrfmiddlewaretoken": _csrf(form.text),
     }
     saved = browser.post(f"{base}/admin/scheduler/schedule/add/", data=fields, timeout=10, allow_redirects=False)
@@ -210,7 +244,7 @@ def _add_schedule_in_the_admin(base: str) -> None:
 def _executions(run: Any, *, at_least: int) -> list[dict[str, Any]] | None:
     """The schedule's executions by slot, once ``at_least`` succeeded (read by the project's own shell)."""
     out = run(
-        "python manage.py shell -c \"import json; from scheduler.models import Execution; "
+        'python manage.py shell -c "import json; from scheduler.models import Execution; '
         "print(json.dumps([dict(scheduled_for=e.scheduled_for.isoformat(), status=e.status) "
         "for e in Execution.objects.filter(schedule__name='invoices').order_by('scheduled_for')]))\""
     )

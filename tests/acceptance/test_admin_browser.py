@@ -3,6 +3,7 @@
 Saves screenshots of the schedule page (with its buttons), the execution
 list and the cluster page under docs/ (the README and docs/getting-started.md show them).
 """
+
 from __future__ import annotations
 
 import os
@@ -54,7 +55,10 @@ def web_url(process_env: dict[str, str], tmp_path: object) -> Iterator[str]:
     port = free_port()
     server = subprocess.Popen(
         [sys.executable, "manage.py", "runserver", "--noreload", f"127.0.0.1:{port}"],
-        cwd=ROOT, env=process_env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        cwd=ROOT,
+        env=process_env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
     )
     url = f"http://127.0.0.1:{port}"
 
@@ -157,8 +161,12 @@ def test_admin_in_a_browser__create_preview_run_now_and_see_it_run(
     assert slots and all(re.fullmatch(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC", text.strip()) for text in slots), slots
     assert {"manual (run now)", "retry"} <= set(page.locator("#result_list td.field-trigger").all_inner_texts())
     # (the list scrolls sideways inside its box when it is wider than the room beside the filters)
-    widths = page.evaluate("() => { const r = document.querySelector('#changelist .results'); return [r.scrollWidth, r.clientWidth]; }")
-    columns = page.evaluate("() => [...document.querySelectorAll('#result_list thead th')].map(th => [th.className, th.offsetWidth])")
+    widths = page.evaluate(
+        "() => { const r = document.querySelector('#changelist .results'); return [r.scrollWidth, r.clientWidth]; }"
+    )
+    columns = page.evaluate(
+        "() => [...document.querySelectorAll('#result_list thead th')].map(th => [th.className, th.offsetWidth])"
+    )
     assert widths[0] <= widths[1], (widths, columns)
     page.screenshot(path=str(DOCS / "admin-executions.png"), full_page=True)
     page.set_viewport_size({"width": 1280, "height": 900})

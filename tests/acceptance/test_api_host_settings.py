@@ -7,6 +7,7 @@ authentication only, a browsable renderer, form parsers, limit-offset pages
 of one, open permissions, no throttle, versioning, another schema class and
 another error handler.
 """
+
 from __future__ import annotations
 
 import subprocess
@@ -36,7 +37,10 @@ def host_api(process_env: dict[str, str]) -> Iterator[str]:
     }
     server = subprocess.Popen(
         [sys.executable, "manage.py", "runserver", "--noreload", f"127.0.0.1:{port}"],
-        cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
     )
     url = f"http://127.0.0.1:{port}"
 
@@ -104,12 +108,16 @@ def test_api__under_a_hosts_rest_framework_settings__answers_as_documented(host_
 
     # And bad input is the documented field error; good input creates
     bad = requests.post(
-        f"{api}/schedules/", headers=as_operator, timeout=10,
+        f"{api}/schedules/",
+        headers=as_operator,
+        timeout=10,
         json={"name": "nightly", "task": "scheduler.echo", "cron": "not a cron"},
     )
     assert bad.status_code == 400 and "cron" in bad.json(), bad.text[:300]
     created = requests.post(
-        f"{api}/schedules/", headers=as_operator, timeout=10,
+        f"{api}/schedules/",
+        headers=as_operator,
+        timeout=10,
         json={"name": "nightly", "task": "scheduler.echo", "cron": "0 2 * * *", "timezone": "Europe/Berlin"},
     )
     assert created.status_code == 201, created.text[:300]

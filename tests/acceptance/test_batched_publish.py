@@ -12,6 +12,7 @@ publishes pending rows, and two publishers over the same rows send each one
 once (row locks with ``SKIP LOCKED``). SQLite has no row locks, so there only
 the leader publishes; the duplicates are counted on both.
 """
+
 from __future__ import annotations
 
 import json
@@ -53,7 +54,11 @@ def test_batched_messages__run_on_a_plain_worker_with_header_queue_priority_limi
     rows = [pending(plain, now - timedelta(seconds=n), now=now) for n in range(ROWS)]
     # ... one delayed by its schedule's jitter (a slot whose offset is at least 2 s) ...
     jittered = Schedule.objects.create(name="jittered", task="tests.record", interval=3600, queue=QUEUE, jitter=JITTER)
-    slot = next(now + timedelta(seconds=n) for n in range(1000) if policies.jitter_offset(jittered.pk, now + timedelta(seconds=n), JITTER) >= 2)
+    slot = next(
+        now + timedelta(seconds=n)
+        for n in range(1000)
+        if policies.jitter_offset(jittered.pk, now + timedelta(seconds=n), JITTER) >= 2
+    )
     rows.append(pending(jittered, slot, now=now))
     # ... and one with a time limit it overruns
     limited = Schedule.objects.create(

@@ -1,4 +1,5 @@
 """Real ``celery beat`` replicas and a real worker: exactly once per slot, fast failover, fencing."""
+
 from __future__ import annotations
 
 import signal
@@ -26,7 +27,9 @@ Start = Callable[..., CeleryProcess]
 def make_schedules(count: int, *, every: int = 1) -> list[Schedule]:
     schedules = []
     for index in range(count):
-        schedule = Schedule(name=f"every-{every}s-{index}", task="tests.record", interval=every, kwargs={"label": f"s{index}"})
+        schedule = Schedule(
+            name=f"every-{every}s-{index}", task="tests.record", interval=every, kwargs={"label": f"s{index}"}
+        )
         schedule.full_clean()
         schedule.save()
         schedules.append(schedule)
@@ -51,7 +54,11 @@ def leader_process(processes: list[CeleryProcess], timeout: float = 20.0) -> Cel
 def assert_every_slot_once(schedules: list[Schedule], *, every: int = 1) -> None:
     """Each schedule's executions cover a contiguous run of slots, one row each."""
     for schedule in schedules:
-        slots = list(Execution.objects.filter(schedule=schedule).order_by("scheduled_for").values_list("scheduled_for", flat=True))
+        slots = list(
+            Execution.objects.filter(schedule=schedule)
+            .order_by("scheduled_for")
+            .values_list("scheduled_for", flat=True)
+        )
         assert slots, f"{schedule.name} never fired"
         expected = [slots[0] + timedelta(seconds=every * i) for i in range(len(slots))]
         assert slots == expected, f"{schedule.name}: slots are not contiguous: {slots}"
@@ -65,6 +72,7 @@ SENT = (Execution.Status.QUEUED, Execution.Status.RUNNING, Execution.Status.SUCC
 
 def wait_for_runs(client: redis.Redis, *, timeout: float = 30.0) -> list[dict]:
     """Wait until every execution sent to the broker has run; return the side-effect log."""
+
     def done() -> bool:
         return len(test_tasks.runs(client)) >= Execution.objects.filter(status__in=SENT).count()
 
@@ -90,9 +98,9 @@ def test_three_replicas__every_slot_fires_exactly_once(celery_processes: Start, 
     worker.wait_for_log(r"ready\.", timeout=30)
 
     # When they run until each schedule has fired 15 slots
-    assert wait_until(
-        lambda: all(Execution.objects.filter(schedule=s).count() >= 15 for s in schedules), timeout=60
-    ), "the replicas did not fire 15 slots of every schedule"
+    assert wait_until(lambda: all(Execution.objects.filter(schedule=s).count() >= 15 for s in schedules), timeout=60), (
+        "the replicas did not fire 15 slots of every schedule"
+    )
     for beat in beats:
         beat.stop()
 
@@ -164,7 +172,9 @@ def test_leader_stopped__follower_leads_well_within_the_ttl(
     leader = leader_process(beats)
     before = leases.current("beat")
     if db_vendor == "postgresql":
-        assert wait_until(lambda: beat_lock_waiters() == 2, timeout=30), "the followers are not waiting on the leader's lock"
+        assert wait_until(lambda: beat_lock_waiters() == 2, timeout=30), (
+            "the followers are not waiting on the leader's lock"
+        )
 
     # When the leader is stopped
     leader.send(kill_signal)
@@ -175,7 +185,9 @@ def test_leader_stopped__follower_leads_well_within_the_ttl(
     # so there the lease must run out first.
     fast = kill_signal == signal.SIGTERM or db_vendor == "postgresql"
     bound = FAST_TAKEOVER_SECONDS if fast else LONG_TTL["lease_ttl_seconds"] + 10
-    assert wait_until(lambda: leases.current("beat").token > before.token, timeout=bound), f"no takeover within {bound}s"
+    assert wait_until(lambda: leases.current("beat").token > before.token, timeout=bound), (
+        f"no takeover within {bound}s"
+    )
     after = leases.current("beat")
     assert after.holder not in ("", before.holder)
     if not fast:
@@ -191,7 +203,9 @@ def test_follower_waiting__stops_promptly_on_sigterm(celery_processes: Start, db
     follower = celery_processes("beat", "follower", follower_retry_seconds=60)
     follower.wait_for_log(r"beat replica \S+ started", timeout=30)
     if db_vendor == "postgresql":
-        assert wait_until(lambda: beat_lock_waiters() == 1, timeout=30), "the follower is not blocked on the leader's lock"
+        assert wait_until(lambda: beat_lock_waiters() == 1, timeout=30), (
+            "the follower is not blocked on the leader's lock"
+        )
     else:
         time.sleep(2)  # SQLite: it sleeps between polls
 
@@ -203,7 +217,9 @@ def test_follower_waiting__stops_promptly_on_sigterm(celery_processes: Start, db
     try:
         follower.popen.wait(10)
     except subprocess.TimeoutExpired:
-        raise AssertionError(f"the waiting follower did not stop on SIGTERM; log tail:\n{follower.log()[-3000:]}") from None
+        raise AssertionError(
+            f"the waiting follower did not stop on SIGTERM; log tail:\n{follower.log()[-3000:]}"
+        ) from None
     if db_vendor == "postgresql":
         assert wait_until(lambda: beat_lock_waiters() == 0, timeout=5), "the follower's lock wait outlived it"
     assert leader.alive()

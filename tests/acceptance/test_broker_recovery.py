@@ -15,6 +15,7 @@ again never runs:
   broker check cannot see it) is sent again within SPEC guarantee 9's 60 s,
   with the default settings.
 """
+
 from __future__ import annotations
 
 import signal
@@ -44,8 +45,11 @@ def record(label: str, count: int = COUNT) -> list[int]:
     now = leases.db_now()
     rows = [
         Execution(
-            idempotency_key=f"{label}:{index}", task="tests.record", kwargs={"label": f"{label}{index}"},
-            scheduled_for=now, celery_task_id=str(uuid.uuid4()),
+            idempotency_key=f"{label}:{index}",
+            task="tests.record",
+            kwargs={"label": f"{label}{index}"},
+            scheduled_for=now,
+            celery_task_id=str(uuid.uuid4()),
         )
         for index in range(count)
     ]
@@ -72,13 +76,19 @@ def confirmed(own: OwnBroker) -> bool:
 
 
 def test_broker_restarted_after_a_reacquire_before_the_first_check__what_the_leader_sent_since_runs(
-    celery_processes: Start, own_broker: OwnBroker  # noqa: F811 -- the fixture imported above
+    celery_processes: Start,
+    own_broker: OwnBroker,  # noqa: F811 -- the fixture imported above
 ) -> None:
     # Given a leader that checks the broker every 40 s, and re-sends nothing merely for waiting
     check = 40
     beat = celery_processes(
-        "beat", "beat0", lease_ttl_seconds=4, lease_renew_seconds=1, broker_check_seconds=check,
-        reconcile_interval_seconds=0, reconcile_queued_after_seconds=3600,
+        "beat",
+        "beat0",
+        lease_ttl_seconds=4,
+        lease_renew_seconds=1,
+        broker_check_seconds=check,
+        reconcile_interval_seconds=0,
+        reconcile_queued_after_seconds=3600,
     )
     assert wait_until(lambda: confirmed(own_broker), timeout=30), beat.log()[-3000:]
     first = leases.current("beat")
@@ -106,17 +116,27 @@ def test_broker_restarted_after_a_reacquire_before_the_first_check__what_the_lea
 
 
 def test_broker_restarted_while_a_reconcile_pass_is_stuck__the_broker_check_still_sends_what_it_lost(
-    celery_processes: Start, own_broker: OwnBroker  # noqa: F811 -- the fixture imported above
+    celery_processes: Start,
+    own_broker: OwnBroker,  # noqa: F811 -- the fixture imported above
 ) -> None:
     # Given an execution whose worker vanished (its claim ran out), and a leader
     # whose reconcile pass stalls for ten minutes right after marking it lost
     now = leases.db_now()
     vanished = Execution.objects.create(
-        idempotency_key="vanished", task="tests.record", scheduled_for=now, celery_task_id=str(uuid.uuid4()),
-        status=Status.RUNNING, attempt=1, started_at=now, lease_expires_at=now,
+        idempotency_key="vanished",
+        task="tests.record",
+        scheduled_for=now,
+        celery_task_id=str(uuid.uuid4()),
+        status=Status.RUNNING,
+        attempt=1,
+        started_at=now,
+        lease_expires_at=now,
     )
     beat = celery_processes(
-        "beat", "beat0", reconcile_interval_seconds=1, reconcile_queued_after_seconds=3600,
+        "beat",
+        "beat0",
+        reconcile_interval_seconds=1,
+        reconcile_queued_after_seconds=3600,
         failpoints="reconcile.after_mark_lost=delay 600",
     )
     assert wait_until(lambda: confirmed(own_broker), timeout=30), beat.log()[-3000:]
@@ -137,7 +157,8 @@ def test_broker_restarted_while_a_reconcile_pass_is_stuck__the_broker_check_stil
 
 
 def test_message_lost_while_the_broker_kept_running__runs_within_60s_with_the_default_settings(
-    celery_processes: Start, own_broker: OwnBroker  # noqa: F811 -- the fixture imported above
+    celery_processes: Start,
+    own_broker: OwnBroker,  # noqa: F811 -- the fixture imported above
 ) -> None:
     # Given a leader with the default settings that has looked at the broker
     beat = celery_processes("beat", "beat0")

@@ -4,6 +4,7 @@ Real beat and worker processes on a Redis broker of their own, restarted
 empty (``--save ""``) while executions run and wait. The side-effect log
 lives on the suite's Redis, so it survives the restart.
 """
+
 from __future__ import annotations
 
 import subprocess
@@ -44,8 +45,11 @@ def _record_pending(count: int, *, seconds: float) -> list[int]:
     now = leases.db_now()
     rows = [
         Execution(
-            idempotency_key=f"broker-restart:{index}", task="tests.record", kwargs={"label": f"e{index}", "seconds": seconds},
-            scheduled_for=now, celery_task_id=str(uuid.uuid4()),
+            idempotency_key=f"broker-restart:{index}",
+            task="tests.record",
+            kwargs={"label": f"e{index}", "seconds": seconds},
+            scheduled_for=now,
+            celery_task_id=str(uuid.uuid4()),
         )
         for index in range(count)
     ]
@@ -73,7 +77,9 @@ def test_broker_restarted_empty__running_and_queued_executions_all_succeed_once(
         worker = celery_processes("worker", "worker1", concurrency=RUNNING)
         worker.wait_for_log(r"ready\.", timeout=30)
         beat = celery_processes("beat", "beat0")
-        assert wait_until(lambda: broker_client.get(broker.MARKER_KEY), timeout=30), "the leader never looked at the broker"
+        assert wait_until(lambda: broker_client.get(broker.MARKER_KEY), timeout=30), (
+            "the leader never looked at the broker"
+        )
 
         # and 5 executions running while 20 wait (queued in Redis or prefetched by the worker)
         ids = _record_pending(RUNNING + WAITING, seconds=3)
@@ -103,7 +109,9 @@ def test_broker_restarted_empty__running_and_queued_executions_all_succeed_once(
         assert finished, f"{_statuses()} {RECOVERY_SECONDS}s after the broker answered again"
         assert beat.alive()
         # and each body ran exactly once: none was stopped and run again
-        starts = Counter(event["execution_id"] for event in test_tasks.events(redis_client) if event["event"] == "start")
+        starts = Counter(
+            event["execution_id"] for event in test_tasks.events(redis_client) if event["event"] == "start"
+        )
         assert set(starts) == set(ids)
         assert {pk: n for pk, n in starts.items() if n > 1} == {}
         assert set(Execution.objects.values_list("attempt", flat=True)) == {1}
@@ -113,13 +121,22 @@ def test_broker_restarted_empty__running_and_queued_executions_all_succeed_once(
         broker_proc.wait(5)
 
 
-
 class OwnBroker:
     """A redis-server of the test's own, the broker of the beat and workers it starts; started empty each time."""
 
     def __init__(self) -> None:
         port = free_port()
-        self.argv = [find_redis_server(), "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
+        self.argv = [
+            find_redis_server(),
+            "--port",
+            str(port),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+        ]
         self.url = f"redis://127.0.0.1:{port}/0"
         self.client = redis.Redis.from_url(self.url, socket_connect_timeout=1, socket_timeout=2)
         self.process: subprocess.Popen[bytes] | None = None
@@ -176,7 +193,9 @@ def test_retry_while_the_broker_is_down__sent_once_it_answers(
     worker = celery_processes("worker", "worker1", concurrency=1)
     worker.wait_for_log(r"ready\.", timeout=30)
     beat = celery_processes("beat", "beat0", reconcile_interval_seconds=0)
-    assert wait_until(lambda: own_broker.client.get(broker.MARKER_KEY), timeout=30), "the leader never looked at the broker"
+    assert wait_until(lambda: own_broker.client.get(broker.MARKER_KEY), timeout=30), (
+        "the leader never looked at the broker"
+    )
     # and an execution with one retry whose first attempt runs, and fails once let go
     execution = _record_one("flaky", task="tests.flaky", args=["outage", 1, 1], max_retries=1, retry_backoff=1)
     assert wait_until(lambda: _holding(redis_client), timeout=30), worker.log()[-3000:]

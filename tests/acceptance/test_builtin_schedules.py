@@ -1,4 +1,5 @@
 """The built-in housekeeping schedules under a real beat and worker: created, editable, and they work."""
+
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -23,15 +24,27 @@ def _old_history() -> None:
     """A (disabled) schedule with executions 40-44 days old and one from yesterday; an old ad-hoc one."""
     now = leases.db_now()
     schedule = Schedule.objects.create(name="history", task="scheduler.echo", interval=3600, enabled=False)
-    for key, days, owner in [*((f"old-{n}", 40 + n, schedule) for n in range(5)), ("recent", 1, schedule), ("adhoc-old", 45, None)]:
+    for key, days, owner in [
+        *((f"old-{n}", 40 + n, schedule) for n in range(5)),
+        ("recent", 1, schedule),
+        ("adhoc-old", 45, None),
+    ]:
         Execution.objects.create(
-            idempotency_key=key, schedule=owner, task="scheduler.echo", status=Status.SUCCEEDED,
-            scheduled_for=now - timedelta(days=days), finished_at=now - timedelta(days=days),
+            idempotency_key=key,
+            schedule=owner,
+            task="scheduler.echo",
+            status=Status.SUCCEEDED,
+            scheduled_for=now - timedelta(days=days),
+            finished_at=now - timedelta(days=days),
         )
 
 
 def _finished(name: str) -> list[str]:
-    return list(Execution.objects.filter(schedule__name=name).exclude(status__in=Execution.ACTIVE_STATUSES).values_list("status", flat=True))
+    return list(
+        Execution.objects.filter(schedule__name=name)
+        .exclude(status__in=Execution.ACTIVE_STATUSES)
+        .values_list("status", flat=True)
+    )
 
 
 def test_builtins__created_by_the_beat_kept_across_restarts_and_they_clean_up(celery_processes: Start) -> None:
@@ -64,7 +77,10 @@ def test_builtins__created_by_the_beat_kept_across_restarts_and_they_clean_up(ce
         assert set(_finished(name)) == {Status.SUCCEEDED}, (name, _finished(name))
 
     # ... the prune removed what is older than 30 days, keeping the schedule's newest 2
-    assert set(Execution.objects.filter(schedule__name="history").values_list("idempotency_key", flat=True)) == {"recent", "old-0"}
+    assert set(Execution.objects.filter(schedule__name="history").values_list("idempotency_key", flat=True)) == {
+        "recent",
+        "old-0",
+    }
     assert not Execution.objects.filter(idempotency_key="adhoc-old").exists()
     # ... and Celery's cleanup removed the expired result only
     assert not TaskResult.objects.filter(task_id="expired").exists()

@@ -4,6 +4,7 @@ Real worker processes on a Redis broker of their own, which the test stops,
 starts again on the same port, or cuts off behind a proxy while the worker
 process stays up. The check is what a container healthcheck runs.
 """
+
 from __future__ import annotations
 
 import io
@@ -211,7 +212,9 @@ def test_broker_restart__alive_fails_while_the_worker_cannot_consume_and_passes_
             # vanished; the check fails while it is down (asserted here), and
             # its supervisor starts it again, as here.
             assert _alive() is not None, "alive passed with the worker down"
-            worker = celery_processes("worker", f"deaf{len(restarts) + 2}", concurrency=1, claim_renew_seconds=PROBE_SECONDS)
+            worker = celery_processes(
+                "worker", f"deaf{len(restarts) + 2}", concurrency=1, claim_renew_seconds=PROBE_SECONDS
+            )
             restarts.append(worker)
         return _alive() is None
 

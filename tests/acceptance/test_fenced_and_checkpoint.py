@@ -15,6 +15,7 @@ rolled back, or A's child is stopped before it gets there, or (PostgreSQL)
 the server already ended A's session, idle inside the block's transaction
 past its bound (``scheduler.session_limits``), which rolled the block back.
 """
+
 from __future__ import annotations
 
 import json
@@ -69,9 +70,9 @@ def test_fenced_invoice__frozen_attempt_and_its_successor__invoiced_once(
     os.kill(pid_a, signal.SIGSTOP)
     try:
         assert test_tasks.side_effects() == []  # A's INSERT, if any, is not committed
-        assert wait_until(
-            lambda: Execution.objects.claimable().filter(pk=execution.pk).exists(), timeout=10
-        ), Execution.objects.filter(pk=execution.pk).values("status", "attempt", "lease_expires_at").get()
+        assert wait_until(lambda: Execution.objects.claimable().filter(pk=execution.pk).exists(), timeout=10), (
+            Execution.objects.filter(pk=execution.pk).values("status", "attempt", "lease_expires_at").get()
+        )
         # And the execution is delivered to worker B, which runs it as attempt 2
         publish_again(execution, queue="b")
         done = wait_final(execution, timeout=20)
@@ -85,8 +86,11 @@ def test_fenced_invoice__frozen_attempt_and_its_successor__invoiced_once(
         os.kill(pid_a, signal.SIGCONT)
     # Then A's block is refused and rolled back (or A's child was stopped first, or its session ended)
     assert wait_until(
-        lambda: fenced_events(redis_client, "claim lost", 1) or fenced_events(redis_client, "session ended", 1)
-        or exited(pid_a),
+        lambda: (
+            fenced_events(redis_client, "claim lost", 1)
+            or fenced_events(redis_client, "session ended", 1)
+            or exited(pid_a)
+        ),
         timeout=20,
     ), worker_a.log()[-3000:]
     assert not fenced_events(redis_client, "committed", 1)

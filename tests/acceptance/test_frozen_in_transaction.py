@@ -21,6 +21,7 @@ slot, or lost and run again by another pool child).
 SQLite has no such bound: a writer frozen inside a transaction holds the
 whole database's write lock, and every other writer waits its busy timeout.
 """
+
 from __future__ import annotations
 
 import os
@@ -63,7 +64,9 @@ OVERLAP = {"checkpoint": "cancel_previous", "fenced": "cancel_previous", "outcom
 
 
 def frozen_event(client: redis.Redis) -> dict[str, Any] | None:
-    return next((entry for entry in test_tasks.events(client, test_tasks.HOLDING_KEY) if entry["event"] == "frozen"), None)
+    return next(
+        (entry for entry in test_tasks.events(client, test_tasks.HOLDING_KEY) if entry["event"] == "frozen"), None
+    )
 
 
 def session_alive(backend_pid: int) -> bool:
@@ -139,8 +142,10 @@ def test_pool_child_frozen_holding_locks__others_fire_on_time_no_failover_and_it
         os.kill(frozen["pid"], signal.SIGCONT)
     # Then its old body records nothing: the row stays as its successor left it
     assert wait_until(lambda: gone(frozen["pid"]), timeout=15) or not wait_until(
-        lambda: Execution.objects.filter(pk=execution.pk).values_list("status", "attempt").get()
-        != (moved.status, moved.attempt),
+        lambda: (
+            Execution.objects.filter(pk=execution.pk).values_list("status", "attempt").get()
+            != (moved.status, moved.attempt)
+        ),
         timeout=5,
     )
     after = Execution.objects.get(pk=execution.pk)

@@ -7,6 +7,7 @@ still exists: a successor takes it over while the body's pool child is
 frozen (SIGSTOP), or an operator cancels it. The body must stop within a
 second of its process noticing, and record nothing.
 """
+
 from __future__ import annotations
 
 import os
@@ -96,8 +97,9 @@ def test_frozen_body__stops_on_resume_and_the_successors_outcome_is_recorded(
     assert not late, late
     assert len(steps_of(redis_client, execution, 1)) < STEPS
     # And the successor's outcome is the one recorded; nothing failed
-    done = wait_until(lambda: Execution.objects.filter(pk=execution.pk, status__in=Execution.FINAL_STATUSES).first(),
-                      timeout=30)
+    done = wait_until(
+        lambda: Execution.objects.filter(pk=execution.pk, status__in=Execution.FINAL_STATUSES).first(), timeout=30
+    )
     assert done, Execution.objects.get(pk=execution.pk).status
     assert (done.status, done.attempt, done.worker, done.result) == (Status.SUCCEEDED, 2, successor.worker, STEPS)
     assert len(steps_of(redis_client, execution, 2)) == STEPS

@@ -5,6 +5,7 @@ Real workers: one of an app that guards nothing by default
 Messages are sent the plain Celery way (``.delay()``) and through
 ``scheduler.submit()``.
 """
+
 from __future__ import annotations
 
 import uuid
@@ -69,7 +70,9 @@ def test_per_task_guard__on_an_app_without_it__only_that_task_is_recorded(
     assert wait_until(lambda: len(bodies()) == 3, timeout=30), (bodies(), plain_worker.log()[-2000:])
     assert bodies() == ["per_task:a", "per_task:c", "plain:b"]
     # And the guarded ones are recorded, succeeded; the plain one is not recorded at all
-    assert wait_until(lambda: _status(ad_hoc_key(guarded.id)) == "succeeded", timeout=10), _status(ad_hoc_key(guarded.id))
+    assert wait_until(lambda: _status(ad_hoc_key(guarded.id)) == "succeeded", timeout=10), _status(
+        ad_hoc_key(guarded.id)
+    )
     assert wait_until(lambda: _status("per-task-c") == "succeeded", timeout=10), _status("per-task-c")
     assert submitted.idempotency_key == "per-task-c"
     assert _status(ad_hoc_key(unguarded.id)) is None
@@ -95,13 +98,18 @@ def test_process_wide_guard__a_task_opts_out(
 
     # When: a message sent for an execution reaches the opted-out task (a schedule made before it opted out)
     execution = Execution.objects.create(
-        idempotency_key="before-opt-out", task="tests.guard.opted_out", kwargs={"label": "f"},
-        scheduled_for=leases.db_now(), celery_task_id=str(uuid.uuid4()),
+        idempotency_key="before-opt-out",
+        task="tests.guard.opted_out",
+        kwargs={"label": "f"},
+        scheduled_for=leases.db_now(),
+        celery_task_id=str(uuid.uuid4()),
     )
     dispatch.publish(celery_app(), [executions.message_row(execution)], now=leases.db_now())
 
     # Then: the body does not run, and the execution fails naming why (it is never re-sent to run unrecorded)
-    assert wait_until(lambda: _status("before-opt-out") == "failed", timeout=30), (_status("before-opt-out"), worker.log()[-2000:])
+    assert wait_until(lambda: _status("before-opt-out") == "failed", timeout=30), (
+        _status("before-opt-out"),
+        worker.log()[-2000:],
+    )
     assert "not guarded" in Execution.objects.get(pk=execution.pk).error
     assert bodies() == ["opted_out:e", "plain:d"]
-

@@ -1,4 +1,5 @@
 """SCHEDULER_LOG_FORMAT=json: a real beat writes JSON lines with its instance id and lease token."""
+
 from __future__ import annotations
 
 import json
@@ -19,7 +20,9 @@ def test_beat_json_logs_carry_instance_id_and_token(celery_processes: Callable[.
     def scheduler_lines() -> list[dict]:
         return [json.loads(line) for line in beat.log().splitlines() if line.startswith("{")]
 
-    assert wait_until(lambda: any(line.get("action") == "dispatched" for line in scheduler_lines()), timeout=30), beat.log()[-2000:]
+    assert wait_until(lambda: any(line.get("action") == "dispatched" for line in scheduler_lines()), timeout=30), (
+        beat.log()[-2000:]
+    )
     lines = scheduler_lines()
     acquired = next(line for line in lines if line.get("action") == "lease_acquired")
     dispatched = next(line for line in lines if line.get("action") == "dispatched")

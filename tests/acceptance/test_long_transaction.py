@@ -15,6 +15,7 @@ renewals fall at different moments, and (SQLite) a busy timeout of 0.5 s
 with a transaction of 3.4 s, which ends at least 1.5 s before any claim
 runs out; (PostgreSQL) a transaction of 12 s, longer than the claim.
 """
+
 from __future__ import annotations
 
 import time
@@ -32,7 +33,11 @@ from tests.processes import CeleryProcess, wait_until, worker_argv
 pytestmark = pytest.mark.django_db(transaction=True)
 
 Status = Execution.Status
-SETTINGS = {"SCHEDULER_CLAIM_SECONDS": "10", "SCHEDULER_CLAIM_RENEW_SECONDS": "5.1", "SQLITE_BUSY_TIMEOUT_SECONDS": "0.5"}
+SETTINGS = {
+    "SCHEDULER_CLAIM_SECONDS": "10",
+    "SCHEDULER_CLAIM_RENEW_SECONDS": "5.1",
+    "SQLITE_BUSY_TIMEOUT_SECONDS": "0.5",
+}
 #: How long the long body holds its transaction, per database.
 HOLD_SECONDS = {"sqlite": 3.4, "postgresql": 12.0}
 OTHERS = 4
@@ -71,7 +76,11 @@ def test_long_write_transaction__no_body_is_stopped_and_the_long_one_runs_once(
         )
         assert done, worker.log()[-3000:]
         assert (done.status, done.attempt, done.result) == (Status.SUCCEEDED, 1, 1), worker.log()[-3000:]
-        held = [entry for entry in test_tasks.events(redis_client, test_tasks.HOLDING_KEY) if entry["execution_id"] == long.pk]
+        held = [
+            entry
+            for entry in test_tasks.events(redis_client, test_tasks.HOLDING_KEY)
+            if entry["execution_id"] == long.pk
+        ]
         assert [(entry["event"], entry["attempt"]) for entry in held] == [("started", 1), ("committed", 1)]
         # And every other body ran to its end as its first attempt: none was stopped
         for execution in others:

@@ -5,6 +5,7 @@ private web port and the suite's Redis (``REDIS_URL``), so the developer's
 ``var/db.sqlite3`` and port 6379 are never touched. Whichever database the
 suite runs on, ``make run`` uses its own SQLite file: that is what it does.
 """
+
 from __future__ import annotations
 
 import os
@@ -95,7 +96,9 @@ def make_run(tmp_path: Path, redis_client: object, redis_url: str) -> Iterator[M
     env.update(DJANGO_DEBUG="1", VAR_DIR=str(var_dir), WEB_PORT=str(port), REDIS_URL=redis_url, PYTHONUNBUFFERED="1")
     log_path = tmp_path / "make-run.log"
     with log_path.open("wb") as log:
-        popen = subprocess.Popen(["make", "run"], cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        popen = subprocess.Popen(
+            ["make", "run"], cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        )
     run = MakeRun(popen, log_path, var_dir / "db.sqlite3", port)
     try:
         yield run
@@ -153,14 +156,20 @@ def _signal(pid: int, sig: int) -> None:
 
 
 @pytest.mark.parametrize("stop", ["ctrl-c", "sigterm-to-make"])
-def test_make_run__leader_killed__other_replica_leads_killed_one_restarts_admin_stays_up(make_run: MakeRun, stop: str) -> None:
+def test_make_run__leader_killed__other_replica_leads_killed_one_restarts_admin_stays_up(
+    make_run: MakeRun, stop: str
+) -> None:
     # Given make run serving the admin, with one beat replica holding the lease
     poller = AdminPoller(f"http://127.0.0.1:{make_run.web_port}/admin/login/")
     thread = threading.Thread(target=poller.run, daemon=True)
     thread.start()
     try:
-        answered = wait_until(lambda: poller.answers or make_run.popen.poll() is not None, timeout=STARTUP_TIMEOUT, interval=0.5)
-        assert answered and make_run.popen.poll() is None, f"the admin never answered; log tail:\n{make_run.log()[-4000:]}"
+        answered = wait_until(
+            lambda: poller.answers or make_run.popen.poll() is not None, timeout=STARTUP_TIMEOUT, interval=0.5
+        )
+        assert answered and make_run.popen.poll() is None, (
+            f"the admin never answered; log tail:\n{make_run.log()[-4000:]}"
+        )
         lease = wait_until(make_run.lease, timeout=30)
         assert lease, f"no beat took the lease; log tail:\n{make_run.log()[-4000:]}"
         holder, token = lease

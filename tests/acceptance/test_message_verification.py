@@ -8,6 +8,7 @@ it was. A message of a task the worker does not know cannot fail B's
 execution, and ``celery.group`` cannot smuggle such a message in either.
 B's own message, published the way the beat publishes it, then runs once.
 """
+
 from __future__ import annotations
 
 import re
@@ -106,7 +107,9 @@ def test_messages_not_sent_for_the_execution__refused_then_its_own_runs_once(
     assert len(refusals_logged(worker)) == 2
 
 
-def test_message_of_an_unknown_task_naming_b__does_not_fail_b(celery_processes: Start, redis_client: redis.Redis) -> None:
+def test_message_of_an_unknown_task_naming_b__does_not_fail_b(
+    celery_processes: Start, redis_client: redis.Redis
+) -> None:
     # Given tenant B's queued execution and a worker
     b = queued_for_tenant_b()
     before = row_state(b)

@@ -1,4 +1,5 @@
 """The dead man's switch end to end: a real beat and worker run a schedule whose task starts failing."""
+
 from __future__ import annotations
 
 import io
@@ -75,7 +76,9 @@ def test_overdue__task_that_starts_failing_is_overdue_after_two_intervals(celery
     assert [row["name"] for row in json.loads(out.getvalue())] == ["flips"]
     metrics = Client().get("/metrics").content.decode()
     assert re.search(r"^scheduler_schedules_overdue 1\.0$", metrics, re.MULTILINE)
-    stamp = re.search(r'^scheduler_schedule_last_success_timestamp_seconds\{schedule="flips",tenant=""\} (\S+)$', metrics, re.M)
+    stamp = re.search(
+        r'^scheduler_schedule_last_success_timestamp_seconds\{schedule="flips",tenant=""\} (\S+)$', metrics, re.M
+    )
     assert stamp and abs(float(stamp[1]) - flips.last_success_at.timestamp()) < 0.01
     failed = re.search(
         r'^scheduler_executions_total\{status="failed",task="tests.fail",trigger="scheduled"\} (\S+)$', metrics, re.M

@@ -1,4 +1,5 @@
 """Scheduling policies end to end: the real beat and worker, asserted on Execution rows."""
+
 from __future__ import annotations
 
 import signal
@@ -115,7 +116,9 @@ def test_downtime__misfire_policies_and_catchup_window_exactly(celery_processes:
     second = celery_processes("beat", "beat2")
     assert wait_until(lambda: leases.current("beat").token > old_token, timeout=20), second.log()[-3000:]
     assert wait_until(
-        lambda: all(Execution.objects.filter(schedule=t, lease_token__gt=old_token).count() >= 16 for t in targets.values()),
+        lambda: all(
+            Execution.objects.filter(schedule=t, lease_token__gt=old_token).count() >= 16 for t in targets.values()
+        ),
         timeout=40,
     ), ({t.misfire: len(rows(t)) for t in targets.values()}, second.log()[-3000:])
     for policy, target in targets.items():
@@ -129,9 +132,7 @@ def test_downtime__misfire_policies_and_catchup_window_exactly(celery_processes:
         # each other; a later pass, even one right after a slow first commit,
         # writes its rows after planning and committing again)
         written = new[0].created_at
-        first_tick = [
-            e for e in new if e.scheduled_for <= written and e.created_at - written < timedelta(seconds=0.25)
-        ]
+        first_tick = [e for e in new if e.scheduled_for <= written and e.created_at - written < timedelta(seconds=0.25)]
         assert len(first_tick) >= 10, (policy, len(first_tick))
         latest = first_tick[-1].scheduled_for
         expected_runs = {"run_all": 4, "run_once": 1, "skip": 1}[policy]
@@ -144,7 +145,7 @@ def test_downtime__misfire_policies_and_catchup_window_exactly(celery_processes:
         # (a late first start also leaves missed rows, so count them all)
         assert target.total_missed == sum(e.status == Status.MISSED for e in executions)
         # and after the backlog it is on time again: every later slot ran
-        assert all(e.status != Status.MISSED for e in new[len(first_tick):]), policy
+        assert all(e.status != Status.MISSED for e in new[len(first_tick) :]), policy
 
 
 def test_one_off_max_runs_and_jitter(celery_processes: Start) -> None:
@@ -198,8 +199,15 @@ def test_dst__real_beat_fires_once_per_intended_local_time_across_both_changes(
 
     def replay(name: str, cron: str, start: datetime, end: datetime, **policy: str) -> Schedule:
         target = make(
-            name, task="tests.record", cron=cron, timezone=berlin, catchup_window=window, queue="dst-replay",
-            start_at=start, end_at=end, **policy,
+            name,
+            task="tests.record",
+            cron=cron,
+            timezone=berlin,
+            catchup_window=window,
+            queue="dst-replay",
+            start_at=start,
+            end_at=end,
+            **policy,
         )
         # The first slot in the range, or its start when there is none (gap-skip).
         first = (target.next_fire_times(1, after=start - timedelta(seconds=1)) or [start])[0]
@@ -217,7 +225,10 @@ def test_dst__real_beat_fires_once_per_intended_local_time_across_both_changes(
         replay("gap-skip", "30 2 * * *", *spring, dst_gap="skip"): [],
         replay("fold-first", "30 2 * * *", *autumn, dst_fold="first"): [hours(autumn_day, 0, 30)],
         replay("fold-last", "30 2 * * *", *autumn, dst_fold="last"): [hours(autumn_day, 1, 30)],
-        replay("fold-both", "30 2 * * *", *autumn, dst_fold="both"): [hours(autumn_day, 0, 30), hours(autumn_day, 1, 30)],
+        replay("fold-both", "30 2 * * *", *autumn, dst_fold="both"): [
+            hours(autumn_day, 0, 30),
+            hours(autumn_day, 1, 30),
+        ],
     }
     # Whole local days: 23 hours on spring-forward day, 25 on fall-back day.
     hourly_spring = replay("hourly-spring", "0 * * * *", hours(spring_day, -1), hours(spring_day, 21, 59))
@@ -225,7 +236,9 @@ def test_dst__real_beat_fires_once_per_intended_local_time_across_both_changes(
 
     celery_processes("beat", "beat1")
     everything = [*cases, hourly_spring, hourly_autumn]
-    assert wait_until(lambda: not Schedule.objects.filter(pk__in=[t.pk for t in everything], enabled=True).exists(), timeout=60)
+    assert wait_until(
+        lambda: not Schedule.objects.filter(pk__in=[t.pk for t in everything], enabled=True).exists(), timeout=60
+    )
 
     for target, expected in cases.items():
         assert [e.scheduled_for for e in rows(target)] == expected, target.name

@@ -18,6 +18,7 @@ claim, and no schedule went longer than 2 x TTL without a committed slot.
 The commit must be in the clone: a shallow clone fails this test, naming
 the fix (``git fetch --unshallow``), rather than skipping it.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -135,10 +136,17 @@ def upgraded_database(process_env: dict[str, str], tmp_path: Path, db_vendor: st
 def manage(checkout: Path, env: dict[str, str], *args: str) -> str:
     """Run ``manage.py`` of ``checkout``; return its output, failing with it on a non-zero exit."""
     done = subprocess.run(
-        [sys.executable, "manage.py", *args], cwd=checkout, env={**env, "PYTHONPATH": str(checkout)},
-        capture_output=True, text=True, timeout=120, check=False,
+        [sys.executable, "manage.py", *args],
+        cwd=checkout,
+        env={**env, "PYTHONPATH": str(checkout)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
     )
-    assert done.returncode == 0, f"manage.py {' '.join(args)} in {checkout} exited {done.returncode}:\n{done.stdout}\n{done.stderr}"
+    assert done.returncode == 0, (
+        f"manage.py {' '.join(args)} in {checkout} exited {done.returncode}:\n{done.stdout}\n{done.stderr}"
+    )
     return done.stdout
 
 
@@ -168,7 +176,9 @@ class Leadership:
         )
 
     def handed_over(self, step: str) -> None:
-        took = wait_until(lambda: leases.current("beat").token != self.state.token, timeout=HANDOVER_SECONDS, interval=0.1)
+        took = wait_until(
+            lambda: leases.current("beat").token != self.state.token, timeout=HANDOVER_SECONDS, interval=0.1
+        )
         assert took, f"no replica took the lease within {HANDOVER_SECONDS}s of {step}"
         time.sleep(STEADY_SECONDS)  # a flap after the takeover would move the token again
         now = leases.current("beat")
@@ -185,7 +195,10 @@ def exited(process: CeleryProcess, *, within: float) -> None:
         process.popen.wait(within)  # type: ignore[union-attr]
     except subprocess.TimeoutExpired:
         tree = subprocess.run(
-            ["ps", "-o", "pid,ppid,stat,wchan:30,cmd", "-g", str(process.pid)], capture_output=True, text=True, check=False
+            ["ps", "-o", "pid,ppid,stat,wchan:30,cmd", "-g", str(process.pid)],
+            capture_output=True,
+            text=True,
+            check=False,
         )
         raise AssertionError(
             f"{process.name} did not stop within {within}s of SIGTERM:\n{tree.stdout}\nlog tail:\n{process.log()[-3000:]}"
@@ -199,13 +212,20 @@ def stop_gracefully(process: CeleryProcess) -> None:
 
 
 def test_rolling_upgrade_from_an_older_release__no_slot_doubled_or_lost_and_leadership_moves_only_with_a_stopped_leader(
-    old_release: Path, upgraded_database: None, celery_processes: Start, process_env: dict[str, str],
+    old_release: Path,
+    upgraded_database: None,
+    celery_processes: Start,
+    process_env: dict[str, str],
     redis_client: redis.Redis,
 ) -> None:
     # The old processes must run the worktree's code, not this checkout's or an installed copy.
     found = subprocess.run(
         [sys.executable, "-P", "-c", "import importlib.util; print(importlib.util.find_spec('scheduler').origin)"],
-        cwd=old_release, env={**process_env, "PYTHONPATH": str(old_release)}, capture_output=True, text=True, check=True,
+        cwd=old_release,
+        env={**process_env, "PYTHONPATH": str(old_release)},
+        capture_output=True,
+        text=True,
+        check=True,
     )
     assert Path(found.stdout.strip()).is_relative_to(old_release), found.stdout
     here = find_spec("scheduler")
@@ -226,8 +246,10 @@ def test_rolling_upgrade_from_an_older_release__no_slot_doubled_or_lost_and_lead
     old_beats = [celery_processes("beat", f"old-beat{i}", checkout=old_release) for i in range(2)]
     old_worker.wait_for_log(r"ready\.", timeout=START_SECONDS)
     leader_process(old_beats, timeout=START_SECONDS)
-    assert wait_until(lambda: Execution.objects.filter(status=Execution.Status.SUCCEEDED).count() >= 3 * SCHEDULES,
-                      timeout=START_SECONDS), "the older release's replicas did not run the schedules"
+    assert wait_until(
+        lambda: Execution.objects.filter(status=Execution.Status.SUCCEEDED).count() >= 3 * SCHEDULES,
+        timeout=START_SECONDS,
+    ), "the older release's replicas did not run the schedules"
     leadership = Leadership()
     running_since = leases.db_now()
     step("older release running")
@@ -236,8 +258,10 @@ def test_rolling_upgrade_from_an_older_release__no_slot_doubled_or_lost_and_lead
     print(manage(ROOT, process_env, "migrate", "--no-input"))
     step("this release migrated")
     ran = Execution.objects.filter(status=Execution.Status.SUCCEEDED).count()
-    assert wait_until(lambda: Execution.objects.filter(status=Execution.Status.SUCCEEDED).count() >= ran + 2 * SCHEDULES,
-                      timeout=START_SECONDS), "the older release stopped running the schedules after this release's migrate"
+    assert wait_until(
+        lambda: Execution.objects.filter(status=Execution.Status.SUCCEEDED).count() >= ran + 2 * SCHEDULES,
+        timeout=START_SECONDS,
+    ), "the older release stopped running the schedules after this release's migrate"
     leadership.unchanged("this release's migrations ran")
     schedules = list(Schedule.objects.order_by("pk"))
     assert len(schedules) == SCHEDULES
@@ -297,10 +321,18 @@ def test_rolling_upgrade_from_an_older_release__no_slot_doubled_or_lost_and_lead
     without_body = invariants.succeeded_without_body(events, executions, tasks=["tests.record"])
     bodies = Counter(run["execution_id"] for run in test_tasks.runs(redis_client))
     summary = {
-        "executions": len(executions), "statuses": dict(Counter(e.status for e in executions)),
-        "duplicates": duplicates, "gaps": gaps, "final_after_s": round(final_after, 2), "handovers": leadership.handovers,
-        "longest_stall_s": round(stall, 2), "stalled_schedule": stalled,
-        "stale": stale, "started_twice": twice, "overlapping": overlapping, "succeeded_without_body": without_body,
+        "executions": len(executions),
+        "statuses": dict(Counter(e.status for e in executions)),
+        "duplicates": duplicates,
+        "gaps": gaps,
+        "final_after_s": round(final_after, 2),
+        "handovers": leadership.handovers,
+        "longest_stall_s": round(stall, 2),
+        "stalled_schedule": stalled,
+        "stale": stale,
+        "started_twice": twice,
+        "overlapping": overlapping,
+        "succeeded_without_body": without_body,
         "bodies_run_twice": [execution_id for execution_id, n in bodies.items() if n > 1],
     }
     print("rolling upgrade summary: " + json.dumps(summary))

@@ -6,6 +6,7 @@ rows or none, and no schedule may be committed under two kinds of fence at
 once. The replicas run with a 6 s lease (renewed every 2 s), so that the
 mixed state of the rolling restart, held for longer than 2 x TTL, stays short.
 """
+
 from __future__ import annotations
 
 import json
@@ -55,13 +56,18 @@ def all_held_by(count: int, beats: list[CeleryProcess]) -> bool:
     """Every shard of ``count`` is held, each by one of ``beats``, and no shard past it is."""
     held = holders(max(count, 16))
     pids = {beat.pid for beat in beats}
-    return sorted(held) == sorted(shards.lease_names(count)) and all(instance_pid(holder) in pids for holder, _ in held.values())
+    return sorted(held) == sorted(shards.lease_names(count)) and all(
+        instance_pid(holder) in pids for holder, _ in held.values()
+    )
 
 
 def stranded_by_own_settings(live: dict[str, int], count: int) -> set[int]:
     """The shards below ``count`` no replica would want if each followed its own setting ({instance id: setting})."""
     wanted = {
-        shard for instance_id, own in live.items() for shard, owner in shards.preferred_owners(live, own).items() if owner == instance_id
+        shard
+        for instance_id, own in live.items()
+        for shard, owner in shards.preferred_owners(live, own).items()
+        if owner == instance_id
     }
     return set(range(count)) - wanted
 
@@ -81,8 +87,11 @@ def assert_on_time(schedules: list[Schedule], *, since: datetime) -> None:
 def settle_window(schedules: list[Schedule]) -> None:
     """Wait until every slot up to now is committed, so stopping the replicas cuts no slot short."""
     ended = leases.db_now()
-    assert wait_until(lambda: not Schedule.objects.filter(pk__in=[s.pk for s in schedules], next_run_at__lt=ended).exists(),
-                      timeout=3 * BOUND, interval=0.1), "the replicas did not catch up with the window's slots"
+    assert wait_until(
+        lambda: not Schedule.objects.filter(pk__in=[s.pk for s in schedules], next_run_at__lt=ended).exists(),
+        timeout=3 * BOUND,
+        interval=0.1,
+    ), "the replicas did not catch up with the window's slots"
 
 
 def test_rolling_restart_with_another_shard_count__every_shard_stays_owned(
@@ -93,7 +102,9 @@ def test_rolling_restart_with_another_shard_count__every_shard_stays_owned(
     schedules = make_schedules(SCHEDULES[db_vendor])
     a, a_id = start_beat(celery_processes, "a", 4)
     b, b_id = start_beat(celery_processes, "b", 4)
-    assert wait_until(lambda: all_held_by(4, [a, b]), timeout=START_SECONDS, interval=0.1), f"never settled: {holders(16)}"
+    assert wait_until(lambda: all_held_by(4, [a, b]), timeout=START_SECONDS, interval=0.1), (
+        f"never settled: {holders(16)}"
+    )
     started = leases.db_now()
 
     # When b is restarted with SCHEDULER_SHARDS = 8, as a rolling change would,
@@ -107,7 +118,9 @@ def test_rolling_restart_with_another_shard_count__every_shard_stays_owned(
         b.stop()
         b, b_id = start_beat(celery_processes, f"b{draw}", 8)
         stranded = stranded_by_own_settings({a_id: 4, b_id: 8}, 4)
-        print(f"draw {draw}: {a_id} on 4, {b_id} on 8: shards {sorted(stranded)} wanted by nobody on their own settings")
+        print(
+            f"draw {draw}: {a_id} on 4, {b_id} on 8: shards {sorted(stranded)} wanted by nobody on their own settings"
+        )
         if stranded:
             break
     # ... and the two run so for longer than twice the TTL
@@ -138,7 +151,9 @@ def fence_switches(schedule: Schedule) -> int:
     """How often the kind of lease (the one ``beat`` or a shard's) changes along a schedule's rows, in commit order."""
     kinds = [
         name == "beat"
-        for name in Execution.objects.filter(schedule=schedule).order_by("created_at", "scheduled_for").values_list("lease_name", flat=True)
+        for name in Execution.objects.filter(schedule=schedule)
+        .order_by("created_at", "scheduled_for")
+        .values_list("lease_name", flat=True)
     ]
     return sum(1 for before, after in zip(kinds, kinds[1:]) if before != after)
 
@@ -151,7 +166,9 @@ def test_set_while_the_replicas_run__4_to_8_to_2_to_1_to_4__no_gap_and_one_fence
     schedules = make_schedules(SCHEDULES[db_vendor])
     a, _ = start_beat(celery_processes, "a", 4)
     b, _ = start_beat(celery_processes, "b", 4)
-    assert wait_until(lambda: all_held_by(4, [a, b]), timeout=START_SECONDS, interval=0.1), f"never settled: {holders(16)}"
+    assert wait_until(lambda: all_held_by(4, [a, b]), timeout=START_SECONDS, interval=0.1), (
+        f"never settled: {holders(16)}"
+    )
     started = leases.db_now()
     time.sleep(2)
 

@@ -4,6 +4,7 @@ PostgreSQL runs the issue's sizes (5 replicas, 64 shards, 1,000 every-second
 schedules, 60 s); SQLite, whose one write lock every replica shares, runs
 the same checks at a size it can carry on two cores.
 """
+
 from __future__ import annotations
 
 import json
@@ -104,27 +105,31 @@ def test_steady_state__every_slot_once_spread_evenly_no_shard_changes_hands(
     ended = leases.db_now()
     # (every slot of the window committed before the owners are read again
     # and the replicas stopped: a stopped replica's shards pass to others)
-    assert wait_until(
-        lambda: not Schedule.objects.filter(next_run_at__lt=ended).exists(), timeout=30, interval=0.1
-    ), "the replicas did not catch up with the window's slots"
+    assert wait_until(lambda: not Schedule.objects.filter(next_run_at__lt=ended).exists(), timeout=30, interval=0.1), (
+        "the replicas did not catch up with the window's slots"
+    )
     after = holders(size.shards)
     for beat in beats:
         beat.stop()
 
     # Then no shard changed hands (same holder, same token) ...
-    assert after == before, f"shards changed hands: { {n: (before.get(n), after.get(n)) for n in before if before.get(n) != after.get(n)} }"
+    assert after == before, (
+        f"shards changed hands: { {n: (before.get(n), after.get(n)) for n in before if before.get(n) != after.get(n)} }"
+    )
     # ... every slot has exactly one row, committed under its shard's lease ...
     assert_every_slot_once(schedules)
     window = Execution.objects.filter(scheduled_for__gte=started, scheduled_for__lt=ended)
     mismatched = [
-        row for row in window.values("lease_name", "lease_token", "dispatcher", "schedule__shard")
+        row
+        for row in window.values("lease_name", "lease_token", "dispatcher", "schedule__shard")
         if before[row["lease_name"]] != (row["dispatcher"], row["lease_token"])
         or row["lease_name"] != shards.lease_name(row["schedule__shard"])
     ]
     if mismatched:
         name = mismatched[0]["lease_name"]
         by_token = list(
-            window.filter(lease_name=name).values("lease_token", "dispatcher")
+            window.filter(lease_name=name)
+            .values("lease_token", "dispatcher")
             .annotate(rows=Count("id"), first=Min("scheduled_for"), last=Max("scheduled_for"))
         )
         pytest.fail(f"{len(mismatched)} rows not under their shard's lease; {name} was {before[name]}: {by_token}")

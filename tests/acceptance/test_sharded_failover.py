@@ -8,6 +8,7 @@ and a replica frozen past its TTL fenced off and taken back in once resumed.
 No worker runs: the rows and the messages in the broker's default queue are
 checked, as in the steady-state test.
 """
+
 from __future__ import annotations
 
 import signal
@@ -104,12 +105,15 @@ def assert_no_duplicate_and_no_gap(schedules: list[Schedule], *, since: datetime
 def assert_fenced_rows() -> None:
     """Every row is committed under its own shard's lease, and each (lease, token) names one dispatcher."""
     wrong_shard = [
-        row for row in Execution.objects.values("id", "lease_name", "schedule__shard")
+        row
+        for row in Execution.objects.values("id", "lease_name", "schedule__shard")
         if row["lease_name"] != shards.lease_name(row["schedule__shard"])
     ]
     assert not wrong_shard, f"{len(wrong_shard)} rows under another shard's lease, e.g. {wrong_shard[:3]}"
     shared = list(
-        Execution.objects.values("lease_name", "lease_token").annotate(n=Count("dispatcher", distinct=True)).filter(n__gt=1)
+        Execution.objects.values("lease_name", "lease_token")
+        .annotate(n=Count("dispatcher", distinct=True))
+        .filter(n__gt=1)
     )
     assert not shared, f"one (lease, token) used by several replicas: {shared[:3]}"
 
@@ -153,7 +157,9 @@ def test_join_and_leave__no_duplicate_no_gap_balanced_after_each_change(
         live = [other for other in beats if other.alive() and other is not beat]
         assert wait_until(
             lambda: not beat.alive() and balanced(size.shards, live), timeout=REBALANCE_SECONDS, interval=0.1
-        ), f"{beat.name} SIGTERMed (alive: {beat.alive()}): not back within 20 % in {REBALANCE_SECONDS}s: {loads(size.shards)}"
+        ), (
+            f"{beat.name} SIGTERMed (alive: {beat.alive()}): not back within 20 % in {REBALANCE_SECONDS}s: {loads(size.shards)}"
+        )
     # ... and one is SIGKILLed
     live = beats[3:]
     victim = beats[2]
@@ -166,17 +172,24 @@ def test_join_and_leave__no_duplicate_no_gap_balanced_after_each_change(
         f"the SIGKILLed replica's shards were not taken over: {loads(size.shards)}"
     )
     gaps = {name: (at - killed_at).total_seconds() for name, at in acquired_at(victims_shards).items()}
-    print(f"SIGKILL takeover of {len(gaps)} shards on {db_vendor}: max {max(gaps.values()):.3f}s, "
-          f"min {min(gaps.values()):.3f}s (bound {bound}s)")
-    assert max(gaps.values()) <= bound, f"takeover gap per shard over {bound}s: {sorted(gaps.items(), key=lambda g: -g[1])[:5]}"
+    print(
+        f"SIGKILL takeover of {len(gaps)} shards on {db_vendor}: max {max(gaps.values()):.3f}s, "
+        f"min {min(gaps.values()):.3f}s (bound {bound}s)"
+    )
+    assert max(gaps.values()) <= bound, (
+        f"takeover gap per shard over {bound}s: {sorted(gaps.items(), key=lambda g: -g[1])[:5]}"
+    )
     assert wait_until(lambda: balanced(size.shards, live), timeout=REBALANCE_SECONDS, interval=0.1), (
         f"{victim.name} SIGKILLed: not back within 20 % in {REBALANCE_SECONDS}s: {loads(size.shards)}"
     )
     settled = leases.db_now()
     # The survivors fire every schedule again, the killed one's included
     assert wait_until(
-        lambda: Execution.objects.filter(scheduled_for__gt=settled).values("schedule").distinct().count() == len(schedules),
-        timeout=REBALANCE_SECONDS, interval=0.25,
+        lambda: (
+            Execution.objects.filter(scheduled_for__gt=settled).values("schedule").distinct().count() == len(schedules)
+        ),
+        timeout=REBALANCE_SECONDS,
+        interval=0.25,
     ), "not every schedule fired after the last change"
     for beat in beats:
         beat.stop()
@@ -248,9 +261,13 @@ def test_freeze__taken_after_ttl_old_tokens_fenced_and_rejoins(
     )
     taken = acquired_at(old)
     early = {name: f"taken {taken[name]}, expired {expiry[name]}" for name in old if taken[name] < expiry[name]}
-    assert not early, f"{len(early)} shards taken before the frozen holder's lease expired, e.g. {list(early.items())[:3]}"
-    print(f"freeze takeover on {db_vendor}: {min(taken.values()) - frozen_at} to {max(taken.values()) - frozen_at} "
-          f"after the stop (TTL {TTL}s)")
+    assert not early, (
+        f"{len(early)} shards taken before the frozen holder's lease expired, e.g. {list(early.items())[:3]}"
+    )
+    print(
+        f"freeze takeover on {db_vendor}: {min(taken.values()) - frozen_at} to {max(taken.values()) - frozen_at} "
+        f"after the stop (TTL {TTL}s)"
+    )
     assert wait_until(lambda: balanced(size.shards, others), timeout=REBALANCE_SECONDS, interval=0.1), (
         f"not balanced over the two others: {loads(size.shards)}"
     )
@@ -265,8 +282,11 @@ def test_freeze__taken_after_ttl_old_tokens_fenced_and_rejoins(
     )
     rejoined = leases.db_now()
     assert wait_until(
-        lambda: Execution.objects.filter(scheduled_for__gt=rejoined).values("schedule").distinct().count() == len(schedules),
-        timeout=REBALANCE_SECONDS, interval=0.25,
+        lambda: (
+            Execution.objects.filter(scheduled_for__gt=rejoined).values("schedule").distinct().count() == len(schedules)
+        ),
+        timeout=REBALANCE_SECONDS,
+        interval=0.25,
     ), "not every schedule fired after the rejoin"
     for beat in beats:
         beat.stop()
@@ -274,8 +294,12 @@ def test_freeze__taken_after_ttl_old_tokens_fenced_and_rejoins(
     # ... nothing was committed under its old tokens after the takeover:
     # per shard, every old-token slot precedes every newer-token slot
     for name, token in old.items():
-        under_old = Execution.objects.filter(lease_name=name, lease_token=token).aggregate(last=Max("scheduled_for"))["last"]
-        newer = Execution.objects.filter(lease_name=name, lease_token__gt=token).aggregate(first=Min("scheduled_for"))["first"]
+        under_old = Execution.objects.filter(lease_name=name, lease_token=token).aggregate(last=Max("scheduled_for"))[
+            "last"
+        ]
+        newer = Execution.objects.filter(lease_name=name, lease_token__gt=token).aggregate(first=Min("scheduled_for"))[
+            "first"
+        ]
         assert newer is not None, f"{name}: nothing committed after the takeover"
         assert under_old is None or under_old < newer, (
             f"{name}: slot {under_old} committed under the frozen token {token} after {newer} under a newer one"

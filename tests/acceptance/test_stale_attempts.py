@@ -8,6 +8,7 @@ main process does afterwards on behalf of its pool child (record a hard
 time limit, release the claim of a child that died) must leave B's row as
 B wrote it.
 """
+
 from __future__ import annotations
 
 import os

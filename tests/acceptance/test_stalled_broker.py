@@ -9,6 +9,7 @@ guarantee 7). The beat's broker calls must give up well within the lease
 TTL, so the leader keeps its lease and keeps committing slots while the
 broker is frozen, and sends them once it answers again.
 """
+
 from __future__ import annotations
 
 import signal
@@ -33,7 +34,8 @@ FROZEN_SECONDS = 3 * TTL
 
 
 def test_broker_frozen__the_leader_keeps_its_lease_commits_on_time_and_sends_once_it_answers(
-    celery_processes: Start, own_broker: OwnBroker  # noqa: F811 -- the fixture imported above
+    celery_processes: Start,
+    own_broker: OwnBroker,  # noqa: F811 -- the fixture imported above
 ) -> None:
     # Given two every-second schedules, one cancelling its previous run each slot (the leader
     # revokes its task), and two beat replicas whose leader publishes them; no worker runs them
@@ -82,6 +84,8 @@ def test_broker_frozen__the_leader_keeps_its_lease_commits_on_time_and_sends_onc
         lambda: not Execution.objects.filter(schedule=ticker, status=Status.PENDING, scheduled_for__lt=db_now).exists(),
         timeout=30,
     )
-    assert sent, list(Execution.objects.filter(schedule=ticker, status=Status.PENDING).values_list("scheduled_for", flat=True))
+    assert sent, list(
+        Execution.objects.filter(schedule=ticker, status=Status.PENDING).values_list("scheduled_for", flat=True)
+    )
     assert all(beat.alive() for beat in beats)
     assert "leadership lost" not in "".join(beat.log() for beat in beats)

@@ -3,6 +3,7 @@
 The framework's own API does everything here: ``enqueue``, ``refresh``,
 ``get_result``, ``status``, ``return_value``, ``errors``.
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable

@@ -3,6 +3,7 @@
 The processes run with ``OTEL_TRACES_EXPORTER=console``, which prints one
 JSON object per span and line; the tests read them back from the logs.
 """
+
 from __future__ import annotations
 
 import json
@@ -55,7 +56,11 @@ def ancestry(span: dict[str, Any], spans: dict[str, dict[str, Any]]) -> list[str
 
 def finish_of(spans: list[dict[str, Any]], execution_id: int) -> dict[str, Any] | None:
     return next(
-        (s for s in spans if s["name"] == "scheduler.finish" and s["attributes"].get("scheduler.execution.id") == execution_id),
+        (
+            s
+            for s in spans
+            if s["name"] == "scheduler.finish" and s["attributes"].get("scheduler.execution.id") == execution_id
+        ),
         None,
     )
 
@@ -83,7 +88,11 @@ def test_tracing__one_trace_links_tick_to_finish_for_a_slot(celery_processes: Ca
 
     # Then one trace holds its tick, commit, publish, claim, run and finish, each the child of the one before
     expected_chain = [
-        "scheduler.finish", "run/scheduler.echo", "scheduler.publish", "scheduler.dispatch.commit", "scheduler.tick",
+        "scheduler.finish",
+        "run/scheduler.echo",
+        "scheduler.publish",
+        "scheduler.dispatch.commit",
+        "scheduler.tick",
     ]
     assert wait_until(lambda: chain()[0] == expected_chain, timeout=30), (chain()[0], worker.log()[-3000:])
     _, trace, finish = chain()
@@ -129,7 +138,11 @@ def test_tracing__submit_in_a_request_continues_the_request_trace(
     # When the request's view calls submit()
     web = subprocess.run(
         [sys.executable, "-m", "tests.trace_request", f"00-{CALLER_TRACE}-{CALLER_SPAN}-01"],
-        env=process_env, cwd=ROOT, capture_output=True, text=True, timeout=120,
+        env=process_env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert web.returncode == 0, web.stderr[-3000:]
     execution_id = int(web.stdout.split("execution ")[1].split()[0])
@@ -154,7 +167,11 @@ def test_tracing__submit_in_a_request_continues_the_request_trace(
     assert finish["context"]["trace_id"] == f"0x{CALLER_TRACE}"
     run = worker_spans[finish["parent_id"]]
     assert run["name"] == "run/scheduler.echo" and run["parent_id"] == publish["context"]["span_id"]
-    claim = next(s for s in worker_spans.values() if s["name"] == "scheduler.claim" and s["parent_id"] == run["context"]["span_id"])
+    claim = next(
+        s
+        for s in worker_spans.values()
+        if s["name"] == "scheduler.claim" and s["parent_id"] == run["context"]["span_id"]
+    )
     assert claim["attributes"]["scheduler.tenant"] == "team-web"
     assert claim["attributes"]["scheduler.trigger"] == "submit"
 

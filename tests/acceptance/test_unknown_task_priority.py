@@ -1,4 +1,5 @@
 """Real workers: a task no worker knows fails with the reason; message priority reaches the broker."""
+
 from __future__ import annotations
 
 import json
@@ -27,10 +28,16 @@ def _publish(execution: Execution) -> None:
     dispatch.publish(app, [executions.message_row(execution)], now=leases.db_now())
 
 
-def _waiting_unknown(key: str, *, schedule: Schedule | None = None, status: str = Execution.Status.PENDING) -> Execution:
+def _waiting_unknown(
+    key: str, *, schedule: Schedule | None = None, status: str = Execution.Status.PENDING
+) -> Execution:
     """Record an execution of a task no worker registers, as the ORM (no form validation) would."""
     return Execution.objects.create(
-        idempotency_key=key, schedule=schedule, task=UNKNOWN, scheduled_for=leases.db_now(), status=status,
+        idempotency_key=key,
+        schedule=schedule,
+        task=UNKNOWN,
+        scheduled_for=leases.db_now(),
+        status=status,
         celery_task_id=f"celery-{key}",
     )
 
@@ -51,7 +58,8 @@ def test_unknown_task__failed_with_the_reason_and_counted_on_its_schedule(celery
     # Then within a minute both waiting executions are failed with a reason naming the task
     failed = wait_until(
         lambda: Execution.objects.filter(pk__in=[fire.pk, ad_hoc.pk], status=Execution.Status.FAILED).count() == 2,
-        timeout=60, interval=0.2,
+        timeout=60,
+        interval=0.2,
     )
     assert failed, worker.log()[-3000:]
     for execution in (fire, ad_hoc):
@@ -73,8 +81,11 @@ def test_unknown_task__failed_with_the_reason_and_counted_on_its_schedule(celery
 def test_malformed_message__rejected_and_its_execution_failed_with_the_reason(celery_processes: Start) -> None:
     # Given a queued execution of a known task, and a worker
     execution = Execution.objects.create(
-        idempotency_key="malformed", task="tests.record", scheduled_for=leases.db_now(),
-        status=Execution.Status.QUEUED, celery_task_id="malformed-1",
+        idempotency_key="malformed",
+        task="tests.record",
+        scheduled_for=leases.db_now(),
+        status=Execution.Status.QUEUED,
+        celery_task_id="malformed-1",
     )
     worker = celery_processes("worker", "w1")
     worker.wait_for_log(r"ready\.")
@@ -82,9 +93,14 @@ def test_malformed_message__rejected_and_its_execution_failed_with_the_reason(ce
     with app.producer_or_acquire() as producer:
         producer.publish(
             {"args": [], "kwargs": {"label": "malformed"}, "embed": {}},
-            serializer="json", routing_key="celery", exchange="",
+            serializer="json",
+            routing_key="celery",
+            exchange="",
             headers={
-                "task": "tests.record", "id": "malformed-1", "lang": "py", "eta": "not a date",
+                "task": "tests.record",
+                "id": "malformed-1",
+                "lang": "py",
+                "eta": "not a date",
                 Execution.MESSAGE_HEADER: execution.pk,
             },
         )
@@ -110,7 +126,9 @@ def test_priority__carried_by_the_message_and_honoured_by_a_real_worker(
 ) -> None:
     # Given executions sent before any worker runs: a schedule's run-now at priority 9, then
     # submissions at priority 4, none and 0
-    schedule = Schedule.objects.create(name="low", task="tests.record", kwargs={"label": "p9"}, interval=3600, priority=9)
+    schedule = Schedule.objects.create(
+        name="low", task="tests.record", kwargs={"label": "p9"}, interval=3600, priority=9
+    )
     p9 = operations.run_now(schedule, app=app, scope=EVERY_TENANT).execution
     p4 = scheduler.submit("tests.record", kwargs={"label": "p4"}, priority=4)
     unset = scheduler.submit("tests.record", kwargs={"label": "unset"})

@@ -1,4 +1,5 @@
 """A worker keeps its database connection across tasks, and replaces one the server dropped."""
+
 from __future__ import annotations
 
 from collections.abc import Callable

@@ -1,4 +1,5 @@
 """Real workers under the execution guard: each execution runs once, within its limits."""
+
 from __future__ import annotations
 
 import os
@@ -128,9 +129,7 @@ def test_soft_timeout__recorded_timed_out(celery_processes: Start, redis_client:
     assert test_tasks.runs(redis_client) == []
 
 
-def test_hard_timeout__kills_the_child_and_is_recorded_timed_out(
-    celery_processes: Start, settings: Any
-) -> None:
+def test_hard_timeout__kills_the_child_and_is_recorded_timed_out(celery_processes: Start, settings: Any) -> None:
     settings.SCHEDULER_TIMEOUT_GRACE_SECONDS = 1.0
     worker = celery_processes("worker", "w1")
     worker.wait_for_log(r"ready\.")
@@ -176,9 +175,9 @@ def test_worker_killed_mid_task__claimable_after_its_claim_expires_and_never_con
     assert Execution.objects.get(pk=execution.pk).status == Execution.Status.RUNNING
 
     # When the claim has expired (database clock) and it is re-sent again
-    assert wait_until(
-        lambda: Execution.objects.claimable().filter(pk=execution.pk).exists(), timeout=10
-    ), "the dead worker's claim never expired"
+    assert wait_until(lambda: Execution.objects.claimable().filter(pk=execution.pk).exists(), timeout=10), (
+        "the dead worker's claim never expired"
+    )
     publish_again(execution, queue="b")
     # Then B runs it to completion as attempt 2
     done = wait_final(execution, timeout=20)

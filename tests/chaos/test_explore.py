@@ -11,6 +11,7 @@ invariants checked (one execution per slot, every execution final within
 its bound, no stale body completing, no stall past 2 × the lease TTL,
 leadership changing only when a beat replica stops).
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -24,9 +25,7 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize(("name", "action"), explore.FAST, ids=[f"{name}={action}" for name, action in explore.FAST])
-def test_failpoint__keeps_the_guarantees(
-    name: str, action: str, process_env: dict[str, str], tmp_path: Path
-) -> None:
+def test_failpoint__keeps_the_guarantees(name: str, action: str, process_env: dict[str, str], tmp_path: Path) -> None:
     # Given a cluster whose processes stop, freeze, fail or stall at the failpoint
     # When one execution (commit, publish, handover) passes through it
     result = explore.run(explore.POINTS_BY_NAME[name], action, env=process_env, workdir=tmp_path)

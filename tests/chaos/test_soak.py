@@ -55,6 +55,7 @@ DURATION=300`` runs the long one. The summary line is printed (and written
 to ``CHAOS_SUMMARY``); ``CHAOS_LOGS`` names a directory to keep the
 processes' logs in.
 """
+
 from __future__ import annotations
 
 import json
@@ -136,8 +137,18 @@ FAILPOINT_FAULTS = {
     "publisher_freeze": ("publish.holding_batch", "beat"),
 }
 FAULTS = (
-    "leader_sigkill", "leader_freeze", "leader_sigterm", "worker_sigkill", "worker_freeze", "worker_db_cut",
-    "broker_restart", "broker_down_retrying", *FAILPOINT_FAULTS, "reshard", "rolling_restart", "prune_reconcile",
+    "leader_sigkill",
+    "leader_freeze",
+    "leader_sigterm",
+    "worker_sigkill",
+    "worker_freeze",
+    "worker_db_cut",
+    "broker_restart",
+    "broker_down_retrying",
+    *FAILPOINT_FAULTS,
+    "reshard",
+    "rolling_restart",
+    "prune_reconcile",
 )
 #: Each process's database sessions carry this prefix and its name, so the test can cut them.
 APPLICATION_NAME_PREFIX = "chaos-"
@@ -163,9 +174,24 @@ class Broker:
 
     def start(self) -> None:
         self.proc = subprocess.Popen(
-            [find_redis_server(), "--bind", "127.0.0.1", "--port", str(self.port), "--dir", str(self.dir),
-             "--save", "", "--appendonly", "no", "--logfile", str(self.dir / "redis.log")],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+            [
+                find_redis_server(),
+                "--bind",
+                "127.0.0.1",
+                "--port",
+                str(self.port),
+                "--dir",
+                str(self.dir),
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--logfile",
+                str(self.dir / "redis.log"),
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
         )
         client = redis.Redis.from_url(self.url, socket_connect_timeout=1)
         assert wait_until(lambda: _pings(client), timeout=10), "the chaos broker did not start"
@@ -237,7 +263,7 @@ def _lease_holders(beats: list[CeleryProcess]) -> list[CeleryProcess]:
     """The live beat replicas holding a lease now: the one ``beat``, or any shard's."""
     count = shards.count()
     pids = set()
-    for name in (shards.lease_names(count) if count > 1 else [LEASE_NAME]):
+    for name in shards.lease_names(count) if count > 1 else [LEASE_NAME]:
         state = leases.current(name)
         if state.is_held:
             pids.add(int(state.holder.rsplit("-", 2)[1]))
@@ -269,7 +295,9 @@ class Failpoints:
         before = len(self._fired())
         (self.dir / "armed").touch()
         try:
-            found = wait_until(lambda: [f for f in self._fired()[before:] if f["name"] == name], timeout=timeout, interval=0.1)
+            found = wait_until(
+                lambda: [f for f in self._fired()[before:] if f["name"] == name], timeout=timeout, interval=0.1
+            )
         finally:
             (self.dir / "armed").unlink()
         return found[0] if found else None
@@ -281,9 +309,14 @@ class Failpoints:
 
 @pytest.mark.timeout(DURATION + 1200)
 def test_chaos_soak__every_slot_once_nothing_run_twice_nothing_lost(
-    side_effect_table: None, pruned_table: None,
-    celery_processes: Callable[..., CeleryProcess], process_env: dict[str, str], redis_url: str,
-    redis_client: redis.Redis, broker: Broker, tmp_path: Path,
+    side_effect_table: None,
+    pruned_table: None,
+    celery_processes: Callable[..., CeleryProcess],
+    process_env: dict[str, str],
+    redis_url: str,
+    redis_client: redis.Redis,
+    broker: Broker,
+    tmp_path: Path,
 ) -> None:
     rng = random.Random(SEED)
     # A database connection can be cut on PostgreSQL only (SQLite has none).
@@ -299,7 +332,9 @@ def test_chaos_soak__every_slot_once_nothing_run_twice_nothing_lost(
         process_env["DATABASE_URL"] = _with_application_name(database_url, name)
         queues = f"celery,{IN_TRANSACTION_QUEUE}" if kind == "worker" else None
         try:
-            return celery_processes(kind, name, concurrency=4, queues=queues, **SETTINGS, **points.env(kind), **settings)
+            return celery_processes(
+                kind, name, concurrency=4, queues=queues, **SETTINGS, **points.env(kind), **settings
+            )
         finally:
             process_env["DATABASE_URL"] = database_url
 
@@ -317,20 +352,34 @@ def test_chaos_soak__every_slot_once_nothing_run_twice_nothing_lost(
         for n in range(30)
     ]
     long = [
-        Schedule(name=f"long-{n}", task="tests.record", interval=LONG_INTERVAL_SECONDS,
-                 timeout=LONG_TIMEOUT_SECONDS if n < LONG_WITH_TIMEOUT else None,
-                 kwargs={"label": f"long-{n}", "seconds": LONG_BODY_SECONDS, "step": LONG_STEP_SECONDS})
+        Schedule(
+            name=f"long-{n}",
+            task="tests.record",
+            interval=LONG_INTERVAL_SECONDS,
+            timeout=LONG_TIMEOUT_SECONDS if n < LONG_WITH_TIMEOUT else None,
+            kwargs={"label": f"long-{n}", "seconds": LONG_BODY_SECONDS, "step": LONG_STEP_SECONDS},
+        )
         for n in range(5)
     ]
     failing = [
-        Schedule(name=f"fail-once-{n}", task="tests.fail_once", interval=FAILING_INTERVAL_SECONDS,
-                 max_retries=1, retry_backoff=1, kwargs={"label": f"fail-once-{n}", "seconds": FAILING_BODY_SECONDS})
+        Schedule(
+            name=f"fail-once-{n}",
+            task="tests.fail_once",
+            interval=FAILING_INTERVAL_SECONDS,
+            max_retries=1,
+            retry_backoff=1,
+            kwargs={"label": f"fail-once-{n}", "seconds": FAILING_BODY_SECONDS},
+        )
         for n in range(2)
     ]
     fenced = Schedule(name="fenced", task="tests.fenced_invoice", interval=1)
     in_transaction = Schedule(
-        name="checkpoint-in-transaction", task="tests.checkpoint_in_transaction", interval=IN_TRANSACTION_INTERVAL_SECONDS,
-        queue=IN_TRANSACTION_QUEUE, overlap=Schedule.Overlap.CANCEL_PREVIOUS, kwargs={"label": "checkpoint-in-transaction"},
+        name="checkpoint-in-transaction",
+        task="tests.checkpoint_in_transaction",
+        interval=IN_TRANSACTION_INTERVAL_SECONDS,
+        queue=IN_TRANSACTION_QUEUE,
+        overlap=Schedule.Overlap.CANCEL_PREVIOUS,
+        kwargs={"label": "checkpoint-in-transaction"},
     )
     schedules = [*every_second, *long, *failing, fenced, in_transaction]
     for schedule in schedules:
@@ -433,8 +482,13 @@ def test_chaos_soak__every_slot_once_nothing_run_twice_nothing_lost(
         elif fault == "reshard":
             count = next(shard_counts)
             done = subprocess.run(
-                [sys.executable, "manage.py", "shards", "--set", str(count), "--json"], cwd=ROOT, env=command_env,
-                capture_output=True, text=True, timeout=120, check=False,
+                [sys.executable, "manage.py", "shards", "--set", str(count), "--json"],
+                cwd=ROOT,
+                env=command_env,
+                capture_output=True,
+                text=True,
+                timeout=120,
+                check=False,
             )
             assert done.returncode == 0, f"shards --set {count}: {done.stderr[-2000:]}"
             reshards.append(json.loads(done.stdout))
@@ -447,8 +501,12 @@ def test_chaos_soak__every_slot_once_nothing_run_twice_nothing_lost(
         else:  # prune_reconcile
             both = [
                 subprocess.Popen(
-                    [sys.executable, "manage.py", *argv], cwd=ROOT, env=command_env,
-                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                    [sys.executable, "manage.py", *argv],
+                    cwd=ROOT,
+                    env=command_env,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.STDOUT,
+                    text=True,
                 )
                 for argv in (["prune_executions", "--older-than", PRUNE_OLDER_THAN], ["reconcile", "--repair"])
             ]
@@ -481,10 +539,17 @@ def test_chaos_soak__every_slot_once_nothing_run_twice_nothing_lost(
     Schedule.objects.update(enabled=False)
     # Generous: on a loaded machine the workers may still be draining a backlog.
     settle_deadline = time.monotonic() + 300
-    while Execution.objects.exclude(status__in=Execution.FINAL_STATUSES).exists() and time.monotonic() < settle_deadline:
+    while (
+        Execution.objects.exclude(status__in=Execution.FINAL_STATUSES).exists() and time.monotonic() < settle_deadline
+    ):
         subprocess.run(
-            [sys.executable, "manage.py", "reconcile"], cwd=ROOT, env=command_env,
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=60, check=False,
+            [sys.executable, "manage.py", "reconcile"],
+            cwd=ROOT,
+            env=command_env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            timeout=60,
+            check=False,
         )
         time.sleep(2)
     pruned = _pruned()
@@ -514,10 +579,20 @@ def test_chaos_soak__every_slot_once_nothing_run_twice_nothing_lost(
     names = {schedule.pk: schedule.name for schedule in schedules}
     frozen_ids = {execution_id for execution_id, _ in frozen}
     unsuccessful = [
-        {"id": e.pk, "schedule": names.get(e.schedule_id), "status": e.status, "attempt": e.attempt,
-         "frozen": e.pk in frozen_ids, "error": e.error[:120], "worker": e.worker, "celery_task_id": e.celery_task_id,
-         "started_at": _iso(e.started_at), "claim_expires_at": _iso(e.lease_expires_at)}
-        for e in executions if e.status != Execution.Status.SUCCEEDED and e.pk not in overlapped_by_policy
+        {
+            "id": e.pk,
+            "schedule": names.get(e.schedule_id),
+            "status": e.status,
+            "attempt": e.attempt,
+            "frozen": e.pk in frozen_ids,
+            "error": e.error[:120],
+            "worker": e.worker,
+            "celery_task_id": e.celery_task_id,
+            "started_at": _iso(e.started_at),
+            "claim_expires_at": _iso(e.lease_expires_at),
+        }
+        for e in executions
+        if e.status != Execution.Status.SUCCEEDED and e.pk not in overlapped_by_policy
     ]
     unsuccessful.sort(key=lambda row: (row["status"] not in Execution.FINAL_STATUSES, row["id"]))  # final ones first
     # 4. no every-second schedule went longer than 2 x the lease TTL without a committed slot
@@ -526,29 +601,56 @@ def test_chaos_soak__every_slot_once_nothing_run_twice_nothing_lost(
         1 for event in events if event["event"] == "raise" and any(down <= event["at"] <= up for down, up in outages)
     )
     summary = {
-        "seed": SEED, "duration_s": DURATION, "faults": dict(injected), "restarts": restarts, "crashed": dict(crashed),
-        "db_sessions_cut": sessions_cut, "frozen_bodies": frozen, "failpoints_fired": fired,
-        "failing_bodies_raised_while_broker_down": raised_while_down, "reshards": reshards, "rolled": rolled,
-        "prune_reconcile": commands, "pruned": len(pruned),
-        "executions_checked": len(executions), "statuses": dict(statuses),
+        "seed": SEED,
+        "duration_s": DURATION,
+        "faults": dict(injected),
+        "restarts": restarts,
+        "crashed": dict(crashed),
+        "db_sessions_cut": sessions_cut,
+        "frozen_bodies": frozen,
+        "failpoints_fired": fired,
+        "failing_bodies_raised_while_broker_down": raised_while_down,
+        "reshards": reshards,
+        "rolled": rolled,
+        "prune_reconcile": commands,
+        "pruned": len(pruned),
+        "executions_checked": len(executions),
+        "statuses": dict(statuses),
         "cancel_previous_outcomes": dict(Counter(overlapped_by_policy.values())),
-        "duplicates": duplicates + len(ran_twice), "gaps": gaps, "completed_after_claim_moved_on": stale,
-        "concurrent_runs": len(concurrent), "fenced_side_effects_wrong": fenced_wrong,
-        "succeeded_without_body": without_body, "rerun_after_interruption": rerun_after_interruption,
-        "max_stall_s": round(stall, 2), "max_stall_schedule": stalled, "stall_bound_s": STALL_BOUND_SECONDS,
-        "not_final": dict(open_rows), "window": [started_at.isoformat(), ended_at.isoformat()],
-        "unsuccessful": unsuccessful[:40], "timeline": timeline,
+        "duplicates": duplicates + len(ran_twice),
+        "gaps": gaps,
+        "completed_after_claim_moved_on": stale,
+        "concurrent_runs": len(concurrent),
+        "fenced_side_effects_wrong": fenced_wrong,
+        "succeeded_without_body": without_body,
+        "rerun_after_interruption": rerun_after_interruption,
+        "max_stall_s": round(stall, 2),
+        "max_stall_schedule": stalled,
+        "stall_bound_s": STALL_BOUND_SECONDS,
+        "not_final": dict(open_rows),
+        "window": [started_at.isoformat(), ended_at.isoformat()],
+        "unsuccessful": unsuccessful[:40],
+        "timeline": timeline,
     }
     stale_ids = {execution_id for execution_id, _ in stale}
     summary["stale_bodies"] = [
-        {"id": e.pk, "schedule": names.get(e.schedule_id), "status": e.status, "attempt": e.attempt, "worker": e.worker,
-         "events": [event for event in events if event["execution_id"] == e.pk]}
-        for e in executions if e.pk in stale_ids
+        {
+            "id": e.pk,
+            "schedule": names.get(e.schedule_id),
+            "status": e.status,
+            "attempt": e.attempt,
+            "worker": e.worker,
+            "events": [event for event in events if event["execution_id"] == e.pk],
+        }
+        for e in executions
+        if e.pk in stale_ids
     ]
     print("\nchaos summary: " + json.dumps(summary))
     if os.environ.get("CHAOS_LOGS"):  # the processes' logs, kept past pytest's temporary directories
         shutil.copytree(tmp_path, os.environ["CHAOS_LOGS"], dirs_exist_ok=True)
-    Path(os.environ.get("CHAOS_SUMMARY", tempfile.gettempdir() + "/chaos-summary.json")).write_text(json.dumps(summary, indent=2))
+    Path(os.environ.get("CHAOS_SUMMARY", tempfile.gettempdir() + "/chaos-summary.json")).write_text(
+        json.dumps(summary, indent=2)
+    )
 
     # A fault every 3-6 s, plus what each takes; every nemesis at least once, and each did what it says.
     assert sum(injected.values()) >= DURATION // 10 and set(injected) == set(faults), summary
@@ -588,12 +690,17 @@ def _cut_database_sessions(worker: CeleryProcess) -> int:
 
 def _a_failing_body_starts(failing_ids: list[int]) -> int | None:
     """Wait (up to two intervals) until a first attempt of a failing schedule is claimed; return its execution id."""
+
     def started() -> int | None:
         return (
             Execution.objects.filter(
-                schedule_id__in=failing_ids, status=Execution.Status.RUNNING, attempt=1,
+                schedule_id__in=failing_ids,
+                status=Execution.Status.RUNNING,
+                attempt=1,
                 started_at__gte=leases.db_now() - timedelta(seconds=0.3),
-            ).values_list("pk", flat=True).first()
+            )
+            .values_list("pk", flat=True)
+            .first()
         )
 
     return wait_until(started, timeout=2 * FAILING_INTERVAL_SECONDS + 2, interval=0.05) or None  # type: ignore[return-value]
@@ -611,7 +718,8 @@ def _overlap_outcomes(schedule: Schedule, executions: list[Execution]) -> dict[i
         newer = [other for other in mine if other.scheduled_for > execution.scheduled_for]
         cancelled = execution.status == Execution.Status.CANCELLED and execution.error == dispatch.CANCEL_PREVIOUS_ERROR
         skipped = execution.status == Execution.Status.SKIPPED and any(
-            other.status != Execution.Status.SKIPPED and abs((other.created_at - execution.created_at).total_seconds()) < 1
+            other.status != Execution.Status.SKIPPED
+            and abs((other.created_at - execution.created_at).total_seconds()) < 1
             for other in newer
         )
         if newer and (cancelled or skipped):
@@ -629,7 +737,9 @@ def _freeze_a_long_body(workers: list[CeleryProcess], long_ids: list[int]) -> tu
     while time.monotonic() < deadline:
         # Started within the last second: most of the body is still to run when the child resumes.
         recent = Execution.objects.filter(
-            schedule_id__in=long_ids, timeout=None, status=Execution.Status.RUNNING,
+            schedule_id__in=long_ids,
+            timeout=None,
+            status=Execution.Status.RUNNING,
             started_at__gte=leases.db_now() - timedelta(seconds=1),
         )
         for execution in recent:

@@ -1,4 +1,5 @@
 """Helpers of the HTTP API tests: tokens, clients and tenant fixtures' data."""
+
 from __future__ import annotations
 
 from datetime import timedelta
@@ -30,7 +31,9 @@ def bind(user: Any, tenant: str = "") -> Any:
 
 
 def make_schedule(name: str, *, tenant: str = "", **fields: Any) -> Schedule:
-    schedule = Schedule(name=name, task=TENANT_TASK if tenant else "scheduler.echo", interval=60, tenant=tenant, **fields)
+    schedule = Schedule(
+        name=name, task=TENANT_TASK if tenant else "scheduler.echo", interval=60, tenant=tenant, **fields
+    )
     schedule.full_clean()
     schedule.save(now=leases.db_now())
     return schedule
@@ -39,14 +42,16 @@ def make_schedule(name: str, *, tenant: str = "", **fields: Any) -> Schedule:
 def make_execution(schedule: Schedule, key: str, status: str) -> Execution:
     now = leases.db_now()
     return Execution.objects.create(
-        idempotency_key=key, schedule=schedule, task=schedule.task, tenant=schedule.tenant, status=status,
-        scheduled_for=now - timedelta(minutes=5), celery_task_id="",
+        idempotency_key=key,
+        schedule=schedule,
+        task=schedule.task,
+        tenant=schedule.tenant,
+        status=status,
+        scheduled_for=now - timedelta(minutes=5),
+        celery_task_id="",
     )
 
 
 def tables() -> dict[str, list[dict[str, Any]]]:
     """Return every row of the tables the API changes, to compare before and after a call."""
-    return {
-        model.__name__: list(model.objects.order_by("pk").values())
-        for model in (Schedule, Execution, AuditEvent)
-    }
+    return {model.__name__: list(model.objects.order_by("pk").values()) for model in (Schedule, Execution, AuditEvent)}

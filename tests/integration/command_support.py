@@ -1,4 +1,5 @@
 """Calling management commands in tests: their output, or the one-line refusal they must give."""
+
 from __future__ import annotations
 
 import io

@@ -1,4 +1,5 @@
 """Fixtures shared by the integration tests."""
+
 from __future__ import annotations
 
 from collections.abc import Iterator

@@ -1,4 +1,5 @@
 """Admin pages, filters and actions through Django's test client."""
+
 from __future__ import annotations
 
 from datetime import timedelta
@@ -26,7 +27,9 @@ def staff() -> Client:
 @pytest.fixture
 def schedules() -> dict[str, Schedule]:
     made = {
-        "cron": Schedule(name="nightly", task="scheduler.echo", cron="30 2 * * *", timezone="Europe/Berlin", queue="q1"),
+        "cron": Schedule(
+            name="nightly", task="scheduler.echo", cron="30 2 * * *", timezone="Europe/Berlin", queue="q1"
+        ),
         "interval": Schedule(name="often", task="scheduler.sleep", interval=5, tenant="acme"),
         "paused": Schedule(name="held", task="scheduler.echo", interval=60, paused_reason="maintenance"),
         "off": Schedule(name="off", task="scheduler.echo", interval=60, enabled=False),
@@ -51,8 +54,11 @@ def test_schedule_list__columns(staff: Client, schedules: dict[str, Schedule]) -
     assert response.status_code == 200
     assert "At 02:30 (Europe/Berlin)" in page
     assert "every 5 seconds" in page
-    assert ('<i aria-hidden="true"></i>active' in page and '<i aria-hidden="true"></i>paused' in page
-            and '<i aria-hidden="true"></i>disabled' in page)
+    assert (
+        '<i aria-hidden="true"></i>active' in page
+        and '<i aria-hidden="true"></i>paused' in page
+        and '<i aria-hidden="true"></i>disabled' in page
+    )
     assert ">failed<" in page
     assert "in " in page  # relative next run
 
@@ -73,7 +79,9 @@ def test_schedule_list__columns(staff: Client, schedules: dict[str, Schedule]) -
         ("q=nigh", []),  # exact match only: a substring search would scan every row
     ],
 )
-def test_schedule_list__filters_and_search(staff: Client, schedules: dict[str, Schedule], query: str, expected: list[str]) -> None:
+def test_schedule_list__filters_and_search(
+    staff: Client, schedules: dict[str, Schedule], query: str, expected: list[str]
+) -> None:
     response = staff.get(f"/admin/scheduler/schedule/?{query}")
     assert response.status_code == 200
     assert names(response) == expected
@@ -83,8 +91,12 @@ def test_schedule_change__next_fire_times_and_last_executions(staff: Client, sch
     schedule = schedules["interval"]
     for n in range(25):
         Execution.objects.create(
-            idempotency_key=f"k{n}", schedule=schedule, task=schedule.task, status=Status.SUCCEEDED,
-            scheduled_for=leases.db_now() - timedelta(minutes=n), error="boom" if n == 0 else "",
+            idempotency_key=f"k{n}",
+            schedule=schedule,
+            task=schedule.task,
+            status=Status.SUCCEEDED,
+            scheduled_for=leases.db_now() - timedelta(minutes=n),
+            error="boom" if n == 0 else "",
         )
     page = staff.get(f"/admin/scheduler/schedule/{schedule.pk}/change/").content.decode()
     assert page.count("UTC)</span></li>") == 5
@@ -100,9 +112,13 @@ def test_schedule_change__next_fire_times_and_last_executions(staff: Client, sch
         ("pause", lambda s: s.paused_reason.startswith("Paused by root") and s.next_run_at is None),
     ],
 )
-def test_schedule_actions__disable_and_pause(staff: Client, schedules: dict[str, Schedule], action: str, check: object) -> None:
+def test_schedule_actions__disable_and_pause(
+    staff: Client, schedules: dict[str, Schedule], action: str, check: object
+) -> None:
     target = schedules["cron"]
-    response = staff.post("/admin/scheduler/schedule/", {"action": action, "_selected_action": [target.pk]}, follow=True)
+    response = staff.post(
+        "/admin/scheduler/schedule/", {"action": action, "_selected_action": [target.pk]}, follow=True
+    )
     assert response.status_code == 200
     target.refresh_from_db()
     assert check(target)  # type: ignore[operator]
@@ -124,12 +140,22 @@ def executions(schedules: dict[str, Schedule]) -> list[Execution]:
     now = leases.db_now()
     return [
         Execution.objects.create(
-            idempotency_key="ok", schedule=schedules["interval"], task="scheduler.sleep", status=Status.SUCCEEDED,
-            scheduled_for=now, started_at=now, finished_at=now + timedelta(seconds=2), celery_task_id="t-ok",
+            idempotency_key="ok",
+            schedule=schedules["interval"],
+            task="scheduler.sleep",
+            status=Status.SUCCEEDED,
+            scheduled_for=now,
+            started_at=now,
+            finished_at=now + timedelta(seconds=2),
+            celery_task_id="t-ok",
         ),
         Execution.objects.create(
-            idempotency_key="bad", task="scheduler.echo", status=Status.FAILED, scheduled_for=now - timedelta(days=3),
-            error="RuntimeError: boom", traceback="Traceback (most recent call last):\n  <line>\nRuntimeError: boom",
+            idempotency_key="bad",
+            task="scheduler.echo",
+            status=Status.FAILED,
+            scheduled_for=now - timedelta(days=3),
+            error="RuntimeError: boom",
+            traceback="Traceback (most recent call last):\n  <line>\nRuntimeError: boom",
         ),
     ]
 
@@ -145,7 +171,9 @@ def executions(schedules: dict[str, Schedule]) -> list[Execution]:
         ("q=t-ok", ["ok"]),
     ],
 )
-def test_execution_list__filters(staff: Client, executions: list[Execution], schedules: dict[str, Schedule], query: str, expected: list[str]) -> None:
+def test_execution_list__filters(
+    staff: Client, executions: list[Execution], schedules: dict[str, Schedule], query: str, expected: list[str]
+) -> None:
     today = leases.db_now().date().isoformat()
     response = staff.get("/admin/scheduler/execution/?" + query.format(schedule=schedules["interval"].pk, today=today))
     assert response.status_code == 200
@@ -174,7 +202,9 @@ def test_execution_change__links_to_the_task_result(staff: Client, executions: l
 def test_cluster_page__leader_token_expiry_and_heartbeats(staff: Client) -> None:
     handle = leases.acquire("beat", "host-1-abc", ttl=10)
     assert handle is not None
-    Instance.objects.create(instance_id="host-1-abc", role="beat", hostname="h", pid=1, started_at=Now(), last_seen=Now(), is_leader=True)
+    Instance.objects.create(
+        instance_id="host-1-abc", role="beat", hostname="h", pid=1, started_at=Now(), last_seen=Now(), is_leader=True
+    )
     Instance.objects.create(instance_id="w@h-2", role="worker", hostname="h", pid=2, started_at=Now(), last_seen=Now())
     page = staff.get("/admin/scheduler/lease/").content.decode()
     assert 'id="cluster-leader">host-1-abc<' in page
@@ -198,22 +228,34 @@ def test_instance_list(staff: Client) -> None:
 
 
 @pytest.mark.django_db(transaction=True)
-def test_schedule_action__run_now_sends_an_execution(staff: Client, schedules: dict[str, Schedule], redis_url: str) -> None:
+def test_schedule_action__run_now_sends_an_execution(
+    staff: Client, schedules: dict[str, Schedule], redis_url: str
+) -> None:
     target = schedules["interval"]
-    response = staff.post("/admin/scheduler/schedule/", {"action": "run_now", "_selected_action": [target.pk]}, follow=True)
+    response = staff.post(
+        "/admin/scheduler/schedule/", {"action": "run_now", "_selected_action": [target.pk]}, follow=True
+    )
     assert "1 execution started." in response.content.decode()
     (execution,) = Execution.objects.filter(schedule=target)
     assert execution.status == Status.QUEUED and ":manual:" in execution.idempotency_key
 
 
 @pytest.mark.django_db(transaction=True)
-def test_execution_actions__retry_finished_and_cancel_running(staff: Client, executions: list[Execution], redis_url: str) -> None:
+def test_execution_actions__retry_finished_and_cancel_running(
+    staff: Client, executions: list[Execution], redis_url: str
+) -> None:
     finished = executions[1]
     running = Execution.objects.create(
-        idempotency_key="run", task="scheduler.echo", status=Status.RUNNING, scheduled_for=leases.db_now(), celery_task_id="t-run"
+        idempotency_key="run",
+        task="scheduler.echo",
+        status=Status.RUNNING,
+        scheduled_for=leases.db_now(),
+        celery_task_id="t-run",
     )
     staff.post("/admin/scheduler/execution/", {"action": "retry", "_selected_action": [finished.pk]})
-    response = staff.post("/admin/scheduler/execution/", {"action": "cancel", "_selected_action": [running.pk, finished.pk]}, follow=True)
+    response = staff.post(
+        "/admin/scheduler/execution/", {"action": "cancel", "_selected_action": [running.pk, finished.pk]}, follow=True
+    )
     page = response.content.decode()
     retry = Execution.objects.get(retry_of=finished)
     assert retry.status == Status.QUEUED
@@ -248,9 +290,13 @@ def test_backfill_form__preview_then_confirm(staff: Client, redis_url: str) -> N
         ("yesterday", "2026-01-01 00:00:00", "Enter a valid date/time"),
     ],
 )
-def test_backfill_form__bad_range_shows_the_error_and_writes_nothing(staff: Client, start: str, end: str, message: str) -> None:
+def test_backfill_form__bad_range_shows_the_error_and_writes_nothing(
+    staff: Client, start: str, end: str, message: str
+) -> None:
     schedule = Schedule.objects.create(name="hourly", task="scheduler.echo", interval=3600)
-    response = staff.post(f"/admin/scheduler/schedule/{schedule.pk}/backfill/", {"start": start, "end": end, "confirm": "1"})
+    response = staff.post(
+        f"/admin/scheduler/schedule/{schedule.pk}/backfill/", {"start": start, "end": end, "confirm": "1"}
+    )
     assert response.status_code == 200
     assert message in response.content.decode()
     assert 'class="errorlist' in response.content.decode()

@@ -1,4 +1,5 @@
 """The admin's buttons on a schedule's and an execution's page, its times, columns, trigger filter and search."""
+
 from __future__ import annotations
 
 import re
@@ -59,7 +60,9 @@ def test_schedule_page__shows_its_buttons_and_a_backfill_link(staff: Client, sch
     page = staff.get(f"/admin/scheduler/schedule/{schedule.pk}/change/").content.decode()
     # Then every button is a POST form with a CSRF token
     for action in ("run_now", "pause", "disable"):
-        form = re.search(rf'<form method="post" action="[^"]+/act/{action}/" id="action-{action}">(.*?)</form>', page, re.S)
+        form = re.search(
+            rf'<form method="post" action="[^"]+/act/{action}/" id="action-{action}">(.*?)</form>', page, re.S
+        )
         assert form and "csrfmiddlewaretoken" in form.group(1), action
     assert 'name="reason"' in page
     assert 'id="action-resume"' not in page and 'id="action-enable"' not in page
@@ -98,15 +101,18 @@ def test_disable_then_enable_buttons(staff: Client, schedule: Schedule) -> None:
 
 
 @pytest.mark.django_db(transaction=True)
-def test_run_now_button__records_a_manual_execution_and_sends_it(staff: Client, schedule: Schedule, redis_url: str) -> None:
+def test_run_now_button__records_a_manual_execution_and_sends_it(
+    staff: Client, schedule: Schedule, redis_url: str
+) -> None:
     # When
     response = _act(staff, schedule, "run_now")
     # Then
     (execution,) = Execution.objects.filter(schedule=schedule)
     assert (execution.status, execution.trigger) == (Status.QUEUED, Trigger.MANUAL)
     assert execution.enqueued_at is not None
-    assert f"Execution <a href=\"/admin/scheduler/execution/{execution.pk}/change/\">{execution.pk}</a> of often started." in (
-        response.content.decode()
+    assert (
+        f'Execution <a href="/admin/scheduler/execution/{execution.pk}/change/">{execution.pk}</a> of often started.'
+        in (response.content.decode())
     )
 
 
@@ -211,9 +217,15 @@ def test_execution_list__seconds_zone_lag_queue_wait_and_trigger(staff: Client, 
     # Given an execution sent 1.5 s after its slot, claimed 0.25 s later, run for 2 s
     slot = leases.db_now().replace(microsecond=0) - timedelta(minutes=1)
     Execution.objects.create(
-        idempotency_key="k", schedule=schedule, task="scheduler.echo", status=Status.SUCCEEDED, scheduled_for=slot,
-        enqueued_at=slot + timedelta(seconds=1.5), started_at=slot + timedelta(seconds=1.75),
-        finished_at=slot + timedelta(seconds=3.75), trigger=Trigger.MANUAL,
+        idempotency_key="k",
+        schedule=schedule,
+        task="scheduler.echo",
+        status=Status.SUCCEEDED,
+        scheduled_for=slot,
+        enqueued_at=slot + timedelta(seconds=1.5),
+        started_at=slot + timedelta(seconds=1.75),
+        finished_at=slot + timedelta(seconds=3.75),
+        trigger=Trigger.MANUAL,
     )
     # When
     page = staff.get("/admin/scheduler/execution/").content.decode()
@@ -227,7 +239,11 @@ def test_execution_list__seconds_zone_lag_queue_wait_and_trigger(staff: Client, 
 def test_execution_change__times_with_seconds_and_every_attempt_error(staff: Client) -> None:
     finished = leases.db_now().replace(microsecond=0)
     failed = _execution(
-        "bad", Status.FAILED, attempt=2, error="second boom", finished_at=finished,
+        "bad",
+        Status.FAILED,
+        attempt=2,
+        error="second boom",
+        finished_at=finished,
         attempt_errors=[{"attempt": 1, "error": "first boom", "at": "2026-03-01T12:00:00+00:00"}],
     )
     page = staff.get(f"/admin/scheduler/execution/{failed.pk}/change/").content.decode()
@@ -279,8 +295,10 @@ def test_execution_search__a_key_prefix_is_an_index_scan(staff: Client) -> None:
     now = leases.db_now()
     Execution.objects.bulk_create(
         Execution(
-            idempotency_key=f"schedule:{n % 200}:{now - timedelta(minutes=n)}", task="scheduler.echo",
-            status=Status.SUCCEEDED, scheduled_for=now - timedelta(minutes=n),
+            idempotency_key=f"schedule:{n % 200}:{now - timedelta(minutes=n)}",
+            task="scheduler.echo",
+            status=Status.SUCCEEDED,
+            scheduled_for=now - timedelta(minutes=n),
         )
         for n in range(20_000)
     )
@@ -307,9 +325,21 @@ def test_execution_search__a_key_prefix_is_an_index_scan(staff: Client) -> None:
 
 def _add(client: Client, **fields: str) -> str:
     data = {
-        "name": "new", "task": "scheduler.echo", "args": "[]", "kwargs": "{}", "timezone": "UTC", "overlap": "allow",
-        "catchup_window": "300", "misfire": "run_all", "jitter": "0", "dst_gap": "shift", "dst_fold": "first",
-        "max_retries": "0", "retry_backoff": "1", "enabled": "on", **fields,
+        "name": "new",
+        "task": "scheduler.echo",
+        "args": "[]",
+        "kwargs": "{}",
+        "timezone": "UTC",
+        "overlap": "allow",
+        "catchup_window": "300",
+        "misfire": "run_all",
+        "jitter": "0",
+        "dst_gap": "shift",
+        "dst_fold": "first",
+        "max_retries": "0",
+        "retry_backoff": "1",
+        "enabled": "on",
+        **fields,
     }
     response = client.post("/admin/scheduler/schedule/add/", data)
     return response.content.decode() if response.status_code == 200 else f"saved ({response.status_code})"

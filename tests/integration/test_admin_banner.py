@@ -5,6 +5,7 @@ The demo project opts in to the banner on every admin page (its own
 gets it on the scheduler's pages only, and keeps Django's (or its own)
 ``admin/base_site.html``.
 """
+
 from __future__ import annotations
 
 from collections.abc import Iterator
@@ -41,7 +42,11 @@ def _app_pages() -> list[str]:
     schedule.full_clean()
     schedule.save(now=leases.db_now())
     execution = Execution.objects.create(
-        idempotency_key="k1", schedule=schedule, task=schedule.task, scheduled_for=leases.db_now(), celery_task_id="c1",
+        idempotency_key="k1",
+        schedule=schedule,
+        task=schedule.task,
+        scheduled_for=leases.db_now(),
+        celery_task_id="c1",
     )
     result = TaskResult.objects.create(task_id="c1", status="SUCCESS")
     return [

@@ -1,4 +1,5 @@
 """The cluster as the admin shows it after crashes: leader from the lease, stale instances, the no-leader banner."""
+
 from __future__ import annotations
 
 import re
@@ -85,7 +86,14 @@ def test_cluster_page__worker_is_stale_only_past_the_claim_duration(staff: Clien
 
 
 @pytest.mark.parametrize(
-    "path", ["/admin/", "/admin/scheduler/schedule/", "/admin/scheduler/execution/", "/admin/scheduler/instance/", "/admin/auth/user/"]
+    "path",
+    [
+        "/admin/",
+        "/admin/scheduler/schedule/",
+        "/admin/scheduler/execution/",
+        "/admin/scheduler/instance/",
+        "/admin/auth/user/",
+    ],
 )
 def test_admin_pages__warn_while_no_beat_leads(staff: Client, path: str) -> None:
     # Given no beat holds the lease

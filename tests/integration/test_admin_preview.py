@@ -1,4 +1,5 @@
 """The schedule page previews the next fire times, across DST transitions, per policy."""
+
 from __future__ import annotations
 
 import re
@@ -30,12 +31,17 @@ def preview(client: Client, **fields: str) -> str:
         ("last", ["Sun 2026-10-25 02:30:00 CET (2026-10-25 01:30:00 UTC)"], ["02:30:00 CEST (2026-10-25"]),
         (
             "both",
-            ["Sun 2026-10-25 02:30:00 CEST (2026-10-25 00:30:00 UTC)", "Sun 2026-10-25 02:30:00 CET (2026-10-25 01:30:00 UTC)"],
+            [
+                "Sun 2026-10-25 02:30:00 CEST (2026-10-25 00:30:00 UTC)",
+                "Sun 2026-10-25 02:30:00 CET (2026-10-25 01:30:00 UTC)",
+            ],
             [],
         ),
     ],
 )
-def test_preview__fall_back_day_follows_dst_fold(admin_client: Client, fold: str, expected: list[str], absent: list[str]) -> None:
+def test_preview__fall_back_day_follows_dst_fold(
+    admin_client: Client, fold: str, expected: list[str], absent: list[str]
+) -> None:
     with time_machine.travel(datetime(2026, 10, 23, 12, tzinfo=timezone.utc), tick=False):
         page = preview(admin_client, dst_fold=fold)
     for text in expected:

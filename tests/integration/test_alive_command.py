@@ -1,4 +1,5 @@
 """``manage.py alive``: which heartbeat passes, and the one line that says why one does not."""
+
 from __future__ import annotations
 
 import io
@@ -19,7 +20,12 @@ HOST = "worker-host"
 def _instance(role: str, *, seconds_ago: float, host: str = HOST) -> Instance:
     seen = leases.db_now() - timedelta(seconds=seconds_ago)
     return Instance.objects.create(
-        instance_id=f"{role}@{host}-{int(seconds_ago)}", role=role, hostname=host, pid=1, started_at=seen, last_seen=seen
+        instance_id=f"{role}@{host}-{int(seconds_ago)}",
+        role=role,
+        hostname=host,
+        pid=1,
+        started_at=seen,
+        last_seen=seen,
     )
 
 

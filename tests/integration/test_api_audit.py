@@ -1,4 +1,5 @@
 """The audit trail: every write through the API, the admin and the CLI leaves an AuditEvent; the admin scopes by tenant."""
+
 from __future__ import annotations
 
 import io
@@ -35,7 +36,8 @@ def staff_client(username: str, *, superuser: bool = False, tenant: str = "") ->
     users = get_user_model().objects
     user = (
         users.create_superuser(username, f"{username}@example.invalid", "pw")
-        if superuser else users.create_user(username, f"{username}@example.invalid", "pw", is_staff=True)
+        if superuser
+        else users.create_user(username, f"{username}@example.invalid", "pw", is_staff=True)
     )
     if not superuser:
         user.groups.add(Group.objects.get(name=OPERATOR_GROUP))
@@ -52,7 +54,8 @@ def test_audit__api_writes(redis_client: object) -> None:
 
     # When: it creates, edits, pauses, runs and deletes a schedule
     created = client.post(
-        "/api/v1/schedules/", {"name": "audited", "task": TENANT_TASK, "interval": 60},
+        "/api/v1/schedules/",
+        {"name": "audited", "task": TENANT_TASK, "interval": 60},
         content_type="application/json",
     ).json()
     pk = created["id"]
@@ -112,7 +115,9 @@ def test_audit__admin_writes() -> None:
     # Then: each is an event by the user, with the changed fields
     trail = events(object_type="scheduler.schedule", object_id=str(schedule.pk))
     assert [(e.actor_type, e.actor, e.action) for e in trail] == [
-        ("user", "alice", "disable"), ("user", "alice", "pause"), ("user", "alice", "delete"),
+        ("user", "alice", "disable"),
+        ("user", "alice", "pause"),
+        ("user", "alice", "delete"),
     ]
     assert trail[0].changes["enabled"] == [True, False]
     assert trail[1].changes["paused_reason"] == ["", "maintenance"]

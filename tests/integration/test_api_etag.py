@@ -1,4 +1,5 @@
 """ETag / If-Match on schedule updates: two editors holding the same version cannot both write."""
+
 from __future__ import annotations
 
 import threading
@@ -31,14 +32,16 @@ def test_schedule_update__etag_roundtrip_and_stale_etag_is_412() -> None:
     tag = read["ETag"]
 
     # When: it is changed with that ETag; Then: 200 and a new ETag
-    first = client.patch(f"/api/v1/schedules/{schedule.pk}/", {"queue": "q1"}, content_type="application/json",
-                         HTTP_IF_MATCH=tag)
+    first = client.patch(
+        f"/api/v1/schedules/{schedule.pk}/", {"queue": "q1"}, content_type="application/json", HTTP_IF_MATCH=tag
+    )
     assert first.status_code == 200
     assert first["ETag"] != tag
 
     # When: it is changed again with the old ETag; Then: 412, nothing written
-    stale = client.patch(f"/api/v1/schedules/{schedule.pk}/", {"queue": "q2"}, content_type="application/json",
-                         HTTP_IF_MATCH=tag)
+    stale = client.patch(
+        f"/api/v1/schedules/{schedule.pk}/", {"queue": "q2"}, content_type="application/json", HTTP_IF_MATCH=tag
+    )
     assert stale.status_code == 412
     assert Schedule.objects.get(pk=schedule.pk).queue == "q1"
 
@@ -72,7 +75,9 @@ def test_schedule_update__two_concurrent_patches_with_one_etag__one_200_one_412(
     def edit(client: Client, queue: str) -> None:
         try:
             response = client.patch(
-                f"/api/v1/schedules/{schedule.pk}/", {"queue": queue}, content_type="application/json",
+                f"/api/v1/schedules/{schedule.pk}/",
+                {"queue": queue},
+                content_type="application/json",
                 HTTP_IF_MATCH=tag,
             )
             statuses.append(response.status_code)

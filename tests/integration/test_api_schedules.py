@@ -1,4 +1,5 @@
 """The API's own behaviour: shared validation messages, backfill preview then confirm, sessions, throttling, submit(tenant=)."""
+
 from __future__ import annotations
 
 from datetime import timedelta
@@ -50,8 +51,13 @@ def model_errors(**fields: Any) -> dict[str, list[str]]:
         {"name": "a", "task": "scheduler.echo", "interval": 60, "args": {"not": "a list"}},
         {"name": "a", "task": "scheduler.echo", "interval": 60, "catchup_window": 0},
         {"name": "a", "task": "scheduler.echo"},
-        {"name": "a", "task": "scheduler.echo", "interval": 60, "start_at": "2026-01-02T00:00:00Z",
-         "end_at": "2026-01-01T00:00:00Z"},
+        {
+            "name": "a",
+            "task": "scheduler.echo",
+            "interval": 60,
+            "start_at": "2026-01-02T00:00:00Z",
+            "end_at": "2026-01-01T00:00:00Z",
+        },
     ],
 )
 def test_schedule_create__bad_input_is_400_with_the_admins_messages(operator: Client, fields: dict[str, Any]) -> None:
@@ -72,13 +78,17 @@ def test_schedule_create__bad_input_is_400_with_the_admins_messages(operator: Cl
 def test_schedule_create__duplicate_name_and_past_one_off(operator: Client) -> None:
     make_schedule("taken")
     response = operator.post(
-        "/api/v1/schedules/", {"name": "taken", "task": "scheduler.echo", "interval": 5}, content_type="application/json"
+        "/api/v1/schedules/",
+        {"name": "taken", "task": "scheduler.echo", "interval": 5},
+        content_type="application/json",
     )
     assert response.status_code == 400
     assert response.json() == {"name": ["Schedule with this Name already exists."]}
     past = (leases.db_now() - timedelta(hours=1)).isoformat()
     response = operator.post(
-        "/api/v1/schedules/", {"name": "once", "task": "scheduler.echo", "run_at": past}, content_type="application/json"
+        "/api/v1/schedules/",
+        {"name": "once", "task": "scheduler.echo", "run_at": past},
+        content_type="application/json",
     )
     assert response.status_code == 400
     assert "is in the past" in response.json()["run_at"][0]
@@ -86,7 +96,9 @@ def test_schedule_create__duplicate_name_and_past_one_off(operator: Client) -> N
 
 def test_schedule_update__a_new_timing_replaces_the_old_one(operator: Client) -> None:
     schedule = make_schedule("retimed")
-    response = operator.patch(f"/api/v1/schedules/{schedule.pk}/", {"cron": "0 3 * * *"}, content_type="application/json")
+    response = operator.patch(
+        f"/api/v1/schedules/{schedule.pk}/", {"cron": "0 3 * * *"}, content_type="application/json"
+    )
     assert response.status_code == 200
     assert (response.json()["cron"], response.json()["interval"]) == ("0 3 * * *", None)
 
@@ -179,7 +191,9 @@ def test_submit__takes_a_tenant() -> None:
     with pytest.raises(SubmissionInvalid, match="tenant"):
         dispatch.submit("scheduler.echo", tenant="x" * 101)
     # And an API token of tenant B does not see it
-    assert token_client("b", role="viewer", tenant=TENANT_B).get(f"/api/v1/executions/{execution.pk}/").status_code == 404
+    assert (
+        token_client("b", role="viewer", tenant=TENANT_B).get(f"/api/v1/executions/{execution.pk}/").status_code == 404
+    )
 
 
 @pytest.mark.parametrize(

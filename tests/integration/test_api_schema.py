@@ -4,6 +4,7 @@ Run twice: with an operator token for every tenant, and with one bound to
 the tenant ``acme`` while other tenants' rows are present, which must come
 out of the run unchanged.
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -109,7 +110,10 @@ def test_api_schema__every_operation_conforms_and_never_errors(api: Any) -> None
     for operation, (strategy, examples) in ((op, s) for op in operations for s in strategies(op, own, others)):
         # When: bounded generated requests hit the operation
         @hypothesis.settings(
-            max_examples=examples, deadline=None, derandomize=True, database=None,
+            max_examples=examples,
+            deadline=None,
+            derandomize=True,
+            database=None,
             phases=[Phase.explicit, Phase.generate],
             suppress_health_check=list(HealthCheck),
         )

@@ -5,6 +5,7 @@ and an operator bound to no tenant. Every call names tenant A's objects.
 Each cell asserts the status; that a response to a caller of one tenant
 holds no row of the other; and that a refused call changed no row.
 """
+
 from __future__ import annotations
 
 import json
@@ -49,8 +50,14 @@ class Endpoint:
 
 ENDPOINTS = (
     Endpoint("schedules list", "get", "/api/v1/schedules/", "list", 200),
-    Endpoint("schedules create", "post", "/api/v1/schedules/", "create", 201,
-             {"name": "created-here", "task": TENANT_TASK, "interval": 30}),
+    Endpoint(
+        "schedules create",
+        "post",
+        "/api/v1/schedules/",
+        "create",
+        201,
+        {"name": "created-here", "task": TENANT_TASK, "interval": 30},
+    ),
     Endpoint("schedule retrieve", "get", "/api/v1/schedules/{schedule}/", "read", 200),
     Endpoint("schedule update", "patch", "/api/v1/schedules/{schedule}/", "write", 200, {"description": "edited"}),
     Endpoint("schedule delete", "delete", "/api/v1/schedules/{schedule}/", "write", 204),
@@ -105,8 +112,12 @@ def world() -> dict[str, Any]:
         event = audit.record(audit.CLI, "create", schedule)
         if tenant == TENANT_A:
             ids = {
-                "schedule": schedule.pk, "paused": paused.pk, "disabled": disabled.pk,
-                "finished": finished.pk, "waiting": waiting.pk, "event": event.pk,
+                "schedule": schedule.pk,
+                "paused": paused.pk,
+                "disabled": disabled.pk,
+                "finished": finished.pk,
+                "waiting": waiting.pk,
+                "event": event.pk,
             }
     clients = {
         "anonymous": Client(),
@@ -178,7 +189,8 @@ def test_api_tenant_matrix__created_schedules_get_the_callers_tenant(world: dict
 
     # When: it creates a schedule naming tenant B
     response = client.post(
-        "/api/v1/schedules/", {"name": "sneaky", "task": TENANT_TASK, "interval": 30, "tenant": TENANT_B},
+        "/api/v1/schedules/",
+        {"name": "sneaky", "task": TENANT_TASK, "interval": 30, "tenant": TENANT_B},
         content_type="application/json",
     )
 

@@ -1,4 +1,5 @@
 """``manage.py api_tokens``: create (printed once, stored hashed), list, revoke, and bad input."""
+
 from __future__ import annotations
 
 import io
@@ -118,7 +119,9 @@ def test_api_tokens__list_tells_all_tenants_from_none() -> None:
     # Then: "(all)" only for the all-tenants token, "(none)" for the unbound one
     assert rows == {"legacy": "(none)", "platform": "(all)", "team": "team-a"}
     assert [(data[n]["tenant"], data[n]["all_tenants"]) for n in ("legacy", "platform", "team")] == [
-        ("", False), ("", True), ("team-a", False),
+        ("", False),
+        ("", True),
+        ("team-a", False),
     ]
 
 
@@ -126,7 +129,10 @@ def test_api_tokens__bad_role_from_the_shell_exits_non_zero_with_one_line(proces
     # When: the command runs as a process with a role that does not exist
     done = subprocess.run(
         [sys.executable, "manage.py", "api_tokens", "create", "x", "--role", "admin"],
-        env=process_env, capture_output=True, text=True, timeout=60,
+        env=process_env,
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
 
     # Then: exit 2 and one line naming the choices

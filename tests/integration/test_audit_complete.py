@@ -5,6 +5,7 @@ write does not happen either (a trigger refuses the insert), and another
 connection sees both at the same moment. Long writes (backfill, reconcile,
 prune) commit a "started" event before the work and complete it after.
 """
+
 from __future__ import annotations
 
 import io
@@ -86,9 +87,21 @@ def superuser_client(username: str = "root") -> Client:
 def schedule_form(**fields: Any) -> dict[str, Any]:
     """The admin's schedule form, filled in: an every-minute schedule of ``scheduler.echo``."""
     return {
-        "name": "from-admin", "task": "scheduler.echo", "interval": "60", "args": "[]", "kwargs": "{}",
-        "timezone": "UTC", "overlap": "allow", "catchup_window": "300", "misfire": "run_all", "jitter": "0",
-        "dst_gap": "shift", "dst_fold": "first", "max_retries": "0", "retry_backoff": "1", "enabled": "on",
+        "name": "from-admin",
+        "task": "scheduler.echo",
+        "interval": "60",
+        "args": "[]",
+        "kwargs": "{}",
+        "timezone": "UTC",
+        "overlap": "allow",
+        "catchup_window": "300",
+        "misfire": "run_all",
+        "jitter": "0",
+        "dst_gap": "shift",
+        "dst_fold": "first",
+        "max_retries": "0",
+        "retry_backoff": "1",
+        "enabled": "on",
         **fields,
     }
 
@@ -117,7 +130,9 @@ def test_every_api_write__leaves_exactly_one_event(redis_client: object) -> None
     # When / Then: each write is one event by the token
     pk = post("schedules/", {"name": "api", "task": "scheduler.echo", "interval": 60}).json()["id"]
     trail.one("create", "scheduler.schedule", "token")
-    assert api.patch(f"/api/v1/schedules/{pk}/", {"description": "d"}, content_type="application/json").status_code == 200
+    assert (
+        api.patch(f"/api/v1/schedules/{pk}/", {"description": "d"}, content_type="application/json").status_code == 200
+    )
     trail.one("update", "scheduler.schedule")
     for action in ("pause", "resume", "disable", "enable"):
         assert post(f"schedules/{pk}/{action}/").status_code == 200, action
@@ -169,7 +184,9 @@ def test_every_admin_write__leaves_exactly_one_event(redis_client: object) -> No
     # backfill: a preview records nothing, the confirmed run one event
     start, end = past_range()
     url = f"{ADMIN}/schedule/{schedule.pk}/backfill/"
-    assert admin.post(url, {"start": start[:19].replace("T", " "), "end": end[:19].replace("T", " ")}).status_code == 200
+    assert (
+        admin.post(url, {"start": start[:19].replace("T", " "), "end": end[:19].replace("T", " ")}).status_code == 200
+    )
     trail.none()
     admin.post(url, {"start": start[:19].replace("T", " "), "end": end[:19].replace("T", " "), "confirm": "1"})
     assert trail.one("backfill", "scheduler.schedule").changes["state"] == "completed"
@@ -260,7 +277,9 @@ def test_every_cli_write__leaves_exactly_one_event(redis_client: object, setting
     settings.VAR_DIR = settings.VAR_DIR / "demo-test"
     cli("demo", "--username", "demo-admin")
     assert sorted((e.action, e.object_type) for e in trail.new()) == [
-        ("create", "auth.user"), ("create", "scheduler.schedule"), ("create", "scheduler.schedule"),
+        ("create", "auth.user"),
+        ("create", "scheduler.schedule"),
+        ("create", "scheduler.schedule"),
     ]
     # delete last
     cli("schedules", "delete", "from-cli")
@@ -308,12 +327,23 @@ def test_user_and_group_changes_in_the_admin__one_event_each_by_the_request_user
     created = trail.one("create", "auth.user", "user")
     assert created.actor == "root" and created.tenant == ""
     user = User.objects.get(username="newbie")
-    User.objects.filter(pk=user.pk).update(date_joined=datetime(2026, 1, 1, tzinfo=timezone.utc))  # as the form posts it
-    response = admin.post(f"/admin/auth/user/{user.pk}/change/", {
-        "username": "newbie", "first_name": "New", "last_name": "", "email": "", "is_active": "on",
-        "groups": [Group.objects.get(name=VIEWER_GROUP).pk], "user_permissions": [view.pk],
-        "date_joined_0": "2026-01-01", "date_joined_1": "00:00:00",
-    })
+    User.objects.filter(pk=user.pk).update(
+        date_joined=datetime(2026, 1, 1, tzinfo=timezone.utc)
+    )  # as the form posts it
+    response = admin.post(
+        f"/admin/auth/user/{user.pk}/change/",
+        {
+            "username": "newbie",
+            "first_name": "New",
+            "last_name": "",
+            "email": "",
+            "is_active": "on",
+            "groups": [Group.objects.get(name=VIEWER_GROUP).pk],
+            "user_permissions": [view.pk],
+            "date_joined_0": "2026-01-01",
+            "date_joined_1": "00:00:00",
+        },
+    )
     assert response.status_code == 302, response.context["adminform"].form.errors
 
     # Then: the field change, the groups and the permissions, each said once, by the user
@@ -457,8 +487,16 @@ def refuse_audit_inserts() -> None:
 def rows() -> dict[str, list[dict[str, Any]]]:
     """Every row an audited write may change."""
     models = (
-        Schedule, Execution, AuditEvent, ApiToken, OperatorProfile, User, Group,
-        User.groups.through, User.user_permissions.through, Group.permissions.through,
+        Schedule,
+        Execution,
+        AuditEvent,
+        ApiToken,
+        OperatorProfile,
+        User,
+        Group,
+        User.groups.through,
+        User.user_permissions.through,
+        Group.permissions.through,
     )
     return {model.__name__: list(model.objects.order_by("pk").values()) for model in models}
 
@@ -483,7 +521,9 @@ def _api(method: str, path: str, data: dict[str, Any] | None = None) -> Callable
 
 def _admin(path: str, data: dict[str, Any] | None = None) -> Callable[[World], Any]:
     def write(world: World) -> Any:
-        return world["admin"].post(path.format(**world), {key: _fill(value, world) for key, value in (data or {}).items()})
+        return world["admin"].post(
+            path.format(**world), {key: _fill(value, world) for key, value in (data or {}).items()}
+        )
 
     return write
 
@@ -511,7 +551,9 @@ WRITES: dict[str, Callable[[World], Any]] = {
     "api update": _api("patch", "schedules/{schedule}/", {"description": "d"}),
     "api pause": _api("post", "schedules/{schedule}/pause/"),
     "api run-now": _api("post", "schedules/{schedule}/run-now/"),
-    "api backfill": _api("post", "schedules/{schedule}/backfill/", {"start": "{start}", "end": "{end}", "dry_run": False}),
+    "api backfill": _api(
+        "post", "schedules/{schedule}/backfill/", {"start": "{start}", "end": "{end}", "dry_run": False}
+    ),
     "api retry": _api("post", "executions/{failed}/retry/"),
     "api cancel": _api("post", "executions/{queued}/cancel/"),
     "api reconcile": _api("post", "reconcile/", {"dry_run": False, "repair": True}),
@@ -553,7 +595,10 @@ def test_a_write_whose_event_cannot_be_written__does_not_happen(write: str, redi
         "failed": make_execution(schedule, "k-failed", Status.FAILED).pk,
         "queued": make_execution(schedule, "k-queued", Status.QUEUED).pk,
         "staff": User.objects.create_user("staff", password="pw", is_staff=True).pk,
-        "start": start, "end": end, "start_form": start[:19].replace("T", " "), "end_form": end[:19].replace("T", " "),
+        "start": start,
+        "end": end,
+        "start_form": start[:19].replace("T", " "),
+        "end_form": end[:19].replace("T", " "),
         "api": token_client("ops", role="operator"),
         "admin": superuser_client(),
     }
@@ -603,17 +648,21 @@ def test_an_api_write_and_its_event__committed_together(
 
     def record_then_look(*args: Any, **kwargs: Any) -> AuditEvent:
         event = record(*args, **kwargs)
-        seen.append((
-            observer("SELECT count(*) FROM scheduler_schedule WHERE name = %s", ["watched"])[0][0],
-            observer("SELECT count(*) FROM scheduler_auditevent WHERE id = %s", [event.pk])[0][0],
-        ))
+        seen.append(
+            (
+                observer("SELECT count(*) FROM scheduler_schedule WHERE name = %s", ["watched"])[0][0],
+                observer("SELECT count(*) FROM scheduler_auditevent WHERE id = %s", [event.pk])[0][0],
+            )
+        )
         return event
 
     monkeypatch.setattr(audit, "record", record_then_look)
 
     # When: it creates a schedule
     response = api.post(
-        "/api/v1/schedules/", {"name": "watched", "task": "scheduler.echo", "interval": 60}, content_type="application/json"
+        "/api/v1/schedules/",
+        {"name": "watched", "task": "scheduler.echo", "interval": 60},
+        content_type="application/json",
     )
 
     # Then: inside the transaction neither was visible; after it, both are
@@ -636,19 +685,30 @@ def test_an_admin_group_change_and_its_event__committed_together(
 
     def record_then_look(*args: Any, **kwargs: Any) -> AuditEvent:
         event = record(*args, **kwargs)
-        seen.append((
-            observer("SELECT count(*) FROM auth_user_groups WHERE user_id = %s", [user.pk])[0][0],
-            observer("SELECT count(*) FROM scheduler_auditevent WHERE id = %s", [event.pk])[0][0],
-        ))
+        seen.append(
+            (
+                observer("SELECT count(*) FROM auth_user_groups WHERE user_id = %s", [user.pk])[0][0],
+                observer("SELECT count(*) FROM scheduler_auditevent WHERE id = %s", [event.pk])[0][0],
+            )
+        )
         return event
 
     monkeypatch.setattr(audit, "record", record_then_look)
 
     # When: it adds the user to the viewers on the user's page
-    response = admin.post(f"/admin/auth/user/{user.pk}/change/", {
-        "username": "member", "first_name": "", "last_name": "", "email": "", "is_active": "on",
-        "groups": [viewers.pk], "date_joined_0": "2026-01-01", "date_joined_1": "00:00:00",
-    })
+    response = admin.post(
+        f"/admin/auth/user/{user.pk}/change/",
+        {
+            "username": "member",
+            "first_name": "",
+            "last_name": "",
+            "email": "",
+            "is_active": "on",
+            "groups": [viewers.pk],
+            "date_joined_0": "2026-01-01",
+            "date_joined_1": "00:00:00",
+        },
+    )
 
     # Then: the group change and its event appeared together, after the request
     assert response.status_code == 302

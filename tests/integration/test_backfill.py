@@ -1,4 +1,5 @@
 """backfill(): one execution per past slot under the beat's keys, idempotent, paced, refusing bad ranges."""
+
 from __future__ import annotations
 
 import json
@@ -52,8 +53,11 @@ def test_backfill__records_and_sends_the_slots_without_an_execution(redis_client
     now = leases.db_now()
     start, end, slots = five_hours(now)
     ran = Execution.objects.create(
-        idempotency_key=executions.key(target, slots[2]), schedule=target, task=target.task,
-        scheduled_for=slots[2], status=Status.SUCCEEDED,
+        idempotency_key=executions.key(target, slots[2]),
+        schedule=target,
+        task=target.task,
+        scheduled_for=slots[2],
+        status=Status.SUCCEEDED,
     )
 
     # When backfilled
@@ -67,7 +71,11 @@ def test_backfill__records_and_sends_the_slots_without_an_execution(redis_client
     assert [row.idempotency_key for row in rows] == [executions.key(target, row.scheduled_for) for row in rows]
     for row in rows:
         assert (row.status, row.lease_token, row.task, row.args, row.kwargs) == (
-            Status.QUEUED, None, "scheduler.echo", [1], {"a": 2}
+            Status.QUEUED,
+            None,
+            "scheduler.echo",
+            [1],
+            {"a": 2},
         )
         assert (row.queue, row.tenant, row.timeout, row.max_retries, row.retry_backoff) == ("reports", "acme", 30, 2, 5)
     assert len({row.celery_task_id for row in rows}) == 4
@@ -96,14 +104,18 @@ def test_backfill__dry_run_lists_the_slots_and_writes_nothing(redis_client: redi
     now = leases.db_now()
     start, end, slots = five_hours(now)
     ran = Execution.objects.create(
-        idempotency_key=executions.key(target, slots[0]), schedule=target, task=target.task,
-        scheduled_for=slots[0], status=Status.MISSED,
+        idempotency_key=executions.key(target, slots[0]),
+        schedule=target,
+        task=target.task,
+        scheduled_for=slots[0],
+        status=Status.MISSED,
     )
 
     report = backfill(target, start=start, end=end, now=now, dry_run=True, app=app)
 
     assert [(s.scheduled_for, s.execution_id, s.status) for s in report.slots] == [
-        (slots[0], ran.pk, Status.MISSED), *((slot, None, "") for slot in slots[1:])
+        (slots[0], ran.pk, Status.MISSED),
+        *((slot, None, "") for slot in slots[1:]),
     ]
     assert (report.created, report.already_present, report.published) == (0, 1, 0)
     assert Execution.objects.count() == 1

@@ -4,6 +4,7 @@ The explicit cases come first; the generated sweep at the end feeds hostile
 argv to every management command and sub-command of the project, through
 the same ``ManagementUtility`` entry point ``manage.py`` uses.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -127,11 +128,19 @@ def test_date_option__impossible_calendar_date_is_refused(nightly: Schedule, arg
     ("argv", "message"),
     [
         (["executions", "list", "--since", "0001-01-01T00:00:00+05:00"], "date value out of range"),
-        (["backfill", "nightly", "--start", "1900-01-01", "--end", "1900-01-02"], "out of range; expected a time from 1970-01-01"),
-        (["schedules", "update", "nightly", "--end", "9999-12-31T23:59:59Z"], "out of range; expected a time from 1970-01-01"),
+        (
+            ["backfill", "nightly", "--start", "1900-01-01", "--end", "1900-01-02"],
+            "out of range; expected a time from 1970-01-01",
+        ),
+        (
+            ["schedules", "update", "nightly", "--end", "9999-12-31T23:59:59Z"],
+            "out of range; expected a time from 1970-01-01",
+        ),
     ],
 )
-def test_date_option__outside_the_years_schedules_handle_is_refused(nightly: Schedule, argv: list[str], message: str) -> None:
+def test_date_option__outside_the_years_schedules_handle_is_refused(
+    nightly: Schedule, argv: list[str], message: str
+) -> None:
     assert message in refused(*argv)
 
 
@@ -174,13 +183,24 @@ def test_schedules__integer_beyond_its_column_is_refused_with_the_range(
     [
         (["executions", "show", HUGE], "out of range; expected 0 to 9223372036854775807"),
         (["executions", "list", "--limit", HUGE], "out of range; expected 0 to 2147483647"),
-        (["backfill", "nightly", "--start", "2026-01-01", "--end", "2026-01-02", "--limit", HUGE], "expected 0 to 2147483647"),
-        (["backfill", "nightly", "--start", "2026-01-01", "--end", "2026-01-02", "--rate", "inf"], "'inf' is not a finite number"),
-        (["backfill", "nightly", "--start", "2026-01-01", "--end", "2026-01-02", "--rate", "nan"], "'nan' is not a finite number"),
+        (
+            ["backfill", "nightly", "--start", "2026-01-01", "--end", "2026-01-02", "--limit", HUGE],
+            "expected 0 to 2147483647",
+        ),
+        (
+            ["backfill", "nightly", "--start", "2026-01-01", "--end", "2026-01-02", "--rate", "inf"],
+            "'inf' is not a finite number",
+        ),
+        (
+            ["backfill", "nightly", "--start", "2026-01-01", "--end", "2026-01-02", "--rate", "nan"],
+            "'nan' is not a finite number",
+        ),
         (["alive", "--role", "beat", "--within", "1e300"], "out of range; expected at most 1000000000"),
         (["prune_executions", "--older-than", "30d", "--keep-last", HUGE], "expected 0 to 2147483647"),
-        (["schedules", "create", "new", "--task", "scheduler.echo", "--every", "5", "--args", "[" * 100_000],
-         "--args is not valid JSON"),
+        (
+            ["schedules", "create", "new", "--task", "scheduler.echo", "--every", "5", "--args", "[" * 100_000],
+            "--args is not valid JSON",
+        ),
         (["schedules", "show", "night\x00ly"], "arguments cannot contain NUL characters"),
     ],
 )
@@ -236,12 +256,37 @@ def staff() -> Client:
 def schedule_form(**fields: str) -> dict[str, str]:
     """The admin's add form, filled in with a valid schedule, then ``fields``."""
     return {
-        "name": "new", "task": "scheduler.echo", "args": "[]", "kwargs": "{}", "queue": "", "priority": "",
-        "description": "", "tenant": "", "cron": "", "interval": "60", "run_at_0": "", "run_at_1": "",
-        "timezone": "UTC", "start_at_0": "", "start_at_1": "", "end_at_0": "", "end_at_1": "", "max_runs": "",
-        "overlap": "allow", "catchup_window": "300", "misfire": "run_all", "jitter": "0", "dst_gap": "shift",
-        "dst_fold": "first", "timeout": "", "max_retries": "0", "retry_backoff": "1", "pause_after_failures": "",
-        "enabled": "on", "paused_reason": "", **fields,
+        "name": "new",
+        "task": "scheduler.echo",
+        "args": "[]",
+        "kwargs": "{}",
+        "queue": "",
+        "priority": "",
+        "description": "",
+        "tenant": "",
+        "cron": "",
+        "interval": "60",
+        "run_at_0": "",
+        "run_at_1": "",
+        "timezone": "UTC",
+        "start_at_0": "",
+        "start_at_1": "",
+        "end_at_0": "",
+        "end_at_1": "",
+        "max_runs": "",
+        "overlap": "allow",
+        "catchup_window": "300",
+        "misfire": "run_all",
+        "jitter": "0",
+        "dst_gap": "shift",
+        "dst_fold": "first",
+        "timeout": "",
+        "max_retries": "0",
+        "retry_backoff": "1",
+        "pause_after_failures": "",
+        "enabled": "on",
+        "paused_reason": "",
+        **fields,
     }
 
 
@@ -266,7 +311,9 @@ def test_admin_add__the_valid_form_saves(staff: Client) -> None:
     ],
     ids=["empty-name", "blank-name", "300-char-name", "catchup-0", "max-runs-2**31", "huge-interval", "feb-30", "1900"],
 )
-def test_admin_add__bad_field_is_a_form_error_and_saves_nothing(staff: Client, fields: dict[str, str], message: str) -> None:
+def test_admin_add__bad_field_is_a_form_error_and_saves_nothing(
+    staff: Client, fields: dict[str, str], message: str
+) -> None:
     # When the add form is posted with one bad field
     response = staff.post("/admin/scheduler/schedule/add/", schedule_form(**fields))
     # Then the form comes back with the error, and no schedule exists
@@ -277,13 +324,17 @@ def test_admin_add__bad_field_is_a_form_error_and_saves_nothing(staff: Client, f
 
 @pytest.mark.parametrize(
     ("start", "message"),
-    [("2026-02-30 00:00:00", "Enter a valid date/time."), ("0001-01-01 00:00:00", "Must be from 1970-01-01 to 8999-12-31.")],
+    [
+        ("2026-02-30 00:00:00", "Enter a valid date/time."),
+        ("0001-01-01 00:00:00", "Must be from 1970-01-01 to 8999-12-31."),
+    ],
 )
 def test_admin_backfill__impossible_or_ancient_start_is_a_form_error(
     staff: Client, nightly: Schedule, start: str, message: str
 ) -> None:
     response = staff.post(
-        f"/admin/scheduler/schedule/{nightly.pk}/backfill/", {"start": start, "end": "2026-01-01 00:00:00", "confirm": "1"}
+        f"/admin/scheduler/schedule/{nightly.pk}/backfill/",
+        {"start": start, "end": "2026-01-01 00:00:00", "confirm": "1"},
     )
     assert response.status_code == 200
     assert message in response.content.decode()
@@ -310,9 +361,7 @@ def test_admin_backfill__broker_down_records_pending_and_says_so(
     assert redis_client.llen("celery") == 0
 
 
-def test_backfill__broker_down_under_a_rate_stops_after_the_failed_batch(
-    nightly: Schedule, broker_down: None
-) -> None:
+def test_backfill__broker_down_under_a_rate_stops_after_the_failed_batch(nightly: Schedule, broker_down: None) -> None:
     # Given 4 past slots, and a rate of 1 per second (one slot per batch)
     now = leases.db_now()
     start, end = now - timedelta(hours=4, minutes=1), now - timedelta(minutes=1)
@@ -324,14 +373,19 @@ def test_backfill__broker_down_under_a_rate_stops_after_the_failed_batch(
     assert list(Execution.objects.values_list("status", flat=True)) == [Status.PENDING]
 
 
-def test_backfill_command__broker_down_under_a_rate_exits_1_saying_what_is_left(nightly: Schedule, broker_down: None) -> None:
+def test_backfill_command__broker_down_under_a_rate_exits_1_saying_what_is_left(
+    nightly: Schedule, broker_down: None
+) -> None:
     now = leases.db_now()
     start = (now - timedelta(hours=2, minutes=1)).isoformat()
     end = (now - timedelta(minutes=1)).isoformat()
     code, out, err = manage("backfill", "nightly", "--start", start, "--end", end, "--rate", "1")
     assert code == 1
     assert "1 recorded, 0 sent" in out
-    assert err.strip() == "CommandError: 1 slot(s) not recorded: the broker is unreachable; run the same backfill again once it is back"
+    assert (
+        err.strip()
+        == "CommandError: 1 slot(s) not recorded: the broker is unreachable; run the same backfill again once it is back"
+    )
 
 
 def test_backfill_command__broker_down_records_pending_and_exits_0(nightly: Schedule, broker_down: None) -> None:
@@ -363,14 +417,60 @@ def _targets() -> list[tuple[list[str], argparse.ArgumentParser, bool]]:
 
 
 HOSTILE = [
-    NOT_A_DATE, "2026-13-01", "0000-00-00", "9999-12-31T23:59:59-05:00", "0001-01-01T00:00:00+05:00", "1969-12-31",
-    "2026-03-01T25:61:00", HUGE, "-" + HUGE, "2147483648", "32768", "-1", "0", "1e309", "inf", "nan", "9" * 5000,
-    "99999999999999d", "0d", "-5d", "", " ", LONG_NAME, "名前", "🙂", "\u202e", "\x00", "a\x00b", "{", "[1,",
-    '{"a": NaN}', "null", "[]", "{}", "[" * 5000, "*/0 * * * *", "61 * * * *", "Mars/Olympus",
+    NOT_A_DATE,
+    "2026-13-01",
+    "0000-00-00",
+    "9999-12-31T23:59:59-05:00",
+    "0001-01-01T00:00:00+05:00",
+    "1969-12-31",
+    "2026-03-01T25:61:00",
+    HUGE,
+    "-" + HUGE,
+    "2147483648",
+    "32768",
+    "-1",
+    "0",
+    "1e309",
+    "inf",
+    "nan",
+    "9" * 5000,
+    "99999999999999d",
+    "0d",
+    "-5d",
+    "",
+    " ",
+    LONG_NAME,
+    "名前",
+    "🙂",
+    "\u202e",
+    "\x00",
+    "a\x00b",
+    "{",
+    "[1,",
+    '{"a": NaN}',
+    "null",
+    "[]",
+    "{}",
+    "[" * 5000,
+    "*/0 * * * *",
+    "61 * * * *",
+    "Mars/Olympus",
 ]
 PLAUSIBLE = [
-    "nightly", "scheduler.echo", "2026-03-01T00:00:00Z", "2026-03-02", "5", "60", "30d", "UTC", "Europe/Berlin",
-    "*/5 * * * *", "[1]", '{"a": 1}', "beat", "1",
+    "nightly",
+    "scheduler.echo",
+    "2026-03-01T00:00:00Z",
+    "2026-03-02",
+    "5",
+    "60",
+    "30d",
+    "UTC",
+    "Europe/Berlin",
+    "*/5 * * * *",
+    "[1]",
+    '{"a": 1}',
+    "beat",
+    "1",
 ]
 UNKNOWN_FLAGS = ["--bogus", "-x", "--", "-", "--json=1"]
 
@@ -389,10 +489,14 @@ def _argv_for(prefix: list[str], parser: argparse.ArgumentParser) -> st.SearchSt
         flag = st.sampled_from(action.option_strings)
         if action.nargs == 0:
             return flag.map(lambda f: [f])
-        values = _value() if not action.choices else st.one_of(st.sampled_from([str(c) for c in action.choices]), _value())
+        values = (
+            _value() if not action.choices else st.one_of(st.sampled_from([str(c) for c in action.choices]), _value())
+        )
         return st.tuples(flag, values).map(list)
 
-    picked = st.lists(st.one_of([option(a) for a in options] + [st.sampled_from(UNKNOWN_FLAGS).map(lambda f: [f])]), max_size=6)
+    picked = st.lists(
+        st.one_of([option(a) for a in options] + [st.sampled_from(UNKNOWN_FLAGS).map(lambda f: [f])]), max_size=6
+    )
     # Positionals name the seeded rows half of the time, so that options get looked at too.
     heads = st.tuples(*[st.one_of(st.sampled_from(["nightly", "1"]), _value()) for _ in positionals])
     extra = st.lists(_value(), max_size=1)
@@ -411,13 +515,19 @@ def seeded(nightly: Schedule, redis_client: redis.Redis, settings: Any, tmp_path
     """A schedule and an execution to act on; ``demo`` writes its password file under tmp_path."""
     settings.VAR_DIR = tmp_path
     Execution.objects.create(
-        idempotency_key="seed", schedule=nightly, task="scheduler.echo", scheduled_for=leases.db_now(),
+        idempotency_key="seed",
+        schedule=nightly,
+        task="scheduler.echo",
+        scheduled_for=leases.db_now(),
         status=Status.FAILED,
     )
 
 
 @hypothesis.settings(
-    max_examples=1000, derandomize=True, database=None, deadline=None,
+    max_examples=1000,
+    derandomize=True,
+    database=None,
+    deadline=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow, HealthCheck.data_too_large],
 )
 @given(argv=ARGV)

@@ -1,4 +1,5 @@
 """The leader's reconcile pass runs in a thread of its own: it never holds up a tick, and needs the lease."""
+
 from __future__ import annotations
 
 import logging

@@ -1,4 +1,5 @@
 """One LeaderScheduler tick, in process: its cost does not grow with idle schedules."""
+
 from __future__ import annotations
 
 import time

@@ -1,4 +1,5 @@
 """Re-sending after a broker restart, and lost attempts retried after the backoff (real database and Redis)."""
+
 from __future__ import annotations
 
 import json
@@ -21,7 +22,9 @@ Status = Execution.Status
 
 def execution(key: str, **fields: Any) -> Execution:
     fields.setdefault("scheduled_for", leases.db_now() - timedelta(hours=1))
-    return Execution.objects.create(idempotency_key=key, task="scheduler.echo", celery_task_id=f"celery-{key}", **fields)
+    return Execution.objects.create(
+        idempotency_key=key, task="scheduler.echo", celery_task_id=f"celery-{key}", **fields
+    )
 
 
 def messages(client: redis.Redis) -> dict[int, dict[str, Any]]:
@@ -54,7 +57,8 @@ def test_broker_restarted__waiting_executions_sent_again_once(redis_client: redi
 
     # Then both waiting ones went out once, the retry's message not before it is due
     assert [(change.kind, change.execution_id) for change in first.changes] == [
-        ("broker_lost", queued.pk), ("broker_lost", retrying.pk)
+        ("broker_lost", queued.pk),
+        ("broker_lost", retrying.pk),
     ]
     assert second.changes == ()
     sent = messages(redis_client)
@@ -146,7 +150,9 @@ def test_lost__retried_after_the_backoff_not_at_once(redis_client: redis.Redis) 
     # Given a running execution with a 60 s backoff whose worker stopped renewing its claim
     now = leases.db_now()
     lost = execution("lost", status=Status.RUNNING, worker="dead-host:1", max_retries=1, retry_backoff=60)
-    Execution.objects.filter(pk=lost.pk).update(started_at=now - timedelta(minutes=5), lease_expires_at=now - timedelta(seconds=1))
+    Execution.objects.filter(pk=lost.pk).update(
+        started_at=now - timedelta(minutes=5), lease_expires_at=now - timedelta(seconds=1)
+    )
 
     # When reconciled
     reconcile(now=now, app=app)
@@ -209,7 +215,9 @@ def test_unclaimed__a_message_jitter_delays__waits_from_its_start_not_its_slot(r
     jittered.save()
     now = leases.db_now()
     slot = now - timedelta(minutes=1)
-    while publisher.start_at({"schedule_id": jittered.pk, "scheduled_for": slot, "jitter": 3600}) < now + timedelta(minutes=5):
+    while publisher.start_at({"schedule_id": jittered.pk, "scheduled_for": slot, "jitter": 3600}) < now + timedelta(
+        minutes=5
+    ):
         slot -= timedelta(seconds=1)  # a slot whose message starts well after now
     execution("jittered", schedule=jittered, scheduled_for=slot, status=Status.QUEUED, enqueued_at=slot)
 

@@ -1,4 +1,5 @@
 """Built-in housekeeping schedules: created once, the operator's edits kept, safe when beats race."""
+
 from __future__ import annotations
 
 import os
@@ -103,7 +104,10 @@ def test_setting_from_the_environment__zero_or_false_turns_them_off(raw: str, ex
     result = subprocess.run(
         [sys.executable, "-c", "import project.settings as s; print(s.SCHEDULER_BUILTIN_SCHEDULES)"],
         env={**os.environ, "DJANGO_DEBUG": "1", "SCHEDULER_BUILTIN_SCHEDULES": raw},
-        cwd=ROOT, capture_output=True, text=True, timeout=60,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert result.stdout.strip() == expected, result.stderr
 
@@ -184,10 +188,25 @@ def test_admin__edits_a_builtin_like_any_schedule() -> None:
         schedule = Schedule.objects.get(name=name)
         # When they change its time and its arguments, and turn it off
         form = {
-            "name": name, "task": task, "args": "[]", "kwargs": '{"keep_last": 5}' if task != "celery.backend_cleanup" else "{}",
-            "queue": "", "description": schedule.description, "tenant": "", "cron": "45 5 * * *", "interval": "",
-            "timezone": "UTC", "overlap": "skip", "catchup_window": "43200", "misfire": "run_once", "jitter": "0",
-            "dst_gap": "shift", "dst_fold": "first", "max_retries": "0", "retry_backoff": "1", "paused_reason": "",
+            "name": name,
+            "task": task,
+            "args": "[]",
+            "kwargs": '{"keep_last": 5}' if task != "celery.backend_cleanup" else "{}",
+            "queue": "",
+            "description": schedule.description,
+            "tenant": "",
+            "cron": "45 5 * * *",
+            "interval": "",
+            "timezone": "UTC",
+            "overlap": "skip",
+            "catchup_window": "43200",
+            "misfire": "run_once",
+            "jitter": "0",
+            "dst_gap": "shift",
+            "dst_fold": "first",
+            "max_retries": "0",
+            "retry_backoff": "1",
+            "paused_reason": "",
         }
         response = client.post(f"/admin/scheduler/schedule/{schedule.pk}/change/", form)
         # Then the admin accepts the task and saves it
@@ -204,11 +223,17 @@ def test_admin__edits_a_builtin_like_any_schedule() -> None:
 # --- what they run -------------------------------------------------------------------
 
 
-def _execution(key: str, *, age_days: float, schedule: Schedule | None = None, status: str = Status.SUCCEEDED) -> Execution:
+def _execution(
+    key: str, *, age_days: float, schedule: Schedule | None = None, status: str = Status.SUCCEEDED
+) -> Execution:
     now = leases.db_now()
     return Execution.objects.create(
-        idempotency_key=key, schedule=schedule, task="scheduler.echo", status=status,
-        scheduled_for=now - timedelta(days=age_days), finished_at=now - timedelta(days=age_days),
+        idempotency_key=key,
+        schedule=schedule,
+        task="scheduler.echo",
+        status=status,
+        scheduled_for=now - timedelta(days=age_days),
+        finished_at=now - timedelta(days=age_days),
     )
 
 

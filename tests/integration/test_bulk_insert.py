@@ -1,4 +1,5 @@
 """executions.insert (scheduler.bulk_insert): the rows bulk_create wrote, conflicts ignored, at a lower cost."""
+
 from __future__ import annotations
 
 from datetime import datetime, timedelta, timezone
@@ -208,7 +209,9 @@ def test_insert__returns_the_keys_it_stored() -> None:
     executions.insert([executions.execution_for(source, AT, status=Status.PENDING, now=AT)])
 
     # When it is inserted again beside two new slots
-    rows = [executions.execution_for(source, AT + timedelta(hours=hour), status=Status.PENDING, now=AT) for hour in range(3)]
+    rows = [
+        executions.execution_for(source, AT + timedelta(hours=hour), status=Status.PENDING, now=AT) for hour in range(3)
+    ]
     inserted = executions.insert(rows)
 
     # Then only the two rows actually stored are reported

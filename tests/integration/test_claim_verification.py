@@ -1,4 +1,5 @@
 """A claim verifies the message, not only its header: task name and task id must be the execution's own."""
+
 from __future__ import annotations
 
 import re
@@ -130,9 +131,12 @@ def test_claim_by_key__a_plain_celery_call_claims_its_own_row_and_refuses_anothe
     execution = Execution.objects.get(idempotency_key=key)
     before = row_state(execution.pk)
     # When a message of another task arrives under the same task id (recording its own row changes nothing)
-    assert executions.record_ad_hoc(
-        task_id, task="tests.steps", args=[], kwargs={}, queue="", timeout=None, now=leases.db_now()
-    ) == key
+    assert (
+        executions.record_ad_hoc(
+            task_id, task="tests.steps", args=[], kwargs={}, queue="", timeout=None, now=leases.db_now()
+        )
+        == key
+    )
     with pytest.raises(MessageRefused) as refused:
         executions.claim(worker="a@host:2", task="tests.steps", celery_task_id=task_id, key=key)
     # Then it is refused and the row is untouched
@@ -171,7 +175,5 @@ def test_fail_unrun__only_by_the_message_sent_for_the_execution() -> None:
     assert row_state(execution.pk) == before
     assert refused_counts() == {"task_mismatch": 1.0, "task_id_mismatch": 1.0}
     # And when it rejected the message sent for it, the execution fails with the reason
-    assert executions.fail_unrun(
-        execution.pk, task=TASK, celery_task_id=execution.celery_task_id, reason="rejected"
-    )
+    assert executions.fail_unrun(execution.pk, task=TASK, celery_task_id=execution.celery_task_id, reason="rejected")
     assert (row_state(execution.pk)["status"], row_state(execution.pk)["error"]) == (Status.FAILED, "rejected")

@@ -1,4 +1,5 @@
 """``manage.py executions``: list, show, retry and cancel, and bad input refused in one line with nothing changed."""
+
 from __future__ import annotations
 
 import base64
@@ -57,8 +58,11 @@ def make(status: str = Status.SUCCEEDED, *, minutes: int = 0, **fields: Any) -> 
     """An execution scheduled ``minutes`` after T0."""
     fields.setdefault("task", "scheduler.echo")
     return Execution.objects.create(
-        idempotency_key=f"test:{next(_keys)}", status=status, scheduled_for=T0 + timedelta(minutes=minutes),
-        celery_task_id=f"celery-{next(_keys)}", **fields,
+        idempotency_key=f"test:{next(_keys)}",
+        status=status,
+        scheduled_for=T0 + timedelta(minutes=minutes),
+        celery_task_id=f"celery-{next(_keys)}",
+        **fields,
     )
 
 
@@ -81,10 +85,22 @@ def test_list__newest_first_with_status_and_schedule(nightly: Schedule) -> None:
     # Then
     assert lines[0].split() == ["ID", "STATUS", "TRIGGER", "SCHEDULED", "FOR", "TASK", "SCHEDULE", "ATTEMPT"]
     assert lines[1].split() == [
-        str(new.pk), "failed", "scheduled", "2026-03-01T12:05:00+00:00", "scheduler.echo", "-", "1"
+        str(new.pk),
+        "failed",
+        "scheduled",
+        "2026-03-01T12:05:00+00:00",
+        "scheduler.echo",
+        "-",
+        "1",
     ]
     assert lines[2].split() == [
-        str(old.pk), "succeeded", "scheduled", "2026-03-01T12:00:00+00:00", "scheduler.echo", "nightly", "1"
+        str(old.pk),
+        "succeeded",
+        "scheduled",
+        "2026-03-01T12:00:00+00:00",
+        "scheduler.echo",
+        "nightly",
+        "1",
     ]
 
 
@@ -179,8 +195,18 @@ def test_retry__a_finished_execution_runs_again_as_a_new_one(redis_client: redis
     # Given a finished execution of a schedule, on its third attempt
     schedule = Schedule.objects.create(name="nightly", task="tests.record", interval=60)
     original = make(
-        status, schedule=schedule, task="tests.record", args=["x"], kwargs={"seconds": 0}, queue="reports",
-        timeout=30, max_retries=2, retry_backoff=5, tenant="acme", attempt=3, error="boom",
+        status,
+        schedule=schedule,
+        task="tests.record",
+        args=["x"],
+        kwargs={"seconds": 0},
+        queue="reports",
+        timeout=30,
+        max_retries=2,
+        retry_backoff=5,
+        tenant="acme",
+        attempt=3,
+        error="boom",
     )
     before = Execution.objects.filter(pk=original.pk).values().get()
     # When
@@ -192,7 +218,11 @@ def test_retry__a_finished_execution_runs_again_as_a_new_one(redis_client: redis
     assert (retry.status, retry.attempt, retry.error) == (Status.QUEUED, 1, "")
     assert retry.celery_task_id and retry.celery_task_id != original.celery_task_id
     assert (retry.schedule_id, retry.task, retry.args, retry.kwargs, retry.queue) == (
-        schedule.pk, "tests.record", ["x"], {"seconds": 0}, "reports"
+        schedule.pk,
+        "tests.record",
+        ["x"],
+        {"seconds": 0},
+        "reports",
     )
     assert (retry.timeout, retry.max_retries, retry.retry_backoff, retry.tenant) == (30, 2, 5, "acme")
     assert retry.scheduled_for > original.scheduled_for
@@ -240,7 +270,10 @@ def test_cancel__an_unfinished_execution_is_recorded_cancelled(status: str) -> N
     # Then
     execution.refresh_from_db()
     assert (execution.status, execution.error, execution.lease_expires_at, execution.held) == (
-        Status.CANCELLED, "Cancelled by an operator", None, False
+        Status.CANCELLED,
+        "Cancelled by an operator",
+        None,
+        False,
     )
     assert execution.finished_at is not None
     assert out == f"Cancelled execution {execution.pk} (was {status}).\n"

@@ -1,4 +1,5 @@
 """With ``--json``, a command's error is JSON on stdout too, with the same exit status and stderr line."""
+
 from __future__ import annotations
 
 import json
@@ -32,10 +33,16 @@ def manage(process_database_url: str, redis_url: str) -> Callable[..., subproces
     [
         (["executions", "show", "999999", "--json"], 1, "No execution with id 999999"),
         (["schedules", "show", "missing", "--json"], 1, "No schedule named 'missing'"),
-        (["schedules", "create", "x", "--task", "scheduler.echo", "--at", "2020-01-01T00:00:00Z", "--json"], 1,
-         "The one-off time 2020-01-01 00:00:00 UTC is in the past"),
-        (["schedules", "create", "x", "--task", "scheduler.echo", "--json"], 2,
-         "one of the arguments --cron --every --at --run-now is required"),
+        (
+            ["schedules", "create", "x", "--task", "scheduler.echo", "--at", "2020-01-01T00:00:00Z", "--json"],
+            1,
+            "The one-off time 2020-01-01 00:00:00 UTC is in the past",
+        ),
+        (
+            ["schedules", "create", "x", "--task", "scheduler.echo", "--json"],
+            2,
+            "one of the arguments --cron --every --at --run-now is required",
+        ),
         (["executions", "list", "--status", "nope", "--json"], 2, "argument --status: invalid choice: 'nope'"),
     ],
 )

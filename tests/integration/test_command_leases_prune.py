@@ -1,4 +1,5 @@
 """``leases`` and ``prune_executions`` commands: output, and bad input that changes nothing."""
+
 from __future__ import annotations
 
 import json
@@ -36,7 +37,13 @@ def test_leases__shows_holder_token_expiry_and_heartbeats() -> None:
     assert handle is not None
     for instance_id, leader in (("host-1-aaa", True), ("host-2-bbb", False)):
         Instance.objects.create(
-            instance_id=instance_id, role="beat", hostname="host", pid=1, started_at=Now(), last_seen=Now(), is_leader=leader
+            instance_id=instance_id,
+            role="beat",
+            hostname="host",
+            pid=1,
+            started_at=Now(),
+            last_seen=Now(),
+            is_leader=leader,
         )
     # When shown
     data = json.loads(run("leases", "--json"))
@@ -58,7 +65,13 @@ def test_leases__after_crashes_only_the_holder_leads_and_silent_beats_are_stale(
     for instance_id, age in (("host-1-dead", 416), ("host-2-dead", 325), ("host-3-live", 1.7)):
         seen = now - timedelta(seconds=age)
         Instance.objects.create(
-            instance_id=instance_id, role="beat", hostname="host", pid=1, started_at=seen, last_seen=seen, is_leader=True
+            instance_id=instance_id,
+            role="beat",
+            hostname="host",
+            pid=1,
+            started_at=seen,
+            last_seen=seen,
+            is_leader=True,
         )
     assert leases.acquire("beat", "host-3-live", ttl=10) is not None
     # When shown
@@ -66,7 +79,9 @@ def test_leases__after_crashes_only_the_holder_leads_and_silent_beats_are_stale(
     text = run("leases")
     # Then only the holder leads, and the silent ones are stale with their age
     assert {iid: (row["is_leader"], row["stale"]) for iid, row in rows.items()} == {
-        "host-3-live": (True, False), "host-1-dead": (False, True), "host-2-dead": (False, True),
+        "host-3-live": (True, False),
+        "host-1-dead": (False, True),
+        "host-2-dead": (False, True),
     }
     assert rows["host-1-dead"]["last_seen_age_seconds"] >= 416
     assert "leader  host-3-live" in text and "leader  host-1-dead" not in text
@@ -85,10 +100,15 @@ def test_leases__expired_lease_reads_not_held() -> None:
     assert "NOT HELD" in run("leases")
 
 
-def _execution(key: str, *, status: str, age_days: float, schedule: Schedule | None = None, slot_age: float | None = None) -> Execution:
+def _execution(
+    key: str, *, status: str, age_days: float, schedule: Schedule | None = None, slot_age: float | None = None
+) -> Execution:
     now = leases.db_now()
     return Execution.objects.create(
-        idempotency_key=key, schedule=schedule, task="scheduler.echo", status=status,
+        idempotency_key=key,
+        schedule=schedule,
+        task="scheduler.echo",
+        status=status,
         scheduled_for=now - timedelta(days=slot_age if slot_age is not None else age_days),
         finished_at=None if status in Execution.ACTIVE_STATUSES else now - timedelta(days=age_days),
     )
@@ -151,7 +171,12 @@ def test_prune__command_line_errors_are_one_line_without_traceback(redis_url: st
     env = {**os.environ, "DATABASE_URL": processes.test_database_url(), "REDIS_URL": redis_url, "DJANGO_DEBUG": "1"}
     for args, code in ((["--older-than", "soon"], 1), (["--keep-last", "x", "--older-than", "1d"], 2)):
         result = subprocess.run(
-            [sys.executable, "manage.py", "prune_executions", *args], cwd=processes.ROOT, env=env, capture_output=True, text=True, timeout=60
+            [sys.executable, "manage.py", "prune_executions", *args],
+            cwd=processes.ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
         )
         assert result.returncode == code, result.stderr
         assert len(result.stderr.strip().splitlines()) == 1, result.stderr

@@ -1,4 +1,5 @@
 """``reconcile`` and ``backfill`` commands: output, ``--json``, ``--dry-run``, and bad input that changes nothing."""
+
 from __future__ import annotations
 
 import json
@@ -21,6 +22,7 @@ def lost_counts_against_max_retries(settings: Any) -> None:
     """These tests pin ``max_retries`` for lost attempts: no extra lost-worker re-runs."""
     settings.SCHEDULER_LOST_RETRIES = 0
 
+
 Status = Execution.Status
 HOUR = timedelta(hours=1)
 
@@ -28,8 +30,12 @@ HOUR = timedelta(hours=1)
 def lost_execution_and_stale_instance() -> Execution:
     now = leases.db_now()
     lost = Execution.objects.create(
-        idempotency_key="lost", task="scheduler.echo", scheduled_for=now - HOUR, status=Status.RUNNING,
-        started_at=now - HOUR, lease_expires_at=now - timedelta(seconds=1),
+        idempotency_key="lost",
+        task="scheduler.echo",
+        scheduled_for=now - HOUR,
+        status=Status.RUNNING,
+        started_at=now - HOUR,
+        lease_expires_at=now - timedelta(seconds=1),
     )
     Instance.objects.create(
         instance_id="gone-1", role="worker", hostname="h", pid=1, started_at=now, last_seen=now - timedelta(days=1)
@@ -59,7 +65,9 @@ def test_reconcile__json_prints_the_report() -> None:
 
     assert report["counts"] == {"lost_failed": 1, "instance_removed": 1}
     assert report["changes"][0] == {
-        "kind": "lost_failed", "execution_id": lost.pk, "schedule_id": None,
+        "kind": "lost_failed",
+        "execution_id": lost.pk,
+        "schedule_id": None,
         "detail": "Worker lost during attempt 1; no retries left",
     }
     assert (report["dry_run"], report["repair"], report["publish_error"]) == (False, False, "")
@@ -70,7 +78,9 @@ def test_reconcile__dry_run_changes_nothing() -> None:
 
     output = run("reconcile", "--dry-run", "--repair")
 
-    assert output.splitlines()[-1] == "dry run, nothing changed: 1 lost execution(s) failed, 1 stale instance(s) removed"
+    assert (
+        output.splitlines()[-1] == "dry run, nothing changed: 1 lost execution(s) failed, 1 stale instance(s) removed"
+    )
     assert Execution.objects.get(pk=lost.pk).status == Status.RUNNING
     assert Instance.objects.count() == 1
 
@@ -138,7 +148,15 @@ def test_backfill__dry_run_lists_local_and_utc_times_and_writes_nothing(hourly: 
         (["hourly", "--start", "2020-01-01", "--end", "2020-01-02", "--rate", "0"], "0 must be greater than 0"),
         (["hourly", "--start", "2020-01-01", "--end", "2020-01-02", "--limit", "10"], "the range holds 25 slots"),
     ],
-    ids=["unknown-schedule", "bad-iso", "end-before-start", "end-in-future", "negative-limit", "zero-rate", "over-limit"],
+    ids=[
+        "unknown-schedule",
+        "bad-iso",
+        "end-before-start",
+        "end-in-future",
+        "negative-limit",
+        "zero-rate",
+        "over-limit",
+    ],
 )
 def test_backfill__bad_input_refused_in_one_line_and_nothing_changed(
     hourly: Schedule, args: list[str], message: str

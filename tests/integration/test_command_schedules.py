@@ -1,4 +1,5 @@
 """``manage.py schedules``: every action, and bad input refused in one line with nothing changed."""
+
 from __future__ import annotations
 
 import io
@@ -69,7 +70,10 @@ def test_create__cron_schedule_is_saved_with_its_next_run() -> None:
     # Then
     schedule = Schedule.objects.get(name="nightly")
     assert (schedule.task, schedule.cron, schedule.timezone, schedule.enabled) == (
-        "scheduler.echo", "0 2 * * *", "Europe/Berlin", True
+        "scheduler.echo",
+        "0 2 * * *",
+        "Europe/Berlin",
+        True,
     )
     assert schedule.next_run_at is not None
     assert out.startswith("Created schedule 'nightly': cron 0 2 * * * (Europe/Berlin), enabled, next run ")
@@ -78,10 +82,36 @@ def test_create__cron_schedule_is_saved_with_its_next_run() -> None:
 def test_create__every_option_sets_its_field() -> None:
     # When
     out = schedules(
-        "create", "poll", "--task", "tests.record", "--every", "30", "--args", '["a", 2]', "--kwargs", '{"k": 1}',
-        "--queue", "reports", "--timeout", "60", "--overlap", "skip", "--misfire", "run_once",
-        "--catchup-window", "120", "--max-retries", "3", "--start", "2026-01-01T00:00:00Z",
-        "--end", "2027-01-01T00:00:00+01:00", "--max-runs", "9", "--disabled", "--json",
+        "create",
+        "poll",
+        "--task",
+        "tests.record",
+        "--every",
+        "30",
+        "--args",
+        '["a", 2]',
+        "--kwargs",
+        '{"k": 1}',
+        "--queue",
+        "reports",
+        "--timeout",
+        "60",
+        "--overlap",
+        "skip",
+        "--misfire",
+        "run_once",
+        "--catchup-window",
+        "120",
+        "--max-retries",
+        "3",
+        "--start",
+        "2026-01-01T00:00:00Z",
+        "--end",
+        "2027-01-01T00:00:00+01:00",
+        "--max-runs",
+        "9",
+        "--disabled",
+        "--json",
     )
     # Then
     schedule = Schedule.objects.get(name="poll")
@@ -178,7 +208,18 @@ def test_list__one_line_per_schedule_with_timing_and_state() -> None:
     # When
     lines = schedules("list").splitlines()
     # Then
-    assert lines[0].split() == ["NAME", "TASK", "TIMING", "TIMEZONE", "STATE", "NEXT", "RUN", "LAST", "SUCCESS", "OVERDUE"]
+    assert lines[0].split() == [
+        "NAME",
+        "TASK",
+        "TIMING",
+        "TIMEZONE",
+        "STATE",
+        "NEXT",
+        "RUN",
+        "LAST",
+        "SUCCESS",
+        "OVERDUE",
+    ]
     assert lines[1].split()[:8] == ["a-cron", "scheduler.echo", "cron", "*/5", "*", "*", "*", "*"]
     assert "Europe/Berlin  enabled" in lines[1]
     assert "every 30s" in lines[2] and "paused (vendor outage)" in lines[2] and lines[2].endswith("-")
@@ -202,7 +243,7 @@ def test_show__every_field() -> None:
     assert data["id"] == schedule.pk and data["kwargs"] == {"a": 1} and data["cron"] == "0 2 * * *"
     assert {"overlap", "misfire", "catchup_window", "next_run_at", "total_runs", "paused_reason"} <= data.keys()
     text = schedules("show", "nightly")
-    assert "kwargs                 {\"a\": 1}" in text and "timing                 cron 0 2 * * *" in text
+    assert 'kwargs                 {"a": 1}' in text and "timing                 cron 0 2 * * *" in text
 
 
 @pytest.mark.parametrize(
@@ -350,7 +391,10 @@ def test_delete__executions_keep_their_history() -> None:
     # Given a schedule with an execution
     schedule = make("nightly")
     execution = Execution.objects.create(
-        idempotency_key="k", schedule=schedule, task=schedule.task, scheduled_for=datetime.now(timezone.utc),
+        idempotency_key="k",
+        schedule=schedule,
+        task=schedule.task,
+        scheduled_for=datetime.now(timezone.utc),
         status=Status.SUCCEEDED,
     )
     # When
@@ -369,8 +413,15 @@ def test_delete__executions_keep_their_history() -> None:
 def test_run_now__records_an_execution_and_sends_it(redis_client: redis.Redis) -> None:
     # Given
     schedule = make(
-        "nightly", task="tests.record", args=["x"], kwargs={"seconds": 0}, queue="reports", timeout=30,
-        max_retries=2, retry_backoff=5, tenant="acme",
+        "nightly",
+        task="tests.record",
+        args=["x"],
+        kwargs={"seconds": 0},
+        queue="reports",
+        timeout=30,
+        max_retries=2,
+        retry_backoff=5,
+        tenant="acme",
     )
     # When
     out = schedules("run-now", "nightly")
@@ -379,10 +430,17 @@ def test_run_now__records_an_execution_and_sends_it(redis_client: redis.Redis) -
     assert execution.status == Status.QUEUED and execution.enqueued_at is not None
     assert execution.idempotency_key.startswith(f"schedule:{schedule.pk}:manual:")
     assert (execution.schedule_id, execution.task, execution.args, execution.kwargs) == (
-        schedule.pk, "tests.record", ["x"], {"seconds": 0}
+        schedule.pk,
+        "tests.record",
+        ["x"],
+        {"seconds": 0},
     )
     assert (execution.queue, execution.timeout, execution.max_retries, execution.retry_backoff, execution.tenant) == (
-        "reports", 30, 2, 5, "acme"
+        "reports",
+        30,
+        2,
+        5,
+        "acme",
     )
     assert execution.celery_task_id and execution.attempt == 1
     assert out == f"Execution {execution.pk} of schedule 'nightly' queued (celery id {execution.celery_task_id}).\n"
@@ -449,7 +507,11 @@ def test_process__create_and_list(manage: Callable[..., subprocess.CompletedProc
         (["create", "x", "--task", "scheduler.echo", "--at", "soon"], 1, "is not an ISO-8601 date or time"),
         (["create", "x", "--task", "scheduler.echo", "--every", "5", "--timezone", "Moon/Base"], 1, "Unknown timezone"),
         (["show", "missing"], 1, "CommandError: No schedule named 'missing'"),
-        (["create", "x", "--task", "scheduler.echo"], 2, "one of the arguments --cron --every --at --run-now is required"),
+        (
+            ["create", "x", "--task", "scheduler.echo"],
+            2,
+            "one of the arguments --cron --every --at --run-now is required",
+        ),
         (["next", "x", "-n", "-1"], 2, "argument -n/--count"),
         (["explode"], 2, "invalid choice: 'explode'"),
     ],
@@ -487,7 +549,10 @@ def test_names_per_tenant__a_name_two_tenants_use_is_named_by_id(tenant_twins: t
     # When: the command line names it
     message = refused("show", "nightly")
     # Then: it refuses to guess and lists the ids, and either id works
-    assert message == f"2 schedules are named 'nightly': give one's id instead: {acme.pk} (tenant acme), {globex.pk} (tenant globex)"
+    assert (
+        message
+        == f"2 schedules are named 'nightly': give one's id instead: {acme.pk} (tenant acme), {globex.pk} (tenant globex)"
+    )
     out = io.StringIO()
     call_command("schedules", "show", str(globex.pk), "--json", stdout=out)
     assert json.loads(out.getvalue())["tenant"] == "globex"

@@ -6,6 +6,7 @@ the migration, and reads what it filled. The fixture migrates forward to
 the newest migration afterwards, whatever the test did. (0015 and 0020 have
 their own modules: test_tenant_binding_migration.py, test_group_names_migration.py.)
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
@@ -56,7 +57,9 @@ def test_0008__slots_sent_counts_the_beats_own_rows_and_owed_since_starts_at_cre
     unlimited = _schedule(apps, "unlimited")
     for minute, status in ((0, "succeeded"), (1, "failed"), (2, "missed")):
         slot = T0 + timedelta(minutes=minute)
-        _execution(apps, f"schedule:{limited.pk}:{slot.isoformat()}", schedule_id=limited.pk, scheduled_for=slot, status=status)
+        _execution(
+            apps, f"schedule:{limited.pk}:{slot.isoformat()}", schedule_id=limited.pk, scheduled_for=slot, status=status
+        )
     _execution(apps, f"schedule:{limited.pk}:manual:abc", schedule_id=limited.pk)
     _execution(apps, f"schedule:{unlimited.pk}:{T0.isoformat()}", schedule_id=unlimited.pk)
     # When 0008 runs
@@ -99,8 +102,12 @@ def test_0012__tallies_start_from_the_final_executions_and_schedules_learn_their
     for n, status in enumerate(("succeeded", "succeeded", "failed", "running")):
         finished = T0 + timedelta(minutes=n, seconds=2) if status != "running" else None
         _execution(
-            apps, f"k{n}", schedule_id=schedule.pk, status=status,
-            started_at=T0 + timedelta(minutes=n), finished_at=finished,
+            apps,
+            f"k{n}",
+            schedule_id=schedule.pk,
+            status=status,
+            started_at=T0 + timedelta(minutes=n),
+            finished_at=finished,
         )
     # When 0012 runs
     apps = migrate("0012_observability")

@@ -1,4 +1,5 @@
 """The dispatch commit writes due schedules by groups: one UPDATE per distinct write, each outcome kept."""
+
 from __future__ import annotations
 
 from datetime import timedelta
@@ -24,7 +25,9 @@ def schedule(name: str, **fields: object) -> Schedule:
 
 
 def schedule_updates(queries: CaptureQueriesContext) -> list[str]:
-    return [query["sql"] for query in queries.captured_queries if query["sql"].startswith('UPDATE "scheduler_schedule"')]
+    return [
+        query["sql"] for query in queries.captured_queries if query["sql"].startswith('UPDATE "scheduler_schedule"')
+    ]
 
 
 def test_commit__one_offs_due_together_turn_off_in_one_update(lease: leases.LeaseHandle) -> None:
@@ -40,7 +43,9 @@ def test_commit__one_offs_due_together_turn_off_in_one_update(lease: leases.Leas
     reason = f"One-off: its slot at {run_at.isoformat()} has been dispatched"
     assert sorted(report.completed) == sorted((target.name, reason) for target in targets)
     rows = Schedule.objects.filter(pk__in=[target.pk for target in targets])
-    assert set(rows.values_list("enabled", "next_run_at", "slots_sent", "disabled_reason")) == {(False, None, 1, reason)}
+    assert set(rows.values_list("enabled", "next_run_at", "slots_sent", "disabled_reason")) == {
+        (False, None, 1, reason)
+    }
     assert Execution.objects.filter(status=Status.PENDING, schedule__in=targets).count() == 30
     # ...written by one set-based UPDATE, not one per schedule nor a CASE over every row
     updates = schedule_updates(queries)
@@ -70,7 +75,11 @@ def test_commit__different_outcomes_in_one_pass_each_get_their_own_write(lease: 
     for target in (hourly, last_run, early, late, behind, broken):
         target.refresh_from_db()
     assert (hourly.enabled, hourly.next_run_at, hourly.slots_sent) == (True, start + timedelta(hours=1), 1)
-    assert (last_run.enabled, last_run.next_run_at, last_run.disabled_reason) == (False, None, "Used all 1 runs (max_runs)")
+    assert (last_run.enabled, last_run.next_run_at, last_run.disabled_reason) == (
+        False,
+        None,
+        "Used all 1 runs (max_runs)",
+    )
     assert early.disabled_reason == f"One-off: its slot at {early.run_at.isoformat()} has been dispatched"
     assert late.disabled_reason == f"One-off: its slot at {late.run_at.isoformat()} has been dispatched"
     assert (early.enabled, late.enabled, early.slots_sent, late.slots_sent) == (False, False, 1, 1)

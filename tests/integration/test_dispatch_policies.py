@@ -1,4 +1,5 @@
 """dispatch_due and publish_pending against the real database: overlap, limits, completion, pause."""
+
 from __future__ import annotations
 
 import json
@@ -41,8 +42,12 @@ def statuses(target: Schedule) -> list[str]:
 
 def in_flight(target: Schedule, status: str = Status.RUNNING) -> Execution:
     return Execution.objects.create(
-        idempotency_key=f"earlier:{target.pk}:{status}", schedule=target, task=target.task,
-        scheduled_for=leases.db_now() - timedelta(minutes=5), status=status, celery_task_id=f"celery-{status}",
+        idempotency_key=f"earlier:{target.pk}:{status}",
+        schedule=target,
+        task=target.task,
+        scheduled_for=leases.db_now() - timedelta(minutes=5),
+        status=status,
+        celery_task_id=f"celery-{status}",
     )
 
 

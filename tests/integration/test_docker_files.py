@@ -1,4 +1,5 @@
 """docker/: the compose file's services, commands, replicas and healthchecks, and no secret in it."""
+
 from __future__ import annotations
 
 import os
@@ -62,7 +63,9 @@ def test_no_secret_is_hard_coded(compose: dict[str, Any]) -> None:
     assert "${POSTGRES_PASSWORD:?" in env["DATABASE_URL"]
     assert compose["services"]["postgres"]["environment"]["POSTGRES_PASSWORD"].startswith("${POSTGRES_PASSWORD:?")
     example = (DOCKER / ".env.example").read_text()
-    assert re.search(r"^SECRET_KEY=$", example, re.MULTILINE) and re.search(r"^POSTGRES_PASSWORD=$", example, re.MULTILINE)
+    assert re.search(r"^SECRET_KEY=$", example, re.MULTILINE) and re.search(
+        r"^POSTGRES_PASSWORD=$", example, re.MULTILINE
+    )
     # Grafana's password may be unset in the file (compose v1 interpolates every profile), but
     # Grafana itself refuses to start without it: test_grafana__refuses_to_start_without_its_password.
     grafana = compose["services"]["grafana"]["environment"]["GF_SECURITY_ADMIN_PASSWORD"]
@@ -84,13 +87,26 @@ def test_dockerfile__slim_non_root_pinned_static_and_healthcheck() -> None:
 def test_docker_compose_config_validates(tmp_path: Path) -> None:
     binary = shutil.which("docker-compose")
     if binary is None:
-        pytest.fail("docker-compose is not installed: `apt-get install docker-compose` (.ci/run installs it)", pytrace=False)
-    env = {**os.environ, "SECRET_KEY": "test-only", "POSTGRES_PASSWORD": "test-only", "GRAFANA_ADMIN_PASSWORD": "test-only"}
-    result = subprocess.run([binary, "-f", str(DOCKER / "compose.yaml"), "config"], env=env, capture_output=True, text=True, timeout=60)
+        pytest.fail(
+            "docker-compose is not installed: `apt-get install docker-compose` (.ci/run installs it)", pytrace=False
+        )
+    env = {
+        **os.environ,
+        "SECRET_KEY": "test-only",
+        "POSTGRES_PASSWORD": "test-only",
+        "GRAFANA_ADMIN_PASSWORD": "test-only",
+    }
+    result = subprocess.run(
+        [binary, "-f", str(DOCKER / "compose.yaml"), "config"], env=env, capture_output=True, text=True, timeout=60
+    )
     assert result.returncode == 0, result.stderr
     # Without the secrets it refuses to start instead of running with defaults.
-    bare = {k: v for k, v in os.environ.items() if k not in {"SECRET_KEY", "POSTGRES_PASSWORD", "GRAFANA_ADMIN_PASSWORD"}}
-    refused = subprocess.run([binary, "-f", str(DOCKER / "compose.yaml"), "config"], env=bare, capture_output=True, text=True, timeout=60)
+    bare = {
+        k: v for k, v in os.environ.items() if k not in {"SECRET_KEY", "POSTGRES_PASSWORD", "GRAFANA_ADMIN_PASSWORD"}
+    }
+    refused = subprocess.run(
+        [binary, "-f", str(DOCKER / "compose.yaml"), "config"], env=bare, capture_output=True, text=True, timeout=60
+    )
     assert refused.returncode != 0 and "set POSTGRES_PASSWORD" in refused.stderr + refused.stdout
 
 
@@ -103,11 +119,16 @@ MONITORING = {"flower", "prometheus", "grafana"}
 def _config(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
     binary = shutil.which("docker-compose")
     if binary is None:
-        pytest.fail("docker-compose is not installed: `apt-get install docker-compose` (.ci/run installs it)", pytrace=False)
+        pytest.fail(
+            "docker-compose is not installed: `apt-get install docker-compose` (.ci/run installs it)", pytrace=False
+        )
     bare = {k: v for k, v in os.environ.items() if k not in {"GRAFANA_ADMIN_PASSWORD", "SCHEDULER_METRICS_TOKEN"}}
     return subprocess.run(
         [binary, "-f", str(DOCKER / "compose.yaml"), *args, "config"],
-        env={**bare, **env}, capture_output=True, text=True, timeout=60,
+        env={**bare, **env},
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
 
 

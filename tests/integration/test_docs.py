@@ -1,4 +1,5 @@
 """The manual: it builds without a broken link, and its reference pages name every setting, command, flag and metric."""
+
 from __future__ import annotations
 
 import argparse
@@ -18,15 +19,26 @@ DOCS = ROOT / "docs"
 COMMANDS = sorted(path.stem for path in (ROOT / "scheduler" / "management" / "commands").glob("[!_]*.py"))
 #: Flags every Django command has: Django documents them.
 DJANGO_FLAGS = {
-    "--help", "--version", "--verbosity", "--settings", "--pythonpath", "--traceback", "--no-color",
-    "--force-color", "--skip-checks",
+    "--help",
+    "--version",
+    "--verbosity",
+    "--settings",
+    "--pythonpath",
+    "--traceback",
+    "--no-color",
+    "--force-color",
+    "--skip-checks",
 }
 
 
 def test_docs__build_strict_with_every_page_in_the_nav_and_no_broken_link(tmp_path: Path) -> None:
     built = subprocess.run(
         [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(tmp_path / "site")],
-        cwd=ROOT, capture_output=True, text=True, timeout=300, env={**os.environ, "NO_MKDOCS_2_WARNING": "1"},
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "NO_MKDOCS_2_WARNING": "1"},
     )
     assert built.returncode == 0, built.stdout + built.stderr
     assert (tmp_path / "site" / "adding-to-a-project" / "index.html").is_file()

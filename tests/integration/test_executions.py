@@ -1,4 +1,5 @@
 """The owner of an Execution's life: the transition table, and writes fenced by the claim's attempt."""
+
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -79,9 +80,12 @@ def test_finished_execution__refuses_claim_cancel_queue_fail_and_retry(final: st
     execution = row(final)
     before = state(execution.pk)
     # When every owner function that starts from a live state is tried on it
-    assert executions.claim(
-        worker="w@host:1", task=execution.task, celery_task_id=execution.celery_task_id, execution_id=execution.pk
-    ) is None
+    assert (
+        executions.claim(
+            worker="w@host:1", task=execution.task, celery_task_id=execution.celery_task_id, execution_id=execution.pk
+        )
+        is None
+    )
     assert not executions.cancel(execution.pk, reason="no", now=leases.db_now())
     assert executions.mark_queued([execution.pk], now=leases.db_now()) == 0
     assert not executions.fail_unrun(
@@ -228,9 +232,7 @@ def claim_length(execution_id: int) -> timedelta:
 
 
 @pytest.mark.parametrize(("timeout", "seconds"), [(None, 30), (5, 30), (100, 110)])
-def test_claim__lasts_at_least_until_the_hard_time_limit(
-    settings: Any, timeout: int | None, seconds: float
-) -> None:
+def test_claim__lasts_at_least_until_the_hard_time_limit(settings: Any, timeout: int | None, seconds: float) -> None:
     settings.SCHEDULER_CLAIM_SECONDS = 30
     settings.SCHEDULER_TIMEOUT_GRACE_SECONDS = 10
     # Given an execution with that timeout

@@ -5,6 +5,7 @@ execution, ``__call__`` records the outcome) with Celery's ``apply``, which
 runs the task in this process and passes the body a callable; the
 acceptance tests do the same with real workers.
 """
+
 from __future__ import annotations
 
 import math
@@ -44,8 +45,12 @@ def no_background_renewal(settings: Any) -> None:
 def queued(**fields: Any) -> Execution:
     key = f"fenced:{Execution.objects.count()}"
     return Execution.objects.create(
-        idempotency_key=key, task="tests.integration.body", celery_task_id=key,
-        scheduled_for=leases.db_now(), status=Status.QUEUED, **fields,
+        idempotency_key=key,
+        task="tests.integration.body",
+        celery_task_id=key,
+        scheduled_for=leases.db_now(),
+        status=Status.QUEUED,
+        **fields,
     )
 
 

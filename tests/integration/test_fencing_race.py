@@ -6,6 +6,7 @@ planning and its commit, and between its lease check and its commit, on its
 own thread and database connection, while a follower on another connection
 tries to take the lease.
 """
+
 from __future__ import annotations
 
 import threading

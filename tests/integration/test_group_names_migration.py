@@ -1,4 +1,5 @@
 """Migration 0020: the scheduler's groups get namespaced names and keep their members and permissions."""
+
 from __future__ import annotations
 
 from collections.abc import Iterator

@@ -1,4 +1,5 @@
 """/healthz, /readyz, /leaderz and /metrics against the real database and Redis."""
+
 from __future__ import annotations
 
 import json
@@ -65,7 +66,9 @@ def test_leaderz__no_leader_is_503_naming_the_leader_check(client: Client) -> No
     assert "no beat replica holds the lease" in body["checks"]["leader"]["detail"]
 
 
-def test_leaderz__leader_not_renewed_within_twice_the_renew_interval_is_503(client: Client, leader: leases.LeaseHandle) -> None:
+def test_leaderz__leader_not_renewed_within_twice_the_renew_interval_is_503(
+    client: Client, leader: leases.LeaseHandle
+) -> None:
     # Given a lease still valid but not renewed for longer than 2x the renew interval
     Lease.objects.filter(name=leader.name).update(
         renewed_at=leases.db_now() - timedelta(seconds=2 * scheduler_settings.LEASE_RENEW_SECONDS + 1)
@@ -82,7 +85,9 @@ def test_leaderz__released_lease_is_503(client: Client, leader: leases.LeaseHand
     assert client.get("/leaderz").status_code == 503
 
 
-def _serve(env_overrides: dict[str, str], stderr: IO[bytes] | int = subprocess.DEVNULL) -> tuple[subprocess.Popen[bytes], int]:
+def _serve(
+    env_overrides: dict[str, str], stderr: IO[bytes] | int = subprocess.DEVNULL
+) -> tuple[subprocess.Popen[bytes], int]:
     """Serve the project's WSGI app in a child process with a changed environment."""
     port = free_port()
     env = {**os.environ, "DJANGO_DEBUG": "1", "DATABASE_URL": processes.test_database_url(), **env_overrides}
@@ -113,7 +118,9 @@ def _get(port: int, path: str) -> tuple[int, dict]:
         ("database", "/leaderz", ["database", "leader"]),
     ],
 )
-def test_probes__unreachable_service_is_503_naming_it(redis_url: str, broken: str, path: str, failed: list[str]) -> None:
+def test_probes__unreachable_service_is_503_naming_it(
+    redis_url: str, broken: str, path: str, failed: list[str]
+) -> None:
     # Given a web process whose database (or broker) does not answer, and a live leader
     assert leases.acquire(scheduler_settings.LEASE_NAME, "host-1-abc", ttl=30) is not None
     dead = f"127.0.0.1:{free_port()}"
@@ -187,8 +194,12 @@ def _value(text: str, sample: str) -> float:
 def test_metrics__names_present_and_values_follow_executions(client: Client, leader: leases.LeaseHandle) -> None:
     before = _metrics(client)
     for name in (
-        "scheduler_executions_total", "scheduler_dispatch_lag_seconds", "scheduler_leader_changes_total",
-        "scheduler_lease_renew_failures_total", "scheduler_due_backlog", "scheduler_instances",
+        "scheduler_executions_total",
+        "scheduler_dispatch_lag_seconds",
+        "scheduler_leader_changes_total",
+        "scheduler_lease_renew_failures_total",
+        "scheduler_due_backlog",
+        "scheduler_instances",
     ):
         assert f"# TYPE {name} " in before
     assert _value(before, 'scheduler_leader_changes_total{lease="beat"}') == leader.token
@@ -198,8 +209,11 @@ def test_metrics__names_present_and_values_follow_executions(client: Client, lea
     now = leases.db_now()
     for n, lag in enumerate((0.02, 0.3, 4.0)):
         Execution.objects.create(
-            idempotency_key=f"m{n}", task="scheduler.echo", status=Execution.Status.SUCCEEDED,
-            scheduled_for=now - timedelta(seconds=10), enqueued_at=now - timedelta(seconds=10 - lag),
+            idempotency_key=f"m{n}",
+            task="scheduler.echo",
+            status=Execution.Status.SUCCEEDED,
+            scheduled_for=now - timedelta(seconds=10),
+            enqueued_at=now - timedelta(seconds=10 - lag),
         )
     Schedule.objects.create(name="due", task="scheduler.echo", interval=60)
     Schedule.objects.filter(name="due").update(next_run_at=now - timedelta(seconds=1))
@@ -208,7 +222,9 @@ def test_metrics__names_present_and_values_follow_executions(client: Client, lea
     after = _metrics(client)
 
     # Then the values changed accordingly
-    assert _value(after, 'scheduler_executions_total{status="succeeded",task="scheduler.echo",trigger="scheduled"}') == 3
+    assert (
+        _value(after, 'scheduler_executions_total{status="succeeded",task="scheduler.echo",trigger="scheduled"}') == 3
+    )
     assert _value(after, 'scheduler_dispatch_lag_seconds_bucket{le="0.05"}') == 1
     assert _value(after, 'scheduler_dispatch_lag_seconds_bucket{le="0.5"}') == 2
     assert _value(after, 'scheduler_dispatch_lag_seconds_bucket{le="+Inf"}') == 3

@@ -5,6 +5,7 @@ group bound to acme. Every attempt names a reserved task (Celery's built-ins,
 the platform's own) or another tenant's rows; each must be refused with a
 field error that names the rule, and change no row of any table.
 """
+
 from __future__ import annotations
 
 from datetime import timedelta
@@ -52,8 +53,11 @@ def world() -> dict[str, Any]:
     housekeeping_paused = _schedule("housekeeping-paused", ACME, task="scheduler.prune_executions")
     housekeeping_paused.pause("by the deployer", now=leases.db_now())
     rows = {
-        "acme": acme, "globex": globex, "housekeeping": housekeeping,
-        "housekeeping_off": housekeeping_off, "housekeeping_paused": housekeeping_paused,
+        "acme": acme,
+        "globex": globex,
+        "housekeeping": housekeeping,
+        "housekeeping_off": housekeeping_off,
+        "housekeeping_paused": housekeeping_paused,
         "acme_done": make_execution(acme, "acme-done", Status.SUCCEEDED),
         "globex_done": make_execution(globex, "globex-done", Status.SUCCEEDED),
         "globex_waiting": make_execution(globex, "globex-waiting", Status.QUEUED),
@@ -64,8 +68,11 @@ def world() -> dict[str, Any]:
         execution.celery_task_id = f"{key}-task-id"
         execution.save(update_fields=["celery_task_id"])
         TaskResult.objects.create(
-            task_id=execution.celery_task_id, task_name=TENANT_TASK, status="SUCCESS",
-            task_args=f'["{key} secret argument"]', result=f'"{key} secret result"',
+            task_id=execution.celery_task_id,
+            task_name=TENANT_TASK,
+            status="SUCCESS",
+            task_args=f'["{key} secret argument"]',
+            result=f'"{key} secret result"',
         )
     return rows
 
@@ -119,7 +126,8 @@ def test_api__a_tenant_operator_cannot_change_a_schedule_to_a_reserved_task(
 ) -> None:
     before = tables()
     response = acme_token.patch(
-        f"/api/v1/schedules/{world['acme'].pk}/", {"task": task, "kwargs": {"older_than_days": 1, "keep_last": 0}},
+        f"/api/v1/schedules/{world['acme'].pk}/",
+        {"task": task, "kwargs": {"older_than_days": 1, "keep_last": 0}},
         content_type="application/json",
     )
     _refused_on_task(response)
@@ -156,7 +164,8 @@ def test_api__a_tenant_operator_cannot_run_a_reserved_task_its_tenant_holds(
 def test_api__a_superuser_and_an_all_tenants_operator_may_schedule_reserved_tasks(world: dict[str, Any]) -> None:
     unscoped = token_client("platform", role=ApiToken.Role.OPERATOR)
     response = unscoped.post(
-        "/api/v1/schedules/", {"name": "cleanup", "task": "celery.backend_cleanup", "cron": "0 4 * * *"},
+        "/api/v1/schedules/",
+        {"name": "cleanup", "task": "celery.backend_cleanup", "cron": "0 4 * * *"},
         content_type="application/json",
     )
     assert response.status_code == 201, response.content
@@ -164,7 +173,9 @@ def test_api__a_superuser_and_an_all_tenants_operator_may_schedule_reserved_task
     assert run.status_code == 201, run.content
 
 
-def test_api__tenant_tasks_setting_narrows_what_a_tenant_may_run(world: dict[str, Any], acme_token: Client, settings: Any) -> None:
+def test_api__tenant_tasks_setting_narrows_what_a_tenant_may_run(
+    world: dict[str, Any], acme_token: Client, settings: Any
+) -> None:
     settings.SCHEDULER_TENANT_TASKS = {ACME: ["reports.*"], "*": [TENANT_TASK]}
     before = tables()
     response = acme_token.post(
@@ -181,13 +192,16 @@ def test_api__tenant_tasks_setting_narrows_what_a_tenant_may_run(world: dict[str
     assert created.status_code == 201, created.content
 
 
-def test_api__names_are_unique_per_tenant_and_say_nothing_of_another_tenant(world: dict[str, Any], acme_token: Client) -> None:
+def test_api__names_are_unique_per_tenant_and_say_nothing_of_another_tenant(
+    world: dict[str, Any], acme_token: Client
+) -> None:
     # Given: globex has "nightly", and acme has one of its own by the same name
     assert Schedule.objects.filter(name="nightly").count() == 2
     # When: acme takes a name only globex uses
     _schedule("globex-only", GLOBEX)
     created = acme_token.post(
-        "/api/v1/schedules/", {"name": "globex-only", "task": TENANT_TASK, "interval": 60},
+        "/api/v1/schedules/",
+        {"name": "globex-only", "task": TENANT_TASK, "interval": 60},
         content_type="application/json",
     )
     # Then: it may
@@ -204,9 +218,22 @@ def test_api__names_are_unique_per_tenant_and_say_nothing_of_another_tenant(worl
 
 def _admin_form(**fields: str) -> dict[str, str]:
     return {
-        "name": "wipe", "task": TENANT_TASK, "args": "[]", "kwargs": "{}", "interval": "60", "timezone": "UTC",
-        "overlap": "allow", "catchup_window": "300", "misfire": "run_all", "jitter": "0", "dst_gap": "shift",
-        "dst_fold": "first", "max_retries": "0", "retry_backoff": "1", "enabled": "on", **fields,
+        "name": "wipe",
+        "task": TENANT_TASK,
+        "args": "[]",
+        "kwargs": "{}",
+        "interval": "60",
+        "timezone": "UTC",
+        "overlap": "allow",
+        "catchup_window": "300",
+        "misfire": "run_all",
+        "jitter": "0",
+        "dst_gap": "shift",
+        "dst_fold": "first",
+        "max_retries": "0",
+        "retry_backoff": "1",
+        "enabled": "on",
+        **fields,
     }
 
 
@@ -261,7 +288,10 @@ def test_admin__actions_refuse_a_reserved_task(
 ) -> None:
     now = leases.db_now()
     ids = {key: row.pk for key, row in world.items()}
-    stamps = {"START": (now - timedelta(minutes=10)).strftime("%Y-%m-%d %H:%M:%S"), "END": now.strftime("%Y-%m-%d %H:%M:%S")}
+    stamps = {
+        "START": (now - timedelta(minutes=10)).strftime("%Y-%m-%d %H:%M:%S"),
+        "END": now.strftime("%Y-%m-%d %H:%M:%S"),
+    }
     data = {key: stamps.get(value, value.format(**ids)) for key, value in data.items()}
     before = tables()
     response = acme_staff.post(path.format(**ids), data, follow=True)
@@ -281,7 +311,10 @@ def test_results__a_tenant_sees_only_its_own_task_results(world: dict[str, Any])
     page = viewer.get(f"/admin/django_celery_results/taskresult/{theirs.pk}/change/", follow=True)
     assert "globex_done secret" not in page.content.decode()
     mine = TaskResult.objects.get(task_id="acme_done-task-id")
-    assert "acme_done secret argument" in viewer.get(f"/admin/django_celery_results/taskresult/{mine.pk}/change/").content.decode()
+    assert (
+        "acme_done secret argument"
+        in viewer.get(f"/admin/django_celery_results/taskresult/{mine.pk}/change/").content.decode()
+    )
     # And group results are for every-tenant callers only
     assert viewer.get("/admin/django_celery_results/groupresult/").status_code == 403
 
@@ -298,7 +331,9 @@ def test_results__an_all_tenants_viewer_sees_every_result(world: dict[str, Any])
 @pytest.mark.parametrize(
     "path",
     [
-        "/admin/scheduler/schedule/", "/admin/scheduler/execution/", "/admin/scheduler/auditevent/",
+        "/admin/scheduler/schedule/",
+        "/admin/scheduler/execution/",
+        "/admin/scheduler/auditevent/",
         "/admin/django_celery_results/taskresult/",
     ],
 )

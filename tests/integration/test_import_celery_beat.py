@@ -4,6 +4,7 @@ django-celery-beat is installed for the tests only (requirements-dev.txt,
 ``TEST_CELERY_BEAT_TABLES`` in tests/env_defaults.py); its own models write
 the rows the command then reads with SQL.
 """
+
 from __future__ import annotations
 
 import functools
@@ -72,6 +73,7 @@ refused = functools.partial(command_support.refused, "import_celery_beat")
 @pytest.fixture
 def periodic_tasks() -> None:
     """Write one django-celery-beat task per case, through its own models."""
+
     def cron(
         minute: str = "*", hour: str = "*", day_of_month: str = "*", day_of_week: str = "*", tz: str = "UTC"
     ) -> CrontabSchedule:
@@ -83,30 +85,52 @@ def periodic_tasks() -> None:
         return IntervalSchedule.objects.create(every=count, period=period)
 
     PeriodicTask.objects.create(
-        name="nightly-report", task="scheduler.echo", crontab=cron("0", "3", day_of_week="1-5", tz="Europe/Berlin"),
-        args='[1, "two"]', kwargs='{"fmt": "pdf"}', queue="reports", priority=5, description="The nightly PDF.",
-        start_time=START, expires=EXPIRES,
+        name="nightly-report",
+        task="scheduler.echo",
+        crontab=cron("0", "3", day_of_week="1-5", tz="Europe/Berlin"),
+        args='[1, "two"]',
+        kwargs='{"fmt": "pdf"}',
+        queue="reports",
+        priority=5,
+        description="The nightly PDF.",
+        start_time=START,
+        expires=EXPIRES,
     )
     PeriodicTask.objects.create(
-        name="poll-once", task="scheduler.echo", interval=every(2, IntervalSchedule.MINUTES), one_off=True,
-        exchange="legacy", routing_key="legacy.poll", headers='{"trace": "on"}',
+        name="poll-once",
+        task="scheduler.echo",
+        interval=every(2, IntervalSchedule.MINUTES),
+        one_off=True,
+        exchange="legacy",
+        routing_key="legacy.poll",
+        headers='{"trace": "on"}',
     )
     PeriodicTask.objects.create(
-        name="launch", task="scheduler.echo", clocked=ClockedSchedule.objects.create(clocked_time=CLOCKED),
-        one_off=True, enabled=False,
+        name="launch",
+        task="scheduler.echo",
+        clocked=ClockedSchedule.objects.create(clocked_time=CLOCKED),
+        one_off=True,
+        enabled=False,
     )
     PeriodicTask.objects.create(
-        name="ran-once", task="scheduler.echo", interval=every(30, IntervalSchedule.SECONDS), one_off=True,
+        name="ran-once",
+        task="scheduler.echo",
+        interval=every(30, IntervalSchedule.SECONDS),
+        one_off=True,
         total_run_count=1,
     )
     # The entry django-celery-beat's DatabaseScheduler adds for itself, made
     # the way it makes it (celery.beat.Scheduler.install_default_entries).
     ModelEntry.from_entry(
-        "celery.backend_cleanup", app=app, task="celery.backend_cleanup", schedule=crontab("0", "4", "*"),
+        "celery.backend_cleanup",
+        app=app,
+        task="celery.backend_cleanup",
+        schedule=crontab("0", "4", "*"),
         options={"expires": 12 * 3600},
     )
     PeriodicTask.objects.create(
-        name="sunrise", task="scheduler.echo",
+        name="sunrise",
+        task="scheduler.echo",
         solar=SolarSchedule.objects.create(event="sunrise", latitude=Decimal("52.52"), longitude=Decimal("13.405")),
     )
     PeriodicTask.objects.create(name="bad-cron", task="scheduler.echo", crontab=cron("61"))
@@ -134,28 +158,49 @@ def test_import_celery_beat__creates_what_has_an_equivalent_and_refuses_the_rest
     assert lines[:-1] == [EXPECTED_LINES[name] for name in sorted(EXPECTED_LINES)]
     assert lines[-1] == "5 imported, 1 exist(s), 6 refused (periodic tasks in database 'default')."
     assert set(Schedule.objects.values_list("name", flat=True)) == {
-        "nightly-report", "poll-once", "launch", "ran-once", "celery.backend_cleanup", "existing",
+        "nightly-report",
+        "poll-once",
+        "launch",
+        "ran-once",
+        "celery.backend_cleanup",
+        "existing",
     }
     # ... and everything with an equivalent carried over
     nightly = Schedule.objects.get(name="nightly-report")
     assert (nightly.task, nightly.cron, nightly.timezone, nightly.args, nightly.kwargs) == (
-        "scheduler.echo", "0 3 * * 1-5", "Europe/Berlin", [1, "two"], {"fmt": "pdf"}
+        "scheduler.echo",
+        "0 3 * * 1-5",
+        "Europe/Berlin",
+        [1, "two"],
+        {"fmt": "pdf"},
     )
     assert (nightly.queue, nightly.priority, nightly.description, nightly.enabled) == (
-        "reports", 5, "The nightly PDF.", True
+        "reports",
+        5,
+        "The nightly PDF.",
+        True,
     )
     assert (nightly.start_at, nightly.end_at, nightly.max_runs) == (START, EXPIRES, None)
     poll = Schedule.objects.get(name="poll-once")
     assert (poll.interval, poll.max_runs, poll.enabled, poll.queue, poll.timezone) == (120, 1, True, "", "UTC")
     launch = Schedule.objects.get(name="launch")
     assert (launch.run_at, launch.cron, launch.interval, launch.max_runs, launch.enabled) == (
-        CLOCKED, "", None, None, False
+        CLOCKED,
+        "",
+        None,
+        None,
+        False,
     )
     ran_once = Schedule.objects.get(name="ran-once")
     assert (ran_once.interval, ran_once.max_runs, ran_once.enabled) == (30, 1, False)
     cleanup = Schedule.objects.get(name="celery.backend_cleanup")
     assert (cleanup.task, cleanup.cron, cleanup.timezone, cleanup.args, cleanup.kwargs, cleanup.end_at) == (
-        "celery.backend_cleanup", "0 4 * * *", "UTC", [], {}, None
+        "celery.backend_cleanup",
+        "0 4 * * *",
+        "UTC",
+        [],
+        {},
+        None,
     )
     # ... and the schedule that existed is left alone
     existing = Schedule.objects.get(name="existing")
@@ -203,9 +248,17 @@ def test_import_celery_beat__json_reports_each_task_and_the_counts(periodic_task
     assert tasks["existing"] == {"name": "existing", "outcome": "exists", "reason": "", "notes": [], "schedule": None}
     assert tasks["poll-once"]["notes"][0] == "exchange 'legacy' is not carried over (no equivalent here)"
     assert tasks["nightly-report"]["schedule"] == {
-        "name": "nightly-report", "task": "scheduler.echo", "args": [1, "two"], "kwargs": {"fmt": "pdf"},
-        "queue": "reports", "priority": 5, "description": "The nightly PDF.", "enabled": True,
-        "start_at": "2030-05-01T00:00:00Z", "end_at": "2030-12-31T00:00:00Z", "cron": "0 3 * * 1-5",
+        "name": "nightly-report",
+        "task": "scheduler.echo",
+        "args": [1, "two"],
+        "kwargs": {"fmt": "pdf"},
+        "queue": "reports",
+        "priority": 5,
+        "description": "The nightly PDF.",
+        "enabled": True,
+        "start_at": "2030-05-01T00:00:00Z",
+        "end_at": "2030-12-31T00:00:00Z",
+        "cron": "0 3 * * 1-5",
         "timezone": "Europe/Berlin",
     }
     assert Schedule.objects.count() == 6

@@ -3,6 +3,7 @@
 Each refusal is a clear error (413 or a 400 field error in the API, a form
 error in the admin, one line from a command) and changes no row.
 """
+
 from __future__ import annotations
 
 import io
@@ -87,7 +88,9 @@ def schedule_body(**fields: Any) -> dict[str, Any]:
 
 
 @override_settings(DATA_UPLOAD_MAX_MEMORY_SIZE=1000)
-@pytest.mark.parametrize("body", [json.dumps(schedule_body(description="d" * 1200)), "[" * 1500], ids=["json", "not-json"])
+@pytest.mark.parametrize(
+    "body", [json.dumps(schedule_body(description="d" * 1200)), "[" * 1500], ids=["json", "not-json"]
+)
 def test_api_body__larger_than_data_upload_max_memory_size_is_413_before_parsing(operator: Client, body: str) -> None:
     # Given: a body over DATA_UPLOAD_MAX_MEMORY_SIZE (valid JSON or not: it is never parsed)
     before = tables()
@@ -183,10 +186,17 @@ def test_api_body__deep_or_invalid_json_is_400(operator: Client, body: str, mess
     ("fields", "field", "message"),
     [
         ({"args": OVER_SIZE}, "args", "65,537 bytes as JSON; at most 65,536 (SCHEDULER_ARGS_MAX_BYTES)"),
-        ({"kwargs": {"k": "x" * (65537 - len('{"k":""}'))}}, "kwargs",
-         "65,537 bytes as JSON; at most 65,536 (SCHEDULER_ARGS_MAX_BYTES)"),
+        (
+            {"kwargs": {"k": "x" * (65537 - len('{"k":""}'))}},
+            "kwargs",
+            "65,537 bytes as JSON; at most 65,536 (SCHEDULER_ARGS_MAX_BYTES)",
+        ),
         ({"args": nested(TOO_DEEP)}, "args", "more than 32 levels deep; at most 32 (SCHEDULER_ARGS_MAX_DEPTH)"),
-        ({"kwargs": nested_object(TOO_DEEP)}, "kwargs", "more than 32 levels deep; at most 32 (SCHEDULER_ARGS_MAX_DEPTH)"),
+        (
+            {"kwargs": nested_object(TOO_DEEP)},
+            "kwargs",
+            "more than 32 levels deep; at most 32 (SCHEDULER_ARGS_MAX_DEPTH)",
+        ),
     ],
     ids=["args-size", "kwargs-size", "args-depth", "kwargs-depth"],
 )
@@ -215,7 +225,9 @@ def test_api_schedule__arguments_at_the_limits_are_accepted(operator: Client) ->
         "/api/v1/schedules/", schedule_body(args=AT_SIZE, kwargs=nested_object(32)), content_type="application/json"
     )
     assert response.status_code == 201, response.content
-    deep = operator.patch(f"/api/v1/schedules/{response.json()['id']}/", {"args": nested(32)}, content_type="application/json")
+    deep = operator.patch(
+        f"/api/v1/schedules/{response.json()['id']}/", {"args": nested(32)}, content_type="application/json"
+    )
     assert deep.status_code == 200, deep.content
 
 
@@ -232,10 +244,26 @@ def test_arguments_limits__follow_the_settings() -> None:
 
 def admin_form(**overrides: str) -> dict[str, str]:
     data = {
-        "name": "from admin", "task": "scheduler.echo", "args": "[]", "kwargs": "{}", "queue": "",
-        "description": "", "tenant": "", "cron": "", "interval": "60", "timezone": "UTC", "overlap": "allow",
-        "catchup_window": "300", "misfire": "run_all", "jitter": "0", "dst_gap": "shift", "dst_fold": "first",
-        "max_retries": "0", "retry_backoff": "1", "enabled": "on", "paused_reason": "",
+        "name": "from admin",
+        "task": "scheduler.echo",
+        "args": "[]",
+        "kwargs": "{}",
+        "queue": "",
+        "description": "",
+        "tenant": "",
+        "cron": "",
+        "interval": "60",
+        "timezone": "UTC",
+        "overlap": "allow",
+        "catchup_window": "300",
+        "misfire": "run_all",
+        "jitter": "0",
+        "dst_gap": "shift",
+        "dst_fold": "first",
+        "max_retries": "0",
+        "retry_backoff": "1",
+        "enabled": "on",
+        "paused_reason": "",
     }
     data.update(overrides)
     return data
@@ -280,7 +308,9 @@ def test_admin_form__over_a_limit_is_a_field_error_and_writes_nothing(
 def test_command_schedules__over_a_limit_is_refused_and_changes_nothing(option: str, value: str, message: str) -> None:
     make_schedule("existing")
     before = tables()
-    assert message in refused("schedules", "create", "limited", "--task", "scheduler.echo", "--every", "60", option, value)
+    assert message in refused(
+        "schedules", "create", "limited", "--task", "scheduler.echo", "--every", "60", option, value
+    )
     assert message in refused("schedules", "update", "existing", option, value)
     assert tables() == before
 
@@ -294,7 +324,9 @@ def test_command_schedules__over_a_limit_is_refused_and_changes_nothing(option: 
     ],
     ids=["args-size", "kwargs-depth", "args-very-deep"],
 )
-def test_submit__arguments_over_the_limits_are_refused_before_anything_is_written(call: dict[str, Any], message: str) -> None:
+def test_submit__arguments_over_the_limits_are_refused_before_anything_is_written(
+    call: dict[str, Any], message: str
+) -> None:
     with pytest.raises(SubmissionInvalid, match=message.replace("(", r"\(").replace(")", r"\)")):
         scheduler.submit("scheduler.echo", **call)
     assert not Execution.objects.exists()
@@ -322,7 +354,9 @@ def test_api_schedule__text_over_its_cap_is_a_field_error(
         assert message in response.json()[field][0]
     assert tables() == before
     at_cap = {key: value[:-1] for key, value in fields.items()}
-    assert operator.patch(f"/api/v1/schedules/{existing.pk}/", at_cap, content_type="application/json").status_code == 200
+    assert (
+        operator.patch(f"/api/v1/schedules/{existing.pk}/", at_cap, content_type="application/json").status_code == 200
+    )
 
 
 def test_pause__a_reason_over_its_cap_is_refused_everywhere(operator: Client, staff: Client) -> None:
@@ -344,9 +378,12 @@ def test_pause__a_reason_over_its_cap_is_refused_everywhere(operator: Client, st
     assert not Schedule.objects.get(pk=schedule.pk).is_paused
 
     # And a reason at the cap pauses it
-    assert operator.post(
-        f"/api/v1/schedules/{schedule.pk}/pause/", {"reason": reason[:-1]}, content_type="application/json"
-    ).status_code == 200
+    assert (
+        operator.post(
+            f"/api/v1/schedules/{schedule.pk}/pause/", {"reason": reason[:-1]}, content_type="application/json"
+        ).status_code
+        == 200
+    )
     assert Schedule.objects.get(pk=schedule.pk).paused_reason == reason[:-1]
 
 
@@ -378,8 +415,9 @@ def test_api_backfill__a_range_over_the_cap_is_a_field_error_and_writes_nothing(
     url = f"/api/v1/schedules/{hourly.pk}/backfill/"
     response = operator.post(url, {"start": start, "end": end, "dry_run": dry_run}, content_type="application/json")
     assert response.status_code == 400, response.content
-    assert "the range holds 15 slots, more than the 10 one backfill may record (SCHEDULER_BACKFILL_MAX_SLOTS)" in (
-        response.json()["end"][0]
+    assert (
+        "the range holds 15 slots, more than the 10 one backfill may record (SCHEDULER_BACKFILL_MAX_SLOTS)"
+        in (response.json()["end"][0])
     )
     assert tables() == before
 
@@ -389,7 +427,8 @@ def test_api_backfill__a_limit_over_the_cap_is_a_field_error(operator: Client, h
     start, end = fifteen_slots()
     before = tables()
     response = operator.post(
-        f"/api/v1/schedules/{hourly.pk}/backfill/", {"start": start, "end": end, "dry_run": False, "limit": 11},
+        f"/api/v1/schedules/{hourly.pk}/backfill/",
+        {"start": start, "end": end, "dry_run": False, "limit": 11},
         content_type="application/json",
     )
     assert response.status_code == 400, response.content
@@ -400,18 +439,23 @@ def test_api_backfill__a_limit_over_the_cap_is_a_field_error(operator: Client, h
 def test_api_backfill__the_cap_defaults_to_ten_thousand(operator: Client, hourly: Schedule) -> None:
     start, end = fifteen_slots()
     response = operator.post(
-        f"/api/v1/schedules/{hourly.pk}/backfill/", {"start": start, "end": end, "limit": 10_001},
+        f"/api/v1/schedules/{hourly.pk}/backfill/",
+        {"start": start, "end": end, "limit": 10_001},
         content_type="application/json",
     )
     assert response.json() == {"limit": ["At most 10,000 (SCHEDULER_BACKFILL_MAX_SLOTS)."]}
 
 
 @override_settings(SCHEDULER_BACKFILL_MAX_SLOTS=10)
-def test_admin_backfill__a_range_over_the_cap_is_a_field_error_and_writes_nothing(staff: Client, hourly: Schedule) -> None:
+def test_admin_backfill__a_range_over_the_cap_is_a_field_error_and_writes_nothing(
+    staff: Client, hourly: Schedule
+) -> None:
     start, end = fifteen_slots()
     before = tables()
     for button in ("preview", "confirm"):
-        response = staff.post(f"/admin/scheduler/schedule/{hourly.pk}/backfill/", {"start": start, "end": end, button: "1"})
+        response = staff.post(
+            f"/admin/scheduler/schedule/{hourly.pk}/backfill/", {"start": start, "end": end, button: "1"}
+        )
         assert response.status_code == 200
         errors = response.context["form"].errors
         assert "more than the 10 one backfill may record (SCHEDULER_BACKFILL_MAX_SLOTS)" in errors["end"][0]
@@ -427,7 +471,10 @@ def test_command_backfill__a_range_over_the_cap_is_refused_unless_raised_for_the
     # Refused, whatever --limit says: the cap bounds what one call records.
     for extra in ((), ("--limit", "100")):
         message = refused("backfill", "hourly", "--start", start, "--end", end, *extra)
-        assert "the range holds 15 slots, more than the 10 one backfill may record (SCHEDULER_BACKFILL_MAX_SLOTS)" in message
+        assert (
+            "the range holds 15 slots, more than the 10 one backfill may record (SCHEDULER_BACKFILL_MAX_SLOTS)"
+            in message
+        )
         assert "--max-slots" in message
     assert "more than the 14" in refused("backfill", "hourly", "--start", start, "--end", end, "--max-slots", "14")
     assert tables() == before

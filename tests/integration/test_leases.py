@@ -1,4 +1,5 @@
 """Leases on the real database: compare-and-set, fencing tokens, the database clock."""
+
 from __future__ import annotations
 
 import json

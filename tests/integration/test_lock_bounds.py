@@ -16,6 +16,7 @@ frozen mid-insert would. Then:
 SQLite has none of this: its one writer holds the whole database (see
 tests/acceptance/test_long_transaction.py for its busy renewals).
 """
+
 from __future__ import annotations
 
 import threading
@@ -92,8 +93,12 @@ def schedule(name: str, **fields: Any) -> Schedule:
 
 def running(of: Schedule | None = None, *, key: str = "e") -> Claim:
     execution = Execution.objects.create(
-        idempotency_key=key, task="scheduler.echo", scheduled_for=leases.db_now(), status=Status.QUEUED,
-        celery_task_id=f"celery-{key}", schedule=of,
+        idempotency_key=key,
+        task="scheduler.echo",
+        scheduled_for=leases.db_now(),
+        status=Status.QUEUED,
+        celery_task_id=f"celery-{key}",
+        schedule=of,
     )
     claimed = executions.claim(
         worker="w@host:1", task="scheduler.echo", celery_task_id=f"celery-{key}", execution_id=execution.pk
@@ -200,8 +205,11 @@ def test_leader__cancel_previous_in_flight_row_in_a_publishers_batch__left_at_on
     previous = schedule("previous", overlap="cancel_previous")
     schedule("other")
     pending = Execution.objects.create(
-        idempotency_key="in-batch", task="scheduler.echo", scheduled_for=leases.db_now(),
-        celery_task_id="celery-batch", schedule=previous,
+        idempotency_key="in-batch",
+        task="scheduler.echo",
+        scheduled_for=leases.db_now(),
+        celery_task_id="celery-batch",
+        schedule=previous,
     )
     with held_by_another(lambda: executions.pending_rows(limit=dispatch.PUBLISH_BATCH, locked=True)):
         # When the leader dispatches
@@ -251,7 +259,10 @@ def test_leader__a_lock_nobody_names_in_advance__waits_a_bounded_time_and_commit
 def test_leader__rows_locked_everywhere__the_pass_ends_within_its_wait_budget(lease: leases.LeaseHandle) -> None:
     # Given forty due schedules whose slots all sit in another open transaction
     targets = [schedule(f"s{number}") for number in range(40)]
-    rows = [executions.execution_for(target, target.next_run_at, status=Status.PENDING, now=leases.db_now()) for target in targets]
+    rows = [
+        executions.execution_for(target, target.next_run_at, status=Status.PENDING, now=leases.db_now())
+        for target in targets
+    ]
     with held_by_another(lambda: executions.insert(rows)):
         # When the leader dispatches
         started = time.monotonic()

@@ -9,6 +9,7 @@ a leader that is the victim steps down, a worker that is the victim loses a
 successful outcome. The execution tallies take no row lock at all
 (``scheduler.models.tally``), whatever order a statement's final rows come in.
 """
+
 from __future__ import annotations
 
 import math

@@ -1,4 +1,5 @@
 """/metrics and /healthz/schedules behind SCHEDULER_METRICS_TOKEN, and the tenant on every per-schedule series."""
+
 from __future__ import annotations
 
 import re

@@ -1,4 +1,5 @@
 """/metrics built for alerting: counters that only grow, lag of scheduled slots only, durations, queue depth."""
+
 from __future__ import annotations
 
 import re
@@ -46,7 +47,11 @@ def running(schedule: Schedule | None = None, key: str = "k", task: str = "tests
     """Record an execution and claim it as a worker would; return the claim."""
     execution, _ = executions.record_one(
         Execution(
-            idempotency_key=key, task=task, schedule=schedule, scheduled_for=leases.db_now(), status=Status.PENDING,
+            idempotency_key=key,
+            task=task,
+            schedule=schedule,
+            scheduled_for=leases.db_now(),
+            status=Status.PENDING,
             celery_task_id=f"c-{key}",
         )
     )
@@ -145,7 +150,9 @@ def test_dispatch_lag__twenty_backfilled_slots_leave_the_histogram_unchanged(cli
     assert Execution.objects.filter(trigger=Execution.Trigger.BACKFILL, status=Status.QUEUED).count() == 20
     after = scrape(client)
     # Then the lag histogram is the same sample by sample
-    assert {key: value for key, value in after.items() if key.startswith("scheduler_dispatch_lag_seconds")} == lag_before
+    assert {
+        key: value for key, value in after.items() if key.startswith("scheduler_dispatch_lag_seconds")
+    } == lag_before
 
 
 def test_task_duration__histogram_of_run_time_per_task(client: Client) -> None:
@@ -214,7 +221,9 @@ def test_executions_total__never_decreases_while_folds_and_final_moves_run_at_on
     def writer() -> None:
         for round_ in range(60):
             rows = [
-                executions.execution_for(schedule, now - timedelta(minutes=round_ * 5 + n), status=Status.MISSED, now=now)
+                executions.execution_for(
+                    schedule, now - timedelta(minutes=round_ * 5 + n), status=Status.MISSED, now=now
+                )
                 for n in range(5)
             ]
             written.append(len(executions.insert(rows)))
@@ -261,7 +270,9 @@ def test_migration_0019__counts_survive_both_directions() -> None:
     now = leases.db_now()
 
     def miss(minutes: int) -> None:
-        executions.insert([executions.execution_for(schedule, now - timedelta(minutes=minutes), status=Status.MISSED, now=now)])
+        executions.insert(
+            [executions.execution_for(schedule, now - timedelta(minutes=minutes), status=Status.MISSED, now=now)]
+        )
 
     miss(1)
     tally.fold()

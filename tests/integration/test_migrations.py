@@ -1,4 +1,5 @@
 """Every model change ships with its migration: ``makemigrations --check --dry-run`` finds nothing to write."""
+
 from __future__ import annotations
 
 import io
@@ -16,5 +17,7 @@ def test_models__have_every_migration() -> None:
         call_command("makemigrations", check=True, dry_run=True, verbosity=1, stdout=out, stderr=out)
     except SystemExit as exc:
         # Then it has none (--check exits non-zero when it would write one)
-        pytest.fail(f"a model change has no migration (exit {exc.code}); run `manage.py makemigrations`:\n{out.getvalue()}")
+        pytest.fail(
+            f"a model change has no migration (exit {exc.code}); run `manage.py makemigrations`:\n{out.getvalue()}"
+        )
     assert "No changes detected" in out.getvalue()

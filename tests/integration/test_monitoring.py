@@ -1,4 +1,5 @@
 """docker/prometheus and docker/grafana: the alert rules pass promtool, the dashboard queries what /metrics exports."""
+
 from __future__ import annotations
 
 import json
@@ -29,7 +30,9 @@ METRIC_NAME = re.compile(r"\bscheduler_[a-z0-9_]+")
 def _promtool(*args: str) -> subprocess.CompletedProcess[str]:
     binary = shutil.which("promtool")
     if binary is None:
-        pytest.fail("promtool is missing: `bin/ensure-packages test` installs Debian's prometheus package", pytrace=False)
+        pytest.fail(
+            "promtool is missing: `bin/ensure-packages test` installs Debian's prometheus package", pytrace=False
+        )
     return subprocess.run([binary, *args], capture_output=True, text=True, timeout=120, cwd=ROOT)
 
 
@@ -104,10 +107,19 @@ def test_compose__monitoring_profile_runs_prometheus_and_grafana_with_their_file
     binary = shutil.which("docker-compose")
     if binary is None:
         pytest.fail("docker-compose is not installed: `apt-get install docker-compose`", pytrace=False)
-    env = {**os.environ, "SECRET_KEY": "test-only", "POSTGRES_PASSWORD": "test-only", "GRAFANA_ADMIN_PASSWORD": "test-only"}
+    env = {
+        **os.environ,
+        "SECRET_KEY": "test-only",
+        "POSTGRES_PASSWORD": "test-only",
+        "GRAFANA_ADMIN_PASSWORD": "test-only",
+    }
     compose = str(ROOT / "docker" / "compose.yaml")
     result = subprocess.run(
-        [binary, "-f", compose, "--profile", "monitoring", "config"], env=env, capture_output=True, text=True, timeout=60
+        [binary, "-f", compose, "--profile", "monitoring", "config"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert result.returncode == 0, result.stderr
     services = yaml.safe_load(result.stdout)["services"]
@@ -152,20 +164,31 @@ def test_dashboard_and_rules__every_query_names_a_metric_that_metrics_exports(cl
     now = leases.db_now()
     Instance.objects.create(instance_id="w-1", role="worker", hostname="h", pid=1, started_at=Now(), last_seen=Now())
     Execution.objects.create(
-        idempotency_key="done", task="scheduler.echo", status=Execution.Status.SUCCEEDED,
-        scheduled_for=now - timedelta(seconds=10), enqueued_at=now - timedelta(seconds=9),
-        started_at=now - timedelta(seconds=8), finished_at=now - timedelta(seconds=7),
+        idempotency_key="done",
+        task="scheduler.echo",
+        status=Execution.Status.SUCCEEDED,
+        scheduled_for=now - timedelta(seconds=10),
+        enqueued_at=now - timedelta(seconds=9),
+        started_at=now - timedelta(seconds=8),
+        finished_at=now - timedelta(seconds=7),
     )
     Execution.objects.create(
-        idempotency_key="waiting", task="scheduler.echo", status=Execution.Status.QUEUED,
-        scheduled_for=now - timedelta(seconds=5), enqueued_at=now - timedelta(seconds=5),
+        idempotency_key="waiting",
+        task="scheduler.echo",
+        status=Execution.Status.QUEUED,
+        scheduled_for=now - timedelta(seconds=5),
+        enqueued_at=now - timedelta(seconds=5),
     )
     Schedule.objects.create(name="nightly", task="scheduler.echo", interval=60)
     Schedule.objects.filter(name="nightly").update(last_success_at=now)
     # When /metrics is scraped
     response = client.get("/metrics")
     assert response.status_code == 200
-    exported = {line.split("{")[0].split(" ")[0] for line in response.content.decode().splitlines() if line and not line.startswith("#")}
+    exported = {
+        line.split("{")[0].split(" ")[0]
+        for line in response.content.decode().splitlines()
+        if line and not line.startswith("#")
+    }
     # Then every panel queries at least one metric, and each one it names has samples
     missing = {}
     for title, expr in _dashboard_queries():

@@ -1,4 +1,5 @@
 """The per-schedule dead man's switch: deadlines on save and success, and where overdue schedules show."""
+
 from __future__ import annotations
 
 import io
@@ -36,7 +37,11 @@ def succeed(schedule: Schedule, key: str) -> None:
     """Run one execution of ``schedule`` to success through the worker's claim and finish."""
     execution, _ = executions.record_one(
         Execution(
-            idempotency_key=key, task=schedule.task, schedule=schedule, scheduled_for=leases.db_now(), celery_task_id=key
+            idempotency_key=key,
+            task=schedule.task,
+            schedule=schedule,
+            scheduled_for=leases.db_now(),
+            celery_task_id=key,
         )
     )
     claimed = executions.claim(worker="w:1", task=schedule.task, celery_task_id=key, execution_id=execution.pk)
@@ -104,7 +109,11 @@ def test_failure__leaves_the_deadline_where_the_last_success_put_it() -> None:
     deadline = schedule.overdue_at
     execution, _ = executions.record_one(
         Execution(
-            idempotency_key="b", task=schedule.task, schedule=schedule, scheduled_for=leases.db_now(), celery_task_id="b"
+            idempotency_key="b",
+            task=schedule.task,
+            schedule=schedule,
+            scheduled_for=leases.db_now(),
+            celery_task_id="b",
         )
     )
     claimed = executions.claim(worker="w:1", task=schedule.task, celery_task_id="b", execution_id=execution.pk)
@@ -138,7 +147,12 @@ def test_overdue__shows_in_admin_cli_metrics_and_probe_and_never_when_paused_or_
 
     # Admin: the filter lists only the late one, and the list shows its badge
     filtered = staff.get("/admin/scheduler/schedule/?overdue=yes").content.decode()
-    assert ">late<" in filtered and "paused-late" not in filtered and "off-late" not in filtered and ">fine<" not in filtered
+    assert (
+        ">late<" in filtered
+        and "paused-late" not in filtered
+        and "off-late" not in filtered
+        and ">fine<" not in filtered
+    )
     listing = staff.get("/admin/scheduler/schedule/").content.decode()
     assert listing.count('class="overdue"') == 1
 

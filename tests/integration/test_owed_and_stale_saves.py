@@ -1,4 +1,5 @@
 """Owed slots (pauses, timing edits, pruned history, every schedule audited) and operators' stale saves."""
+
 from __future__ import annotations
 
 import io
@@ -34,8 +35,17 @@ pytestmark = pytest.mark.django_db(transaction=True)
 Status = Execution.Status
 #: Written by the beat, the workers and reconcile: an operator's save must never roll them back.
 RUNNING_STATE = (
-    "next_run_at", "last_run_at", "last_status", "total_runs", "total_missed", "slots_sent",
-    "consecutive_failures", "last_error", "enabled", "disabled_reason", "paused_reason",
+    "next_run_at",
+    "last_run_at",
+    "last_status",
+    "total_runs",
+    "total_missed",
+    "slots_sent",
+    "consecutive_failures",
+    "last_error",
+    "enabled",
+    "disabled_reason",
+    "paused_reason",
 )
 
 
@@ -104,8 +114,12 @@ def test_audit__catchup_window_longer_than_retention__pruned_slots_not_run_again
     kept = timing.slots_between(target.timing, since=now - timedelta(days=30), until=now)
     for slot in kept:
         Execution.objects.create(
-            idempotency_key=executions.key(target, slot), schedule=target, task=target.task,
-            scheduled_for=slot, status=Status.SUCCEEDED, finished_at=slot + timedelta(seconds=1),
+            idempotency_key=executions.key(target, slot),
+            schedule=target,
+            task=target.task,
+            scheduled_for=slot,
+            status=Status.SUCCEEDED,
+            finished_at=slot + timedelta(seconds=1),
         )
 
     # When reconcile repairs what it finds missing
@@ -124,8 +138,12 @@ def test_audit__more_schedules_than_one_pass__every_one_audited_over_successive_
     hour_ago = now - timedelta(hours=1)
     Schedule.objects.bulk_create(
         Schedule(
-            name=f"s{index:04}", task="scheduler.echo", interval=60, catchup_window=180,
-            next_run_at=last + timedelta(minutes=1), owed_since=hour_ago,
+            name=f"s{index:04}",
+            task="scheduler.echo",
+            interval=60,
+            catchup_window=180,
+            next_run_at=last + timedelta(minutes=1),
+            owed_since=hour_ago,
         )
         for index in range(2500)
     )
@@ -165,8 +183,12 @@ def slot_t(target: Schedule) -> datetime:
 def worker_finishes_a_run(target: Schedule, status: str) -> None:
     """A worker records an earlier execution's outcome on the schedule (its run counters)."""
     earlier = Execution.objects.create(
-        idempotency_key=f"earlier-{status}", schedule=target, task=target.task, status=Status.RUNNING,
-        scheduled_for=slot_t(target) - timedelta(hours=1), started_at=leases.db_now(),
+        idempotency_key=f"earlier-{status}",
+        schedule=target,
+        task=target.task,
+        status=Status.RUNNING,
+        scheduled_for=slot_t(target) - timedelta(hours=1),
+        started_at=leases.db_now(),
     )
     error = "boom" if status != Status.SUCCEEDED else ""
     assert executions.finish(executions.Claim.of(earlier), status=status, error=error)

@@ -1,4 +1,5 @@
 """The wheel: the app with its migrations, templates, static files and type marker, and ranges the lock lies in."""
+
 from __future__ import annotations
 
 import zipfile

@@ -1,4 +1,5 @@
 """Message priority: validated on submit, copied to every execution, sent with the message (real Redis)."""
+
 from __future__ import annotations
 
 import json
@@ -73,7 +74,10 @@ def test_retry__carries_the_priority(
 ) -> None:
     # Given a failed execution sent with priority 9
     failed = Execution.objects.create(
-        idempotency_key="failed", task="tests.record", status=Execution.Status.FAILED, priority=9,
+        idempotency_key="failed",
+        task="tests.record",
+        status=Execution.Status.FAILED,
+        priority=9,
         scheduled_for=leases.db_now(),
     )
     # When an operator retries it

@@ -1,4 +1,5 @@
 """Production configuration: settings refuse to start unsafe, deploy checks, system checks, permissions."""
+
 from __future__ import annotations
 
 import os
@@ -30,7 +31,12 @@ PRODUCTION_ENV = {
 def manage(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
     clean = {k: v for k, v in os.environ.items() if k not in {"DJANGO_DEBUG", "SECRET_KEY", "ALLOWED_HOSTS"}}
     return subprocess.run(
-        [sys.executable, "manage.py", *args], cwd=ROOT, env={**clean, **env}, capture_output=True, text=True, timeout=120
+        [sys.executable, "manage.py", *args],
+        cwd=ROOT,
+        env={**clean, **env},
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
 
 
@@ -58,8 +64,16 @@ def test_settings__debug_off_means_secure_cookies_and_json_only() -> None:
         "print(s.DEBUG, s.SESSION_COOKIE_SECURE, s.CSRF_COOKIE_SECURE, s.CELERY_ACCEPT_CONTENT, s.CELERY_TASK_SERIALIZER)"
     )
     result = subprocess.run(
-        [sys.executable, "-c", f"import django, os; os.environ['DJANGO_SETTINGS_MODULE']='project.settings'; django.setup(); {code}"],
-        cwd=ROOT, env={**os.environ, **PRODUCTION_ENV}, capture_output=True, text=True, timeout=60,
+        [
+            sys.executable,
+            "-c",
+            f"import django, os; os.environ['DJANGO_SETTINGS_MODULE']='project.settings'; django.setup(); {code}",
+        ],
+        cwd=ROOT,
+        env={**os.environ, **PRODUCTION_ENV},
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert result.stdout.split() == ["False", "True", "True", "['json']", "json"], result.stderr
 
@@ -67,7 +81,11 @@ def test_settings__debug_off_means_secure_cookies_and_json_only() -> None:
 @pytest.mark.parametrize(
     ("overrides", "check", "check_id"),
     [
-        ({"SCHEDULER_LEASE_TTL_SECONDS": 4.0, "SCHEDULER_LEASE_RENEW_SECONDS": 2.0}, checks.check_lease_timing, "scheduler.E001"),
+        (
+            {"SCHEDULER_LEASE_TTL_SECONDS": 4.0, "SCHEDULER_LEASE_RENEW_SECONDS": 2.0},
+            checks.check_lease_timing,
+            "scheduler.E001",
+        ),
         ({"CELERY_BEAT_SCHEDULER": "celery.beat:PersistentScheduler"}, checks.check_beat_scheduler, "scheduler.E002"),
         ({"CELERY_BROKER_URL": ""}, checks.check_broker, "scheduler.E003"),
         ({"CELERY_TIMEZONE": "Mars/Olympus"}, checks.check_time_zones, "scheduler.E004"),
@@ -118,9 +136,21 @@ def schedule(db: None) -> Schedule:
 
 def _change(client: Client, schedule: Schedule) -> int:
     data = {
-        "name": "renamed", "task": "scheduler.echo", "args": "[]", "kwargs": "{}", "interval": "30",
-        "timezone": "UTC", "overlap": "allow", "catchup_window": "300", "misfire": "run_all", "jitter": "0",
-        "dst_gap": "shift", "dst_fold": "first", "max_retries": "0", "retry_backoff": "1", "enabled": "on",
+        "name": "renamed",
+        "task": "scheduler.echo",
+        "args": "[]",
+        "kwargs": "{}",
+        "interval": "30",
+        "timezone": "UTC",
+        "overlap": "allow",
+        "catchup_window": "300",
+        "misfire": "run_all",
+        "jitter": "0",
+        "dst_gap": "shift",
+        "dst_fold": "first",
+        "max_retries": "0",
+        "retry_backoff": "1",
+        "enabled": "on",
     }
     return client.post(f"/admin/scheduler/schedule/{schedule.pk}/change/", data).status_code
 

@@ -1,4 +1,5 @@
 """The publisher's fast path puts exactly send_task's messages into Redis; other brokers take send_task."""
+
 from __future__ import annotations
 
 import json
@@ -26,9 +27,13 @@ def _rows() -> list[dict[str, Any]]:
     """Pending rows covering every option a message carries: queue, priority, time limit, jitter ETA, arguments."""
     now = leases.db_now()
     plain = Schedule.objects.create(name="plain", task="tests.record", interval=60, args=[1, "two"], kwargs={"k": [3]})
-    routed = Schedule.objects.create(name="routed", task="tests.record", interval=60, queue="other", priority=7, timeout=5)
+    routed = Schedule.objects.create(
+        name="routed", task="tests.record", interval=60, queue="other", priority=7, timeout=5
+    )
     jittered = Schedule.objects.create(name="jittered", task="tests.record", interval=60, jitter=86_400)
-    rows = [executions.execution_for(s, now, status=Execution.Status.PENDING, now=now) for s in (plain, routed, jittered)]
+    rows = [
+        executions.execution_for(s, now, status=Execution.Status.PENDING, now=now) for s in (plain, routed, jittered)
+    ]
     executions.insert(rows)
     return executions.message_rows(Execution.objects.all())
 
@@ -97,7 +102,10 @@ def test_memory_broker__send_task_path_and_the_messages_arrive() -> None:
                     assert message.headers["task"] == "tests.record"
                     message.ack()
     routed = next(row["id"] for row in rows if row["queue"] == "other")
-    assert {queue: sorted(ids) for queue, ids in received.items()} == {"celery": sorted(set(sent) - {routed}), "other": [routed]}
+    assert {queue: sorted(ids) for queue, ids in received.items()} == {
+        "celery": sorted(set(sent) - {routed}),
+        "other": [routed],
+    }
 
 
 def test_broker_error__stops_the_pass_earlier_batches_queued_the_rest_pending(redis_client: redis.Redis) -> None:
@@ -107,7 +115,9 @@ def test_broker_error__stops_the_pass_earlier_batches_queued_the_rest_pending(re
     broken = Schedule.objects.create(name="broken", task="tests.record", interval=60, queue="broken")
     for schedule, count in ((good, dispatch.PUBLISH_BATCH), (broken, 10)):
         slots = [now - timedelta(seconds=n) for n in range(count)]
-        executions.insert([executions.execution_for(schedule, slot, status=Execution.Status.PENDING, now=now) for slot in slots])
+        executions.insert(
+            [executions.execution_for(schedule, slot, status=Execution.Status.PENDING, now=now) for slot in slots]
+        )
     redis_client.set("broken", "not a list")  # LPUSH answers WRONGTYPE
     # When a pass publishes them
     with pytest.raises(BrokerError, match="delivery uncertain"):

@@ -1,4 +1,5 @@
 """Executions nobody claims show: the oldest queued age by queue on /metrics and on the cluster page."""
+
 from __future__ import annotations
 
 import re
@@ -15,7 +16,9 @@ from scheduler.models import Execution
 pytestmark = pytest.mark.django_db
 
 
-def _execution(key: str, *, queue: str, waited: float, status: str = Execution.Status.QUEUED, **fields: Any) -> Execution:
+def _execution(
+    key: str, *, queue: str, waited: float, status: str = Execution.Status.QUEUED, **fields: Any
+) -> Execution:
     """Record an execution created and due ``waited`` seconds ago (database clock)."""
     then = leases.db_now() - timedelta(seconds=waited)
     execution = Execution.objects.create(

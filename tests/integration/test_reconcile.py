@@ -1,4 +1,5 @@
 """reconcile() against the real database and broker: each step, the audit, dry runs, two passes at once."""
+
 from __future__ import annotations
 
 import json
@@ -25,6 +26,7 @@ pytestmark = pytest.mark.django_db(transaction=True)
 def lost_counts_against_max_retries(settings: Any) -> None:
     """These tests pin ``max_retries`` for lost attempts: no extra lost-worker re-runs."""
     settings.SCHEDULER_LOST_RETRIES = 0
+
 
 Status = Execution.Status
 
@@ -328,7 +330,9 @@ def test_audit__slots_before_owed_since_or_from_next_run_at_on__not_owed() -> No
     report = reconcile(now=now, app=app)
 
     # Then only the one slot between its owed_since and its next_run_at is missing
-    assert [c.detail for c in report.changes] == [f"new: slot {(last - timedelta(minutes=1)).isoformat()} has no execution"]
+    assert [c.detail for c in report.changes] == [
+        f"new: slot {(last - timedelta(minutes=1)).isoformat()} has no execution"
+    ]
 
 
 # --- dry run and concurrency -----------------------------------------------------------
@@ -355,8 +359,13 @@ def test_dry_run__reports_every_step_and_changes_nothing(redis_client: redis.Red
 
     # Then the report lists what a real pass would do, and nothing changed or was sent
     assert report.counts == {
-        "lost_retrying": 1, "lost_failed": 1, "published": 1, "republished": 1,
-        "next_run_at": 1, "instance_removed": 1, "slot_recorded": 3,
+        "lost_retrying": 1,
+        "lost_failed": 1,
+        "published": 1,
+        "republished": 1,
+        "next_run_at": 1,
+        "instance_removed": 1,
+        "slot_recorded": 3,
     }
     assert {("lost_retrying", retry.pk), ("lost_failed", fail.pk), ("published", pending.pk)} <= set(kinds(report))
     assert ("republished", queued.pk) in kinds(report) and ("next_run_at", unset.pk) in kinds(report)
@@ -379,7 +388,12 @@ def test_two_passes_at_once__each_change_made_once(redis_client: redis.Redis) ->
     backdate(pending, created_at=now - timedelta(minutes=5))
     for i in range(10):
         Instance.objects.create(
-            instance_id=f"gone-{i}", role="worker", hostname="h", pid=i, started_at=now, last_seen=now - timedelta(days=1)
+            instance_id=f"gone-{i}",
+            role="worker",
+            hostname="h",
+            pid=i,
+            started_at=now,
+            last_seen=now - timedelta(days=1),
         )
 
     # When two passes run at the same moment on two connections
@@ -417,7 +431,9 @@ def test_two_passes_at_once__each_change_made_once(redis_client: redis.Redis) ->
     assert set(Execution.objects.filter(pk__in=[r.pk for r in retrying]).values_list("status", "attempt")) == {
         (Status.RETRYING, 2)
     }
-    assert set(Execution.objects.filter(pk__in=[f.pk for f in failing]).values_list("status", flat=True)) == {Status.FAILED}
+    assert set(Execution.objects.filter(pk__in=[f.pk for f in failing]).values_list("status", flat=True)) == {
+        Status.FAILED
+    }
     target.refresh_from_db()
     assert (target.total_runs, target.consecutive_failures) == (20, 20)
     assert Execution.objects.filter(schedule=target, scheduled_for__in=slots).count() == 3

@@ -5,6 +5,7 @@ Whatever a prune's arguments (the command's ``--older-than`` and
 it deleted with the newest slot deleted (``pruned_through``), in the same
 transaction, and reconcile's audit starts after that mark.
 """
+
 from __future__ import annotations
 
 import io
@@ -126,7 +127,9 @@ def test_reconcile_after_prune__pruned_slots_not_reported_or_recorded_and_missin
     assert (pruned_through(busy), pruned_through(quiet)) == (horizon, None)
 
 
-def test_daily_prune_task__pruned_slots_not_reported_or_recorded_and_missing_ones_are(redis_client: redis.Redis) -> None:
+def test_daily_prune_task__pruned_slots_not_reported_or_recorded_and_missing_ones_are(
+    redis_client: redis.Redis,
+) -> None:
     # Given a five-minute run_all schedule whose last two days of slots all ran but three, six hours ago
     target, gap = with_history("five-minutely", interval=300, count=576, gap=slice(-75, -72))
     ran = slots_run(target)

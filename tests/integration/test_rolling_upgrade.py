@@ -5,6 +5,7 @@ keyed by the lease name, and a follower that gets it takes the lease by
 force. The old replica is played here by a connection doing what it did.
 PostgreSQL only: on SQLite neither version has a lock, both go by the TTL.
 """
+
 from __future__ import annotations
 
 import hashlib

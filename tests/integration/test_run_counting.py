@@ -1,4 +1,5 @@
 """Counting runs: ``max_runs`` and one-offs count the slots the beat sent, nothing else."""
+
 from __future__ import annotations
 
 from datetime import datetime, timedelta

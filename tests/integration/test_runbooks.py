@@ -1,4 +1,5 @@
 """docs/runbooks/: a page behind every alert; every ``manage.py`` command the manual shows exists with its flags."""
+
 from __future__ import annotations
 
 import contextlib
@@ -17,8 +18,13 @@ RUNBOOKS = ROOT / "docs" / "runbooks"
 PAGES = sorted(path for path in RUNBOOKS.glob("*.md") if path.name != "README.md")
 #: The failures issue 19 asks a page for, besides one per alert.
 REQUIRED = {
-    "no-leader", "leader-flapping", "backlog-growing", "executions-stuck-queued", "circuit-breaker",
-    "broker-down", "database-down",
+    "no-leader",
+    "leader-flapping",
+    "backlog-growing",
+    "executions-stuck-queued",
+    "circuit-breaker",
+    "broker-down",
+    "database-down",
 }
 FENCED = re.compile(r"^```[a-z]*[^\n]*\n(.*?)^```", re.MULTILINE | re.DOTALL)
 INLINE = re.compile(r"`([^`]+)`")
@@ -81,7 +87,9 @@ def test_docs__every_manage_py_command_and_flag_exists() -> None:
                 assert status == 0, f"{page.name}: manage.py {name} {action}: {output.strip()}"
             # Then each flag it uses is one the command (or action) accepts
             for flag in (token.split("=")[0] for token in rest if token.startswith("-")):
-                assert re.search(rf"(?<![\w-]){re.escape(flag)}(?![\w-])", output), f"{page.name}: manage.py {shlex.join(argv)}: no {flag}"
+                assert re.search(rf"(?<![\w-]){re.escape(flag)}(?![\w-])", output), (
+                    f"{page.name}: manage.py {shlex.join(argv)}: no {flag}"
+                )
             checked += 1
     assert checked >= 60, "the pages should show the commands to run"
 
@@ -104,5 +112,5 @@ def test_docs__link_the_runbooks_and_the_monitoring_profile() -> None:
 
 
 def test_commands_parser__reads_fenced_and_wrapped_inline_commands() -> None:
-    text = 'Run `python manage.py schedules update NAME\n  --jitter 30` or\n\n```sh\npython manage.py leases --json | jq .\n```\n'
+    text = "Run `python manage.py schedules update NAME\n  --jitter 30` or\n\n```sh\npython manage.py leases --json | jq .\n```\n"
     assert sorted(_commands(text)) == [["leases", "--json"], ["schedules", "update", "NAME", "--jitter", "30"]]

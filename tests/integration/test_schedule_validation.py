@@ -1,4 +1,5 @@
 """Every rule of Schedule validation, through the model and through the admin form."""
+
 from __future__ import annotations
 
 from datetime import datetime, timezone
@@ -139,8 +140,17 @@ ADMIN_BAD_INPUT = [
     ("kwargs not an object", {"interval": "5", "kwargs": "[1]"}, "JSON object"),
     ("negative interval", {"interval": "-5"}, "greater than or equal to"),
     ("zero timeout", {"interval": "5", "timeout": "0"}, "greater than or equal to 1"),
-    ("end before start", {"interval": "5", "start_at_0": "2030-01-02", "start_at_1": "00:00:00",
-                          "end_at_0": "2030-01-01", "end_at_1": "00:00:00"}, "End must be after start"),
+    (
+        "end before start",
+        {
+            "interval": "5",
+            "start_at_0": "2030-01-02",
+            "start_at_1": "00:00:00",
+            "end_at_0": "2030-01-01",
+            "end_at_1": "00:00:00",
+        },
+        "End must be after start",
+    ),
     ("unknown overlap", {"interval": "5", "overlap": "sometimes"}, "Select a valid choice"),
     ("unknown misfire", {"interval": "5", "misfire": "maybe"}, "Select a valid choice"),
 ]

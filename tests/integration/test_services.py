@@ -1,4 +1,5 @@
 """Prove the suite runs against the real services tests.suite started."""
+
 from __future__ import annotations
 
 import os

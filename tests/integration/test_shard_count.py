@@ -1,4 +1,5 @@
 """The stored shard count: seeded once, followed by every replica whatever its setting, changed by ``shards --set``, part of the fence."""
+
 from __future__ import annotations
 
 import json
@@ -187,8 +188,10 @@ def test_beat__replicas_with_different_settings_follow_the_stored_count(settings
         held = sorted([*first.shards.held, *second.shards.held])
         assert held == [0, 1, 2, 3]
         assert held == sorted(
-            [*shards.wanted(first.instance_id, {first.instance_id, second.instance_id}, 4),
-             *shards.wanted(second.instance_id, {first.instance_id, second.instance_id}, 4)]
+            [
+                *shards.wanted(first.instance_id, {first.instance_id, second.instance_id}, 4),
+                *shards.wanted(second.instance_id, {first.instance_id, second.instance_id}, 4),
+            ]
         )
     finally:
         first.close()
@@ -209,14 +212,20 @@ def test_set__stores_the_count_and_moves_the_schedules_with_no_replica_running(s
     # When a dry run asks, Then nothing changes
     dry = json.loads(run("shards", "--set", "8", "--dry-run", "--json"))
     assert dry == {"previous": 4, "shards": 8, "moved": to_move, "settled": None, "dry_run": True}
-    assert shards.stored() == 4 and sorted(Schedule.objects.values_list("shard", flat=True)) == sorted(s.shard for s in created)
+    assert shards.stored() == 4 and sorted(Schedule.objects.values_list("shard", flat=True)) == sorted(
+        s.shard for s in created
+    )
 
     # When the count is set to 8
     text = run("shards", "--set", "8")
     # Then it is stored, every schedule is in shard id % 8, and the change is audited
     assert shards.stored() == 8 and ShardLayout.objects.get().previous == 4
     assert all(schedule.shard == schedule.pk % 8 for schedule in Schedule.objects.all())
-    assert "shard count 4 -> 8" in text and "no beat replica live" in text and f"moved {to_move} schedules into shard id % 8" in text
+    assert (
+        "shard count 4 -> 8" in text
+        and "no beat replica live" in text
+        and f"moved {to_move} schedules into shard id % 8" in text
+    )
     event = AuditEvent.objects.get(action="set_shards")
     assert event.changes == {"shards": 8, "previous": 4, "moved": to_move, "settled": None, "state": "completed"}
     # And the report says where the count comes from, and that the setting here differs

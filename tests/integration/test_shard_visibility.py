@@ -1,4 +1,5 @@
 """The sharded beat as operators see it: ``leases``, ``shards``, the cluster page, ``/leaderz``, ``/metrics``, check W001."""
+
 from __future__ import annotations
 
 import io
@@ -37,7 +38,9 @@ def sharded(settings: Any) -> None:
 def beat(instance_id: str, *, age: float = 1.0) -> Instance:
     """A beat replica whose last heartbeat was ``age`` seconds ago on the database clock."""
     seen = leases.db_now() - timedelta(seconds=age)
-    return Instance.objects.create(instance_id=instance_id, role="beat", hostname="h", pid=1, started_at=seen, last_seen=seen)
+    return Instance.objects.create(
+        instance_id=instance_id, role="beat", hostname="h", pid=1, started_at=seen, last_seen=seen
+    )
 
 
 def hold(holder: str, *shard_numbers: int, ttl: float = 10) -> list[leases.LeaseHandle]:
@@ -116,7 +119,12 @@ def test_shards__after_the_count_shrinks__stranded_schedules_counted_then_assign
     data = json.loads(run("shards", "--json"))
     text = run("shards")
     # Then the schedules per shard, those not in id % N, and those no replica dispatches are counted
-    assert (data["shards"], data["schedules"], data["misplaced"], data["stranded"]) == (2, 12, len(misplaced), len(stranded))
+    assert (data["shards"], data["schedules"], data["misplaced"], data["stranded"]) == (
+        2,
+        12,
+        len(misplaced),
+        len(stranded),
+    )
     assert [row["shard"] for row in data["by_shard"]] == [0, 1, 2, 3]
     assert [row["stranded"] for row in data["by_shard"]] == [False, False, True, True]
     assert sum(row["schedules"] for row in data["by_shard"]) == 12
@@ -125,7 +133,11 @@ def test_shards__after_the_count_shrinks__stranded_schedules_counted_then_assign
     assert [warning.id for warning in checks.check_stranded_schedules(databases=["default"])] == ["scheduler.W001"]
 
     # When assigned as a dry run, Then nothing moves
-    assert json.loads(run("shards", "--assign", "--dry-run", "--json")) == {"shards": 2, "moved": len(misplaced), "dry_run": True}
+    assert json.loads(run("shards", "--assign", "--dry-run", "--json")) == {
+        "shards": 2,
+        "moved": len(misplaced),
+        "dry_run": True,
+    }
     assert Schedule.objects.filter(shard__gte=2).count() == len(stranded)
     # When assigned, Then every schedule is in shard id % 2 and nothing is stranded
     assert run("shards", "--assign").strip() == f"moved {len(misplaced)} schedules into shard id % 2"
@@ -177,7 +189,12 @@ def test_shards__invalid_count_from_the_command_line__one_line_on_stderr() -> No
     env = {**os.environ, "DJANGO_DEBUG": "1", "SCHEDULER_SHARDS": "0"}
     # When the command runs, Then it exits 1 with one line
     result = subprocess.run(
-        [sys.executable, "manage.py", "shards", "--json"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120
+        [sys.executable, "manage.py", "shards", "--json"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert result.returncode == 1, result.stdout + result.stderr
     assert result.stderr.strip().count("\n") == 0 and "Traceback" not in result.stderr
@@ -297,7 +314,10 @@ def test_leaderz__sharded__200_when_every_shard_was_renewed(client: Client, thre
     response = client.get("/leaderz")
     body = response.json()
     assert response.status_code == 200, body
-    assert body["checks"]["leader"]["detail"].startswith("all 4 shards renewed within") and "by 3 replicas" in body["checks"]["leader"]["detail"]
+    assert (
+        body["checks"]["leader"]["detail"].startswith("all 4 shards renewed within")
+        and "by 3 replicas" in body["checks"]["leader"]["detail"]
+    )
 
 
 # --- /metrics ----------------------------------------------------------------------------
@@ -318,14 +338,18 @@ def _series(samples: dict[str, float], name: str) -> dict[str, float]:
     return {key: value for key, value in samples.items() if key.startswith(name + "{") or key == name}
 
 
-def test_metrics__sharded__per_shard_held_leader_per_replica_and_leader_present(client: Client, three_replicas: None) -> None:
+def test_metrics__sharded__per_shard_held_leader_per_replica_and_leader_present(
+    client: Client, three_replicas: None
+) -> None:
     # Given shards 0-2 of 4 held
     samples = scrape(client)
     # Then each shard says whether it is held, and by whom
     assert samples["scheduler_shards"] == SHARDS
     assert _series(samples, "scheduler_shard_held") == {
-        'scheduler_shard_held{shard="0"}': 1, 'scheduler_shard_held{shard="1"}': 1,
-        'scheduler_shard_held{shard="2"}': 1, 'scheduler_shard_held{shard="3"}': 0,
+        'scheduler_shard_held{shard="0"}': 1,
+        'scheduler_shard_held{shard="1"}': 1,
+        'scheduler_shard_held{shard="2"}': 1,
+        'scheduler_shard_held{shard="3"}': 0,
     }
     assert _series(samples, "scheduler_shard_leader_info") == {
         'scheduler_shard_leader_info{instance="host-a",shard="0"}': 1,
@@ -334,7 +358,8 @@ def test_metrics__sharded__per_shard_held_leader_per_replica_and_leader_present(
     }
     # And how many shards each replica holds, a live one with none included
     assert _series(samples, "scheduler_shards_held") == {
-        'scheduler_shards_held{instance="host-a"}': 2, 'scheduler_shards_held{instance="host-b"}': 1,
+        'scheduler_shards_held{instance="host-a"}': 2,
+        'scheduler_shards_held{instance="host-b"}': 1,
         'scheduler_shards_held{instance="host-c"}': 0,
     }
     # And the beat's lease is present only when every shard is held; no per-shard leader_present series

@@ -1,4 +1,5 @@
 """The app stands alone: it never imports the host project, finds the host's Celery app, and ships its own routes."""
+
 from __future__ import annotations
 
 import ast
@@ -96,7 +97,9 @@ def test_an_unguarded_task__cannot_be_scheduled_or_submitted() -> None:
         scheduler.submit("tests.guard.opted_out", args=["x"])
     assert not Execution.objects.exists()
     # And a guarded one is accepted
-    operations.validate_schedule(Schedule(name="guarded", task="tests.guard.per_task", interval=60), app=celery_app(), scope=EVERY_TENANT)
+    operations.validate_schedule(
+        Schedule(name="guarded", task="tests.guard.per_task", interval=60), app=celery_app(), scope=EVERY_TENANT
+    )
 
 
 @override_settings(
@@ -129,6 +132,8 @@ def test_check__a_celery_app_setting_that_names_no_app_is_a_startup_error() -> N
 
     with override_settings(SCHEDULER_CELERY_APP="tests.no_such_module:app"), pytest.raises(SystemCheckError) as error:
         call_command("check")
-    assert "scheduler.E007" in str(error.value) and "SCHEDULER_CELERY_APP = 'tests.no_such_module:app'" in str(error.value)
+    assert "scheduler.E007" in str(error.value) and "SCHEDULER_CELERY_APP = 'tests.no_such_module:app'" in str(
+        error.value
+    )
     with override_settings(SCHEDULER_CELERY_APP="tests.integration.test_standalone_app:named_app"):
         call_command("check")

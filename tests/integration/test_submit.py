@@ -1,4 +1,5 @@
 """scheduler.submit(): validation before any write, one row per idempotency key."""
+
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -49,7 +50,12 @@ def test_submit__records_a_pending_execution_and_sends_it_on_commit(
         )
     assert len(callbacks) == 1
     execution.refresh_from_db()
-    assert (execution.status, execution.task, execution.args, execution.kwargs) == ("pending", "scheduler.echo", [1], {"a": 2})
+    assert (execution.status, execution.task, execution.args, execution.kwargs) == (
+        "pending",
+        "scheduler.echo",
+        [1],
+        {"a": 2},
+    )
     assert (execution.timeout, execution.queue, execution.max_retries, execution.retry_backoff) == (30, "reports", 2, 5)
     assert execution.schedule is None and execution.celery_task_id
     assert execution.idempotency_key.startswith("submit:")

@@ -1,4 +1,5 @@
 """Migration 0015: who saw every tenant before keeps it, explicitly, and the migration says how many it marked."""
+
 from __future__ import annotations
 
 from collections.abc import Iterator

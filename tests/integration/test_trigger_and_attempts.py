@@ -1,4 +1,5 @@
 """What created each execution (``trigger``), every attempt's error, ``enqueued_at`` of a run-now, and past one-offs."""
+
 from __future__ import annotations
 
 import io
@@ -59,10 +60,14 @@ def test_trigger__run_now_retry_backfill_submit_and_a_plain_celery_call(redis_ur
     Execution.objects.filter(pk=manual.pk).update(status=Status.SUCCEEDED)  # as its worker would have finished it
     retry = operations.retry_execution(Execution.objects.get(pk=manual.pk), app=app, scope=EVERY_TENANT).execution
     now = leases.db_now()
-    backfill.backfill(schedule, start=now - timedelta(hours=2, minutes=1), end=now - timedelta(minutes=1), now=now, app=app)
+    backfill.backfill(
+        schedule, start=now - timedelta(hours=2, minutes=1), end=now - timedelta(minutes=1), now=now, app=app
+    )
     # And code submits one, and sends one the plain Celery way
     submitted = dispatch.submit("scheduler.echo", app=app)
-    plain_key = executions.record_ad_hoc("plain-id", task="scheduler.echo", args=(), kwargs={}, queue="", timeout=None, now=now)
+    plain_key = executions.record_ad_hoc(
+        "plain-id", task="scheduler.echo", args=(), kwargs={}, queue="", timeout=None, now=now
+    )
     # Then
     assert Execution.objects.get(pk=manual.pk).trigger == Trigger.MANUAL
     assert Execution.objects.get(pk=retry.pk).trigger == Trigger.RETRY
@@ -76,7 +81,9 @@ def test_trigger__slots_reconcile_repairs_stay_scheduled() -> None:
     # Given a schedule that owes its last slots (the leader was down)
     now = leases.db_now()
     schedule = _schedule(interval=60)
-    Schedule.objects.filter(pk=schedule.pk).update(owed_since=now - timedelta(minutes=3), next_run_at=now + timedelta(hours=1))
+    Schedule.objects.filter(pk=schedule.pk).update(
+        owed_since=now - timedelta(minutes=3), next_run_at=now + timedelta(hours=1)
+    )
     # When
     reconcile.reconcile(now=now, repair=True, app=app)
     # Then
@@ -90,7 +97,11 @@ def test_trigger__slots_reconcile_repairs_stay_scheduled() -> None:
 def test_attempt_errors__each_retried_attempt_and_the_last_are_listed() -> None:
     # Given an execution allowed two retries that fails three times
     execution = Execution.objects.create(
-        idempotency_key="k", task="scheduler.echo", scheduled_for=leases.db_now(), status=Status.QUEUED, max_retries=2,
+        idempotency_key="k",
+        task="scheduler.echo",
+        scheduled_for=leases.db_now(),
+        status=Status.QUEUED,
+        max_retries=2,
         celery_task_id="c",
     )
     for attempt in (1, 2):
@@ -110,12 +121,20 @@ def test_attempt_errors__each_retried_attempt_and_the_last_are_listed() -> None:
     out = io.StringIO()
     call_command("executions", "show", str(execution.pk), stdout=out)
     text = out.getvalue()
-    assert "attempt 1 error    boom 1" in text and "attempt 2 error    boom 2" in text and "attempt 3 error    boom 3" in text
+    assert (
+        "attempt 1 error    boom 1" in text
+        and "attempt 2 error    boom 2" in text
+        and "attempt 3 error    boom 3" in text
+    )
 
 
 def test_attempt_errors__a_stale_holder_appends_nothing() -> None:
     execution = Execution.objects.create(
-        idempotency_key="k", task="scheduler.echo", scheduled_for=leases.db_now(), status=Status.QUEUED, max_retries=3,
+        idempotency_key="k",
+        task="scheduler.echo",
+        scheduled_for=leases.db_now(),
+        status=Status.QUEUED,
+        max_retries=3,
         celery_task_id="c",
     )
     stale = _claim(execution.pk, "a@host:1")
@@ -146,7 +165,11 @@ def _one_retry(settings: Any) -> Execution:
     """An execution allowed one retry, with no lost-worker re-runs beyond it (``LOST_RETRIES`` 0)."""
     settings.SCHEDULER_LOST_RETRIES = 0
     return Execution.objects.create(
-        idempotency_key="k", task="scheduler.echo", scheduled_for=leases.db_now(), status=Status.QUEUED, max_retries=1,
+        idempotency_key="k",
+        task="scheduler.echo",
+        scheduled_for=leases.db_now(),
+        status=Status.QUEUED,
+        max_retries=1,
         celery_task_id="c",
     )
 
@@ -214,7 +237,9 @@ def test_enqueued_at__kept_when_a_worker_claimed_before_the_sender_marked_it(bui
     if build == "run_now":
         execution = executions.run_now_for(schedule, now=now)
     else:
-        done = Execution.objects.create(idempotency_key="done", task="scheduler.echo", scheduled_for=now, status=Status.FAILED)
+        done = Execution.objects.create(
+            idempotency_key="done", task="scheduler.echo", scheduled_for=now, status=Status.FAILED
+        )
         execution = executions.retry_for(done, now=now)
     executions.record_one(execution)
     _claim(execution.pk)

@@ -1,4 +1,5 @@
 """The worker's per-task statements, compiled once per process (``scheduler.prepared``), write what the ORM writes."""
+
 from __future__ import annotations
 
 from datetime import timedelta
@@ -15,7 +16,8 @@ pytestmark = pytest.mark.django_db(transaction=True)
 Status = Execution.Status
 #: Every column but those that differ between two rows by design.
 COMPARED = [
-    field.attname for field in Execution._meta.concrete_fields
+    field.attname
+    for field in Execution._meta.concrete_fields
     if field.attname not in ("id", "idempotency_key", "created_at", "started_at", "finished_at", "lease_expires_at")
 ]
 
@@ -23,7 +25,9 @@ COMPARED = [
 def queued(*keys: str) -> None:
     now = leases.db_now()
     for key in keys:
-        Execution.objects.create(idempotency_key=key, task="scheduler.echo", scheduled_for=now, celery_task_id="celery-1")
+        Execution.objects.create(
+            idempotency_key=key, task="scheduler.echo", scheduled_for=now, celery_task_id="celery-1"
+        )
 
 
 def claimed(key: str) -> Claim:
@@ -85,12 +89,22 @@ def test_record_ad_hoc__writes_the_row_insert_writes_once() -> None:
     now = leases.db_now()
     call = {"task": "scheduler.echo", "args": (1, "a"), "kwargs": {"k": [1]}, "queue": "q", "timeout": 30, "now": now}
     key = executions.record_ad_hoc("celery-1", **call)
-    executions.insert([
-        Execution(
-            idempotency_key="orm", trigger=Execution.Trigger.SUBMIT, task="scheduler.echo", args=[1, "a"],
-            kwargs={"k": [1]}, queue="q", scheduled_for=now, status=Status.QUEUED, celery_task_id="celery-1", timeout=30,
-        )
-    ])
+    executions.insert(
+        [
+            Execution(
+                idempotency_key="orm",
+                trigger=Execution.Trigger.SUBMIT,
+                task="scheduler.echo",
+                args=[1, "a"],
+                kwargs={"k": [1]},
+                queue="q",
+                scheduled_for=now,
+                status=Status.QUEUED,
+                celery_task_id="celery-1",
+                timeout=30,
+            )
+        ]
+    )
     # When the same message is recorded again (a redelivery)
     assert executions.record_ad_hoc("celery-1", **call) == key
     # Then there is one row for it, alike the inserted one, stamped with its creation time

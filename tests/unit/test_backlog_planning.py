@@ -1,4 +1,5 @@
 """Planning a backlog: counting missed slots costs the same however far behind, and max_runs comes last."""
+
 from __future__ import annotations
 
 from collections.abc import Iterator
@@ -46,11 +47,13 @@ def plan_behind(spec: Timing, behind: timedelta, **options: object) -> policies.
 @pytest.mark.parametrize(
     "spec", [Timing(cron="* * * * *"), Timing(cron="*/5 * * * *", timezone="Europe/Berlin"), Timing(interval=60)]
 )
-def test_plan_due__30_days_behind_costs_what_1_hour_behind_costs(
-    spec: Timing, slot_computations: list[int]
-) -> None:
+def test_plan_due__30_days_behind_costs_what_1_hour_behind_costs(spec: Timing, slot_computations: list[int]) -> None:
     costs = {}
-    for label, behind in (("1 hour", timedelta(hours=1)), ("1 day", timedelta(days=1)), ("30 days", timedelta(days=30))):
+    for label, behind in (
+        ("1 hour", timedelta(hours=1)),
+        ("1 day", timedelta(days=1)),
+        ("30 days", timedelta(days=30)),
+    ):
         # Given a schedule that far behind, When its due slots are planned
         slot_computations[0] = 0
         plan = plan_behind(spec, behind)

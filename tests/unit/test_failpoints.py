@@ -1,4 +1,5 @@
 """Failpoints: the ``SCHEDULER_FAILPOINTS`` syntax, and each action in a process of its own."""
+
 from __future__ import annotations
 
 import json
@@ -120,8 +121,10 @@ def test_error__raises_the_connection_error_of_the_failpoints_peer(name: str, er
 
 
 def test_delay__sleeps_in_the_calling_thread_then_goes_on() -> None:
-    code = "import time\nstarted = time.monotonic()\n" + hit_code("worker.renew") + (
-        "print(round(time.monotonic() - started, 2))\n"
+    code = (
+        "import time\nstarted = time.monotonic()\n"
+        + hit_code("worker.renew")
+        + ("print(round(time.monotonic() - started, 2))\n")
     )
     child = run_child(code, "worker.renew=delay 0.6")
     assert child.returncode == 0, child.stderr
@@ -185,13 +188,21 @@ def _state(pid: int) -> str:
 
 def test_at_k__fires_on_the_kth_hit_only() -> None:
     child = run_child(hit_code("publish.send", times=4), "publish.send=error@2")
-    assert child.stdout.splitlines() == ["1 passed", "2 kombu.exceptions.OperationalError", "3 passed", "4 passed", "done"]
+    assert child.stdout.splitlines() == [
+        "1 passed",
+        "2 kombu.exceptions.OperationalError",
+        "3 passed",
+        "4 passed",
+        "done",
+    ]
 
 
 def test_without_at_k__fires_on_every_hit() -> None:
     child = run_child(hit_code("worker.claim.before", times=2), "worker.claim.before=error")
     assert child.stdout.splitlines() == [
-        "1 django.db.utils.OperationalError", "2 django.db.utils.OperationalError", "done"
+        "1 django.db.utils.OperationalError",
+        "2 django.db.utils.OperationalError",
+        "done",
     ]
 
 
@@ -211,7 +222,10 @@ def test_shared_directory__counts_hits_across_processes_once_armed(tmp_path: Pat
     # Then the firing is recorded, with its process
     [fired] = [json.loads(line) for line in (tmp_path / "fired.jsonl").read_text().splitlines()]
     assert (fired["name"], fired["action"], fired["hit"], fired["pid"]) == (
-        "reconcile.resend", "crash@2", 2, second_pid(second)
+        "reconcile.resend",
+        "crash@2",
+        2,
+        second_pid(second),
     )
 
 

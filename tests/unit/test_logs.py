@@ -1,4 +1,5 @@
 """JSON log lines carry the bound scheduler context."""
+
 from __future__ import annotations
 
 import json

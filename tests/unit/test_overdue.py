@@ -1,4 +1,5 @@
 """The dead man's switch maths: cadence (twice the longest gap between slots) and the overdue deadline."""
+
 from __future__ import annotations
 
 from datetime import datetime, timedelta, timezone
@@ -64,9 +65,7 @@ def test_deadline__last_success_later_than_the_first_slot_counts() -> None:
 
 def test_deadline__restarted_after_the_last_success_counts_from_the_first_slot_since() -> None:
     # Given a schedule that last succeeded a week before it was resumed at T0
-    deadline = overdue.deadline(
-        Timing(interval=60), window=120, last_success_at=T0 - timedelta(days=7), since=T0
-    )
+    deadline = overdue.deadline(Timing(interval=60), window=120, last_success_at=T0 - timedelta(days=7), since=T0)
     # Then it gets a full window from its first slot after resuming
     assert deadline == datetime(2026, 3, 2, 12, 1, tzinfo=UTC) + timedelta(seconds=120)
 

@@ -1,4 +1,5 @@
 """Overlap policies and jitter: pure decisions the leader takes per schedule and tick."""
+
 from __future__ import annotations
 
 from datetime import datetime, timedelta, timezone

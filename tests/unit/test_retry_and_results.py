@@ -1,4 +1,5 @@
 """Retry backoff and result summaries: pure functions of the worker guard."""
+
 from __future__ import annotations
 
 from hypothesis import given

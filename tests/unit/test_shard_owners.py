@@ -1,4 +1,5 @@
 """Rendezvous ownership of shards: every shard owned once, loads within one, few moves on a join or leave, one count for all."""
+
 from __future__ import annotations
 
 from collections import Counter

@@ -1,4 +1,5 @@
 """Examples for scheduler.timing: validation, bounds and the DST rules."""
+
 from __future__ import annotations
 
 from datetime import date, datetime, time, timedelta, timezone
@@ -74,15 +75,12 @@ def test_validate_cron__accepts_five_and_six_field_expressions(expr: str) -> Non
         ),
         (
             "*/0 * * * *",
-            "Invalid cron expression '*/0 * * * *': minute field '*/0' is not valid: "
-            "step '0' is not acceptable",
+            "Invalid cron expression '*/0 * * * *': minute field '*/0' is not valid: step '0' is not acceptable",
         ),
         ("0 0 * foo *", "Invalid cron expression '0 0 * foo *': month field 'foo' is not valid"),
     ],
 )
-def test_validate_cron__rejects_malformed_expression_with_specific_message(
-    expr: str, message: str
-) -> None:
+def test_validate_cron__rejects_malformed_expression_with_specific_message(expr: str, message: str) -> None:
     with pytest.raises(ScheduleInvalid) as excinfo:
         validate_cron(expr)
     assert str(excinfo.value) == message
@@ -108,9 +106,7 @@ def test_validate_cron__accepts_expression_that_never_matches() -> None:
 # --- validate_timezone ---------------------------------------------------------
 
 
-@pytest.mark.parametrize(
-    "name", ["UTC", "Europe/Berlin", "America/New_York", "Australia/Lord_Howe"]
-)
+@pytest.mark.parametrize("name", ["UTC", "Europe/Berlin", "America/New_York", "Australia/Lord_Howe"])
 def test_validate_timezone__accepts_iana_names(name: str) -> None:
     validate_timezone(name)
 
@@ -178,9 +174,7 @@ def test_timing__rejects_invalid_fields(kwargs: dict[str, object], message: str)
         ("America/New_York", date(2025, 3, 9), utc(2025, 3, 9, 7, 0)),
     ],
 )
-def test_cron__spring_forward_gap_shifts_to_first_instant_after_gap(
-    zone: str, day: date, transition: datetime
-) -> None:
+def test_cron__spring_forward_gap_shifts_to_first_instant_after_gap(zone: str, day: date, transition: datetime) -> None:
     # Given a daily job at 02:30, which does not exist on spring-forward day
     timing = Timing(cron="30 2 * * *", timezone=zone)
 
@@ -232,17 +226,26 @@ def test_cron__half_hour_gap_shifts_to_transition_in_lord_howe() -> None:
     [
         # zone, daily wall time, fall-back day, its earlier and later instants
         (
-            "Europe/Berlin", "30 2 * * *", date(2025, 10, 26),
-            utc(2025, 10, 26, 0, 30), utc(2025, 10, 26, 1, 30),
+            "Europe/Berlin",
+            "30 2 * * *",
+            date(2025, 10, 26),
+            utc(2025, 10, 26, 0, 30),
+            utc(2025, 10, 26, 1, 30),
         ),
         (
-            "America/New_York", "30 1 * * *", date(2025, 11, 2),
-            utc(2025, 11, 2, 5, 30), utc(2025, 11, 2, 6, 30),
+            "America/New_York",
+            "30 1 * * *",
+            date(2025, 11, 2),
+            utc(2025, 11, 2, 5, 30),
+            utc(2025, 11, 2, 6, 30),
         ),
         (
             # Lord Howe falls back half an hour, from 02:00 +11:00 to 01:30 +10:30.
-            "Australia/Lord_Howe", "45 1 * * *", date(2025, 4, 6),
-            utc(2025, 4, 5, 14, 45), utc(2025, 4, 5, 15, 15),
+            "Australia/Lord_Howe",
+            "45 1 * * *",
+            date(2025, 4, 6),
+            utc(2025, 4, 5, 14, 45),
+            utc(2025, 4, 5, 15, 15),
         ),
     ],
 )

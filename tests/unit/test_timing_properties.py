@@ -1,4 +1,5 @@
 """Properties of scheduler.timing over random expressions, zones and instants."""
+
 from __future__ import annotations
 
 import functools
@@ -133,9 +134,7 @@ FOLDS = st.sampled_from(["first", "last", "both"])
 DST_ZONES = ("Europe/Berlin", "America/New_York", "Australia/Lord_Howe")
 
 
-def crons(
-    *, six: bool | None, hours: st.SearchStrategy[str], anyday: bool
-) -> st.SearchStrategy[str]:
+def crons(*, six: bool | None, hours: st.SearchStrategy[str], anyday: bool) -> st.SearchStrategy[str]:
     """Return expressions in 5 fields, 6 (seconds first), or either when six is None."""
     star = st.just("*")
     days = (star, star, star) if anyday else (DAYS, MONTHS, WEEKDAYS)
@@ -301,9 +300,7 @@ def test_next_slot__cron_agrees_with_slots_between(
 # --- interval properties ----------------------------------------------------------
 
 
-INTERVALS = st.one_of(
-    st.integers(1, 120), st.sampled_from([3600, 86_400, 7 * 86_400]), st.integers(1, 10**6)
-)
+INTERVALS = st.one_of(st.integers(1, 120), st.sampled_from([3600, 86_400, 7 * 86_400]), st.integers(1, 10**6))
 
 
 @PROPERTY

@@ -1,4 +1,5 @@
 """Tracing's configuration from the OTEL_* environment, and its hooks while it is off (the default)."""
+
 from __future__ import annotations
 
 import pytest

@@ -4,6 +4,7 @@ The admin's default (``Nov. 26, 2026, 2:52 a.m.``) drops the seconds, so the
 rows of an every-5-seconds schedule look identical. ``T`` is the zone of
 the shown time: ``TIME_ZONE`` (UTC).
 """
+
 from __future__ import annotations
 
 DATETIME_FORMAT = "Y-m-d H:i:s T"

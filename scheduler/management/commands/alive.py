@@ -1,4 +1,5 @@
 """``manage.py alive``: exit 0 when a process of this host wrote its heartbeat recently (container healthcheck)."""
+
 from __future__ import annotations
 
 import socket
@@ -26,9 +27,14 @@ examples:
   manage.py alive --role worker --within 30"""
 
     def add_arguments(self, parser: CommandParser) -> None:
-        parser.add_argument("--role", choices=Instance.Role.values, required=True, help="which kind of process to check")
         parser.add_argument(
-            "--within", type=positive_number, default=30.0, metavar="SECONDS",
+            "--role", choices=Instance.Role.values, required=True, help="which kind of process to check"
+        )
+        parser.add_argument(
+            "--within",
+            type=positive_number,
+            default=30.0,
+            metavar="SECONDS",
             help="the newest heartbeat must be younger than this (default: 30)",
         )
         parser.add_argument("--hostname", default=socket.gethostname(), help="default: this host")

@@ -1,4 +1,5 @@
 """``manage.py api_tokens``: create, list and revoke the HTTP API's bearer tokens."""
+
 from __future__ import annotations
 
 from typing import Any, cast
@@ -33,7 +34,9 @@ examples:
         subs = parser.add_subparsers(dest="action", required=True, metavar="ACTION")
         create = subs.add_parser("create", help="create a token and print it once")
         create.add_argument("name", metavar="NAME", help="a unique name, e.g. the team or service using it")
-        create.add_argument("--role", required=True, choices=ApiToken.Role.values, help="viewer reads; operator also writes")
+        create.add_argument(
+            "--role", required=True, choices=ApiToken.Role.values, help="viewer reads; operator also writes"
+        )
         binding = create.add_mutually_exclusive_group()
         binding.add_argument("--tenant", default="", metavar="T", help="only this tenant's schedules and executions")
         binding.add_argument(
@@ -74,24 +77,37 @@ examples:
             token, raw = ApiToken.issue(name, role=role, tenant=tenant, all_tenants=all_tenants, expires_at=expires_at)
             audit.record(audit.CLI, "create", token, tenant=tenant)
         data = {
-            "name": name, "role": role, "tenant": tenant, "all_tenants": all_tenants, "expires_at": expires_at,
+            "name": name,
+            "role": role,
+            "tenant": tenant,
+            "all_tenants": all_tenants,
+            "expires_at": expires_at,
             "token": raw,
         }
-        self.emit(data, as_json=json, text=[
-            f"Created token {name!r} ({role}, {_binding(token)}, "
-            f"{'expires ' + expires_at.isoformat() if expires_at else 'never expires'}).",
-            "It is shown only now; store it safely:",
-            raw,
-        ])
+        self.emit(
+            data,
+            as_json=json,
+            text=[
+                f"Created token {name!r} ({role}, {_binding(token)}, "
+                f"{'expires ' + expires_at.isoformat() if expires_at else 'never expires'}).",
+                "It is shown only now; store it safely:",
+                raw,
+            ],
+        )
 
     def _list(self, *, json: bool, **options: Any) -> None:
         now = leases.db_now()
         tokens = list(ApiToken.objects.order_by("name"))
         rows = [
             {
-                "name": t.name, "role": t.role, "tenant": t.tenant, "all_tenants": t.all_tenants,
+                "name": t.name,
+                "role": t.role,
+                "tenant": t.tenant,
+                "all_tenants": t.all_tenants,
                 "created_at": t.created_at,
-                "expires_at": t.expires_at, "last_used_at": t.last_used_at, "revoked_at": t.revoked_at,
+                "expires_at": t.expires_at,
+                "last_used_at": t.last_used_at,
+                "revoked_at": t.revoked_at,
                 "usable": t.is_usable(now=now),
             }
             for t in tokens
@@ -99,7 +115,10 @@ examples:
         headers = ("NAME", "ROLE", "TENANT", "EXPIRES", "LAST USED", "STATE")
         cells = [
             (
-                t.name, t.role, "(all)" if t.all_tenants else t.tenant or "(none)", text_value(t.expires_at),
+                t.name,
+                t.role,
+                "(all)" if t.all_tenants else t.tenant or "(none)",
+                text_value(t.expires_at),
                 text_value(t.last_used_at),
                 "revoked" if t.revoked_at else "usable" if t.is_usable(now=now) else "expired",
             )

@@ -1,4 +1,5 @@
 """``manage.py backfill``: record and send the past slots of a schedule that have no execution."""
+
 from __future__ import annotations
 
 from dataclasses import asdict
@@ -41,16 +42,24 @@ examples:
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("schedule", metavar="NAME", help="name of the schedule")
         parser.add_argument("--start", required=True, metavar="ISO", help="first instant of the range (inclusive)")
-        parser.add_argument("--end", required=True, metavar="ISO", help="last instant of the range (inclusive, in the past)")
         parser.add_argument(
-            "--limit", type=non_negative_int, metavar="N",
+            "--end", required=True, metavar="ISO", help="last instant of the range (inclusive, in the past)"
+        )
+        parser.add_argument(
+            "--limit",
+            type=non_negative_int,
+            metavar="N",
             help=f"refuse a range holding more than N slots (default {DEFAULT_LIMIT}, or --max-slots when given)",
         )
         parser.add_argument(
-            "--max-slots", type=whole_number(1), metavar="N",
+            "--max-slots",
+            type=whole_number(1),
+            metavar="N",
             help="raise the cap on slots one backfill may record (SCHEDULER_BACKFILL_MAX_SLOTS) to N for this call",
         )
-        parser.add_argument("--rate", type=positive_number, metavar="PER_SECOND", help="send at most this many per second")
+        parser.add_argument(
+            "--rate", type=positive_number, metavar="PER_SECOND", help="send at most this many per second"
+        )
         self.add_common_arguments(parser)
 
     def handle(self, *args: Any, **options: Any) -> None:
@@ -63,11 +72,21 @@ examples:
         limit = options["limit"] if options["limit"] is not None else max_slots or DEFAULT_LIMIT
         try:
             # Committed once the range is accepted, before the first execution; completed after.
-            with audit.operation(audit.CLI, "backfill", schedule, changes={"start": start, "end": end}, start=False) as op:
+            with audit.operation(
+                audit.CLI, "backfill", schedule, changes={"start": start, "end": end}, start=False
+            ) as op:
                 report = backfill(
-                    schedule, start=start, end=end, now=leases.db_now(), dry_run=options["dry_run"],
-                    limit=limit, max_slots=max_slots, rate=options["rate"],
-                    progress=None if as_json else lambda done, total: self.stderr.write(f"{done}/{total} slots recorded and sent..."),
+                    schedule,
+                    start=start,
+                    end=end,
+                    now=leases.db_now(),
+                    dry_run=options["dry_run"],
+                    limit=limit,
+                    max_slots=max_slots,
+                    rate=options["rate"],
+                    progress=None
+                    if as_json
+                    else lambda done, total: self.stderr.write(f"{done}/{total} slots recorded and sent..."),
                     on_start=op.start,
                 )
                 op.done(report.outcome)
@@ -85,7 +104,9 @@ examples:
 
 
 def _lines(report: BackfillReport, zone: ZoneInfo) -> list[str]:
-    span = f"{len(report.slots)} slot(s) of {report.schedule} from {report.start.isoformat()} to {report.end.isoformat()}"
+    span = (
+        f"{len(report.slots)} slot(s) of {report.schedule} from {report.start.isoformat()} to {report.end.isoformat()}"
+    )
     if not report.dry_run:
         lines = [
             f"{span}: {report.created} recorded, {report.published} sent, "
@@ -100,8 +121,14 @@ def _lines(report: BackfillReport, zone: ZoneInfo) -> list[str]:
     lines = []
     for state in report.slots:
         local = state.scheduled_for.astimezone(zone).strftime("%Y-%m-%d %H:%M:%S %Z")
-        has = f"has execution {state.execution_id} ({state.status})" if state.execution_id else "missing, would be recorded"
+        has = (
+            f"has execution {state.execution_id} ({state.status})"
+            if state.execution_id
+            else "missing, would be recorded"
+        )
         lines.append(f"{local}  {state.scheduled_for.isoformat()}  {has}")
     missing = len(report.slots) - report.already_present
-    lines.append(f"dry run, nothing changed: {span}: {missing} would be recorded, {report.already_present} already have one")
+    lines.append(
+        f"dry run, nothing changed: {span}: {missing} would be recorded, {report.already_present} already have one"
+    )
     return lines

@@ -1,4 +1,5 @@
 """Create the local admin login and the demo schedules (used by ``make run``)."""
+
 from __future__ import annotations
 
 import os

@@ -1,4 +1,5 @@
 """``manage.py executions``: list and inspect executions, retry finished ones, cancel unfinished ones."""
+
 from __future__ import annotations
 
 from typing import Any
@@ -43,7 +44,9 @@ Run "manage.py executions ACTION --help" for the options of each action."""
 
         def action(name: str, summary: str, examples: str) -> CommandParser:
             sub = subs.add_parser(
-                name, help=summary, description=f"{summary}\n\nexamples:\n{examples}",
+                name,
+                help=summary,
+                description=f"{summary}\n\nexamples:\n{examples}",
                 formatter_class=parser.formatter_class,
             )
             if name == "list":
@@ -57,7 +60,8 @@ Run "manage.py executions ACTION --help" for the options of each action."""
             return sub
 
         listing = action(
-            "list", "List executions, newest first.",
+            "list",
+            "List executions, newest first.",
             "  manage.py executions list\n"
             "  manage.py executions list --schedule nightly --status failed --limit 10\n"
             "  manage.py executions list --since 2026-03-29T00:00:00Z --json",
@@ -66,15 +70,18 @@ Run "manage.py executions ACTION --help" for the options of each action."""
         listing.add_argument("--trigger", choices=Execution.Trigger.values, help="only executions with this trigger")
         listing.add_argument("--schedule", metavar="NAME", help="only executions of this schedule")
         listing.add_argument("--since", metavar="ISO", help="only executions scheduled at or after this time")
-        listing.add_argument("--limit", type=non_negative_int, default=50, metavar="N",
-                             help="at most N rows (default 50; 0 for all)")
+        listing.add_argument(
+            "--limit", type=non_negative_int, default=50, metavar="N", help="at most N rows (default 50; 0 for all)"
+        )
         action("show", "Show every field of one execution.", "  manage.py executions show 42 --json")
         action(
-            "retry", "Run a finished (or lost) execution again, as a new execution linked to it.",
+            "retry",
+            "Run a finished (or lost) execution again, as a new execution linked to it.",
             "  manage.py executions retry 42\n  manage.py executions retry 42 --dry-run",
         )
         action(
-            "cancel", "Cancel a pending, queued, running or retrying execution and terminate its task.",
+            "cancel",
+            "Cancel a pending, queued, running or retrying execution and terminate its task.",
             "  manage.py executions cancel 43",
         )
 
@@ -85,8 +92,15 @@ Run "manage.py executions ACTION --help" for the options of each action."""
             raise CommandError(str(exc)) from None
 
     def _list(
-        self, *, json: bool, status: str | None, trigger: str | None, schedule: str | None, since: str | None,
-        limit: int, **options: Any
+        self,
+        *,
+        json: bool,
+        status: str | None,
+        trigger: str | None,
+        schedule: str | None,
+        since: str | None,
+        limit: int,
+        **options: Any,
     ) -> None:
         executions = Execution.objects.select_related("schedule")
         if status:
@@ -100,8 +114,13 @@ Run "manage.py executions ACTION --help" for the options of each action."""
         rows = list(executions[:limit] if limit else executions)
         data = [
             {
-                "id": e.pk, "status": e.status, "trigger": e.trigger, "scheduled_for": e.scheduled_for,
-                "task": e.task, "schedule": e.schedule.name if e.schedule else None, "attempt": e.attempt,
+                "id": e.pk,
+                "status": e.status,
+                "trigger": e.trigger,
+                "scheduled_for": e.scheduled_for,
+                "task": e.task,
+                "schedule": e.schedule.name if e.schedule else None,
+                "attempt": e.attempt,
                 "finished_at": e.finished_at,
             }
             for e in rows
@@ -140,8 +159,7 @@ Run "manage.py executions ACTION --help" for the options of each action."""
             audit.record(audit.CLI, "retry", execution, changes={"retried_by": [None, result.execution.pk]})
         retry = result.execution
         text = (
-            f"Execution {retry.pk} retries execution {execution_id}: {retry.status} "
-            f"(celery id {retry.celery_task_id})."
+            f"Execution {retry.pk} retries execution {execution_id}: {retry.status} (celery id {retry.celery_task_id})."
         )
         if result.broker_error:
             text = (
@@ -149,8 +167,12 @@ Run "manage.py executions ACTION --help" for the options of each action."""
                 f"unreachable ({result.broker_error}); the beat leader will send it."
             )
         self.emit(
-            {"dry_run": False, "retry_of": execution.pk, "execution": model_fields(retry),
-             "broker_error": result.broker_error},
+            {
+                "dry_run": False,
+                "retry_of": execution.pk,
+                "execution": model_fields(retry),
+                "broker_error": result.broker_error,
+            },
             as_json=json,
             text=text,
         )
@@ -178,8 +200,12 @@ Run "manage.py executions ACTION --help" for the options of each action."""
             else:
                 text += " No worker will start it."
         self.emit(
-            {"dry_run": False, "execution": model_fields(result.execution), "was": was,
-             "broker_error": result.broker_error},
+            {
+                "dry_run": False,
+                "execution": model_fields(result.execution),
+                "was": was,
+                "broker_error": result.broker_error,
+            },
             as_json=json,
             text=text,
         )

@@ -1,4 +1,5 @@
 """``manage.py import_celery_beat``: create schedules from django-celery-beat's periodic tasks."""
+
 from __future__ import annotations
 
 from dataclasses import asdict
@@ -43,7 +44,9 @@ examples:
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument(
-            "--database", default=DEFAULT_DB_ALIAS, metavar="ALIAS",
+            "--database",
+            default=DEFAULT_DB_ALIAS,
+            metavar="ALIAS",
             help=f"the DATABASES alias holding django-celery-beat's tables (default {DEFAULT_DB_ALIAS!r})",
         )
         self.add_common_arguments(parser)

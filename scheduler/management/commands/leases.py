@@ -4,6 +4,7 @@ An instance leads only while it holds a lease (read from the lease row, not
 from the flag a beat wrote about itself); one whose heartbeat is older than
 ``cluster.stale_after(role)`` is marked stale.
 """
+
 from __future__ import annotations
 
 from datetime import datetime
@@ -51,7 +52,9 @@ examples:
             lines.append("no lease has ever been taken (no beat has run)")
         lines += [_lease_line(row, not_held="no beat replica is leading") for row in lease_rows]
         lines += _instance_lines(instance_rows)
-        self.emit({"db_now": db_now, "leases": lease_rows, "instances": instance_rows}, as_json=options["json"], text=lines)
+        self.emit(
+            {"db_now": db_now, "leases": lease_rows, "instances": instance_rows}, as_json=options["json"], text=lines
+        )
 
     def _sharded(self, view: cluster.ShardView, *, as_json: bool) -> None:
         db_now = view.db_now
@@ -60,7 +63,9 @@ examples:
             instance_id: {"count": len(owned), "shards": owned}
             for instance_id, owned in view.by_replica(live=cluster.fresh_beats(members)).items()
         }
-        shard_rows = [{"shard": shard, **row} for shard, row in enumerate(_lease_rows(view.leases, members, db_now=db_now))]
+        shard_rows = [
+            {"shard": shard, **row} for shard, row in enumerate(_lease_rows(view.leases, members, db_now=db_now))
+        ]
         other_rows = [{"shard": None, **row} for row in _lease_rows(view.others, members, db_now=db_now)]
         not_held = [state.name for state in view.not_held]
         instance_rows = _instance_rows(members, db_now=db_now)
@@ -78,7 +83,9 @@ examples:
         ]
         lines += [_lease_line(row, not_held="its schedules are not dispatched") for row in shard_rows]
         if other_rows:
-            lines.append(f"other leases (no shard of {view.count}; held: a beat has not followed the count yet, or runs an older version):")
+            lines.append(
+                f"other leases (no shard of {view.count}; held: a beat has not followed the count yet, or runs an older version):"
+            )
             lines += [_lease_line(row, not_held="unused") for row in other_rows]
         lines += _instance_lines(instance_rows)
         data = {
@@ -100,7 +107,9 @@ def shard_count() -> int:
     return shards.count()
 
 
-def _lease_rows(states: list[leases.LeaseState], members: list[cluster.Member], *, db_now: datetime) -> list[dict[str, Any]]:
+def _lease_rows(
+    states: list[leases.LeaseState], members: list[cluster.Member], *, db_now: datetime
+) -> list[dict[str, Any]]:
     by_id = {member.instance.instance_id: member.instance for member in members}
     rows = []
     for state in states:

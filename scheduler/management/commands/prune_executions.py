@@ -1,4 +1,5 @@
 """``manage.py prune_executions``: delete old finished executions in batches."""
+
 from __future__ import annotations
 
 from typing import Any
@@ -29,11 +30,17 @@ examples:
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("--older-than", required=True, metavar="DURATION", help="e.g. 30d, 12h, 90m, 45s, 2w")
         parser.add_argument(
-            "--keep-last", type=non_negative_int, default=0, metavar="N",
+            "--keep-last",
+            type=non_negative_int,
+            default=0,
+            metavar="N",
             help="keep the newest N executions of each schedule whatever their age",
         )
         parser.add_argument(
-            "--status", action="append", choices=sorted(Execution.FINAL_STATUSES), metavar="STATUS",
+            "--status",
+            action="append",
+            choices=sorted(Execution.FINAL_STATUSES),
+            metavar="STATUS",
             help="only this final status (repeatable): " + ", ".join(sorted(Execution.FINAL_STATUSES)),
         )
         self.add_common_arguments(parser)

@@ -1,4 +1,5 @@
 """``manage.py reconcile``: one reconcile pass, printing each change."""
+
 from __future__ import annotations
 
 from typing import Any
@@ -41,7 +42,8 @@ examples:
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument(
-            "--repair", action="store_true",
+            "--repair",
+            action="store_true",
             help="record the slots the audit finds missing, under each schedule's misfire policy",
         )
         self.add_common_arguments(parser)

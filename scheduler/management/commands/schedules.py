@@ -1,4 +1,5 @@
 """``manage.py schedules``: list, inspect, create, change, pause, delete and fire schedules."""
+
 from __future__ import annotations
 
 import argparse
@@ -48,7 +49,11 @@ FIELD_OPTIONS: tuple[tuple[str, str, dict[str, Any]], ...] = (
     ("--max-retries", "max_retries", {"type": int, "metavar": "N", "help": "attempts after a failure"}),
     ("--retry-backoff", "retry_backoff", {"type": int, "metavar": "S", "help": "base delay between attempts"}),
     ("--pause-after-failures", "pause_after_failures", {"type": int, "metavar": "N", "help": "circuit breaker"}),
-    ("--alert-after", "alert_after", {"type": int, "metavar": "S", "help": "overdue after S seconds without a success"}),
+    (
+        "--alert-after",
+        "alert_after",
+        {"type": int, "metavar": "S", "help": "overdue after S seconds without a success"},
+    ),
     ("--priority", "priority", {"type": int, "metavar": "N", "help": "message priority"}),
     ("--description", "description", {"metavar": "TEXT", "help": "free text for operators"}),
     ("--tenant", "tenant", {"metavar": "NAME", "help": "owner of the schedule"}),
@@ -87,7 +92,9 @@ Run "manage.py schedules ACTION --help" for the options of each action."""
 
         def action(name: str, summary: str, examples: str, *, writes: bool = True) -> CommandParser:
             sub = subs.add_parser(
-                name, help=summary, description=f"{summary}\n\nexamples:\n{examples}",
+                name,
+                help=summary,
+                description=f"{summary}\n\nexamples:\n{examples}",
                 formatter_class=parser.formatter_class,
             )
             if name != "list":
@@ -99,18 +106,20 @@ Run "manage.py schedules ACTION --help" for the options of each action."""
             return sub
 
         listing = action(
-            "list", "List every schedule with its timing, state, next run and whether it is overdue.",
+            "list",
+            "List every schedule with its timing, state, next run and whether it is overdue.",
             "  manage.py schedules list\n  manage.py schedules list --json\n  manage.py schedules list --overdue",
             writes=False,
         )
         listing.add_argument(
-            "--overdue", action="store_true",
+            "--overdue",
+            action="store_true",
             help="only schedules without a success for longer than their alert window (dead man's switch)",
         )
-        action("show", "Show every field of one schedule.",
-               "  manage.py schedules show nightly --json", writes=False)
+        action("show", "Show every field of one schedule.", "  manage.py schedules show nightly --json", writes=False)
         create = action(
-            "create", "Create a schedule; it is validated like in the admin and nothing is saved on error.",
+            "create",
+            "Create a schedule; it is validated like in the admin and nothing is saved on error.",
             '  manage.py schedules create nightly --task scheduler.echo --cron "0 2 * * *" --timezone Europe/Berlin\n'
             "  manage.py schedules create poll --task scheduler.echo --every 30 --args '[1, \"two\"]' --overlap skip\n"
             "  manage.py schedules create once --task scheduler.echo --at 2026-03-29T02:30:00Z --dry-run\n"
@@ -119,27 +128,51 @@ Run "manage.py schedules ACTION --help" for the options of each action."""
         _add_field_options(create, creating=True)
         create.add_argument("--disabled", action="store_true", help="create it turned off")
         update = action(
-            "update", "Change the given fields; --cron, --every or --at replaces the timing.",
-            "  manage.py schedules update nightly --cron \"30 3 * * *\"\n"
+            "update",
+            "Change the given fields; --cron, --every or --at replaces the timing.",
+            '  manage.py schedules update nightly --cron "30 3 * * *"\n'
             "  manage.py schedules update nightly --queue reports --timeout 600 --dry-run",
         )
         _add_field_options(update, creating=False)
-        action("enable", "Turn a schedule on; it fires from its next slot after now.",
-               "  manage.py schedules enable nightly")
+        action(
+            "enable",
+            "Turn a schedule on; it fires from its next slot after now.",
+            "  manage.py schedules enable nightly",
+        )
         action("disable", "Turn a schedule off, keeping its history.", "  manage.py schedules disable nightly")
-        pause = action("pause", "Pause a schedule with a reason; slots during the pause are not owed later.",
-                       '  manage.py schedules pause nightly --reason "vendor outage"')
+        pause = action(
+            "pause",
+            "Pause a schedule with a reason; slots during the pause are not owed later.",
+            '  manage.py schedules pause nightly --reason "vendor outage"',
+        )
         pause.add_argument("--reason", default="", metavar="TEXT", help="why it is paused (default: Paused)")
-        action("resume", "Resume a paused schedule from its next slot; reset its failure count.",
-               "  manage.py schedules resume nightly")
-        action("delete", "Delete a schedule; its executions keep their history.",
-               "  manage.py schedules delete nightly --dry-run")
-        action("run-now", "Run a schedule's task once now, outside its timing.",
-               "  manage.py schedules run-now nightly")
-        upcoming = action("next", "Print the next fire times in the schedule's zone and in UTC.",
-                          "  manage.py schedules next nightly -n 10", writes=False)
-        upcoming.add_argument("-n", "--count", type=_fire_count, default=5, metavar="N",
-                              help=f"how many (1 to {MAX_FIRE_TIMES}, default 5)")
+        action(
+            "resume",
+            "Resume a paused schedule from its next slot; reset its failure count.",
+            "  manage.py schedules resume nightly",
+        )
+        action(
+            "delete",
+            "Delete a schedule; its executions keep their history.",
+            "  manage.py schedules delete nightly --dry-run",
+        )
+        action(
+            "run-now", "Run a schedule's task once now, outside its timing.", "  manage.py schedules run-now nightly"
+        )
+        upcoming = action(
+            "next",
+            "Print the next fire times in the schedule's zone and in UTC.",
+            "  manage.py schedules next nightly -n 10",
+            writes=False,
+        )
+        upcoming.add_argument(
+            "-n",
+            "--count",
+            type=_fire_count,
+            default=5,
+            metavar="N",
+            help=f"how many (1 to {MAX_FIRE_TIMES}, default 5)",
+        )
 
     def handle(self, *args: Any, action: str, **options: Any) -> None:
         try:
@@ -155,17 +188,29 @@ Run "manage.py schedules ACTION --help" for the options of each action."""
         late = {s.pk for s in schedules if is_overdue(s, now=now)}
         rows = [
             {
-                "name": s.name, "task": s.task, "timing": timing_text(s), "timezone": s.timezone,
-                "enabled": s.enabled, "paused_reason": s.paused_reason, "next_run_at": s.next_run_at,
-                "last_success_at": s.last_success_at, "overdue": s.pk in late,
+                "name": s.name,
+                "task": s.task,
+                "timing": timing_text(s),
+                "timezone": s.timezone,
+                "enabled": s.enabled,
+                "paused_reason": s.paused_reason,
+                "next_run_at": s.next_run_at,
+                "last_success_at": s.last_success_at,
+                "overdue": s.pk in late,
             }
             for s in schedules
         ]
         headers = ("NAME", "TASK", "TIMING", "TIMEZONE", "STATE", "NEXT RUN", "LAST SUCCESS", "OVERDUE")
         cells = [
             (
-                s.name, s.task, timing_text(s), s.timezone, state_text(s), text_value(s.next_run_at),
-                text_value(s.last_success_at), "OVERDUE" if s.pk in late else "",
+                s.name,
+                s.task,
+                timing_text(s),
+                s.timezone,
+                state_text(s),
+                text_value(s.next_run_at),
+                text_value(s.last_success_at),
+                "OVERDUE" if s.pk in late else "",
             )
             for s in schedules
         ]
@@ -221,7 +266,8 @@ Run "manage.py schedules ACTION --help" for the options of each action."""
         operations.validate_schedule(schedule, app=celery_app(), scope=EVERY_TENANT)
         if "run_at" in schedule.changed_fields():
             operations.ensure_run_at_ahead(
-                schedule.run_at, now=leases.db_now(),
+                schedule.run_at,
+                now=leases.db_now(),
                 hint=f"Give a future time; to run the task once now, use: schedules run-now {name}",
             )
         before = audit.snapshot(Schedule.objects.get(pk=schedule.pk))
@@ -282,8 +328,7 @@ Run "manage.py schedules ACTION --help" for the options of each action."""
             audit.record(audit.CLI, "run_now", schedule, changes={"execution": [None, result.execution.pk]})
         execution = result.execution
         text = (
-            f"Execution {execution.pk} of schedule {name!r} {execution.status} "
-            f"(celery id {execution.celery_task_id})."
+            f"Execution {execution.pk} of schedule {name!r} {execution.status} (celery id {execution.celery_task_id})."
         )
         if result.broker_error:
             text = (
@@ -327,7 +372,9 @@ def state_text(schedule: Schedule) -> str:
 def _add_field_options(parser: CommandParser, *, creating: bool) -> None:
     timing = parser.add_mutually_exclusive_group(required=creating)
     timing.add_argument("--cron", metavar="EXPR", help='5 fields, or 6 with seconds first: "*/10 * * * * *"')
-    timing.add_argument("--every", dest="interval", type=_field_number("interval"), metavar="SECONDS", help="fixed interval")
+    timing.add_argument(
+        "--every", dest="interval", type=_field_number("interval"), metavar="SECONDS", help="fixed interval"
+    )
     timing.add_argument("--at", dest="run_at", metavar="ISO", help="run once at this time (not in the past)")
     if creating:
         timing.add_argument(

@@ -8,6 +8,7 @@ schedule is dispatched under the lease of its stored ``shard``, which is
 replica holds that shard's lease, so it is not dispatched until ``--assign``
 moves it (``Schedule.objects.assign_shards``).
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -55,11 +56,16 @@ examples:
     def add_arguments(self, parser: CommandParser) -> None:
         action = parser.add_mutually_exclusive_group()
         action.add_argument(
-            "--set", type=int, metavar="N", dest="set_count",
+            "--set",
+            type=int,
+            metavar="N",
+            dest="set_count",
             help=f"store N (1 to {MAX_SHARDS}) as the shard count every beat replica follows, then move every schedule into shard id %% N",
         )
         action.add_argument(
-            "--assign", action="store_true", help="move every schedule whose shard is not id %% N into it, and say how many moved"
+            "--assign",
+            action="store_true",
+            help="move every schedule whose shard is not id %% N into it, and say how many moved",
         )
         self.add_common_arguments(parser)
 
@@ -98,7 +104,9 @@ examples:
         else:
             held = "the one lease" if count == 1 else "every shard"
             text = [
-                f"shard count {change.previous} -> {count}" if change.previous != count else f"shard count stays {count}",
+                f"shard count {change.previous} -> {count}"
+                if change.previous != count
+                else f"shard count stays {count}",
                 {
                     True: f"{held} held by a live beat replica",
                     False: f"not {held} held by a live beat replica after waiting (one frozen or starting?): "
@@ -108,7 +116,13 @@ examples:
                 f"moved {change.moved} schedule{plural} into shard id % {count}",
             ]
         self.emit(
-            {"previous": change.previous, "shards": count, "moved": change.moved, "settled": change.settled, "dry_run": dry_run},
+            {
+                "previous": change.previous,
+                "shards": count,
+                "moved": change.moved,
+                "settled": change.settled,
+                "dry_run": dry_run,
+            },
             as_json=as_json,
             text=text,
         )
@@ -121,8 +135,11 @@ examples:
                 moved = Schedule.objects.assign_shards()
                 if moved:
                     audit.record(
-                        audit.CLI, "assign_shards", object_type="scheduler.schedule",
-                        changes={"shards": count, "moved": moved}, tenant="",
+                        audit.CLI,
+                        "assign_shards",
+                        object_type="scheduler.schedule",
+                        changes={"shards": count, "moved": moved},
+                        tenant="",
                     )
         verb = "would move" if dry_run else "moved"
         self.emit(
@@ -153,12 +170,17 @@ examples:
         lines = [f"shards: {count} ({source})" + ("; 1 runs one leader for every schedule" if count == 1 else "")]
         lines.append(
             f"schedules: {total}; not in shard id % {count}: {misplaced}"
-            + (f"; STRANDED in shards >= {count}: {stranded} (not dispatched until manage.py shards --assign)" if stranded else "")
+            + (
+                f"; STRANDED in shards >= {count}: {stranded} (not dispatched until manage.py shards --assign)"
+                if stranded
+                else ""
+            )
         )
         if by_shard:
             lines.append(f"  {'shard':>5}  {'schedules':>9}  {'not in id % N':>13}")
             lines += [
-                f"  {row['shard']:>5}  {row['schedules']:>9}  {row['misplaced']:>13}" + ("  STRANDED" if row["stranded"] else "")
+                f"  {row['shard']:>5}  {row['schedules']:>9}  {row['misplaced']:>13}"
+                + ("  STRANDED" if row["stranded"] else "")
                 for row in by_shard
             ]
         if count > 1:
