@@ -36,6 +36,7 @@ import pytest
 import requests
 from django.db import connection
 
+from tests.admin_forms import schedule_form
 from tests.processes import CeleryProcess, wait_until
 from tests.wheel import DISTRIBUTION, ROOT, build
 
@@ -204,39 +205,8 @@ def _add_schedule_in_the_admin(base: str) -> None:
     assert "Log out" in done.text or "logout" in done.text, done.text[:2000]
     form = browser.get(f"{base}/admin/scheduler/schedule/add/", timeout=10)
     assert form.status_code == 200, form.text[:2000]
-    fields: dict[str, Any] = {
-        "name": "invoices",
-        "task": "billing.send_invoices",
-        "args": "[]",
-        "kwargs": "{}",
-        "queue": "",
-        "priority": "",
-        "description": "",
-        "tenant": "",
-        "cron": "",
-        "interval": "1",
-        "run_at_0": "",
-        "run_at_1": "",
-        "timezone": "UTC",
-        "start_at_0": "",
-        "start_at_1": "",
-        "end_at_0": "",
-        "end_at_1": "",
-        "max_runs": "",
-        "overlap": "allow",
-        "catchup_window": "300",
-        "misfire": "run_all",
-        "jitter": "0",
-        "dst_gap": "shift",
-        "dst_fold": "first",
-        "timeout": "",
-        "max_retries": "0",
-        "retry_backoff": "1",
-        "pause_after_failures": "",
-        "enabled": "on",
-        "paused_reason": "",
-        "csrfmiddlewaretoken": _csrf(form.text),
-    }
+    fields = schedule_form(name="invoices", task="billing.send_invoices", interval="1")
+    fields["csrfmiddlewaretoken"] = _csrf(form.text)
     saved = browser.post(f"{base}/admin/scheduler/schedule/add/", data=fields, timeout=10, allow_redirects=False)
     assert saved.status_code == 302, saved.text[:4000]
 

@@ -31,6 +31,7 @@ from scheduler import leases
 from scheduler.backfill import backfill
 from scheduler.management.base import SchedulerCommand
 from scheduler.models import Execution, Instance, Lease, Schedule
+from tests.admin_forms import schedule_form
 from tests.services import free_port
 
 # Commands run through ManagementUtility close the database connection when
@@ -251,43 +252,6 @@ def staff() -> Client:
     client = Client()
     client.force_login(get_user_model().objects.create_superuser("root", "root@example.invalid", "pw"))
     return client
-
-
-def schedule_form(**fields: str) -> dict[str, str]:
-    """The admin's add form, filled in with a valid schedule, then ``fields``."""
-    return {
-        "name": "new",
-        "task": "scheduler.echo",
-        "args": "[]",
-        "kwargs": "{}",
-        "queue": "",
-        "priority": "",
-        "description": "",
-        "tenant": "",
-        "cron": "",
-        "interval": "60",
-        "run_at_0": "",
-        "run_at_1": "",
-        "timezone": "UTC",
-        "start_at_0": "",
-        "start_at_1": "",
-        "end_at_0": "",
-        "end_at_1": "",
-        "max_runs": "",
-        "overlap": "allow",
-        "catchup_window": "300",
-        "misfire": "run_all",
-        "jitter": "0",
-        "dst_gap": "shift",
-        "dst_fold": "first",
-        "timeout": "",
-        "max_retries": "0",
-        "retry_backoff": "1",
-        "pause_after_failures": "",
-        "enabled": "on",
-        "paused_reason": "",
-        **fields,
-    }
 
 
 def test_admin_add__the_valid_form_saves(staff: Client) -> None:
