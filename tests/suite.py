@@ -32,6 +32,8 @@ class RunResult:
     failed: int = 0
     errors: int = 0
     skipped: int = 0
+    #: "file::test: first line of the message" for each failed or erroring test
+    failures: tuple[str, ...] = ()
 
     @property
     def ok(self) -> bool:
@@ -49,7 +51,18 @@ def parse_junit(label: str, exit_code: int, path: Path) -> RunResult:
     suites = [root] if root.tag == "testsuite" else root.findall("testsuite")
     total = {key: sum(int(s.get(key, 0)) for s in suites) for key in ("tests", "failures", "errors", "skipped")}
     passed = total["tests"] - total["failures"] - total["errors"] - total["skipped"]
-    return RunResult(label, exit_code, passed, total["failures"], total["errors"], total["skipped"])
+    failures = tuple(
+        f"{case.get('classname', '')}::{case.get('name', '')}: {first_line(problem.get('message', ''))}"
+        for case in root.iter("testcase")
+        for problem in case
+        if problem.tag in ("failure", "error")
+    )
+    return RunResult(label, exit_code, passed, total["failures"], total["errors"], total["skipped"], failures)
+
+
+def first_line(text: str, limit: int = 300) -> str:
+    line = text.strip().splitlines()[0] if text.strip() else ""
+    return line[:limit]
 
 
 def banner(text: str) -> None:
@@ -97,7 +110,9 @@ def summary(results: list[RunResult]) -> str:
         )
         for r in results
     ]
-    return "\n".join([header, "-" * len(header), *rows])
+    # The names come last, so that the tail of a CI log says what failed.
+    failures = [f"{r.label}: {failure}" for r in results for failure in r.failures]
+    return "\n".join([header, "-" * len(header), *rows, *(["", "failed:", *failures] if failures else [])])
 
 
 def main(args: list[str]) -> int:
