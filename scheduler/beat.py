@@ -225,8 +225,8 @@ class LeaderScheduler(Scheduler):
             self._step_down("lost")
             return 0.0
         self._after_dispatch(report, token=lease.token)
-        more_pending = self._publish()
         self._start_broker_check(lease)
+        more_pending = self._publish()
         self._start_reconcile(lease)
         if more_pending or report.more:
             return 0.0
@@ -256,11 +256,11 @@ class LeaderScheduler(Scheduler):
             leases.release_many([lease for lease in held.values() if lease.name in exc.names])  # as in ``_tick``
             return 0.0
         self._after_dispatch(report, token=None)
-        more_pending = may_publish and self._publish()
         if 0 in held:
             # Shard 0's holder keeps house for all.
             self._start_broker_check(held[0])
             self._start_reconcile(held[0])
+        more_pending = may_publish and self._publish()
         if more_pending or report.more:
             return 0.0
         return self._seconds_until_next_work(
@@ -320,8 +320,13 @@ class LeaderScheduler(Scheduler):
 
         Not on the reconcile thread: a broker restart is repaired within
         seconds however long a reconcile pass takes. The first check under
-        a lease just taken (a new token) runs at once: a broker that
-        restarted while nobody led is repaired now, not a check later.
+        a lease just taken (a new token) runs at once, on this thread,
+        before the lease's first publish: a broker that restarted while
+        nobody led is repaired now, not a check later, and what this leader
+        sends afterwards is not taken for lost with it. (A second copy of a
+        running execution's message hides the first from Celery's revoke: a
+        worker tracks one request per task id, so a cancelled body would run
+        on.) Its broker calls are bounded (``broker.wait_seconds``).
         """
         check = settings.BROKER_CHECK_SECONDS
         started = time.monotonic()
@@ -330,8 +335,12 @@ class LeaderScheduler(Scheduler):
             return
         if self._broker_checker is not None and self._broker_checker.is_alive():
             return
+        first = under != self._broker_checked_under
         self._last_broker_check, self._broker_checked_under = started, under
-        self._broker_checker = self._thread("scheduler-broker-check", self._check_broker, lease)
+        if first:
+            self._check_broker(lease, on_own_thread=False)
+        else:
+            self._broker_checker = self._thread("scheduler-broker-check", self._check_broker, lease)
 
     def _thread(self, name: str, target: Any, lease: leases.LeaseHandle) -> threading.Thread:
         # The copied context carries the bound log fields (instance id, token) into the thread.
@@ -360,8 +369,8 @@ class LeaderScheduler(Scheduler):
         finally:
             connection.close()  # this thread's own connection (Django's are per thread)
 
-    def _check_broker(self, lease: leases.LeaseHandle) -> None:
-        """Send again what the broker lost, or what waited unclaimed too long, on this thread's own connection.
+    def _check_broker(self, lease: leases.LeaseHandle, *, on_own_thread: bool = True) -> None:
+        """Send again what the broker lost, or what waited unclaimed too long.
 
         Every ``queued`` execution sent before a check that finds a broker
         run nobody confirmed is sent again, including those this leader
@@ -386,7 +395,8 @@ class LeaderScheduler(Scheduler):
                 extra={"action": "broker_check_failed"},
             )
         finally:
-            connection.close()  # this thread's own connection (Django's are per thread)
+            if on_own_thread:
+                connection.close()  # this thread's own connection (Django's are per thread)
 
     @staticmethod
     def _still_held(lease: leases.LeaseHandle) -> leases.LeaseState | None:
