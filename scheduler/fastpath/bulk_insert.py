@@ -155,6 +155,8 @@ def insert_ignoring_conflicts(objs: Sequence[Model], *, key: str, batch_size: in
     if not FAST_PATH.fallen:
         try:
             plan = _plan(objs, alias, key, batch_size)
+        except _NotAValue:
+            raise  # the caller's mistake, not a broken internal
         except BREAKAGE as exc:
             FAST_PATH.fall_back(f"preparing an insert raised {exc!r}", exc)
         else:
@@ -162,6 +164,10 @@ def insert_ignoring_conflicts(objs: Sequence[Model], *, key: str, batch_size: in
                 if FAST_PATH.check_once(lambda: _difference(objs[:CHECKED_ROWS], plan.statement, alias)):
                     return _run(plan, cursor, alias)
     return _insert_by_bulk_create(objs, alias, key, batch_size)
+
+
+class _NotAValue(TypeError):
+    """An expression where the insert takes values."""
 
 
 @dataclass(frozen=True)
@@ -332,7 +338,7 @@ def _values(objs: Sequence[Model], column: _Column, connection: BaseDatabaseWrap
                 empties[kind] = field.get_db_prep_save(value, connection)
             return empties[kind]
         if hasattr(value, "resolve_expression"):
-            raise TypeError(f"insert_ignoring_conflicts() takes values, not expressions: {field.name}={value!r}")
+            raise _NotAValue(f"insert_ignoring_conflicts() takes values, not expressions: {field.name}={value!r}")
         return field.get_db_prep_save(value, connection)
 
     # Three spellings of one test, to keep the per-value work to a comparison.

@@ -13,6 +13,8 @@ import psycopg
 import pytest
 import time_machine
 from django.db import IntegrityError, connection, models
+from django.db.models import Value
+from django.db.models.functions import Upper
 
 from scheduler import executions, leases
 from scheduler.fastpath import bulk_insert
@@ -320,3 +322,13 @@ def test_slow_path__a_row_breaking_another_constraint_raises(fast_path: FastPath
     # When the rows are inserted, Then it raises, as the fast path does
     with pytest.raises(IntegrityError):
         executions.insert(rows)
+
+
+def test_insert__an_expression_for_a_value_raises_and_does_not_fall_back(fast_path: FastPath) -> None:
+    # Given a row with an expression where a value goes
+    row = _slots(schedule(), 1)[0]
+    row.task = Upper(Value("scheduler.echo"))  # type: ignore[assignment]  # the mistake under test
+    # When it is inserted, Then the caller's mistake is raised, and the fast path stays
+    with pytest.raises(TypeError, match="not expressions"):
+        executions.insert([row])
+    assert not fast_path.fallen
