@@ -323,7 +323,7 @@ def _publisher_ceiling(count: int) -> dict[str, Any]:
         elapsed = time.perf_counter() - started
     client.delete(QUEUE)
     return {
-        "what": f"scheduler.publisher: one pipeline per {PUBLISH_BATCH} messages, {count:,} messages",
+        "what": f"scheduler.fastpath.publisher: one pipeline per {PUBLISH_BATCH} messages, {count:,} messages",
         "per_second": count / elapsed,
     }
 
