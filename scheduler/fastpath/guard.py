@@ -33,8 +33,10 @@ class FastPath:
         self._lock = threading.RLock()  # check_once holds it while a failed check falls back
 
     def check_once(self, difference: Callable[[], str | None]) -> bool:
-        """On the first call in this process, run ``difference`` (the first way fast and slow results differ, or
-        ``None``) and fall back if it finds one or raises ``BREAKAGE``; return whether the fast path is still taken.
+        """Run the self-check ``difference`` on the first call in this process; return whether the fast path is taken.
+
+        ``difference`` returns the first way the fast and the slow result
+        differ, or ``None``; a difference, or ``BREAKAGE`` raised, falls back.
         """
         if not self._checked:
             with self._lock:
