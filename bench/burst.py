@@ -26,7 +26,7 @@ indexes and constraints; best of 3). The fraction is executions/s over the
 lower of the Redis (50 connections) and PostgreSQL ceilings. For reference,
 Celery's own cost of sending is measured too: ``send_task`` of 10,000
 messages on one producer, as the leader sent them before, and the
-publisher's fast path (``scheduler.publisher``: Celery's messages pushed in
+publisher's fast path (``scheduler.fastpath.publisher``: Celery's messages pushed in
 one Redis pipeline per batch), as it sends them now. The load average is
 recorded before and after: on a shared machine it says how far to trust
 the rates.
@@ -293,12 +293,12 @@ def _send_task_ceiling(count: int) -> dict[str, Any]:
 
 
 def _publisher_ceiling(count: int) -> dict[str, Any]:
-    """Send ``count`` messages the way the leader does now (``scheduler.publisher``, one pipeline per batch)."""
+    """Send ``count`` messages the way the leader does now (``scheduler.fastpath.publisher``, one pipeline per batch)."""
     from datetime import datetime, timezone
 
     from project.celery import app
-    from scheduler import publisher
     from scheduler.dispatch import PUBLISH_BATCH
+    from scheduler.fastpath import publisher
 
     client = _reset()
     now = datetime.now(timezone.utc)
@@ -323,7 +323,7 @@ def _publisher_ceiling(count: int) -> dict[str, Any]:
         elapsed = time.perf_counter() - started
     client.delete(QUEUE)
     return {
-        "what": f"scheduler.publisher: one pipeline per {PUBLISH_BATCH} messages, {count:,} messages",
+        "what": f"scheduler.fastpath.publisher: one pipeline per {PUBLISH_BATCH} messages, {count:,} messages",
         "per_second": count / elapsed,
     }
 

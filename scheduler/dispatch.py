@@ -26,10 +26,11 @@ from django.db import DatabaseError, connection, transaction
 from django.db.models import Count, F, Q
 from kombu.exceptions import OperationalError as BrokerError
 
-from scheduler import executions, leases, limits, policies, publisher, session_limits, tracing
+from scheduler import executions, leases, limits, policies, session_limits, tracing
 from scheduler.conf import settings
 from scheduler.exceptions import InFlightLocked, ScheduleInvalid, SubmissionInvalid
 from scheduler.failpoints import failpoint
+from scheduler.fastpath import publisher
 from scheduler.models import Execution, Schedule
 
 if TYPE_CHECKING:

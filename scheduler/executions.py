@@ -52,13 +52,14 @@ from django.db.models.functions import Cast, Concat, Now
 from django.db.models.sql import InsertQuery, UpdateQuery
 from django.db.transaction import TransactionManagementError
 
-from scheduler import bulk_insert, overdue, session_limits, tracing
+from scheduler import overdue, session_limits, tracing
 from scheduler.conf import settings
 from scheduler.exceptions import InFlightLocked, MessageRefused
 from scheduler.failpoints import failpoint
+from scheduler.fastpath import bulk_insert
+from scheduler.fastpath.prepared import Param, Prepared, RowReader
 from scheduler.models import Execution, Schedule
 from scheduler.models.tally import MESSAGE_REFUSED, TallyIncrement
-from scheduler.prepared import Param, Prepared, RowReader
 
 logger = logging.getLogger(__name__)
 
@@ -530,7 +531,7 @@ def _claim_sql(using: str, by_id: bool, claim_seconds: float) -> tuple[str, list
     return f"{sql} RETURNING {_ROW.columns(using)}", params
 
 
-#: The statements a worker runs for every task, compiled once per process (``scheduler.prepared``).
+#: The statements a worker runs for every task, compiled once per process (``scheduler.fastpath.prepared``).
 _CLAIM = Prepared(_claim_sql)
 _ROW = RowReader(Execution)
 

@@ -39,9 +39,10 @@ from prometheus_client.registry import Collector, CollectorRegistry
 
 from scheduler import cluster, executions, leases, shards
 from scheduler.conf import settings
+from scheduler.fastpath.guard import PATHS as FASTPATH_PATHS
 from scheduler.metrics_token import token_required
 from scheduler.models import Execution, Instance, Lease, Schedule, tally
-from scheduler.models.tally import DURATION_BUCKETS, MESSAGE_REFUSED
+from scheduler.models.tally import DURATION_BUCKETS, FASTPATH_FALLBACK, MESSAGE_REFUSED
 
 logger = logging.getLogger(__name__)
 
@@ -116,6 +117,7 @@ class DatabaseCollector(Collector):
         counts = tally.execution_counts()
         yield self._executions_total(counts)
         yield self._messages_refused(counts)
+        yield self._fastpath_fallbacks(counts)
         yield self._task_duration()
         yield self._executions_current()
         yield self._dispatch_lag(since=now - WINDOW)
@@ -152,7 +154,7 @@ class DatabaseCollector(Collector):
             labels=["status", "task", "trigger"],
         )
         for (status, task, trigger), count in sorted(counts.items()):
-            if status != MESSAGE_REFUSED:
+            if status not in (MESSAGE_REFUSED, FASTPATH_FALLBACK):
                 total.add_metric([status, task, trigger], count)
         return total
 
@@ -170,6 +172,21 @@ class DatabaseCollector(Collector):
         for reason, count in sorted(by_reason.items()):
             refused.add_metric([reason], count)
         return refused
+
+    def _fastpath_fallbacks(self, counts: dict[tuple[str, str, str], int]) -> CounterMetricFamily:
+        fallbacks = CounterMetricFamily(
+            "scheduler_fastpath_fallbacks",
+            "Processes that left a fast path for its slow path (scheduler.fastpath: its self-check found a "
+            "difference, or an upstream internal it mirrors was missing or changed), by path; expected 0.",
+            labels=["path"],
+        )
+        by_path = dict.fromkeys(FASTPATH_PATHS, 0)
+        for (status, _, path), count in counts.items():
+            if status == FASTPATH_FALLBACK:
+                by_path[path] = by_path.get(path, 0) + count
+        for path, count in sorted(by_path.items()):
+            fallbacks.add_metric([path], count)
+        return fallbacks
 
     def _task_duration(self) -> HistogramMetricFamily:
         histogram = HistogramMetricFamily(

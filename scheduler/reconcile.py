@@ -30,10 +30,11 @@ from django.db.models import F, Q
 from django.db.models.functions import Now
 from kombu.exceptions import OperationalError as BrokerError
 
-from scheduler import broker, dispatch, executions, policies, publisher, timing, tracing
+from scheduler import broker, dispatch, executions, policies, timing, tracing
 from scheduler.conf import settings
 from scheduler.exceptions import BrokerUnavailable, ScheduleInvalid
 from scheduler.failpoints import failpoint
+from scheduler.fastpath import publisher
 from scheduler.models import Execution, Instance, Schedule, tally
 
 if TYPE_CHECKING:

@@ -37,6 +37,9 @@ DURATION_BUCKETS = (0.1, 0.5, 1.0, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0, 3600.0)
 #: ``status`` of the increments (and tally rows) that count messages a worker refused (not an execution's
 #: status: ``executions.claim`` appends them, no trigger); ``trigger`` holds the reason and ``task`` is empty.
 MESSAGE_REFUSED = "refused"
+#: ``status`` of the increments that count a process leaving a fast path for its slow path
+#: (``scheduler.fastpath.guard`` appends them); ``trigger`` holds the path's name and ``task`` is empty.
+FASTPATH_FALLBACK = "fastpath_fallback"
 #: Increments one fold transaction moves into the totals at most.
 FOLD_BATCH = 20_000
 
@@ -78,10 +81,10 @@ class DurationTally(models.Model):
 
 
 class TallyIncrement(models.Model):
-    """One execution that reached a final status (or one refused message), not yet folded into the totals.
+    """One execution that reached a final status (or one refused message or fast path fallback), not yet folded.
 
     Written by the trigger of migration 0019 (and ``executions`` for a
-    refused message), read and deleted only by ``fold``. ``le`` is the
+    refused message, ``fastpath.guard`` for a fallback), read and deleted only by ``fold``. ``le`` is the
     run-time bucket and ``seconds`` the run time; empty and ``None`` when the
     execution never started.
     """

@@ -1,6 +1,6 @@
 """Messages published in batches (one Redis pipeline per batch) run on an unmodified worker as sent.
 
-``scheduler.publisher`` builds Celery's own messages and pushes each batch
+``scheduler.fastpath.publisher`` builds Celery's own messages and pushes each batch
 in one Redis pipeline. Here more rows than one batch holds go out in one
 pass, with every option the beat sets (execution id header, queue,
 priority, time limits, an ETA from jitter), and a plain
@@ -25,7 +25,8 @@ import redis
 from django_celery_results.models import TaskResult
 
 from project.celery import app
-from scheduler import dispatch, executions, leases, policies, publisher
+from scheduler import dispatch, executions, leases, policies
+from scheduler.fastpath import publisher
 from scheduler.models import Execution, Schedule
 from tests import tasks as test_tasks
 from tests.processes import CeleryProcess, wait_until

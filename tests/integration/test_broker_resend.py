@@ -11,7 +11,8 @@ import redis
 from celery import Celery
 
 from project.celery import app
-from scheduler import broker, dispatch, executions, leases, publisher
+from scheduler import broker, dispatch, executions, leases
+from scheduler.fastpath import publisher
 from scheduler.models import Execution, Schedule
 from scheduler.reconcile import reconcile, resend_after_broker_restart, resend_unclaimed
 

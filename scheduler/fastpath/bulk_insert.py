@@ -29,6 +29,27 @@ binary parameters, which psycopg builds in about a third of the time it
 takes to quote them into the SQL text as Django's client-side cursor does.
 SQLite (3.35+, for ``RETURNING``) gets one multi-row ``INSERT ... VALUES``
 per batch, as many rows as its limit on parameters allows.
+
+Mirrors, checked against Django 5.2.19 and psycopg 3.3.9 (``requirements.txt``):
+
+- ``QuerySet.bulk_create`` and ``SQLInsertCompiler.as_sql``,
+  ``prepare_value``, ``pre_save_val`` (``django/db/models/query.py``,
+  ``django/db/models/sql/compiler.py``): which fields are written, and each
+  value through ``pre_save`` and ``get_db_prep_save``; ``Field.generated``,
+  ``Field.db_default``;
+- ``SQLInsertCompiler.as_sql`` of the PostgreSQL backend
+  (``django/db/backends/postgresql/compiler.py``): its ``UNNEST`` insert;
+- ``Model._prepare_related_fields_for_save`` (``django/db/models/base.py``);
+- ``DatabaseOperations.adapt_datetimefield_value`` of each backend;
+- ``BaseDatabaseWrapper.validate_thread_sharing``, ``wrap_database_errors``,
+  ``make_cursor``, ``make_debug_cursor`` (``django/db/backends/base/base.py``)
+  and psycopg's ``Cursor.execute(prepare=...)``: a server-binding cursor
+  that Django logs and checks as its own.
+
+Self-check (``FAST_PATH``): the first insert in a process also prepares its
+first ``CHECKED_ROWS`` rows as ``bulk_create`` does, every column through
+its field, and the values must be those the fast path sends. A difference,
+or an internal gone or changed, inserts by ``bulk_create`` from then on.
 """
 
 from __future__ import annotations
@@ -42,13 +63,20 @@ from itertools import chain
 from operator import attrgetter
 from typing import Any, cast
 
-from django.db import connections, models, router, transaction
+from django.db import IntegrityError, connections, models, router, transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.backends.utils import CursorWrapper
 from django.db.models import DateField, Field, Model
 from django.db.models.fields import NOT_PROVIDED
 from django.db.models.functions import Now
 from django.db.models.sql import Query
+
+from scheduler.fastpath.guard import BREAKAGE, FastPath, comparable
+
+#: Whether this process inserts by its own statement; else by ``bulk_create`` (``_insert_by_bulk_create``).
+FAST_PATH = FastPath("bulk_insert", slow_path="bulk_create, one savepoint per batch")
+#: Rows of the first insert in a process whose prepared values are compared with ``bulk_create``'s.
+CHECKED_ROWS = 100
 
 #: Django's fields whose ``get_db_prep_save`` returns a value of this Python type as it is
 #: (``str`` subclasses such as ``TextChoices`` members included; ``int`` ones, ``bool``, not).
@@ -124,29 +152,103 @@ def insert_ignoring_conflicts(objs: Sequence[Model], *, key: str, batch_size: in
     if any(obj.pk is not None for obj in objs):
         raise ValueError("insert_ignoring_conflicts() takes unsaved instances only (no primary key)")
     alias = router.db_for_write(model)
+    if not FAST_PATH.fallen:
+        try:
+            plan = _plan(objs, alias, key, batch_size)
+        except _NotAValue:
+            raise  # the caller's mistake, not a broken internal
+        except BREAKAGE as exc:
+            FAST_PATH.fall_back(f"preparing an insert raised {exc!r}", exc)
+        else:
+            with plan.cursor as cursor:
+                if FAST_PATH.check_once(lambda: _difference(objs[:CHECKED_ROWS], plan.statement, alias)):
+                    return _run(plan, cursor, alias)
+    return _insert_by_bulk_create(objs, alias, key, batch_size)
+
+
+class _NotAValue(TypeError):
+    """An expression where the insert takes values."""
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """An insert worked out before any of it runs (a broken internal raises here, not halfway)."""
+
+    statement: _Statement
+    #: (SQL, parameters) of each batch.
+    batches: list[tuple[str, list[Any]]]
+    cursor: CursorWrapper
+
+
+def _plan(objs: Sequence[Model], alias: str, key: str, batch_size: int) -> _Plan:
     connection = connections[alias]
-    statement = _statement(model, alias, connection.vendor, key)
+    statement = _statement(type(objs[0]), alias, connection.vendor, key)
     for column in statement.columns:
         if column.field.is_relation:
             _check_related(objs, cast("models.ForeignKey[Any, Any]", column.field))
+    batches: list[tuple[str, list[Any]]] = []
+    if statement.by_column:
+        for start in range(0, len(objs), batch_size):
+            batch = objs[start : start + batch_size]
+            batches.append((statement.by_column, [_values(batch, column, connection) for column in statement.columns]))
+        return _Plan(statement, batches, _binding_cursor(connection))
+    size = max(1, min(batch_size, _parameters_limit(connection) // len(statement.columns)))
+    for start in range(0, len(objs), size):
+        batch = objs[start : start + size]
+        columns = [_values(batch, column, connection) for column in statement.columns]
+        batches.append((_values_sql(statement, len(batch)), list(chain.from_iterable(zip(*columns)))))
+    return _Plan(statement, batches, connection.cursor())
+
+
+def _run(plan: _Plan, cursor: CursorWrapper, alias: str) -> list[Any]:
     stored: list[Any] = []
     with transaction.atomic(using=alias, savepoint=False):
-        if statement.by_column:
-            with _binding_cursor(connection) as cursor:
-                for start in range(0, len(objs), batch_size):
-                    batch = objs[start : start + batch_size]
-                    cursor.execute(
-                        statement.by_column, [_values(batch, column, connection) for column in statement.columns]
-                    )
-                    stored += [row[0] for row in cursor.fetchall()]
+        for sql, params in plan.batches:
+            cursor.execute(sql, params)
+            stored += [row[0] for row in cursor.fetchall()]
+    return stored
+
+
+def _difference(objs: Sequence[Model], statement: _Statement, alias: str) -> str | None:
+    """The first value the fast path sends that ``bulk_create``'s field preparation would not; ``None``: alike."""
+    connection = connections[alias]
+    for column in statement.columns:
+        field = column.field
+        fast = _values(objs, column, connection)
+        slow = [field.get_db_prep_save(field.pre_save(obj, True), connection) for obj in objs]
+        for sent, prepared in zip(fast, slow, strict=True):
+            if comparable(sent) != comparable(prepared):
+                return f"{field.name}: {sent!r} where bulk_create sends {prepared!r}"
+    return None
+
+
+def _insert_by_bulk_create(objs: Sequence[Model], alias: str, key: str, batch_size: int) -> list[Any]:
+    """The slow path: ``bulk_create`` a batch at a time in a savepoint, row by row in a batch that meets a conflict.
+
+    Stores the same rows, but ``auto_now`` and ``auto_now_add`` fields take
+    this process's clock, and the instances stored get their primary key.
+    """
+    model = type(objs[0])
+    rows = model._base_manager.db_manager(alias)
+    attname = cast("Field[Any, Any]", model._meta.get_field(key)).attname
+    stored: list[Any] = []
+    for start in range(0, len(objs), batch_size):
+        batch = objs[start : start + batch_size]
+        try:
+            with transaction.atomic(using=alias):
+                rows.bulk_create(batch)
+        except IntegrityError:
+            for obj in batch:
+                try:
+                    with transaction.atomic(using=alias):
+                        rows.bulk_create([obj])
+                except IntegrityError:
+                    if not rows.filter(**{attname: getattr(obj, attname)}).exists():
+                        raise  # not a taken key: another constraint
+                else:
+                    stored.append(getattr(obj, attname))
         else:
-            size = max(1, min(batch_size, _parameters_limit(connection) // len(statement.columns)))
-            with connection.cursor() as cursor:
-                for start in range(0, len(objs), size):
-                    batch = objs[start : start + size]
-                    columns = [_values(batch, column, connection) for column in statement.columns]
-                    cursor.execute(_values_sql(statement, len(batch)), list(chain.from_iterable(zip(*columns))))
-                    stored += [row[0] for row in cursor.fetchall()]
+            stored += [getattr(obj, attname) for obj in batch]
     return stored
 
 
@@ -236,7 +338,7 @@ def _values(objs: Sequence[Model], column: _Column, connection: BaseDatabaseWrap
                 empties[kind] = field.get_db_prep_save(value, connection)
             return empties[kind]
         if hasattr(value, "resolve_expression"):
-            raise TypeError(f"insert_ignoring_conflicts() takes values, not expressions: {field.name}={value!r}")
+            raise _NotAValue(f"insert_ignoring_conflicts() takes values, not expressions: {field.name}={value!r}")
         return field.get_db_prep_save(value, connection)
 
     # Three spellings of one test, to keep the per-value work to a comparison.

@@ -1,4 +1,7 @@
-"""The worker's per-task statements, compiled once per process (``scheduler.prepared``), write what the ORM writes."""
+"""The worker's per-task statements, compiled once per process (``scheduler.fastpath.prepared``), write what the ORM writes.
+
+A Django internal changed under them compiles each statement per call, with one warning and one count.
+"""
 
 from __future__ import annotations
 
@@ -6,14 +9,29 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
+from django.db.models.sql.compiler import SQLUpdateCompiler
 
 from scheduler import executions, leases
 from scheduler.executions import Claim
+from scheduler.fastpath import prepared
+from scheduler.fastpath.guard import FastPath
 from scheduler.models import Execution
+from tests.integration.fastpath_support import fallback_warnings, fallbacks_counted, fresh
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 Status = Execution.Status
+
+
+@pytest.fixture(autouse=True)
+def fast_path(monkeypatch: pytest.MonkeyPatch) -> FastPath:
+    """The worker's statements as a new process has them: not compiled, not checked."""
+    for statement in (executions._CLAIM, executions._FINISH, executions._RESULT, executions._AD_HOC):
+        monkeypatch.setattr(statement, "_compiled", {})
+    monkeypatch.setattr(executions._ROW, "_checked", set())
+    return fresh(monkeypatch, prepared)
+
+
 #: Every column but those that differ between two rows by design.
 COMPARED = [
     field.attname
@@ -42,7 +60,7 @@ def columns(key: str) -> dict[str, Any]:
 
 @pytest.mark.parametrize("result", [None, {"rows": [1, 2]}, ["a"], "text", 0, False])
 @pytest.mark.parametrize("status", [Status.SUCCEEDED, Status.FAILED, Status.TIMED_OUT])
-def test_finish__writes_the_row_the_orm_update_writes(status: str, result: Any) -> None:
+def test_finish__writes_the_row_the_orm_update_writes(status: str, result: Any, fast_path: FastPath) -> None:
     # Given two running executions, one finished by the worker's statement, one by the ORM's update
     queued("prepared", "orm")
     held, other = claimed("prepared"), claimed("orm")
@@ -52,6 +70,8 @@ def test_finish__writes_the_row_the_orm_update_writes(status: str, result: Any) 
     # Then the rows are alike, a None result included (SQL NULL, not JSON null)
     assert columns("prepared") == columns("orm")
     assert Execution.objects.filter(result__isnull=True).count() == (2 if result is None else 0)
+    # by statements compiled once, which the self-check found alike the ORM's
+    assert not fast_path.fallen
 
 
 def test_finish__by_a_superseded_attempt_writes_nothing() -> None:
@@ -114,3 +134,29 @@ def test_record_ad_hoc__writes_the_row_insert_writes_once() -> None:
     assert recorded.created_at is not None
     # and queued since then, on the database's clock (a queued row says since when it waits)
     assert now <= recorded.enqueued_at <= leases.db_now()
+
+
+def test_compiler_changed__self_check_compiles_per_call(
+    fast_path: FastPath, monkeypatch: pytest.MonkeyPatch, caplog: Any
+) -> None:
+    # Given a Django whose UPDATE compiler no longer hands an expression's parameters on as they are
+    original = SQLUpdateCompiler.as_sql
+
+    def as_sql(compiler: SQLUpdateCompiler) -> tuple[str, tuple[Any, ...]]:
+        sql, params = original(compiler)
+        return sql, tuple(repr(param) if isinstance(param, prepared.Param) else param for param in params)
+
+    monkeypatch.setattr(SQLUpdateCompiler, "as_sql", as_sql)
+    queued("prepared", "orm")
+    # When a worker claims and finishes one execution, and the ORM the other
+    held, other = claimed("prepared"), claimed("orm")
+    assert executions.finish(held, status=Status.SUCCEEDED, result={"rows": [1]}, error="", traceback_text="")
+    assert executions._finish_rows(other.rows(), Status.SUCCEEDED, {"rows": [1]}, "", "") == 1
+    # Then the self-check found the difference before the claim ran: both ran compiled per call, alike
+    assert fast_path.fallen
+    assert held.attempt == other.attempt == 1
+    assert columns("prepared") == columns("orm")
+    # and the fallback was logged once and counted once
+    [warning] = fallback_warnings(caplog)
+    assert "Param" in warning.getMessage()
+    assert fallbacks_counted("prepared") == 1

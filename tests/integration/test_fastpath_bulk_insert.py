@@ -1,21 +1,37 @@
-"""executions.insert (scheduler.bulk_insert): the rows bulk_create wrote, conflicts ignored, at a lower cost."""
+"""executions.insert (scheduler.fastpath.bulk_insert): the rows bulk_create wrote, conflicts ignored, at a lower cost.
+
+A Django or driver internal gone or changed inserts by ``bulk_create``, with one warning and one count.
+"""
 
 from __future__ import annotations
 
+import sqlite3
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
+import psycopg
 import pytest
 import time_machine
-from django.db import IntegrityError, connection
+from django.db import IntegrityError, connection, models
+from django.db.models import Value
+from django.db.models.functions import Upper
 
 from scheduler import executions, leases
+from scheduler.fastpath import bulk_insert
+from scheduler.fastpath.guard import FastPath
 from scheduler.models import Execution, Schedule, tally
+from tests.integration.fastpath_support import fallback_warnings, fallbacks_counted, fresh
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 Status = Execution.Status
 AT = datetime(2026, 3, 29, 1, 30, 15, 123456, tzinfo=timezone.utc)
+
+
+@pytest.fixture(autouse=True)
+def fast_path(monkeypatch: pytest.MonkeyPatch) -> FastPath:
+    """The insert's fast path as a new process has it: not yet checked."""
+    return fresh(monkeypatch, bulk_insert)
 
 
 def schedule(name: str = "nightly", **fields: Any) -> Schedule:
@@ -74,7 +90,7 @@ def stored(prefix: str) -> list[tuple[Any, ...]]:
     return [tuple((name, value) for name, value in zip(names, row) if name not in skipped) for row in rows]
 
 
-def test_insert__writes_every_column_as_bulk_create_wrote_it() -> None:
+def test_insert__writes_every_column_as_bulk_create_wrote_it(fast_path: FastPath) -> None:
     # Given rows of every kind, built twice
     source = schedule(args=["a", 1], kwargs={"k": [1, 2]}, queue="q", priority=3, timeout=60, tenant="acme")
     earlier = Execution.objects.create(idempotency_key="earlier", task="scheduler.echo", scheduled_for=AT)
@@ -91,6 +107,8 @@ def test_insert__writes_every_column_as_bulk_create_wrote_it() -> None:
     assert len(got) == 5
     for want, have in zip(expected, got, strict=True):
         assert have == want
+    # by the fast path, which the self-check found alike bulk_create
+    assert not fast_path.fallen
     # But for created_at: the database's clock for insert, this process's for bulk_create
     created = Execution.objects.filter(idempotency_key__startswith="b:").values_list("created_at", flat=True)
     assert all(before <= at <= after for at in created)
@@ -230,3 +248,87 @@ def test_record_ad_hoc__a_row_breaking_another_constraint_raises() -> None:
     call["queue"] = ""
     assert executions.record_ad_hoc("celery-1", **call) == executions.record_ad_hoc("celery-1", **call)
     assert Execution.objects.count() == 1
+
+
+def _slots(source: Schedule, count: int) -> list[Execution]:
+    return [
+        executions.execution_for(source, AT + timedelta(hours=n), status=Status.PENDING, now=AT) for n in range(count)
+    ]
+
+
+def test_field_preparation_changed__self_check_inserts_by_bulk_create(
+    fast_path: FastPath, monkeypatch: pytest.MonkeyPatch, caplog: Any
+) -> None:
+    # Given a Django whose CharField now strips its values, which the fast path passes by as they are
+    original = models.CharField.get_prep_value
+    monkeypatch.setattr(models.CharField, "get_prep_value", lambda field, value: original(field, value).strip())
+    source = schedule()
+    rows = _slots(source, 3)
+    for row in rows:
+        row.task = "scheduler.echo  "
+    # When the rows are recorded, and then recorded again
+    created = executions.record(rows)
+    again = executions.record(_slots(source, 4))
+    # Then the self-check found the difference before anything was written: bulk_create stored them,
+    # as Django prepares them now, and the second time only the new key
+    assert fast_path.fallen
+    assert len(created) == 3
+    assert set(Execution.objects.values_list("task", flat=True)) == {"scheduler.echo"}
+    assert len(again) == 1 and Execution.objects.count() == 4
+    # and the fallback was logged once, naming the column, and counted once
+    [warning] = fallback_warnings(caplog)
+    assert "task" in warning.getMessage()
+    assert fallbacks_counted("bulk_insert") == 1
+
+
+def test_driver_internal_gone__inserts_by_bulk_create(
+    fast_path: FastPath, monkeypatch: pytest.MonkeyPatch, caplog: Any
+) -> None:
+    # Given a database driver without what the fast path builds on: psycopg's Cursor class
+    # (PostgreSQL), sqlite3's SQLITE_LIMIT_VARIABLE_NUMBER (SQLite); Django's own backend holds on to its
+    if connection.vendor == "postgresql":
+        bulk_insert._unprepared_cursor.cache_clear()
+        monkeypatch.delattr(psycopg, "Cursor")
+    else:
+        monkeypatch.delattr(sqlite3, "SQLITE_LIMIT_VARIABLE_NUMBER")
+    source = schedule()
+    rows = _slots(source, 3)
+    # When rows are recorded twice, the second time with one taken key and one new
+    try:
+        created = executions.record(rows)
+        again = executions.record([*_slots(source, 2)[1:], *_slots(source, 4)[3:]])
+    finally:
+        bulk_insert._unprepared_cursor.cache_clear()  # built again with the driver as it is
+    # Then every row is stored by bulk_create, a taken key once only
+    assert fast_path.fallen
+    assert len(created) == 3 and len(again) == 1
+    assert Execution.objects.count() == 4
+    # and the fallback was logged once and counted once
+    [warning] = fallback_warnings(caplog)
+    assert "bulk_insert" in warning.getMessage()
+    assert fallbacks_counted("bulk_insert") == 1
+
+
+@pytest.mark.parametrize(
+    "broken",
+    [pytest.param({"task": None}, id="not-null"), pytest.param({"attempt": -1}, id="check")],
+)
+def test_slow_path__a_row_breaking_another_constraint_raises(fast_path: FastPath, broken: dict[str, Any]) -> None:
+    # Given the slow path (a process that fell back), and a batch with a row that breaks another constraint
+    fast_path.fall_back("a test")
+    rows = _slots(schedule(), 3)
+    for name, value in broken.items():
+        setattr(rows[1], name, value)
+    # When the rows are inserted, Then it raises, as the fast path does
+    with pytest.raises(IntegrityError):
+        executions.insert(rows)
+
+
+def test_insert__an_expression_for_a_value_raises_and_does_not_fall_back(fast_path: FastPath) -> None:
+    # Given a row with an expression where a value goes
+    row = _slots(schedule(), 1)[0]
+    row.task = Upper(Value("scheduler.echo"))  # type: ignore[assignment]  # the mistake under test
+    # When it is inserted, Then the caller's mistake is raised, and the fast path stays
+    with pytest.raises(TypeError, match="not expressions"):
+        executions.insert([row])
+    assert not fast_path.fallen

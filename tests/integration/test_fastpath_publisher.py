@@ -1,4 +1,7 @@
-"""The publisher's fast path puts exactly send_task's messages into Redis; other brokers take send_task."""
+"""The publisher's fast path puts exactly send_task's messages into Redis; other brokers take send_task.
+
+A Celery or kombu internal gone or changed sends by ``send_task``, with one warning and one count.
+"""
 
 from __future__ import annotations
 
@@ -9,15 +12,26 @@ from typing import Any
 import pytest
 import redis
 from celery import Celery, signals
-from kombu import Connection
+from celery.app.amqp import AMQP
+from kombu import Connection, Producer
 from kombu.exceptions import OperationalError as BrokerError
 
 from project.celery import app
-from scheduler import dispatch, executions, leases, policies, publisher
+from scheduler import dispatch, executions, leases, policies
+from scheduler.fastpath import publisher
+from scheduler.fastpath.guard import FastPath
 from scheduler.models import Execution, Schedule
 from tests import tasks as test_tasks  # noqa: F401  (registers tests.record with the app)
+from tests.integration.fastpath_support import fallback_warnings, fallbacks_counted, fresh
 
 pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture(autouse=True)
+def fast_path(monkeypatch: pytest.MonkeyPatch) -> FastPath:
+    """The publisher's fast path as a new process has it: not yet checked."""
+    return fresh(monkeypatch, publisher)
+
 
 #: kombu's Redis transport keeps a list per priority step, named ``<queue>\x06\x16<step>``.
 PRIORITY_SEP = "\x06\x16"
@@ -51,7 +65,7 @@ def _messages(client: redis.Redis) -> dict[str, list[dict[str, Any]]]:
     return found
 
 
-def test_fast_path__messages_equal_send_tasks(redis_client: redis.Redis) -> None:
+def test_fast_path__messages_equal_send_tasks(redis_client: redis.Redis, fast_path: FastPath) -> None:
     # Given pending rows with every option, and one database time for both sends
     rows = _rows()
     now = leases.db_now()
@@ -66,6 +80,8 @@ def test_fast_path__messages_equal_send_tasks(redis_client: redis.Redis) -> None
         slow = _messages(redis_client)
     # Then the same lists hold the same messages, byte for byte but the delivery tag
     assert fast == slow
+    # and the self-check found the fast path alike kombu's producer
+    assert not fast_path.fallen
     assert sorted(fast) == ["celery", f"other{PRIORITY_SEP}6"]
     # and they carry what the worker needs: the execution header, limits, priority, ETA
     by_id = {m["headers"][Execution.MESSAGE_HEADER]: m for messages in fast.values() for m in messages}
@@ -152,3 +168,73 @@ def test_publish_signals__sent_on_the_fast_path_when_something_listens(redis_cli
     assert len(messages) == len(rows) and all(m["headers"]["added"] == "by a receiver" for m in messages)
     assert sorted(sender for sender, _ in seen) == ["tests.record"] * len(rows)
     assert all(isinstance(body, tuple) and len(body) == 3 for _, body in seen)
+
+
+def _consumed() -> dict[str, list[int]]:
+    """Take every message off the queues ``_rows`` routes to, as a consumer does: {queue: execution ids}."""
+    received: dict[str, list[int]] = {}
+    with Connection(app.conf.broker_url) as conn:
+        for queue in ("celery", "other"):
+            with conn.SimpleQueue(queue) as simple:
+                while True:
+                    try:
+                        message = simple.get(timeout=2)
+                    except simple.Empty:
+                        break
+                    received.setdefault(queue, []).append(message.headers[Execution.MESSAGE_HEADER])
+                    message.ack()
+    return {queue: sorted(ids) for queue, ids in received.items()}
+
+
+def _expected(rows: list[dict[str, Any]]) -> dict[str, list[int]]:
+    return {
+        "celery": sorted(row["id"] for row in rows if row["queue"] != "other"),
+        "other": [row["id"] for row in rows if row["queue"] == "other"],
+    }
+
+
+def test_celery_internal_gone__sends_by_send_task_one_warning_one_count(
+    redis_client: redis.Redis, fast_path: FastPath, monkeypatch: pytest.MonkeyPatch, caplog: Any
+) -> None:
+    # Given a Celery whose AMQP.as_task_v2, which the fast path calls, is gone (send_task keeps its own
+    # reference to it, as a renamed internal would be kept)
+    monkeypatch.delattr(AMQP, "as_task_v2")
+    rows = _rows()
+    first, second = rows[:2], rows[2:]
+    # When two passes publish the rows
+    assert sorted(dispatch.publish(app, first, now=leases.db_now())) == sorted(row["id"] for row in first)
+    assert sorted(dispatch.publish(app, second, now=leases.db_now())) == sorted(row["id"] for row in second)
+    # Then every message is published by send_task and consumed from its queue, every row queued
+    assert fast_path.fallen
+    assert _consumed() == _expected(rows)
+    assert not Execution.objects.exclude(status=Execution.Status.QUEUED).exists()
+    # and the fallback was logged once and counted once
+    [warning] = fallback_warnings(caplog)
+    assert "publisher" in warning.getMessage() and "as_task_v2" in warning.getMessage()
+    assert fallbacks_counted("publisher") == 1
+
+
+def test_kombu_message_changed__self_check_sends_by_send_task(
+    redis_client: redis.Redis, fast_path: FastPath, monkeypatch: pytest.MonkeyPatch, caplog: Any
+) -> None:
+    # Given a kombu whose producer puts a property in every message that the fast path does not know of
+    original = Producer.publish
+
+    def publish(self: Producer, body: Any, **kwargs: Any) -> Any:
+        return original(self, body, **kwargs, x_new_property="kombu 5.8")
+
+    monkeypatch.setattr(Producer, "publish", publish)
+    rows = _rows()
+    # When a pass publishes the rows
+    dispatch.publish(app, rows, now=leases.db_now())
+    # Then the self-check found the difference before anything was sent: every message is send_task's
+    assert fast_path.fallen
+    messages = [m for found in _messages(redis_client).values() for m in found]
+    assert len(messages) == len(rows)
+    assert all(m["properties"]["x_new_property"] == "kombu 5.8" for m in messages)
+    assert _consumed() == _expected(rows)
+    # and the fallback was logged once, naming the difference, and counted once
+    [warning] = fallback_warnings(caplog)
+    assert "x_new_property" in warning.getMessage()
+    assert fallbacks_counted("publisher") == 1
+    assert fallbacks_counted("bulk_insert") == 0

@@ -8,7 +8,7 @@ once, builds every message with the same Celery and kombu code that
 the Redis channel's ``prepare_message``, envelope and priority list name)
 and pushes a batch with one LPUSH per list in one pipeline. An unmodified
 ``celery worker`` cannot tell the messages apart (protocol 2, headers, ETA,
-time limits, priority, queue); ``tests/integration/test_publisher.py``
+time limits, priority, queue); ``tests/integration/test_fastpath_publisher.py``
 compares them with ``send_task``'s field for field, less the random delivery tag.
 
 Celery's ``before_task_publish`` and ``after_task_publish`` signals are
@@ -18,14 +18,38 @@ publishing from inside a task (parent and root ids), task-level
 ``expires``, and routes to a named exchange take ``send_task``, as does
 every broker other than Redis. Nothing waits for these messages' results,
 so the result backend is not told of them (``on_task_call``).
+
+Mirrors, checked against celery 5.7.0 and kombu 5.7.0 (``requirements.txt``):
+
+- celery ``Celery.send_task`` (``celery/app/base.py``): its option merging
+  (``app._tasks``, ``Task._get_exec_options``, ``amqp.router.route``,
+  ``app.thread_oid``, ``anon_nodename()``, ``saferepr`` of the arguments);
+- celery ``AMQP._create_task_sender.<locals>.send_task_message``
+  (``celery/app/amqp.py``): default queue, delivery mode, the anonymous
+  direct exchange, the publish signals;
+- kombu ``Producer.publish``, ``Producer._publish``,
+  ``Producer._delivery_details``, ``Producer._prepare`` (``kombu/messaging.py``);
+- kombu ``virtual.Channel.basic_publish`` and ``_inplace_augment_message``
+  (``kombu/transport/virtual/base.py``), ``redis.Channel._put``,
+  ``_q_for_pri``, ``_get_message_priority``, ``priority_steps``, ``_expires``
+  and ``conn_or_acquire`` (``kombu/transport/redis.py``).
+
+Self-check (``FAST_PATH``): the first message a process builds is also put
+through kombu's own ``Producer.publish`` on the same channel, stopped at the
+Redis channel's ``_put``, and the two must be equal but for the random
+delivery tag; the rest of ``send_task`` (routing, options) is Celery's own
+code called here, compared with ``send_task`` by the test above. A
+difference, or an internal gone or changed, sends every later message of
+the process by ``send_task``.
 """
 
 from __future__ import annotations
 
+import copy
 import uuid
 from collections import defaultdict
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
@@ -39,12 +63,16 @@ from kombu.utils.json import dumps
 
 from scheduler import broker, policies, tracing
 from scheduler.conf import settings
+from scheduler.fastpath.guard import BREAKAGE, FastPath
 from scheduler.models import Execution
 
 if TYPE_CHECKING:
     from celery import Celery
     from kombu import Connection
 
+
+#: Whether this process builds messages itself; else ``send_task`` sends them all.
+FAST_PATH = FastPath("publisher", slow_path="Celery's send_task")
 
 #: Options a route may carry that the fast path expresses; any other sends by ``send_task``.
 _ROUTE_OPTIONS = frozenset(
@@ -95,6 +123,16 @@ class _Route:
 
 
 @dataclass(frozen=True)
+class _Message:
+    """What Celery's ``as_task_v2`` made of a row, with the scheduler's headers: what kombu's producer is given."""
+
+    route: _Route
+    headers: dict[str, Any]
+    properties: dict[str, Any]
+    body: Any
+
+
+@dataclass(frozen=True)
 class _Built:
     """One message ready to push: its Redis list, the queue it routes to, the envelope, Celery's body."""
 
@@ -102,6 +140,19 @@ class _Built:
     queue: str
     message: dict[str, Any]
     body: Any
+
+
+@dataclass(frozen=True)
+class _Batch:
+    """A batch's pipeline, worked out before any of it is sent (a broken internal raises here, not halfway)."""
+
+    #: The Redis channel's client, as ``_put`` acquires it.
+    client: Callable[[], AbstractContextManager[Any]]
+    #: {Redis list: serialised messages}.
+    lists: dict[str, list[str]]
+    #: (Redis list, milliseconds) for each list of a queue declared with ``x-expires``.
+    expiries: list[tuple[str, int]]
+    built: list[_Built]
 
 
 class Publisher:
@@ -139,22 +190,90 @@ class Publisher:
         On failure, some of the messages may have been delivered: the caller
         leaves the rows ``pending``, and a message sent twice is claimed once.
         """
-        slow: list[dict[str, Any]] = []
-        if self.fast:
-            built = []
-            for row in rows:
-                message = self._build(row, now=now)
-                if message is None:
-                    slow.append(row)
-                else:
-                    built.append(message)
-            self._push(built)
-        else:
-            slow = rows
+        slow = rows
+        if self.fast and not FAST_PATH.fallen:
+            try:
+                messages, slow = self._messages(rows, now=now)
+            except BREAKAGE as exc:
+                FAST_PATH.fall_back(f"building a message raised {exc!r}", exc)
+            else:
+                if messages and FAST_PATH.check_once(lambda: self._difference(messages[0])):
+                    try:
+                        batch = self._batch([self._build(message) for message in self._announced(messages)])
+                    except BREAKAGE as exc:
+                        # Nothing of the batch was sent: send_task sends all of it.
+                        FAST_PATH.fall_back(f"building a batch raised {exc!r}", exc)
+                    else:
+                        self._push(batch)
+                if FAST_PATH.fallen:
+                    slow = rows
         if slow:
             self._send_tasks(slow, now=now)
 
     # --- the fast path ----------------------------------------------------------------
+
+    def _messages(self, rows: list[dict[str, Any]], *, now: datetime) -> tuple[list[_Message], list[dict[str, Any]]]:
+        """Return Celery's messages for ``rows``, and the rows only ``send_task`` can express."""
+        messages, slow = [], []
+        for row in rows:
+            message = self._message(row, now=now)
+            if message is None:
+                slow.append(row)
+            else:
+                messages.append(message)
+        return messages, slow
+
+    def _announced(self, messages: list[_Message]) -> list[_Message]:
+        """Send Celery's ``before_task_publish`` for each message, if anyone listens; a receiver may add headers."""
+        if signals.before_task_publish.receivers:
+            for message in messages:
+                signals.before_task_publish.send(
+                    sender=message.headers["task"],
+                    body=message.body,
+                    exchange="",
+                    routing_key=message.route.queue,
+                    declare=[],
+                    headers=message.headers,
+                    properties=message.properties,
+                    retry_policy={},
+                )
+        return messages
+
+    def _difference(self, message: _Message) -> str | None:
+        """How the fast path's envelope of ``message`` differs from kombu's producer's; ``None``: alike.
+
+        kombu's own ``Producer.publish`` runs on the same channel, stopped
+        at the Redis channel's ``_put``, so nothing of it is sent.
+        """
+        channel: Any = self.connection.default_channel  # kombu's Redis channel
+        if not hasattr(type(channel), "_put"):  # shadowing it below would stop nothing
+            return "kombu's Redis channel has no _put"
+        slow = copy.deepcopy(message)
+        captured: list[tuple[str, dict[str, Any]]] = []
+        channel._put = lambda queue, sent, **kwargs: captured.append((queue, sent))
+        try:
+            self.producer.publish(
+                slow.body,
+                exchange="",
+                routing_key=slow.route.queue,
+                serializer=slow.route.serializer,
+                compression=slow.route.compression,
+                delivery_mode=slow.route.delivery_mode,
+                headers=slow.headers,
+                retry=False,
+                **slow.properties,
+            )
+        finally:
+            del channel._put
+        if len(captured) != 1:
+            return f"kombu's Producer.publish reached the Redis channel's _put {len(captured)} times, not once"
+        fast = self._build(copy.deepcopy(message))
+        [(queue, sent)] = captured
+        if (queue, _untagged(sent)) != (fast.queue, _untagged(fast.message)):
+            return f"kombu put {sent!r} on {queue!r}, the fast path {fast.message!r} on {fast.queue!r}"
+        if fast.key != channel._q_for_pri(queue, channel._get_message_priority(sent, reverse=False)):
+            return f"the fast path's Redis list {fast.key!r} is not kombu's"
+        return None
 
     def _route(self, row: dict[str, Any]) -> _Route | None:
         """Celery's routing and options for the row, as ``send_task`` computes them; ``None`` if not expressible."""
@@ -203,8 +322,8 @@ class Publisher:
             soft_time_limit=options.get("soft_time_limit"),
         )
 
-    def _build(self, row: dict[str, Any], *, now: datetime) -> _Built | None:
-        """Return (Redis list, message) for the row, the message exactly as ``send_task`` would put it."""
+    def _message(self, row: dict[str, Any], *, now: datetime) -> _Message | None:
+        """Return Celery's message for the row, as ``send_task`` would make it; ``None`` if not expressible."""
         route = self._route(row)
         if route is None:
             return None
@@ -236,17 +355,12 @@ class Publisher:
         headers.update(tracing.message_headers(row))
         if route.priority is not None:
             properties["priority"] = route.priority
-        if signals.before_task_publish.receivers:
-            signals.before_task_publish.send(
-                sender=row["task"],
-                body=body,
-                exchange="",
-                routing_key=route.queue,
-                declare=[],
-                headers=headers,
-                properties=properties,
-                retry_policy={},
-            )
+        return _Message(route, headers, properties, body)
+
+    def _build(self, message: _Message) -> _Built:
+        """Return (Redis list, envelope) for Celery's message, as kombu's producer and Redis channel would put it."""
+        route, headers, body = message.route, message.headers, message.body
+        properties = dict(message.properties)
         # kombu's Producer.publish, then the Redis channel's basic_publish and _put.
         priority = properties.pop("priority", 0)
         _, properties["delivery_mode"] = self.producer._delivery_details("", route.delivery_mode)
@@ -255,31 +369,40 @@ class Publisher:
         )
         # kombu's Redis channel: the stubs know only the StdChannel interface.
         channel: Any = self.connection.default_channel
-        message = channel.prepare_message(payload, priority, content_type, content_encoding, headers, properties)
-        channel._inplace_augment_message(message, "", route.queue)
+        envelope = channel.prepare_message(payload, priority, content_type, content_encoding, headers, properties)
+        channel._inplace_augment_message(envelope, "", route.queue)
         return _Built(
-            channel._q_for_pri(route.queue, channel._get_message_priority(message)), route.queue, message, body
+            channel._q_for_pri(route.queue, channel._get_message_priority(envelope)), route.queue, envelope, body
         )
 
-    def _push(self, built: list[_Built]) -> None:
-        """LPUSH every message in one pipeline, one command per list, oldest first out."""
-        if not built:
-            return
+    def _batch(self, built: list[_Built]) -> _Batch:
+        """Return the pipeline's commands for ``built``: one LPUSH per list, and the expiries ``_put`` would set."""
         lists: defaultdict[str, list[str]] = defaultdict(list)
         for item in built:
             lists[item.key].append(dumps(item.message))
         channel: Any = self.connection.default_channel  # kombu's Redis channel, as above
+        expiries = [
+            (channel._q_for_pri(queue, step), channel._expires[queue])
+            for queue in {item.queue for item in built}
+            if queue in channel._expires  # a queue declared with x-expires
+            for step in channel.priority_steps
+        ]
+        return _Batch(channel.conn_or_acquire, dict(lists), expiries, built)
+
+    def _push(self, batch: _Batch) -> None:
+        """Run the batch's commands in one pipeline, oldest first out; then Celery's after-publish signal."""
+        if not batch.built:
+            return
         try:
-            with channel.conn_or_acquire() as client, client.pipeline(transaction=False) as pipe:
-                for key, payloads in lists.items():
+            with batch.client() as client, client.pipeline(transaction=False) as pipe:
+                for key, payloads in batch.lists.items():
                     pipe.lpush(key, *payloads)
-                for queue in {item.queue for item in built}:
-                    if queue in channel._expires:  # a queue declared with x-expires, as _put does
-                        for step in channel.priority_steps:
-                            pipe.pexpire(channel._q_for_pri(queue, step), channel._expires[queue])
+                for key, milliseconds in batch.expiries:
+                    pipe.pexpire(key, milliseconds)
                 pipe.execute()
         except (*self.connection.connection_errors, *self.connection.channel_errors) as exc:
             raise BrokerError(f"broker publish failed, delivery uncertain: {exc}") from exc
+        built = batch.built
         if signals.after_task_publish.receivers:
             for item in built:
                 signals.after_task_publish.send(
@@ -315,6 +438,12 @@ class Publisher:
         if eta > now:
             options["eta"] = eta
         return options
+
+
+def _untagged(message: dict[str, Any]) -> dict[str, Any]:
+    """``message`` less its delivery tag, a fresh uuid per message."""
+    properties = {key: value for key, value in message["properties"].items() if key != "delivery_tag"}
+    return {**message, "properties": properties}
 
 
 @contextmanager
