@@ -15,7 +15,7 @@ import psycopg
 import pytest
 
 from project.celery import app
-from scheduler import leases
+from scheduler import leases, liveness
 from scheduler.beat import LeaderScheduler
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -26,7 +26,7 @@ OLD_LOCK_KEY = int.from_bytes(hashlib.blake2b(b"scheduler-lease:beat", digest_si
 
 def old_replica_session() -> psycopg.Connection:
     """A session of its own, as the old version's lock connection."""
-    return leases._connect("old-version-advisory-lock")
+    return liveness._connect("old-version-advisory-lock")
 
 
 def try_old_lock(session: psycopg.Connection) -> bool:
@@ -43,13 +43,13 @@ def test_new_leader__holds_the_lock_an_old_follower_would_take_the_lease_by(db_v
     old_follower = old_replica_session()
     try:
         leader.tick()
-        assert leader.lease is not None
+        assert leader.leadership.held
         # When an old follower tries the lock, Then it does not get it, so it does not force the lease
         assert not try_old_lock(old_follower)
         # When the leader is renewed again, Then it still holds it
-        leader._last_renew = 0.0
+        leader.leadership._last_renew = 0.0  # type: ignore[attr-defined]  # a renewal due now
         leader.tick()
-        assert leader.lease is not None and not try_old_lock(old_follower)
+        assert leader.leadership.held and not try_old_lock(old_follower)
         # When the leader shuts down, Then the lock is free with the lease
         leader.close()
         assert not leases.current("beat").is_held
@@ -80,13 +80,13 @@ def test_new_follower__leaves_a_live_old_leader_alone_and_takes_over_when_its_pr
         run_ticks(follower, 3.0)
         # Then it has not taken the lease: the old leader is alive
         state = leases.current("beat")
-        assert follower.lease is None and (state.holder, state.token) == (held.holder, held.token)
+        assert not follower.leadership.held and (state.holder, state.token) == (held.holder, held.token)
 
         # When the old leader's process goes (its session ends) with 25 s left on its lease
         old_leader.close()
         run_ticks(follower, 3.0)
         # Then the follower took over at once, not a TTL later
-        assert follower.lease is not None and follower.lease.token > held.token
+        assert follower.leadership.held and follower.leadership.held[0].token > held.token
     finally:
         follower.close()
         old_leader.close()
