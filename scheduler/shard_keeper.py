@@ -78,7 +78,7 @@ class ShardKeeper:
 
     def __init__(self, instance_id: str, count: int, *, lock: liveness.InstanceLock | None) -> None:
         self.instance_id = instance_id
-        #: The stored shard count it follows (the beat sets it on every change).
+        #: The stored shard count it follows (``leadership.following`` sets it on every change).
         self.count = count
         #: {shard: lease handle} held now.
         self.held: dict[int, leases.LeaseHandle] = {}

@@ -1,9 +1,11 @@
-"""A rolling upgrade next to beat replicas from before the instance lock: both versions agree on who leads and who is gone.
+"""The one lease a replica leads by: renewal, loss, and a rolling upgrade next to replicas from before the instance lock.
 
-Replicas of that version prove they lead by a session-level advisory lock
-keyed by the lease name, and a follower that gets it takes the lease by
-force. The old replica is played here by a connection doing what it did.
-PostgreSQL only: on SQLite neither version has a lock, both go by the TTL.
+In a rolling upgrade both versions agree on who leads and who is gone.
+Replicas of the old version prove they lead by a session-level advisory
+lock keyed by the lease name, and a follower that gets it takes the lease
+by force. The old replica is played here by a connection doing what it
+did. Those tests are PostgreSQL only: on SQLite neither version has a lock,
+both go by the TTL.
 """
 
 from __future__ import annotations
@@ -17,6 +19,8 @@ import pytest
 from project.celery import app
 from scheduler import leases, liveness
 from scheduler.beat import LeaderScheduler
+from scheduler.leadership import OneLease
+from scheduler.models import Lease
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -90,3 +94,29 @@ def test_new_follower__leaves_a_live_old_leader_alone_and_takes_over_when_its_pr
     finally:
         follower.close()
         old_leader.close()
+
+
+def test_one_lease__a_refused_renewal_drops_it_at_once() -> None:
+    # Given a replica holding the one lease, taken over by another meanwhile
+    one = OneLease("a", lock=None, sender=LeaderScheduler)
+    assert one.hold()[0].holder == "a"
+    leases.acquire("beat", "b", ttl=10, force=True)
+    # When its renewal comes due
+    one._last_renew = 0.0
+    # Then it holds nothing (and does not take the lease back), and the refusal is counted
+    assert one.hold() == {}
+    assert leases.current("beat").holder == "b"
+    assert Lease.objects.get(name="beat").renew_failures == 1
+
+
+def test_one_lease__lost_by_the_fence_gives_the_row_up_so_another_replica_takes_it_at_once() -> None:
+    # Given a replica holding the one lease, whose commit the fence refused while the row still names it
+    # (the shard count changed under the commit)
+    one = OneLease("a", lock=None, sender=LeaderScheduler)
+    lease = one.hold()[0]
+    # When it is told the lease is lost
+    one.lost((lease.name,))
+    # Then it holds nothing, and the row is free now, not a TTL later
+    assert one.held == {}
+    assert not leases.current("beat").is_held
+    assert leases.acquire("beat", "b", ttl=10) is not None
