@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from django.db import connection, transaction
 from django.db.models import F
 
-from scheduler import cluster, dbclock, leases, shard_keeper, shards
+from scheduler import cluster, dbclock, liveness, shard_keeper, shards
 from scheduler.conf import settings
 from scheduler.models import Schedule
 
@@ -67,7 +67,7 @@ def store_count(count: int, *, by: str) -> int:
                 [count, previous, by],
             )
             if connection.vendor == "postgresql":
-                cursor.execute("SELECT pg_notify(%s, %s)", [leases.RELEASE_CHANNEL, leases.COUNT_CHANGED])
+                cursor.execute("SELECT pg_notify(%s, %s)", [liveness.RELEASE_CHANNEL, liveness.COUNT_CHANGED])
     return int(previous)
 
 

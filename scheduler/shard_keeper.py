@@ -1,23 +1,21 @@
 """One beat replica's shards: the count it follows, which it holds, and each tick's step towards the ones it should hold.
 
-Every tick a replica reads the stored shard count (``follow_count``), the
-same for every replica whatever its ``SCHEDULER_SHARDS``. When it is more
-than 1, every step:
+Implements ``leadership.Leadership`` for a stored shard count above 1. Every
+tick a replica reads the stored shard count (``follow_count``), the same for
+every replica whatever its ``SCHEDULER_SHARDS``. While it is more than 1,
+the keeper guarantees:
 
-1. renews every held shard in one statement, when a renewal is due; a
-   shard not renewed is dropped at once (and a statement that fails drops
-   them all: the caller steps down), so a replica never dispatches for a
-   shard it is unsure of;
-2. reads the live beat replicas: a heartbeat within the lease TTL (database
-   clock) and, on PostgreSQL, the replica's instance lock held;
-3. computes every shard's preferred owner for the stored count
-   (``shards.preferred_owners``); after a change of the count, the shards of
-   the old count that it no longer wants (those past the new count included)
-   are released in 4 and the new ones taken in 5;
-4. releases, in one statement, the shards it holds that another live
-   replica should own (a NOTIFY wakes that replica on PostgreSQL);
-5. takes, in one statement, the shards it should own that are free,
-   expired, or held by a replica whose process is gone.
+- a shard is dispatched for only while this replica is sure it holds it: a
+  shard whose renewal is refused is dropped at once, and all of them when
+  the renewal cannot be made (the database does not answer);
+- every live replica (a heartbeat within the lease TTL, database clock, and
+  on PostgreSQL its instance lock held) computes the same preferred owner
+  for every shard (``shards.preferred_owners``), releases what another one
+  should own and takes what it should own that is free, expired or held by
+  a replica whose process is gone; after a change of the count the shards
+  it no longer wants (those past the new count included) are released;
+- on PostgreSQL a release, a join and a death wake every replica at once,
+  so shards move within a tick instead of a TTL.
 
 The fence itself is in the dispatch transaction (``leases.assert_held_many``):
 the keeper only decides what to ask for.
@@ -27,11 +25,12 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Collection
 from datetime import timedelta
 
-from django.db import connection
+from django.db import DatabaseError, connection
 
-from scheduler import leases, shards
+from scheduler import leases, liveness, shards
 from scheduler.conf import settings
 from scheduler.models import Instance, Lease
 
@@ -45,7 +44,7 @@ def live_beats() -> set[str]:
         Instance.objects.filter(role=Instance.Role.BEAT, last_seen__gt=since).values_list("instance_id", flat=True)
     )
     if connection.vendor == "postgresql":
-        return leases.locked_instances(recent)
+        return liveness.locked_instances(recent)
     return recent
 
 
@@ -75,15 +74,29 @@ def _by_shard(handles: list[leases.LeaseHandle]) -> dict[int, leases.LeaseHandle
 
 
 class ShardKeeper:
-    """The shard leases one replica holds, kept in step with the live replicas."""
+    """The shard leases one replica holds, kept in step with the live replicas and the stored ``count``."""
 
-    def __init__(self, instance_id: str) -> None:
+    def __init__(self, instance_id: str, count: int, *, lock: liveness.InstanceLock | None) -> None:
         self.instance_id = instance_id
+        #: The stored shard count it follows (``leadership.following`` sets it on every change).
+        self.count = count
         #: {shard: lease handle} held now.
         self.held: dict[int, leases.LeaseHandle] = {}
         #: The live replicas the last step saw, this one included.
         self.live: set[str] = {instance_id}
+        #: PostgreSQL: this replica's instance lock, and its wait for the next replica's (``None`` on SQLite).
+        self._lock = lock
+        self._announced = False
         self._last_renew = 0.0  # monotonic
+
+    def hold(self) -> dict[int, leases.LeaseHandle]:
+        if self._lock is not None and not self._lock.try_acquire():
+            self.forget()  # without our instance lock the others take our shards as a gone replica's
+            return self.held
+        if not self._announced and self._lock is not None:
+            self._lock.notify("joined")  # the others release the shards this replica should own now
+        self._announced = True
+        return self.step()
 
     def watched(self) -> str | None:
         """The live replica after this one in id order, whose end this one waits for (``None``: alone)."""
@@ -96,20 +109,65 @@ class ShardKeeper:
             return settings.LEASE_RENEW_SECONDS
         return settings.LEASE_RENEW_SECONDS - (time.monotonic() - self._last_renew)
 
-    def step(self, count: int) -> dict[int, leases.LeaseHandle]:
+    def wait(self, seconds: float) -> float:
+        """On PostgreSQL, wait for a change among the replicas: any notification, or the watched replica gone.
+
+        A notification is a shard released, a replica joined or found gone,
+        or the count changed. When the watched replica is gone (its instance
+        lock came free) the others are told, so every replica takes its new
+        shards on its next tick instead of a TTL later.
+        """
+        if self._lock is None or seconds <= 0:
+            return seconds
+        watched = self.watched()
+        outcome = self._lock.wait_for(watched, None, timeout=seconds)
+        if outcome is None:
+            return seconds
+        if outcome is liveness.Wait.GONE:
+            self._lock.notify(f"gone:{watched}")
+        return 0.0
+
+    def step(self) -> dict[int, leases.LeaseHandle]:
         """Renew, release and take shards as the live replicas and the stored ``count`` say; return the shards held now."""
         ttl = settings.LEASE_TTL_SECONDS
         if self.held and self.seconds_until_renew() <= 0:
             self._renew(ttl)
         live = self.live = live_beats() | {self.instance_id}
-        wanted = shards.wanted(self.instance_id, live, count)
+        wanted = shards.wanted(self.instance_id, live, self.count)
         self._release(sorted(set(self.held) - set(wanted)))
         missing = [shard for shard in wanted if shard not in self.held]
         if missing:
             self._take(missing, live=live, ttl=ttl)
         return self.held
 
-    def forget(self, names: tuple[str, ...] | None = None) -> list[int]:
+    def lost(self, names: Collection[str]) -> None:
+        held = [lease for lease in self.held.values() if lease.name in names]
+        self.forget(names)
+        leases.release_many(held)  # as ``OneLease.lost``: a row that still names this replica is freed now
+
+    def pause(self) -> None:
+        if dropped := self.forget():
+            # Uncertain, so paused: taken again, under new tokens, once the database answers.
+            logger.warning("shards %s paused until the database answers", dropped, extra={"action": "shards_paused"})
+
+    def release(self, reason: str) -> None:
+        try:
+            released = leases.release_many(list(self.held.values()))
+        except DatabaseError:
+            logger.exception("could not release the shards %s; they expire by themselves", reason)
+            self.forget()
+            return
+        self.held.clear()
+        if released:
+            logger.info(
+                "shards released by %s %s: %s",
+                self.instance_id,
+                reason,
+                ", ".join(released),
+                extra={"action": "shards_released", "instance_id": self.instance_id, "leases": released},
+            )
+
+    def forget(self, names: Collection[str] | None = None) -> list[int]:
         """Stop dispatching for the shards of ``names`` (all when ``None``); return those dropped.
 
         For shards found lost, or when it cannot be known (a renewal that
@@ -120,12 +178,6 @@ class ShardKeeper:
         for shard in dropped:
             del self.held[shard]
         return dropped
-
-    def release_all(self) -> list[str]:
-        """Give every held shard up (shutdown); return the lease names released."""
-        released = leases.release_many(list(self.held.values()))
-        self.held.clear()
-        return released
 
     # --- steps -------------------------------------------------------------------
 
@@ -167,7 +219,7 @@ class ShardKeeper:
                 .exclude(holder__in=["", self.instance_id])
                 .values_list("holder", "token")
             )
-            alive = leases.locked_instances({holder for holder, _ in held_by_others})
+            alive = liveness.locked_instances({holder for holder, _ in held_by_others})
             gone = [(holder, token) for holder, token in held_by_others if holder not in live and holder not in alive]
         taken = leases.acquire_many(names, self.instance_id, ttl=ttl, gone=gone)
         if not taken:

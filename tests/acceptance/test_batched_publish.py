@@ -25,7 +25,7 @@ import redis
 from django_celery_results.models import TaskResult
 
 from project.celery import app
-from scheduler import dispatch, executions, leases, policies
+from scheduler import dispatch, executions, leases, liveness, policies
 from scheduler.fastpath import publisher
 from scheduler.models import Execution, Schedule
 from tests import tasks as test_tasks
@@ -101,7 +101,7 @@ def test_batched_messages__run_on_a_plain_worker_with_header_queue_priority_limi
 @pytest.fixture
 def lease_held_elsewhere(db_vendor: str) -> Iterator[None]:
     """Hold the beat lease in this process (and, on PostgreSQL, the holder's instance lock), so beats started stay followers."""
-    lock = leases.InstanceLock("elsewhere")
+    lock = liveness.InstanceLock("elsewhere")
     if db_vendor == "postgresql":
         # Without it, a beat would find the holder's process gone and take the lease.
         assert lock.try_acquire()

@@ -13,15 +13,12 @@ from datetime import timedelta
 from pathlib import Path
 
 import pytest
-from django.db import connection, connections, transaction
+from django.db import connections, transaction
 from django.db.models import F
 
-from project.celery import app
 from scheduler import leases
-from scheduler.beat import LeaderScheduler
 from scheduler.exceptions import LeaseLost
 from scheduler.models import Lease
-from tests.processes import wait_until
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -190,81 +187,3 @@ def test_acquire_gone__takes_over_only_that_holder_and_token() -> None:
     taken = leases.acquire("beat", "c", ttl=10, gone=("a", held.token))
     assert taken is not None and taken.token == held.token + 1
     assert leases.current("beat").holder == "c"
-
-
-def _waiting(holder: str, lease_name: str, timeout: float) -> tuple[threading.Thread, list[object]]:
-    """Run ``InstanceLock("waiter").wait_for`` in a thread; the outcome lands in the returned list."""
-    outcome: list[object] = []
-
-    def wait() -> None:
-        waiter = leases.InstanceLock("waiter")
-        try:
-            assert waiter.try_acquire()
-            outcome.append(waiter.wait_for(holder, lease_name, timeout=timeout))
-        finally:
-            waiter.close()
-
-    thread = threading.Thread(target=wait)
-    thread.start()
-    return thread, outcome
-
-
-def _lock_waiters() -> int:
-    with connection.cursor() as cursor:
-        cursor.execute(
-            "SELECT count(*) FROM pg_stat_activity "
-            "WHERE application_name = 'scheduler-instance-lock' AND wait_event_type = 'Lock'"
-        )
-        return cursor.fetchone()[0]
-
-
-def test_instance_lock__wait_ends_when_the_holder_session_ends(db_vendor: str) -> None:
-    if db_vendor == "sqlite":
-        # SQLite has neither advisory locks nor LISTEN: a follower just sleeps its retry delay
-        follower = LeaderScheduler(app, lazy=True)
-        assert follower._follower_wait(1.0) == 1.0
-        return
-    # Given "a" holding its instance lock, and a follower waiting up to 30 s for it
-    holder, impatient = leases.InstanceLock("a"), leases.InstanceLock("b")
-    assert holder.try_acquire()
-    try:
-        assert impatient.wait_for("a", "beat", timeout=0.2) is leases.Wait.TIMEOUT
-        thread, outcome = _waiting("a", "beat", timeout=30)
-        assert wait_until(lambda: _lock_waiters() == 1, timeout=10), "the follower is not blocked on the lock"
-    finally:
-        impatient.close()
-        # When "a"'s session ends (its process died or shut down)
-        holder.close()
-    # Then the wait ends at once, saying the holder is gone, and leaves no lock behind
-    thread.join(10)
-    assert outcome == [leases.Wait.GONE]
-    assert _lock_waiters() == 0
-    again = leases.InstanceLock("a")
-    try:
-        assert again.try_acquire(), "the waiter kept the holder's lock"
-    finally:
-        again.close()
-
-
-def test_release__notifies_a_waiting_follower(db_vendor: str) -> None:
-    # Given "a" leading and holding its instance lock
-    handle = leases.acquire("beat", "a", ttl=60)
-    if db_vendor == "sqlite":
-        # No LISTEN on SQLite: the release alone frees the lease for the next poll
-        assert leases.release(handle) and leases.acquire("beat", "b", ttl=60) is not None
-        return
-    holder = leases.InstanceLock("a")
-    assert holder.try_acquire()
-    try:
-        # ... and a follower waiting up to 30 s for it
-        thread, outcome = _waiting("a", "beat", timeout=30)
-        assert wait_until(lambda: _lock_waiters() == 1, timeout=10), "the follower is not blocked on the lock"
-        # When "a" releases the lease but lives on
-        assert leases.release(handle)
-        # Then the wait ends on the notification, with the holder's lock still held
-        thread.join(10)
-        assert outcome == [leases.Wait.RELEASED]
-        assert holder.try_acquire()
-        assert _lock_waiters() == 0
-    finally:
-        holder.close()

@@ -455,9 +455,9 @@ def test_leader_tick__runs_reconcile_every_interval(
     try:
         # When a replica ticks as leader
         scheduler.tick()
-        assert scheduler.lease is not None
-        if scheduler._reconciler is not None:  # the pass runs on a thread of its own
-            scheduler._reconciler.join(timeout=30)
+        assert scheduler.leadership.held
+        if scheduler.housekeeping.reconciler is not None:  # the pass runs on a thread of its own
+            scheduler.housekeeping.reconciler.join(timeout=30)
     finally:
         scheduler.close()
 

@@ -19,7 +19,7 @@ from django.template import Context, Template
 from django.test import Client, RequestFactory
 from prometheus_client.parser import text_string_to_metric_families
 
-from scheduler import checks, leases, shards
+from scheduler import checks, leases, liveness, shards
 from scheduler.conf import settings as scheduler_settings
 from scheduler.models import Instance, Lease, Schedule
 from tests.integration.command_support import refused, run
@@ -149,7 +149,7 @@ def test_shards__after_the_count_shrinks__stranded_schedules_counted_then_assign
 
 def test_shards__live_replicas_and_the_shards_they_prefer_and_hold(three_replicas: None) -> None:
     # Given three live beats (on PostgreSQL a live beat also holds its instance lock)
-    locks = [leases.InstanceLock(instance_id) for instance_id in ("host-a", "host-b", "host-c")]
+    locks = [liveness.InstanceLock(instance_id) for instance_id in ("host-a", "host-b", "host-c")]
     try:
         if connection.vendor == "postgresql":
             assert all(lock.try_acquire() for lock in locks)

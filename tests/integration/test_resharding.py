@@ -10,10 +10,12 @@ import pytest
 from django.db import connections, transaction
 
 from project.celery import app
-from scheduler import leases, resharding, shard_keeper, shards
+from scheduler import leases, liveness, resharding, shard_keeper, shards
 from scheduler.beat import LeaderScheduler
 from scheduler.exceptions import LeaseLost
+from scheduler.leadership import OneLease
 from scheduler.models import AuditEvent, Execution, Schedule, ShardLayout
+from scheduler.shard_keeper import ShardKeeper
 from tests.integration.command_support import refused, run
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -129,7 +131,7 @@ def test_beat__one_lease_to_shards_and_back_on_its_next_tick(settings: Any, redi
     scheduler = LeaderScheduler(app, lazy=True)
     try:
         scheduler.tick()
-        assert scheduler.lease is not None and scheduler.shards is None
+        assert isinstance(scheduler.leadership, OneLease) and scheduler.leadership.held
         assert {row.lease_name for row in Execution.objects.all()} == {"beat"}
 
         # When the count is set to 4 and the schedules moved
@@ -137,8 +139,8 @@ def test_beat__one_lease_to_shards_and_back_on_its_next_tick(settings: Any, redi
         assert resharding.move_schedules(4) == 3
         scheduler.tick()
         # Then on its next tick it gave the one lease up and holds every shard (it is alone)
-        assert scheduler.lease is None and not leases.current("beat").is_held
-        assert scheduler.shards is not None and sorted(scheduler.shards.held) == [0, 1, 2, 3]
+        assert isinstance(scheduler.leadership, ShardKeeper) and not leases.current("beat").is_held
+        assert sorted(scheduler.leadership.held) == [0, 1, 2, 3]
         # ... and dispatches under each schedule's shard lease
         Execution.objects.all().delete()
         _make_due(schedules)
@@ -150,7 +152,7 @@ def test_beat__one_lease_to_shards_and_back_on_its_next_tick(settings: Any, redi
         resharding.store_count(1, by="test")
         scheduler.tick()
         # Then it released every shard and leads under the one lease again
-        assert scheduler.shards is None and scheduler.lease is not None
+        assert isinstance(scheduler.leadership, OneLease) and scheduler.leadership.held
         view = [leases.current(shards.lease_name(shard)) for shard in range(4)]
         assert not any(state.is_held for state in view)
         Execution.objects.all().delete()
@@ -184,8 +186,7 @@ def test_beat__replicas_with_different_settings_follow_the_stored_count(settings
             first.tick()
         # Then both follow 4: between them they hold exactly shards 0-3, each once
         assert first.shard_count == second.shard_count == 4
-        assert first.shards is not None and second.shards is not None
-        held = sorted([*first.shards.held, *second.shards.held])
+        held = sorted([*first.leadership.held, *second.leadership.held])
         assert held == [0, 1, 2, 3]
         assert held == sorted(
             [
@@ -252,7 +253,7 @@ def test_set__waits_for_live_replicas_to_hold_the_new_shards_before_moving(setti
     scheduler = LeaderScheduler(app, lazy=True)
     try:
         scheduler.tick()
-        assert scheduler.shards is not None and sorted(scheduler.shards.held) == [0, 1]
+        assert sorted(scheduler.leadership.held) == [0, 1]
         created = [Schedule.objects.create(name=f"s{n}", task="scheduler.echo", interval=60) for n in range(8)]
         ticking = threading.Event()
 
@@ -275,7 +276,7 @@ def test_set__waits_for_live_replicas_to_hold_the_new_shards_before_moving(setti
         # Then it waited for the replica to hold all 4, then moved the schedules
         assert change.settled is True and change.previous == 2
         assert change.moved == sum(1 for schedule in created if schedule.pk % 4 != schedule.pk % 2)
-        assert sorted(scheduler.shards.held) == [0, 1, 2, 3]
+        assert sorted(scheduler.leadership.held) == [0, 1, 2, 3]
     finally:
         scheduler.close()
 
@@ -284,7 +285,7 @@ def test_set__wakes_a_waiting_replica_at_once(db_vendor: str) -> None:
     if db_vendor == "sqlite":
         return  # no LISTEN: replicas read the count on their next tick (at most SCHEDULER_MAX_INTERVAL_SECONDS)
     # Given a follower waiting for the one lease's release (as it sleeps between ticks)
-    lock = leases.InstanceLock("host-a")
+    lock = liveness.InstanceLock("host-a")
     try:
         assert lock.try_acquire()
         lock._listening()  # listening before the change, as a replica that waited before
@@ -295,6 +296,6 @@ def test_set__wakes_a_waiting_replica_at_once(db_vendor: str) -> None:
         resharding.store_count(4, by="test")
         waiter.join(5)
         # Then the wait ended, as for a release
-        assert outcome == [leases.Wait.RELEASED]
+        assert outcome == [liveness.Wait.RELEASED]
     finally:
         lock.close()

@@ -1,4 +1,4 @@
-"""One LeaderScheduler tick, in process: its cost does not grow with idle schedules."""
+"""The beat scheduler's tick, in process: leadership, fencing, outages, and a cost that does not grow with idle schedules."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from django.db import connection, connections
 from django.test.utils import CaptureQueriesContext
 
 from project.celery import app
-from scheduler import dispatch, leases, signals
+from scheduler import dispatch, leases, liveness, signals
 from scheduler.beat import LeaderScheduler
 from scheduler.models import Execution, Instance, Schedule
 from scheduler.settings_schedules import sync_beat_schedule
@@ -45,10 +45,10 @@ def test_tick_query_count__same_for_10_and_10000_schedules(redis_url: str) -> No
         try:
             _make_due(due_ids)
             scheduler.tick()  # acquires the lease and dispatches
-            assert scheduler.lease is not None
+            assert scheduler.leadership.held
             Execution.objects.all().delete()  # so the same slot can fire again
             _make_due(due_ids)
-            scheduler._last_renew = time.monotonic()  # keep the measured tick free of a renewal
+            scheduler.leadership._last_renew = time.monotonic()  # type: ignore[attr-defined]  # keep the measured tick free of a renewal
 
             # When one more tick dispatches the three due schedules
             with CaptureQueriesContext(connection) as queries:
@@ -74,11 +74,11 @@ def test_leadership__signals_heartbeat_and_fenced_dispatch(redis_url: str) -> No
     signals.leadership_acquired.connect(on_acquired)
     signals.leadership_lost.connect(on_lost)
     scheduler = LeaderScheduler(app, lazy=True)
-    usurper_lock = leases.InstanceLock("usurper")
+    usurper_lock = liveness.InstanceLock("usurper")
     try:
         # Given a replica that became leader and wrote its heartbeat
         scheduler.tick()
-        token = scheduler.lease.token
+        token = scheduler.leadership.held[0].token
         assert events == [("acquired", token, "")]
         assert Instance.objects.get(instance_id=scheduler.instance_id).is_leader is True
 
@@ -86,19 +86,19 @@ def test_leadership__signals_heartbeat_and_fenced_dispatch(redis_url: str) -> No
         leases.acquire("beat", "usurper", ttl=10, force=True)
         Schedule.objects.create(name="due", task="scheduler.echo", interval=60)
         Schedule.objects.update(next_run_at=leases.db_now().replace(second=0, microsecond=0))
-        scheduler._last_renew = time.monotonic()  # it does not renew first: only the fence can stop it
+        scheduler.leadership._last_renew = time.monotonic()  # type: ignore[attr-defined]  # it does not renew first: only the fence can stop it
         scheduler.tick()
 
         # Then it commits nothing, steps down and says so
         assert not Execution.objects.exists()
-        assert scheduler.lease is None
+        assert not scheduler.leadership.held
         assert events[-1] == ("lost", token, "lost")
         if connection.vendor == "postgresql":
             # A live leader holds its instance lock; were it free, the
             # follower would take the lease as from a dead process.
             assert usurper_lock.try_acquire()
         scheduler.tick()  # as a follower: heartbeat without leadership (waits out the holder's lock on PostgreSQL)
-        assert scheduler.lease is None
+        assert not scheduler.leadership.held
         assert Instance.objects.get(instance_id=scheduler.instance_id).is_leader is False
     finally:
         scheduler.close()
@@ -153,16 +153,16 @@ def test_database_outage__leader_steps_down_and_recovers(redis_url: str) -> None
     scheduler = LeaderScheduler(app, lazy=True)
     try:
         scheduler.tick()
-        assert scheduler.lease is not None
+        assert scheduler.leadership.held
         # When the database drops the beat's connection
         _cut_connection()
         delay = scheduler.tick()
         # Then it stops leading (it cannot prove its lease) without raising
-        assert scheduler.lease is None
+        assert not scheduler.leadership.held
         assert delay > 0
         # ... and leads again once the database answers
         scheduler.tick()
-        assert scheduler.lease is not None
+        assert scheduler.leadership.held
     finally:
         scheduler.close()
 
@@ -175,17 +175,17 @@ def test_database_outage__sharded_replica_pauses_its_shards_and_retakes_them_und
     try:
         # Given a replica alone holding every shard
         scheduler.tick()
-        assert scheduler.shards is not None and sorted(scheduler.shards.held) == [0, 1, 2, 3]
-        before = {shard: lease.token for shard, lease in scheduler.shards.held.items()}
+        assert sorted(scheduler.leadership.held) == [0, 1, 2, 3]
+        before = {shard: lease.token for shard, lease in scheduler.leadership.held.items()}
         # When the database drops the beat's connection
         _cut_connection()
         delay = scheduler.tick()
         # Then it drops every shard (uncertain, so paused) without raising
-        assert scheduler.shards.held == {}
+        assert scheduler.leadership.held == {}
         assert delay > 0
         # ... and once the database answers takes them again, each under a new token
         scheduler.tick()
-        after = {shard: lease.token for shard, lease in scheduler.shards.held.items()}
+        after = {shard: lease.token for shard, lease in scheduler.leadership.held.items()}
         assert sorted(after) == [0, 1, 2, 3]
         assert all(after[shard] > before[shard] for shard in after)
     finally:

@@ -1,9 +1,11 @@
-"""A rolling upgrade next to beat replicas from before the instance lock: both versions agree on who leads and who is gone.
+"""The one lease a replica leads by: renewal, loss, and a rolling upgrade next to replicas from before the instance lock.
 
-Replicas of that version prove they lead by a session-level advisory lock
-keyed by the lease name, and a follower that gets it takes the lease by
-force. The old replica is played here by a connection doing what it did.
-PostgreSQL only: on SQLite neither version has a lock, both go by the TTL.
+In a rolling upgrade both versions agree on who leads and who is gone.
+Replicas of the old version prove they lead by a session-level advisory
+lock keyed by the lease name, and a follower that gets it takes the lease
+by force. The old replica is played here by a connection doing what it
+did. Those tests are PostgreSQL only: on SQLite neither version has a lock,
+both go by the TTL.
 """
 
 from __future__ import annotations
@@ -15,8 +17,10 @@ import psycopg
 import pytest
 
 from project.celery import app
-from scheduler import leases
+from scheduler import leases, liveness
 from scheduler.beat import LeaderScheduler
+from scheduler.leadership import OneLease
+from scheduler.models import Lease
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -26,7 +30,7 @@ OLD_LOCK_KEY = int.from_bytes(hashlib.blake2b(b"scheduler-lease:beat", digest_si
 
 def old_replica_session() -> psycopg.Connection:
     """A session of its own, as the old version's lock connection."""
-    return leases._connect("old-version-advisory-lock")
+    return liveness._connect("old-version-advisory-lock")
 
 
 def try_old_lock(session: psycopg.Connection) -> bool:
@@ -43,13 +47,13 @@ def test_new_leader__holds_the_lock_an_old_follower_would_take_the_lease_by(db_v
     old_follower = old_replica_session()
     try:
         leader.tick()
-        assert leader.lease is not None
+        assert leader.leadership.held
         # When an old follower tries the lock, Then it does not get it, so it does not force the lease
         assert not try_old_lock(old_follower)
         # When the leader is renewed again, Then it still holds it
-        leader._last_renew = 0.0
+        leader.leadership._last_renew = 0.0  # type: ignore[attr-defined]  # a renewal due now
         leader.tick()
-        assert leader.lease is not None and not try_old_lock(old_follower)
+        assert leader.leadership.held and not try_old_lock(old_follower)
         # When the leader shuts down, Then the lock is free with the lease
         leader.close()
         assert not leases.current("beat").is_held
@@ -80,13 +84,39 @@ def test_new_follower__leaves_a_live_old_leader_alone_and_takes_over_when_its_pr
         run_ticks(follower, 3.0)
         # Then it has not taken the lease: the old leader is alive
         state = leases.current("beat")
-        assert follower.lease is None and (state.holder, state.token) == (held.holder, held.token)
+        assert not follower.leadership.held and (state.holder, state.token) == (held.holder, held.token)
 
         # When the old leader's process goes (its session ends) with 25 s left on its lease
         old_leader.close()
         run_ticks(follower, 3.0)
         # Then the follower took over at once, not a TTL later
-        assert follower.lease is not None and follower.lease.token > held.token
+        assert follower.leadership.held and follower.leadership.held[0].token > held.token
     finally:
         follower.close()
         old_leader.close()
+
+
+def test_one_lease__a_refused_renewal_drops_it_at_once() -> None:
+    # Given a replica holding the one lease, taken over by another meanwhile
+    one = OneLease("a", lock=None, sender=LeaderScheduler)
+    assert one.hold()[0].holder == "a"
+    leases.acquire("beat", "b", ttl=10, force=True)
+    # When its renewal comes due
+    one._last_renew = 0.0
+    # Then it holds nothing (and does not take the lease back), and the refusal is counted
+    assert one.hold() == {}
+    assert leases.current("beat").holder == "b"
+    assert Lease.objects.get(name="beat").renew_failures == 1
+
+
+def test_one_lease__lost_by_the_fence_gives_the_row_up_so_another_replica_takes_it_at_once() -> None:
+    # Given a replica holding the one lease, whose commit the fence refused while the row still names it
+    # (the shard count changed under the commit)
+    one = OneLease("a", lock=None, sender=LeaderScheduler)
+    lease = one.hold()[0]
+    # When it is told the lease is lost
+    one.lost((lease.name,))
+    # Then it holds nothing, and the row is free now, not a TTL later
+    assert one.held == {}
+    assert not leases.current("beat").is_held
+    assert leases.acquire("beat", "b", ttl=10) is not None

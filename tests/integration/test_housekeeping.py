@@ -1,4 +1,4 @@
-"""The leader's reconcile pass runs in a thread of its own: it never holds up a tick, and needs the lease."""
+"""The leader's housekeeping: its reconcile pass and broker check run on threads of their own, never hold up a tick, and need the lease."""
 
 from __future__ import annotations
 
@@ -28,9 +28,9 @@ class _Records(logging.Handler):
 
 @pytest.fixture
 def beat_log() -> Iterator[_Records]:
-    """Collect the beat's log records (the ``scheduler`` loggers do not propagate to pytest's)."""
+    """Collect the housekeeping log records (the ``scheduler`` loggers do not propagate to pytest's)."""
     handler = _Records()
-    logger = logging.getLogger("scheduler.beat")
+    logger = logging.getLogger("scheduler.housekeeping")
     logger.addHandler(handler)
     yield handler
     logger.removeHandler(handler)
@@ -41,14 +41,14 @@ def leader(settings: object, redis_url: str) -> Iterator[LeaderScheduler]:
     settings.SCHEDULER_RECONCILE_INTERVAL_SECONDS = 0  # type: ignore[attr-defined]
     scheduler = LeaderScheduler(app, lazy=True)
     scheduler.tick()
-    assert scheduler.lease is not None
-    assert scheduler._reconciler is None
-    assert scheduler._broker_checker is not None
-    scheduler._broker_checker.join(timeout=30)  # the first tick's broker check, on its own thread
+    assert scheduler.leadership.held
+    assert scheduler.housekeeping.reconciler is None
+    assert scheduler.housekeeping.broker_checker is not None
+    scheduler.housekeeping.broker_checker.join(timeout=30)  # the first tick's broker check, on its own thread
     settings.SCHEDULER_RECONCILE_INTERVAL_SECONDS = 0.001  # type: ignore[attr-defined]
     yield scheduler
     scheduler.close()
-    for thread in (scheduler._reconciler, scheduler._broker_checker):
+    for thread in (scheduler.housekeeping.reconciler, scheduler.housekeeping.broker_checker):
         if thread is not None:
             thread.join(timeout=30)
 
@@ -83,7 +83,7 @@ def test_reconcile__runs_in_its_own_thread_while_the_leader_keeps_dispatching(
     try:
         # When the leader ticks once the reconcile interval has passed
         leader.tick()
-        pass_ = leader._reconciler
+        pass_ = leader.housekeeping.reconciler
         assert pass_ is not None
         if blocker is not None:
             # Then, while that pass waits on the row, the leader keeps dispatching
@@ -93,7 +93,7 @@ def test_reconcile__runs_in_its_own_thread_while_the_leader_keeps_dispatching(
             assert Execution.objects.filter(schedule=due).exists()
             # ... and never starts a second pass beside it
             leader.tick()
-            assert leader._reconciler is pass_
+            assert leader.housekeeping.reconciler is pass_
             blocker.rollback()
     finally:
         if blocker is not None:
@@ -111,15 +111,14 @@ def test_reconcile__runs_in_its_own_thread_while_the_leader_keeps_dispatching(
 def test_reconcile__does_not_start_without_the_lease(leader: LeaderScheduler) -> None:
     # Given a leader whose lease was taken over before its next pass
     target = unset_schedule()
-    lease = leader.lease
-    assert lease is not None
+    lease = leader.leadership.held[0]
     leases.acquire("beat", "usurper", ttl=10, force=True)
 
     # When the pass is due
-    leader._last_reconcile -= 3600
-    leader._start_reconcile(lease)
-    assert leader._reconciler is not None
-    leader._reconciler.join(timeout=30)
+    leader.housekeeping.last_reconcile -= 3600
+    leader.housekeeping.start_reconcile(lease)
+    assert leader.housekeeping.reconciler is not None
+    leader.housekeeping.reconciler.join(timeout=30)
 
     # Then it changed nothing
     target.refresh_from_db()
@@ -134,17 +133,17 @@ def test_reconcile__a_failing_pass_is_logged_and_the_next_one_runs(
     target = unset_schedule()
     settings.SCHEDULER_RECONCILE_INSTANCE_STALE_SECONDS = "not a number"  # type: ignore[attr-defined]
     leader.tick()
-    assert leader._reconciler is not None
-    leader._reconciler.join(timeout=30)
+    assert leader.housekeeping.reconciler is not None
+    leader.housekeeping.reconciler.join(timeout=30)
     failed = [record for record in beat_log.records if record.getMessage().startswith("reconcile failed")]
     assert failed and failed[0].threadName == "scheduler-reconcile"
-    assert leader.lease is not None
+    assert leader.leadership.held
 
     # When the setting is fixed, the next interval's pass does its work
     Schedule.objects.filter(pk=target.pk).update(next_run_at=None)
     settings.SCHEDULER_RECONCILE_INSTANCE_STALE_SECONDS = 3600  # type: ignore[attr-defined]
     leader.tick()
-    leader._reconciler.join(timeout=30)
+    leader.housekeeping.reconciler.join(timeout=30)
     target.refresh_from_db()
     assert target.next_run_at is not None
     assert target.next_run_at > leases.db_now() - timedelta(minutes=1)
@@ -155,19 +154,19 @@ def test_broker_check__on_its_own_thread_every_interval_and_at_once_under_a_leas
 ) -> None:
     # Given a leader that checks the broker once an hour, and has checked it on its first tick
     settings.SCHEDULER_BROKER_CHECK_SECONDS = 3600  # type: ignore[attr-defined]
-    first = leader._broker_checker
+    first = leader.housekeeping.broker_checker
     assert first is not None and first.name == "scheduler-broker-check"
     # When it ticks again within the hour
     leader.tick()
     # Then it does not check again
-    assert leader._broker_checker is first
+    assert leader.housekeeping.broker_checker is first
     # When it holds the lease under a new token (it lost it and took it again)
     again = leases.acquire("beat", leader.instance_id, ttl=10)
-    assert again is not None and again.token > leader.lease.token
-    leader._start_broker_check(again)
+    assert again is not None and again.token > leader.leadership.held[0].token
+    leader.housekeeping.start_broker_check(again)
     # Then it checks at once, on a new thread, and not again under that token within the hour
-    checker = leader._broker_checker
+    checker = leader.housekeeping.broker_checker
     assert checker is not first and checker is not None
     checker.join(timeout=30)
-    leader._start_broker_check(again)
-    assert leader._broker_checker is checker
+    leader.housekeeping.start_broker_check(again)
+    assert leader.housekeeping.broker_checker is checker

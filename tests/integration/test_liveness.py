@@ -1,0 +1,93 @@
+"""Liveness on PostgreSQL: a replica's instance lock tells the others when its process is gone, and releases are notified."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+from django.db import connection
+
+from project.celery import app
+from scheduler import leases, liveness
+from scheduler.beat import LeaderScheduler
+from tests.processes import wait_until
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def _waiting(holder: str, lease_name: str, timeout: float) -> tuple[threading.Thread, list[object]]:
+    """Run ``InstanceLock("waiter").wait_for`` in a thread; the outcome lands in the returned list."""
+    outcome: list[object] = []
+
+    def wait() -> None:
+        waiter = liveness.InstanceLock("waiter")
+        try:
+            assert waiter.try_acquire()
+            outcome.append(waiter.wait_for(holder, lease_name, timeout=timeout))
+        finally:
+            waiter.close()
+
+    thread = threading.Thread(target=wait)
+    thread.start()
+    return thread, outcome
+
+
+def _lock_waiters() -> int:
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT count(*) FROM pg_stat_activity "
+            "WHERE application_name = 'scheduler-instance-lock' AND wait_event_type = 'Lock'"
+        )
+        return cursor.fetchone()[0]
+
+
+def test_instance_lock__wait_ends_when_the_holder_session_ends(db_vendor: str) -> None:
+    if db_vendor == "sqlite":
+        # SQLite has neither advisory locks nor LISTEN: a follower just sleeps its retry delay
+        follower = LeaderScheduler(app, lazy=True)
+        assert follower.leadership.wait(1.0) == 1.0
+        return
+    # Given "a" holding its instance lock, and a follower waiting up to 30 s for it
+    holder, impatient = liveness.InstanceLock("a"), liveness.InstanceLock("b")
+    assert holder.try_acquire()
+    try:
+        assert impatient.wait_for("a", "beat", timeout=0.2) is liveness.Wait.TIMEOUT
+        thread, outcome = _waiting("a", "beat", timeout=30)
+        assert wait_until(lambda: _lock_waiters() == 1, timeout=10), "the follower is not blocked on the lock"
+    finally:
+        impatient.close()
+        # When "a"'s session ends (its process died or shut down)
+        holder.close()
+    # Then the wait ends at once, saying the holder is gone, and leaves no lock behind
+    thread.join(10)
+    assert outcome == [liveness.Wait.GONE]
+    assert _lock_waiters() == 0
+    again = liveness.InstanceLock("a")
+    try:
+        assert again.try_acquire(), "the waiter kept the holder's lock"
+    finally:
+        again.close()
+
+
+def test_release__notifies_a_waiting_follower(db_vendor: str) -> None:
+    # Given "a" leading and holding its instance lock
+    handle = leases.acquire("beat", "a", ttl=60)
+    if db_vendor == "sqlite":
+        # No LISTEN on SQLite: the release alone frees the lease for the next poll
+        assert leases.release(handle) and leases.acquire("beat", "b", ttl=60) is not None
+        return
+    holder = liveness.InstanceLock("a")
+    assert holder.try_acquire()
+    try:
+        # ... and a follower waiting up to 30 s for it
+        thread, outcome = _waiting("a", "beat", timeout=30)
+        assert wait_until(lambda: _lock_waiters() == 1, timeout=10), "the follower is not blocked on the lock"
+        # When "a" releases the lease but lives on
+        assert leases.release(handle)
+        # Then the wait ends on the notification, with the holder's lock still held
+        thread.join(10)
+        assert outcome == [liveness.Wait.RELEASED]
+        assert holder.try_acquire()
+        assert _lock_waiters() == 0
+    finally:
+        holder.close()
