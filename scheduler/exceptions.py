@@ -36,10 +36,6 @@ class InFlightLocked(SchedulerError):
         self.schedule_ids = schedule_ids
 
 
-class LeaseNotHeld(SchedulerError):
-    """This instance does not hold the lease."""
-
-
 class SubmissionInvalid(SchedulerError):
     """The submission was refused: unknown task or malformed arguments."""
 
