@@ -298,7 +298,7 @@ def _publisher_ceiling(count: int) -> dict[str, Any]:
 
     from project.celery import app
     from scheduler import publisher
-    from scheduler.dispatch import PUBLISH_BATCH
+    from scheduler.outbox import PUBLISH_BATCH
 
     client = _reset()
     now = datetime.now(timezone.utc)

@@ -4,7 +4,7 @@ Any number of ``celery -A project beat`` replicas may run. Each tick a replica
 keeps or seeks the database lease; followers commit nothing and stand by
 forever (they never exit on losing the lease, unlike RedBeat, sibson/redbeat#230).
 The leader commits due fires under its fencing token (``dispatch.dispatch_due``)
-and publishes them after the commit (``dispatch.publish_pending``); on
+and publishes them after the commit (``outbox.publish_pending``); on
 PostgreSQL followers publish pending rows too, each batch locked so two
 replicas send different ones. Its
 periodic reconcile pass runs in a thread of its own, so it never delays a
@@ -32,12 +32,11 @@ from celery.beat import Scheduler
 from django.db import DatabaseError, close_old_connections, connection
 from django.db.backends.signals import connection_created
 from django.db.models.functions import Now
-from kombu.exceptions import OperationalError as BrokerError
 
-from scheduler import dispatch, leases, logs, reconcile, shard_keeper, shards, signals, tracing
+from scheduler import dispatch, leases, logs, outbox, reconcile, shard_keeper, shards, signals, tracing
 from scheduler.builtin_schedules import ensure_builtin_schedules
 from scheduler.conf import settings
-from scheduler.exceptions import LeaseLost
+from scheduler.exceptions import BrokerUnavailable, LeaseLost
 from scheduler.models import Instance, Schedule
 from scheduler.revoker import Revoker
 from scheduler.settings_schedules import sync_beat_schedule
@@ -289,8 +288,8 @@ class LeaderScheduler(Scheduler):
     def _publish(self) -> bool:
         """Publish pending executions; return whether a full batch went out (maybe more)."""
         try:
-            sent = dispatch.publish_pending(self.app)
-        except (BrokerError, OSError, ConnectionError) as exc:
+            sent = outbox.publish_pending(self.app)
+        except BrokerUnavailable as exc:
             if not self._broker_down:
                 logger.warning(
                     "broker unreachable (%s); executions stay pending until it returns",
