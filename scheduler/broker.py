@@ -141,8 +141,10 @@ def queues_holding_messages(app: Celery, queues: Collection[str]) -> set[str] | 
         return {name for index, name in enumerate(names) if any(lengths[index * steps : (index + 1) * steps])}
 
 
-def revoke(app: Celery, task_ids: list[str], *, once: bool = False) -> None:
-    """Have the tasks ``task_ids`` revoked, and terminated where they run; raise ``BrokerUnavailable`` if the broker fails.
+def revoke(app: Celery, task_ids: str | list[str], *, once: bool = False) -> None:
+    """Revoke the tasks ``task_ids`` (one id or several), terminating them where they run.
+
+    Raises ``BrokerUnavailable`` if the broker fails.
 
     ``once``: a single connection attempt, for an operator waiting on the
     answer. Otherwise Celery retries until the broker takes the message,

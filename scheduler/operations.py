@@ -170,7 +170,7 @@ def _publish(app: Celery, result: ActionResult) -> None:
 def _revoke(app: Celery, task_id: str, result: ActionResult) -> None:
     try:
         # One attempt: kombu's own retry loop would hold an operator for seconds.
-        broker.revoke(app, [task_id], once=True)
+        broker.revoke(app, task_id, once=True)
     except BrokerUnavailable as exc:
         result.broker_error = _first_line(exc)
 
