@@ -297,8 +297,8 @@ def _publisher_ceiling(count: int) -> dict[str, Any]:
     from datetime import datetime, timezone
 
     from project.celery import app
-    from scheduler.dispatch import PUBLISH_BATCH
     from scheduler.fastpath import publisher
+    from scheduler.outbox import PUBLISH_BATCH
 
     client = _reset()
     now = datetime.now(timezone.utc)

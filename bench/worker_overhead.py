@@ -129,7 +129,7 @@ def _run_kind(app: Any, destination: list[str], kind: str, tasks: int, round_num
     from django.db import connection
     from django_celery_results.models import TaskResult
 
-    from scheduler import dispatch, executions, leases
+    from scheduler import executions, leases, outbox
     from scheduler.models import Execution
 
     queue = f"bench.{round_number}.{kind.replace(' ', '-')}"
@@ -148,7 +148,7 @@ def _run_kind(app: Any, destination: list[str], kind: str, tasks: int, round_num
         )
         if connection.vendor != "postgresql":  # bulk_create returns ids on PostgreSQL only
             rows = list(Execution.objects.all())
-        dispatch.publish(app, [executions.message_row(r) for r in rows], now=leases.db_now())
+        outbox.publish(app, [executions.message_row(r) for r in rows], now=leases.db_now())
     else:
         name = "bench.noop_plain" if kind == "plain" else "bench.noop"
         with app.producer_or_acquire() as producer:

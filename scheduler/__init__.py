@@ -14,7 +14,7 @@ from typing import Any
 __version__ = "0.1.0"
 
 _PUBLIC = {
-    "submit": "scheduler.dispatch",
+    "submit": "scheduler.submissions",
     "current_execution": "scheduler.worker",
     "fenced": "scheduler.worker",
 }

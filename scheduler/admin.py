@@ -40,7 +40,6 @@ from scheduler import (
     backfill,
     clock,
     cluster,
-    dispatch,
     leases,
     metrics,
     operations,
@@ -390,7 +389,7 @@ class ScheduleForm(forms.ModelForm):
 
     def clean_task(self) -> str:
         name = self.cleaned_data["task"].strip()
-        if not dispatch.is_task_registered(name):
+        if not task_policy.is_task_registered(name):
             raise forms.ValidationError(
                 "Unknown task %(name)s: no task with that name is registered with the Celery app.",
                 params={"name": name},

@@ -21,11 +21,10 @@ from datetime import datetime, timedelta
 from typing import TYPE_CHECKING
 
 from celery import current_app
-from kombu.exceptions import OperationalError as BrokerError
 
-from scheduler import dispatch, executions, timing
+from scheduler import executions, outbox, timing
 from scheduler.conf import settings
-from scheduler.exceptions import BackfillRefused, BackfillTooLarge, ScheduleInvalid
+from scheduler.exceptions import BackfillRefused, BackfillTooLarge, BrokerUnavailable, ScheduleInvalid
 from scheduler.models import Execution, Schedule
 
 if TYPE_CHECKING:
@@ -205,8 +204,8 @@ def backfill(
         done = min(index + batch, len(missing))
         if not broker_error:
             try:
-                published += len(dispatch.publish(app, rows, now=now + timedelta(seconds=time.monotonic() - started)))
-            except (BrokerError, OSError) as exc:
+                published += len(outbox.publish(app, rows, now=now + timedelta(seconds=time.monotonic() - started)))
+            except BrokerUnavailable as exc:
                 broker_error = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
         if progress and done // PROGRESS_EVERY > index // PROGRESS_EVERY:
             progress(done, len(missing))

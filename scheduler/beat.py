@@ -3,7 +3,7 @@
 Any number of ``celery -A project beat`` replicas may run. A replica commits
 a fire only under a lease it holds, checked in the commit's own transaction
 (``dispatch.dispatch_due``), and publishes what it committed after the
-commit (``dispatch.publish_pending``); on PostgreSQL every replica publishes
+commit (``outbox.publish_pending``); on PostgreSQL every replica publishes
 pending rows, each batch locked so two replicas send different ones. A
 replica that holds nothing commits nothing and stands by forever.
 
@@ -29,12 +29,11 @@ from celery.beat import Scheduler
 from django.db import DatabaseError, close_old_connections, connection
 from django.db.backends.signals import connection_created
 from django.db.models.functions import Now
-from kombu.exceptions import OperationalError as BrokerError
 
-from scheduler import dispatch, leadership, leases, logs, shard_keeper, shards, tracing
+from scheduler import dispatch, leadership, leases, logs, outbox, shard_keeper, shards, tracing
 from scheduler.builtin_schedules import ensure_builtin_schedules
 from scheduler.conf import settings
-from scheduler.exceptions import LeaseLost
+from scheduler.exceptions import BrokerUnavailable, LeaseLost
 from scheduler.housekeeping import Housekeeping
 from scheduler.liveness import InstanceLock
 from scheduler.models import Instance, Schedule
@@ -238,8 +237,8 @@ class LeaderScheduler(Scheduler):
     def _publish(self) -> bool:
         """Publish pending executions; return whether a full batch went out (maybe more)."""
         try:
-            sent = dispatch.publish_pending(self.app)
-        except (BrokerError, OSError, ConnectionError) as exc:
+            sent = outbox.publish_pending(self.app)
+        except BrokerUnavailable as exc:
             if not self._broker_down:
                 logger.warning(
                     "broker unreachable (%s); executions stay pending until it returns",

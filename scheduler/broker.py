@@ -1,8 +1,15 @@
-"""Broker identity: tell whether the broker may have lost its messages since the leader last looked.
+"""The broker's edge outside publishing: its identity, its queues' depth, revokes; each failure is ``BrokerUnavailable``.
 
-A Redis broker restarted without its data (or flushed) has lost every
-message it held: the queues, and the unacknowledged ones that workers had
-prefetched or were keeping for a later ETA. Nothing in the database says
+Whatever kombu, the transport's client or the socket under them raises
+when the broker fails leaves these functions, and the outbox, as
+``BrokerUnavailable`` with the original as its ``__cause__``
+(``errors_as_unavailable``): callers catch that one exception.
+
+The broker's identity tells whether it may have lost its messages since
+the leader last looked. A Redis broker restarted without its data (or
+flushed) has lost every message it held: the queues, and the
+unacknowledged ones that workers had prefetched or were keeping for a
+later ETA. Nothing in the database says
 so; the broker's own ``run_id`` (``INFO server``) does. The leader keeps a
 marker key in the broker holding the ``run_id`` it last confirmed after
 re-sending what was lost. A missing marker (an empty or flushed broker) or
@@ -63,27 +70,34 @@ def bounded_connection(app: Celery) -> Iterator[Connection]:
         yield conn
 
 
+#: What kombu and the socket under it raise when the broker fails, whatever the transport.
+FAILURES: tuple[type[BaseException], ...] = (OperationalError, OSError)
+
+
+@contextmanager
+def errors_as_unavailable(*transport_errors: type[BaseException]) -> Iterator[None]:
+    """Raise ``BrokerUnavailable`` in place of a broker failure in the block (``FAILURES``, and ``transport_errors``).
+
+    Its message is the original's (the driver's words), and the original is its ``__cause__``.
+    """
+    try:
+        yield
+    except (*FAILURES, *transport_errors) as exc:
+        raise BrokerUnavailable(str(exc)) from exc
+
+
 @contextmanager
 def _redis_channel(app: Celery) -> Iterator[Any | None]:
-    """Yield the broker's Redis channel (``None`` for another broker); wrap its errors in ``BrokerUnavailable``."""
-    with bounded_connection(app) as conn:
-        errors: tuple[type[BaseException], ...] = (
-            OperationalError,
-            OSError,
-            *conn.connection_errors,
-            *conn.channel_errors,
-        )
-        try:
-            # One attempt: the caller tries again at its next check.
-            conn.ensure_connection(max_retries=0)
-            yield conn.default_channel if conn.transport.driver_type == "redis" else None
-        except errors as exc:
-            raise BrokerUnavailable(f"broker unreachable: {exc}") from exc
+    """Yield the broker's Redis channel (``None`` for another broker); raise ``BrokerUnavailable`` if the broker fails."""
+    with bounded_connection(app) as conn, errors_as_unavailable(*conn.connection_errors, *conn.channel_errors):
+        # One attempt: the caller tries again at its next check.
+        conn.ensure_connection(max_retries=0)
+        yield conn.default_channel if conn.transport.driver_type == "redis" else None
 
 
 @contextmanager
 def _redis(app: Celery) -> Iterator[Any | None]:
-    """Yield the broker's Redis client (``None`` for another broker); wrap its errors in ``BrokerUnavailable``."""
+    """Yield the broker's Redis client (``None`` for another broker); raise ``BrokerUnavailable`` if the broker fails."""
     with _redis_channel(app) as channel:
         yield None if channel is None else channel.client
 
@@ -125,3 +139,22 @@ def queues_holding_messages(app: Celery, queues: Collection[str]) -> set[str] | 
             lengths = pipe.execute()
         steps = len(channel.priority_steps)
         return {name for index, name in enumerate(names) if any(lengths[index * steps : (index + 1) * steps])}
+
+
+def revoke(app: Celery, task_ids: str | list[str], *, once: bool = False) -> None:
+    """Revoke the tasks ``task_ids`` (one id or several), terminating them where they run.
+
+    Raises ``BrokerUnavailable`` if the broker fails.
+
+    ``once``: a single connection attempt, for an operator waiting on the
+    answer. Otherwise Celery retries until the broker takes the message,
+    for as long as it is silent: the beat calls this from its own thread
+    (``revoker``), never on its tick.
+    """
+    with errors_as_unavailable():
+        if not once:
+            app.control.revoke(task_ids, terminate=True)
+            return
+        with app.connection_for_write() as conn:
+            conn.ensure_connection(max_retries=0)
+            app.control.revoke(task_ids, terminate=True, connection=conn)

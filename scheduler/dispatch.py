@@ -1,40 +1,30 @@
-"""Record due fires as Execution rows under the lease, then publish them (outbox).
+"""The leader's pass: plan the due slots, record them as Execution rows under the lease, advance the schedules.
 
-The leader plans the due slots outside any transaction, then commits them in
-short transactions that each re-check its lease, and only after the commits
-sends Celery messages. A crash between the two leaves ``pending`` rows that
-whoever leads next publishes; a message sent twice is harmless because the
-worker claims each execution once.
+The leader plans the due slots outside any transaction, then commits them
+in short transactions that each re-check its lease. The rows are committed
+``pending``; the outbox (``scheduler.outbox``) sends them after the commit,
+and whoever leads next sends what a crash left unsent.
 """
 
 from __future__ import annotations
 
 import functools
-import json
 import logging
 import time
-import uuid
 from collections import defaultdict
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
-from contextlib import AbstractContextManager, ExitStack, nullcontext
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any, cast
+from typing import Any
 
-from celery import current_app
 from django.db import DatabaseError, connection, transaction
 from django.db.models import Count, F, Q
-from kombu.exceptions import OperationalError as BrokerError
 
-from scheduler import executions, leases, limits, policies, session_limits, tracing
+from scheduler import executions, leases, policies, session_limits, tracing
 from scheduler.conf import settings
-from scheduler.exceptions import InFlightLocked, ScheduleInvalid, SubmissionInvalid
+from scheduler.exceptions import InFlightLocked, ScheduleInvalid
 from scheduler.failpoints import failpoint
-from scheduler.fastpath import publisher
 from scheduler.models import Execution, Schedule
-
-if TYPE_CHECKING:
-    from celery import Celery, Task
 
 logger = logging.getLogger(__name__)
 
@@ -514,223 +504,3 @@ class _Recording:
 
 def _slots(overlap: policies.OverlapPlan) -> set[datetime]:
     return {*overlap.run, *overlap.skipped, *([overlap.buffered] if overlap.buffered is not None else [])}
-
-
-#: Highest message priority accepted: AMQP's limit (Redis honours 0-9, see ``submit``).
-MAX_PRIORITY = 255
-#: Longest tenant a submission takes (the column's length).
-TENANT_MAX = cast(int, Execution._meta.get_field("tenant").max_length)  # a CharField's
-
-
-#: Messages pushed to the broker in one round trip (one Redis pipeline), and
-#: pending rows one publishing transaction locks, sends and marks ``queued``.
-PUBLISH_BATCH = 500
-
-
-def publish(app: Celery, rows: list[dict[str, Any]], *, now: datetime) -> list[int]:
-    """Send one message per execution row, in batches; return the ids sent.
-
-    A row has the ``executions.MESSAGE_FIELDS`` (see ``executions.message_row``),
-    and ``schedule_id`` and ``jitter`` when it belongs to a schedule with
-    jitter. The messages are Celery's own, so an unmodified worker runs them
-    (``publisher``: one Redis pipeline per batch, ``send_task`` on other brokers).
-
-    Sending stops at the first broker error, which propagates; the batches
-    the broker took so far are marked ``queued`` either way, the rest stay
-    ``pending``. Sending an execution twice is harmless: the worker claims
-    each execution once.
-    """
-    sent: list[int] = []
-    try:
-        with publisher.connect(app) as sender:
-            for start in range(0, len(rows), PUBLISH_BATCH):
-                batch = rows[start : start + PUBLISH_BATCH]
-                sender.send(batch, now=now)
-                sent += [row["id"] for row in batch]
-    finally:
-        if sent:
-            executions.mark_queued(sent, now=now)
-    return sent
-
-
-def publish_pending(app: Celery, *, limit: int | None = None) -> int:
-    """Send up to ``limit`` ``pending`` executions to the broker and mark them ``queued``; return how many.
-
-    Any beat replica may run this, followers included, beside the leader
-    that commits the rows. Each batch is one short transaction: lock up to
-    ``PUBLISH_BATCH`` pending rows that no other publisher holds
-    (``executions.pending_rows(locked=True)``), push them, mark them
-    ``queued``, commit. So two publishers send different batches, and a row
-    is sent twice only if a commit fails after its push (the worker claims
-    it once all the same). SQLite has no row locks: see ``_publishing_transaction``.
-
-    Buffered rows whose schedule went idle are released first; rows still
-    held are not sent. A schedule's ``jitter`` delays its message by a
-    per-slot amount (``policies.jitter_offset``). A broker error stops the
-    pass and propagates: the batches sent before it are committed
-    ``queued``, the failed one and the rest stay ``pending`` for the next
-    pass; the caller decides whether to log.
-    """
-    limit = limit or settings.DISPATCH_BATCH_SIZE
-    executions.release_buffered()
-    sent = 0
-    with ExitStack() as stack:
-        sender = None
-        while sent < limit:
-            with _publishing_transaction():
-                batch = executions.pending_rows(limit=min(PUBLISH_BATCH, limit - sent), locked=True)
-                if not batch:
-                    break
-                failpoint("publish.holding_batch")
-                if sender is None:  # no broker connection for a pass with nothing to send
-                    sender = stack.enter_context(publisher.connect(app))
-                now = leases.db_now()
-                failpoint("publish.send")
-                sender.send(batch, now=now)
-                failpoint("publish.before_mark_queued")
-                executions.mark_queued([row["id"] for row in batch], now=now)
-                failpoint("publish.after_mark_queued")
-            sent += len(batch)
-    return sent
-
-
-def _publishing_transaction() -> AbstractContextManager[Any]:
-    """The transaction one publishing batch runs in: a short one where rows lock, none on SQLite.
-
-    SQLite has no row locks, and its transactions take the whole database's
-    write lock when they begin (``transaction_mode`` IMMEDIATE): holding it
-    across the broker push would stall every other writer, a new leader's
-    takeover included, whenever a publisher is slow or frozen. There each
-    statement commits by itself, as before, and a row two publishers read
-    at once is sent twice (claimed once).
-    """
-    return transaction.atomic() if connection.features.has_select_for_update else nullcontext()
-
-
-def submit(
-    task: str | Task,
-    args: Sequence[Any] = (),
-    kwargs: dict[str, Any] | None = None,
-    *,
-    idempotency_key: str | None = None,
-    timeout: int | None = None,
-    queue: str | None = None,
-    priority: int | None = None,
-    countdown: float | None = None,
-    max_retries: int = 0,
-    retry_backoff: int = 1,
-    tenant: str = "",
-    app: Celery | None = None,
-) -> Execution:
-    """Record an ad-hoc execution of ``task`` and send it once the transaction commits.
-
-    The same ``idempotency_key`` again returns the existing Execution and sends
-    nothing; concurrent calls with one key create one row (the database's
-    unique constraint decides). Raises ``SubmissionInvalid`` before writing
-    anything when the task is unknown or an argument is malformed.
-
-    ``priority`` (0-255, none by default) is sent as the message's priority.
-    Brokers read it differently: Redis honours 0-9 with 0 first (kombu puts
-    higher values in the 9 list, and by default groups them in steps 0, 3,
-    6, 9); RabbitMQ runs higher values first, up to the queue's
-    ``x-max-priority``.
-
-    ``tenant`` scopes the execution as a schedule's tenant scopes its own:
-    the API and the admin show it only to callers of that tenant (or unscoped).
-    """
-    app = app or current_app
-    name = task if isinstance(task, str) else task.name
-    if not is_task_registered(name, app=app):
-        raise SubmissionInvalid(f"Unknown task {name!r}: no task with that name is registered.")
-    if not is_task_guarded(name, app=app):
-        raise SubmissionInvalid(unguarded_message(name))
-    args, kwargs = _checked_arguments(args, kwargs)
-    if timeout is not None and (not isinstance(timeout, int) or timeout <= 0):
-        raise SubmissionInvalid(f"timeout must be a positive whole number of seconds, got {timeout!r}.")
-    if countdown is not None and countdown < 0:
-        raise SubmissionInvalid(f"countdown must not be negative, got {countdown!r}.")
-    if priority is not None and (
-        isinstance(priority, bool) or not isinstance(priority, int) or not 0 <= priority <= MAX_PRIORITY
-    ):
-        raise SubmissionInvalid(f"priority must be a whole number from 0 to {MAX_PRIORITY}, got {priority!r}.")
-    for label, value in (("max_retries", max_retries), ("retry_backoff", retry_backoff)):
-        if not isinstance(value, int) or value < 0:
-            raise SubmissionInvalid(f"{label} must be a non-negative integer, got {value!r}.")
-    if idempotency_key is not None and not (0 < len(idempotency_key) <= 255):
-        raise SubmissionInvalid("idempotency_key must be 1 to 255 characters long.")
-    if not isinstance(tenant, str) or len(tenant) > TENANT_MAX:
-        raise SubmissionInvalid(f"tenant must be text of at most {TENANT_MAX} characters, got {tenant!r}.")
-
-    now = leases.db_now()
-    execution = Execution(
-        idempotency_key=idempotency_key or executions.submit_key(),
-        trigger=Execution.Trigger.SUBMIT,
-        task=name,
-        args=args,
-        kwargs=kwargs,
-        queue=queue or "",
-        priority=priority,
-        scheduled_for=now + timedelta(seconds=countdown or 0),
-        timeout=timeout,
-        max_retries=max_retries,
-        retry_backoff=retry_backoff,
-        tenant=tenant,
-        celery_task_id=str(uuid.uuid4()),
-    )
-    execution, created = executions.record_one(execution)
-    if not created:
-        return execution
-    row = executions.message_row(execution)
-
-    def send() -> None:
-        try:
-            publish(app, [row], now=now)
-        except (BrokerError, OSError) as exc:
-            # The row stays pending; the leader publishes pending rows every tick.
-            logger.warning(
-                "execution %s recorded but not sent yet (%s); the beat leader will send it",
-                execution.pk,
-                exc,
-                extra={"action": "submit_deferred", "execution_id": execution.pk},
-            )
-
-    transaction.on_commit(send)
-    return execution
-
-
-def is_task_registered(name: str, *, app: Celery | None = None) -> bool:
-    """Return whether a task of that name is registered with the Celery app."""
-    app = app or current_app
-    if name not in app.tasks:
-        # Outside a worker, apps' tasks modules are imported on demand only.
-        app.loader.import_default_modules()
-    return name in app.tasks
-
-
-def is_task_guarded(name: str, *, app: Celery) -> bool:
-    """Return whether the registered task ``name`` runs under the execution guard (an ``ExecutionTask``, not opted out)."""
-    return getattr(app.tasks[name], "guarded", False) is True
-
-
-def unguarded_message(name: str) -> str:
-    return (
-        f"Task {name!r} is not guarded (guarded=False, or not an ExecutionTask): its executions would never be "
-        "recorded. Give it base=scheduler.worker.ExecutionTask to schedule or submit it."
-    )
-
-
-def _checked_arguments(args: Sequence[Any], kwargs: dict[str, Any] | None) -> tuple[list[Any], dict[str, Any]]:
-    if isinstance(args, (str, bytes)) or not isinstance(args, Sequence):
-        raise SubmissionInvalid(f"args must be a list or tuple, got {type(args).__name__}.")
-    kwargs = {} if kwargs is None else kwargs
-    if not isinstance(kwargs, dict) or not all(isinstance(key, str) for key in kwargs):
-        raise SubmissionInvalid("kwargs must be a dict with string keys.")
-    for label, value in (("args", args), ("kwargs", kwargs)):
-        problem = limits.argument_problem(value, label=label)
-        if problem:
-            raise SubmissionInvalid(problem)
-    try:
-        json.dumps([list(args), kwargs])
-    except (TypeError, ValueError) as exc:
-        raise SubmissionInvalid(f"args and kwargs must be JSON-serialisable: {exc}") from None
-    return list(args), kwargs

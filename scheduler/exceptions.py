@@ -36,10 +36,6 @@ class InFlightLocked(SchedulerError):
         self.schedule_ids = schedule_ids
 
 
-class LeaseNotHeld(SchedulerError):
-    """This instance does not hold the lease."""
-
-
 class SubmissionInvalid(SchedulerError):
     """The submission was refused: unknown task or malformed arguments."""
 
@@ -58,6 +54,9 @@ class BackfillTooLarge(BackfillRefused):
         self.capped = capped
 
 
+# Raised at the broker's edge (``scheduler.outbox``, ``scheduler.broker``) in
+# place of whatever kombu, the transport's client or the socket raised, which
+# is its ``__cause__``; its message is the original's.
 class BrokerUnavailable(SchedulerError):
     """The broker did not answer."""
 

@@ -328,12 +328,12 @@ _AD_HOC = Prepared(_ad_hoc_sql)
 
 
 def message_row(execution: Execution) -> dict[str, Any]:
-    """Return what ``dispatch.publish`` needs of one execution."""
+    """Return what ``outbox.publish`` needs of one execution."""
     return {field: getattr(execution, field) for field in MESSAGE_FIELDS}
 
 
 def message_rows(executions: QuerySet[Execution]) -> list[dict[str, Any]]:
-    """Return ``executions`` as the rows ``dispatch.publish`` sends, with their status."""
+    """Return ``executions`` as the rows ``outbox.publish`` sends, with their status."""
     return list(
         executions.order_by("scheduled_for", "id").values(
             *MESSAGE_FIELDS, "schedule_id", "status", jitter=F("schedule__jitter")

@@ -22,7 +22,8 @@ this module is first imported (a prefork pool child inherits its parent's)::
 - ``error``: raise the connection error the failpoint's peer would raise:
   ``django.db.OperationalError`` at a database point (what Django raises
   when psycopg or sqlite3 loses its connection), ``kombu.exceptions.OperationalError``
-  at a broker point (``POINTS`` says which is which).
+  at a broker point, ``BrokerUnavailable`` (caused by kombu's error) at a
+  point whose peer is the outbox (``POINTS`` says which is which).
 - ``delay N``: sleep N seconds in the calling thread, holding whatever it holds.
 
 ``@k`` fires on the k-th hit only (counted from 1); without it, on every hit.
@@ -60,6 +61,7 @@ logger = logging.getLogger(__name__)
 #: What a failpoint's ``error`` raises.
 DATABASE = "database"
 BROKER = "broker"
+OUTBOX = "outbox"
 
 #: Every failpoint, with the peer whose connection error ``error`` raises, and where it is.
 POINTS: dict[str, str] = {
@@ -76,16 +78,16 @@ POINTS: dict[str, str] = {
     "dispatch.commit.before_fence": DATABASE,  # dispatch._commit, transaction open, lease row not locked yet
     "dispatch.commit.after_fence": DATABASE,  # dispatch._commit, lease row locked and checked, nothing written
     # Beat: publishing (tick thread, leader or follower).
-    "publish.holding_batch": DATABASE,  # dispatch.publish_pending, a batch of pending rows locked, not sent
-    "publish.send": BROKER,  # dispatch.publish_pending, just before the batch is pushed to the broker
-    "publish.before_mark_queued": DATABASE,  # dispatch.publish_pending, batch pushed, rows still pending
-    "publish.after_mark_queued": DATABASE,  # dispatch.publish_pending, rows marked queued, not committed
+    "publish.holding_batch": DATABASE,  # outbox.publish_pending, a batch of pending rows locked, not sent
+    "publish.send": BROKER,  # outbox.publish_pending, just before the batch is pushed to the broker
+    "publish.before_mark_queued": DATABASE,  # outbox.publish_pending, batch pushed, rows still pending
+    "publish.after_mark_queued": DATABASE,  # outbox.publish_pending, rows marked queued, not committed
     # Beat: shards and leases (tick thread).
     "lease.acquire": DATABASE,  # leases.acquire_many, lease rows taken (token bumped), not committed
     "lease.release": DATABASE,  # leases.release_many, lease rows released, not committed
     # Beat: the leader's reconcile thread.
     "reconcile.after_mark_lost": DATABASE,  # reconcile._recover_lost, an execution marked lost, not retried or failed
-    "reconcile.resend": BROKER,  # reconcile._send, before a batch of executions is sent (again)
+    "reconcile.resend": OUTBOX,  # reconcile._send, before a batch of executions is sent (again)
     "broker.check": BROKER,  # broker.unconfirmed_run, asking the broker whether it lost its messages
 }
 
@@ -223,10 +225,16 @@ def _freeze(seconds: float) -> None:
 
 def _error(name: str) -> Exception:
     message = f"failpoint {name}: connection lost (injected)"
+    if POINTS[name] == DATABASE:
+        from django.db import OperationalError
+
+        return OperationalError(message)
+    from kombu.exceptions import OperationalError as BrokerError
+
     if POINTS[name] == BROKER:
-        from kombu.exceptions import OperationalError as BrokerError
-
         return BrokerError(message)
-    from django.db import OperationalError
+    from scheduler.exceptions import BrokerUnavailable
 
-    return OperationalError(message)
+    unavailable = BrokerUnavailable(message)
+    unavailable.__cause__ = BrokerError(message)
+    return unavailable

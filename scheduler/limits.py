@@ -1,7 +1,7 @@
 """Limits on what callers may store: the size and depth of task arguments, the length of free text.
 
 Every entry point (the admin, the commands, the API, ``submit()``) reaches
-these through the model's validation or ``dispatch.submit``, so a value is
+these through the model's validation or ``submissions.submit``, so a value is
 refused with the same message wherever it comes from.
 """
 

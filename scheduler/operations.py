@@ -16,10 +16,9 @@ from typing import TYPE_CHECKING
 
 from django.core.exceptions import ValidationError
 from django.db import transaction
-from kombu.exceptions import OperationalError as BrokerError
 
-from scheduler import dispatch, executions, leases, task_policy
-from scheduler.exceptions import SchedulerError, TaskRefused
+from scheduler import broker, executions, leases, outbox, task_policy
+from scheduler.exceptions import BrokerUnavailable, SchedulerError, TaskRefused
 from scheduler.models import Execution, Schedule
 from scheduler.tenancy import Scope
 
@@ -66,10 +65,10 @@ def ensure_task(app: Celery, name: str, *, tenant: str, scope: Scope) -> None:
         task_policy.ensure_scope_allows(name, tenant=tenant, scope=scope)
     except TaskRefused as exc:
         raise ActionRefused(str(exc)) from None
-    if not dispatch.is_task_registered(name, app=app):
+    if not task_policy.is_task_registered(name, app=app):
         raise ActionRefused(f"Unknown task {name!r}: no task with that name is registered.")
-    if not dispatch.is_task_guarded(name, app=app):
-        raise ActionRefused(dispatch.unguarded_message(name))
+    if not task_policy.is_task_guarded(name, app=app):
+        raise ActionRefused(task_policy.unguarded_message(name))
 
 
 def validate_schedule(schedule: Schedule, *, app: Celery, scope: Scope) -> None:
@@ -162,19 +161,17 @@ def _publish(app: Celery, result: ActionResult) -> None:
     execution = result.execution
     row = executions.message_row(execution)
     try:
-        dispatch.publish(app, [row], now=leases.db_now())
-    except (BrokerError, OSError) as exc:
+        outbox.publish(app, [row], now=leases.db_now())
+    except BrokerUnavailable as exc:
         result.broker_error = _first_line(exc)  # the row stays pending; the beat leader sends it
     execution.refresh_from_db()
 
 
 def _revoke(app: Celery, task_id: str, result: ActionResult) -> None:
     try:
-        with app.connection_for_write() as conn:
-            # One attempt: kombu's own retry loop would hold an operator for seconds.
-            conn.ensure_connection(max_retries=0)
-            app.control.revoke(task_id, terminate=True, connection=conn)
-    except (BrokerError, OSError) as exc:
+        # One attempt: kombu's own retry loop would hold an operator for seconds.
+        broker.revoke(app, task_id, once=True)
+    except BrokerUnavailable as exc:
         result.broker_error = _first_line(exc)
 
 

@@ -28,9 +28,8 @@ from celery import current_app
 from django.db import transaction
 from django.db.models import F, Q
 from django.db.models.functions import Now
-from kombu.exceptions import OperationalError as BrokerError
 
-from scheduler import broker, dispatch, executions, policies, timing, tracing
+from scheduler import broker, executions, outbox, policies, timing, tracing
 from scheduler.conf import settings
 from scheduler.exceptions import BrokerUnavailable, ScheduleInvalid
 from scheduler.failpoints import failpoint
@@ -332,8 +331,8 @@ def _send(app: Celery, ids: Sequence[int | None], *, now: datetime) -> tuple[set
         rows = _at_due_time(executions.message_rows(waiting.filter(id__in=ids[index : index + BATCH_SIZE])))
         try:
             failpoint("reconcile.resend")
-            sent.update(dispatch.publish(app, rows, now=now))
-        except (BrokerError, OSError) as exc:
+            sent.update(outbox.publish(app, rows, now=now))
+        except BrokerUnavailable as exc:
             unsent = len(set(ids) - sent)
             return sent, f"broker unreachable: {exc}; {unsent} execution(s) not sent yet"
     return sent, ""
@@ -342,7 +341,7 @@ def _send(app: Celery, ids: Sequence[int | None], *, now: datetime) -> tuple[set
 def _at_due_time(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Make each ``retrying`` row's message wait for its retry's due time (its ``enqueued_at``).
 
-    ``dispatch.publish`` sends a message at the row's ``scheduled_for`` (plus
+    ``outbox.publish`` sends a message at the row's ``scheduled_for`` (plus
     jitter); for a retry that is the slot, long past, so the due time takes
     its place in the message, not in the database.
     """
@@ -394,7 +393,9 @@ def resend_after_broker_restart(*, now: datetime, app: Celery | None = None) -> 
     try:
         run_id = broker.unconfirmed_run(app)
     except BrokerUnavailable as exc:
-        return ReconcileReport(now=now, dry_run=False, repair=False, changes=(), publish_error=str(exc))
+        return ReconcileReport(
+            now=now, dry_run=False, repair=False, changes=(), publish_error=f"broker unreachable: {exc}"
+        )
     if run_id is None:
         return ReconcileReport(now=now, dry_run=False, repair=False, changes=())
     state = _BROKER_RESEND
@@ -415,7 +416,7 @@ def resend_after_broker_restart(*, now: datetime, app: Celery | None = None) -> 
             broker.confirm_run(app, run_id)
             state.seen_at, state.after_id = None, 0
         except BrokerUnavailable as exc:
-            publish_error = str(exc)  # the next call confirms it
+            publish_error = f"broker unreachable: {exc}"  # the next call confirms it
     changes = tuple(
         Change("broker_lost", f"broker restarted (run {run_id}) and may have lost its message; sent again", pk)
         for pk in ids

@@ -17,7 +17,8 @@ import queue
 import threading
 from typing import TYPE_CHECKING
 
-from kombu.exceptions import OperationalError as BrokerError
+from scheduler import broker
+from scheduler.exceptions import BrokerUnavailable
 
 if TYPE_CHECKING:
     from celery import Celery
@@ -51,6 +52,6 @@ class Revoker:
             while not self._waiting.empty():  # what piled up while the broker was slow goes in one broadcast
                 task_ids += self._waiting.get()
             try:
-                self.app.control.revoke(task_ids, terminate=True)
-            except (BrokerError, OSError, ConnectionError) as exc:
+                broker.revoke(self.app, task_ids)
+            except BrokerUnavailable as exc:
                 logger.warning("could not revoke %s: %s", task_ids, exc, extra={"action": "revoke_failed"})

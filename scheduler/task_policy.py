@@ -1,5 +1,9 @@
 """Which tasks a caller may schedule or run: the one rule every path that names a task goes through.
 
+A task must be registered with the Celery app and run under the execution
+guard (``is_task_registered``, ``is_task_guarded``): an unguarded task's
+executions would never be recorded.
+
 Reserved tasks are Celery's built-ins (``celery.*``: ``celery.group`` carries
 whole task messages) and the platform's own (``scheduler.*``: the prune
 deletes every tenant's history). Only a trusted caller may name them: a
@@ -11,10 +15,16 @@ what a tenant's rows may run, whoever writes them.
 from __future__ import annotations
 
 from fnmatch import fnmatchcase
+from typing import TYPE_CHECKING
+
+from celery import current_app
 
 from scheduler.conf import settings
 from scheduler.exceptions import TaskRefused
 from scheduler.tenancy import Scope
+
+if TYPE_CHECKING:
+    from celery import Celery
 
 #: Task name patterns no tenant may schedule or run.
 RESERVED = ("celery.*", "scheduler.*")
@@ -57,3 +67,24 @@ def ensure_allowed(task: str, *, tenant: str, trusted: bool) -> None:
 def ensure_scope_allows(task: str, *, tenant: str, scope: Scope) -> None:
     """``ensure_allowed`` for a caller of ``scope`` acting on a row of ``tenant``."""
     ensure_allowed(task, tenant=tenant, trusted=scope.every_tenant)
+
+
+def is_task_registered(name: str, *, app: Celery | None = None) -> bool:
+    """Return whether a task of that name is registered with the Celery app."""
+    app = app or current_app
+    if name not in app.tasks:
+        # Outside a worker, apps' tasks modules are imported on demand only.
+        app.loader.import_default_modules()
+    return name in app.tasks
+
+
+def is_task_guarded(name: str, *, app: Celery) -> bool:
+    """Return whether the registered task ``name`` runs under the execution guard (an ``ExecutionTask``, not opted out)."""
+    return getattr(app.tasks[name], "guarded", False) is True
+
+
+def unguarded_message(name: str) -> str:
+    return (
+        f"Task {name!r} is not guarded (guarded=False, or not an ExecutionTask): its executions would never be "
+        "recorded. Give it base=scheduler.worker.ExecutionTask to schedule or submit it."
+    )

@@ -27,8 +27,8 @@ from django.core.serializers.json import DjangoJSONEncoder
 from django.db import DatabaseError
 from django.db.models import Model
 from django.utils.dateparse import parse_datetime
-from kombu.exceptions import OperationalError as BrokerError
 
+from scheduler.exceptions import BrokerUnavailable
 from scheduler.models.schedule import EARLIEST, LATEST, Schedule
 
 #: ``30d``, ``12h``, ``90m``, ``45s``, ``2w`` (a number and one unit).
@@ -115,7 +115,7 @@ class SchedulerCommand(BaseCommand):
             raise CommandError(one_line(validation_message(exc))) from None
         except DatabaseError as exc:
             raise CommandError(f"database error: {_first_line(exc)}") from None
-        except (BrokerError, ConnectionError) as exc:
+        except BrokerUnavailable as exc:
             raise CommandError(f"broker unreachable: {_first_line(exc)}") from None
 
     def emit(self, data: Any, *, as_json: bool, text: str | list[str] = "") -> None:

@@ -25,7 +25,7 @@ import redis
 from django_celery_results.models import TaskResult
 
 from project.celery import app
-from scheduler import dispatch, executions, leases, liveness, policies
+from scheduler import executions, leases, liveness, outbox, policies
 from scheduler.fastpath import publisher
 from scheduler.models import Execution, Schedule
 from tests import tasks as test_tasks
@@ -38,7 +38,7 @@ Status = Execution.Status
 QUEUE = "batched"
 #: kombu's Redis transport keeps a list per priority step, named ``<queue>\x06\x16<step>``.
 PRIORITY_SEP = "\x06\x16"
-ROWS = dispatch.PUBLISH_BATCH + 150  # more than one batch
+ROWS = outbox.PUBLISH_BATCH + 150  # more than one batch
 JITTER = 4  # seconds
 
 
@@ -71,7 +71,7 @@ def test_batched_messages__run_on_a_plain_worker_with_header_queue_priority_limi
     # When one publishing pass sends them all by the fast path (Redis pipelines) ...
     with publisher.connect(app) as sender:
         assert sender.fast
-    assert dispatch.publish_pending(app, limit=len(rows)) == len(rows)
+    assert outbox.publish_pending(app, limit=len(rows)) == len(rows)
     assert not Execution.objects.filter(status=Status.PENDING).exists()
     # ... the prioritised ones into their priority step's list, the others into the queue's own
     assert redis_client.llen(f"{QUEUE}{PRIORITY_SEP}3") == ROWS

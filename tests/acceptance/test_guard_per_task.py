@@ -16,7 +16,7 @@ import pytest
 import redis
 
 import scheduler
-from scheduler import dispatch, executions, leases
+from scheduler import executions, leases, outbox
 from scheduler.celery_app import celery_app
 from scheduler.executions import ad_hoc_key
 from scheduler.models import Execution
@@ -104,7 +104,7 @@ def test_process_wide_guard__a_task_opts_out(
         scheduled_for=leases.db_now(),
         celery_task_id=str(uuid.uuid4()),
     )
-    dispatch.publish(celery_app(), [executions.message_row(execution)], now=leases.db_now())
+    outbox.publish(celery_app(), [executions.message_row(execution)], now=leases.db_now())
 
     # Then: the body does not run, and the execution fails naming why (it is never re-sent to run unrecorded)
     assert wait_until(lambda: _status("before-opt-out") == "failed", timeout=30), (

@@ -22,7 +22,7 @@ from celery import signature
 from django.test import Client
 
 from project.celery import app
-from scheduler import dispatch, executions, leases
+from scheduler import executions, leases, outbox
 from scheduler.models import Execution, Schedule
 from tests import tasks as test_tasks
 from tests.processes import CeleryProcess, wait_until
@@ -71,7 +71,7 @@ def wait_final(execution: Execution, *, timeout: float = 30.0) -> Execution:
 
 
 def publish_as_the_beat_does(execution: Execution) -> None:
-    dispatch.publish(app, [executions.message_row(execution)], now=leases.db_now())
+    outbox.publish(app, [executions.message_row(execution)], now=leases.db_now())
 
 
 def test_messages_not_sent_for_the_execution__refused_then_its_own_runs_once(

@@ -10,7 +10,7 @@ import redis
 
 import scheduler
 from project.celery import app
-from scheduler import dispatch, executions, leases, operations
+from scheduler import executions, leases, operations, outbox
 from scheduler.models import Execution, Schedule
 from scheduler.tenancy import EVERY_TENANT
 from tests import tasks as test_tasks
@@ -25,7 +25,7 @@ UNKNOWN = "tests.nobody_registers_this"
 
 
 def _publish(execution: Execution) -> None:
-    dispatch.publish(app, [executions.message_row(execution)], now=leases.db_now())
+    outbox.publish(app, [executions.message_row(execution)], now=leases.db_now())
 
 
 def _waiting_unknown(

@@ -7,6 +7,7 @@ from collections.abc import Iterator
 import pytest
 
 from scheduler import leases
+from tests.services import free_port
 
 
 @pytest.fixture
@@ -16,3 +17,16 @@ def lease() -> Iterator[leases.LeaseHandle]:
     assert handle is not None
     yield handle
     leases.release(handle)
+
+
+@pytest.fixture
+def broker_down() -> Iterator[None]:
+    """Point the project's Celery app at a loopback port nothing listens on."""
+    from project.celery import app
+
+    configured = app.conf.broker_url
+    app.conf.broker_url = f"redis://127.0.0.1:{free_port()}/0"
+    try:
+        yield
+    finally:
+        app.conf.broker_url = configured

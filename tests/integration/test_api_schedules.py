@@ -13,7 +13,7 @@ from django.core.exceptions import ValidationError
 from django.test import Client, override_settings
 
 from project.celery import app
-from scheduler import dispatch, leases, operations
+from scheduler import leases, operations, submissions
 from scheduler.exceptions import SubmissionInvalid
 from scheduler.models import Execution, OperatorProfile, Schedule
 from scheduler.permissions import OPERATOR_GROUP, VIEWER_GROUP
@@ -186,10 +186,10 @@ def test_docs_and_schema__served_without_a_cdn() -> None:
 
 
 def test_submit__takes_a_tenant() -> None:
-    execution = dispatch.submit("scheduler.echo", tenant=TENANT_A)
+    execution = submissions.submit("scheduler.echo", tenant=TENANT_A)
     assert execution.tenant == TENANT_A
     with pytest.raises(SubmissionInvalid, match="tenant"):
-        dispatch.submit("scheduler.echo", tenant="x" * 101)
+        submissions.submit("scheduler.echo", tenant="x" * 101)
     # And an API token of tenant B does not see it
     assert (
         token_client("b", role="viewer", tenant=TENANT_B).get(f"/api/v1/executions/{execution.pk}/").status_code == 404

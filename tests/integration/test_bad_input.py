@@ -10,7 +10,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import io
-from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -32,7 +31,6 @@ from scheduler.backfill import backfill
 from scheduler.management.base import SchedulerCommand
 from scheduler.models import Execution, Instance, Lease, Schedule
 from tests.admin_forms import schedule_form
-from tests.services import free_port
 
 # Commands run through ManagementUtility close the database connection when
 # they finish (as manage.py does), which a test transaction would not survive.
@@ -87,17 +85,6 @@ def nightly() -> Schedule:
     schedule.full_clean()
     schedule.save()
     return schedule
-
-
-@pytest.fixture
-def broker_down() -> Iterator[None]:
-    """Point the Celery app at a loopback port nothing listens on."""
-    configured = app.conf.broker_url
-    app.conf.broker_url = f"redis://127.0.0.1:{free_port()}/0"
-    try:
-        yield
-    finally:
-        app.conf.broker_url = configured
 
 
 # --- impossible dates ------------------------------------------------------------------

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -12,9 +13,11 @@ from celery import Celery
 
 from project.celery import app
 from scheduler import broker, dispatch, executions, leases
+from scheduler.exceptions import BrokerUnavailable
 from scheduler.fastpath import publisher
 from scheduler.models import Execution, Schedule
 from scheduler.reconcile import reconcile, resend_after_broker_restart, resend_unclaimed
+from tests.services import free_port
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -145,6 +148,33 @@ def test_broker_unreachable__reported_and_nothing_changes() -> None:
     assert report.changes == ()
     queued.refresh_from_db()
     assert (queued.status, queued.enqueued_at) == (Status.QUEUED, now - timedelta(minutes=1))
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda app: broker.unconfirmed_run(app),
+        lambda app: broker.confirm_run(app, "run"),
+        lambda app: broker.queues_holding_messages(app, {"celery"}),
+        lambda app: broker.revoke(app, ["celery-task"], once=True),
+    ],
+    ids=["unconfirmed_run", "confirm_run", "queues_holding_messages", "revoke"],
+)
+def test_broker_edge__a_broker_nobody_listens_on__broker_unavailable_caused_by_the_drivers_error(
+    call: Callable[[Celery], object],
+) -> None:
+    # Given a broker nobody listens on
+    down = Celery("down", broker=f"redis://127.0.0.1:{free_port()}/0", set_as_current=False)
+    # When the beat asks it something
+    try:
+        with pytest.raises(BrokerUnavailable) as raised:
+            call(down)
+    finally:
+        down.close()
+    # Then the caller sees the project's error, with the driver's words and its error as the cause
+    cause = raised.value.__cause__
+    assert cause is not None and not isinstance(cause, BrokerUnavailable)
+    assert str(raised.value) == str(cause)
 
 
 def test_lost__retried_after_the_backoff_not_at_once(redis_client: redis.Redis) -> None:

@@ -17,7 +17,7 @@ from django.test import Client
 from django_celery_results.models import TaskResult
 
 from project.celery import app
-from scheduler import builtin_schedules, dispatch, leases, tasks
+from scheduler import builtin_schedules, leases, task_policy, tasks
 from scheduler.beat import LeaderScheduler
 from scheduler.builtin_schedules import BACKEND_CLEANUP, PRUNE_EXECUTIONS, ensure_builtin_schedules
 from scheduler.exceptions import PruneRefused
@@ -304,8 +304,8 @@ def test_prune__never_changes_what_a_schedule_counts(history: Schedule) -> None:
 @pytest.mark.django_db
 def test_backend_cleanup__registered_and_deletes_expired_results() -> None:
     # Given results a week old and a minute old (results expire after a day)
-    assert dispatch.is_task_registered("celery.backend_cleanup", app=app)
-    assert dispatch.is_task_registered("scheduler.prune_executions", app=app)
+    assert task_policy.is_task_registered("celery.backend_cleanup", app=app)
+    assert task_policy.is_task_registered("scheduler.prune_executions", app=app)
     for task_id in ("old", "new"):
         TaskResult.objects.create(task_id=task_id, status="SUCCESS")
     TaskResult.objects.filter(task_id="old").update(date_done=leases.db_now() - timedelta(days=7))

@@ -8,7 +8,7 @@ from datetime import datetime, timedelta
 import pytest
 import redis
 
-from scheduler import dispatch, leases
+from scheduler import dispatch, leases, outbox
 from scheduler.models import Execution, Schedule
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -84,10 +84,10 @@ def test_buffer_one__held_until_the_running_one_ends_then_sent(lease: leases.Lea
     due_at(target, last_slot())
     dispatch.dispatch_due(lease)
     # While one runs, the buffered row is not sent
-    assert dispatch.publish_pending(app) == 0
+    assert outbox.publish_pending(app) == 0
     # When the running one ends, the buffered one goes out on the next pass
     Execution.objects.filter(pk=running.pk).update(status=Status.SUCCEEDED)
-    assert dispatch.publish_pending(app) == 1
+    assert outbox.publish_pending(app) == 1
     assert statuses(target) == [Status.SUCCEEDED, Status.QUEUED]
 
 
@@ -189,6 +189,6 @@ def test_jitter__message_delayed_by_the_slots_offset(lease: leases.LeaseHandle, 
     slot = last_slot()
     due_at(target, slot)
     dispatch.dispatch_due(lease)
-    assert dispatch.publish_pending(app) == 1
+    assert outbox.publish_pending(app) == 1
     (sent,) = [json.loads(raw) for raw in redis_client.lrange("celery", 0, -1)]
     assert sent["headers"]["eta"] == (slot + timedelta(seconds=jitter_offset(target.pk, slot, 86_400))).isoformat()

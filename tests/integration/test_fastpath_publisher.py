@@ -14,10 +14,9 @@ import redis
 from celery import Celery, signals
 from celery.app.amqp import AMQP
 from kombu import Connection, Producer
-from kombu.exceptions import OperationalError as BrokerError
 
 from project.celery import app
-from scheduler import dispatch, executions, leases, policies
+from scheduler import executions, leases, outbox, policies
 from scheduler.fastpath import publisher
 from scheduler.fastpath.guard import FastPath
 from scheduler.models import Execution, Schedule
@@ -104,7 +103,7 @@ def test_memory_broker__send_task_path_and_the_messages_arrive() -> None:
     # When they are published through it
     with publisher.connect(memory) as sender:
         assert not sender.fast  # not Redis: send_task
-    sent = dispatch.publish(memory, rows, now=leases.db_now())
+    sent = outbox.publish(memory, rows, now=leases.db_now())
     # Then every row is sent and queued, and each message is in its queue with its execution id
     assert sorted(sent) == sorted(row["id"] for row in rows)
     assert not Execution.objects.exclude(status=Execution.Status.QUEUED).exists()
@@ -124,26 +123,6 @@ def test_memory_broker__send_task_path_and_the_messages_arrive() -> None:
     }
 
 
-def test_broker_error__stops_the_pass_earlier_batches_queued_the_rest_pending(redis_client: redis.Redis) -> None:
-    # Given a first batch of pending rows for a working queue, then rows whose Redis list is unusable
-    now = leases.db_now()
-    good = Schedule.objects.create(name="good", task="tests.record", interval=60, queue="good")
-    broken = Schedule.objects.create(name="broken", task="tests.record", interval=60, queue="broken")
-    for schedule, count in ((good, dispatch.PUBLISH_BATCH), (broken, 10)):
-        slots = [now - timedelta(seconds=n) for n in range(count)]
-        executions.insert(
-            [executions.execution_for(schedule, slot, status=Execution.Status.PENDING, now=now) for slot in slots]
-        )
-    redis_client.set("broken", "not a list")  # LPUSH answers WRONGTYPE
-    # When a pass publishes them
-    with pytest.raises(BrokerError, match="delivery uncertain"):
-        dispatch.publish_pending(app, limit=1000)
-    # Then the batch the broker took is queued, the failed one stays pending
-    assert Execution.objects.filter(schedule=good, status=Execution.Status.QUEUED).count() == dispatch.PUBLISH_BATCH
-    assert Execution.objects.filter(schedule=broken, status=Execution.Status.PENDING).count() == 10
-    assert redis_client.llen("good") == dispatch.PUBLISH_BATCH
-
-
 def test_publish_signals__sent_on_the_fast_path_when_something_listens(redis_client: redis.Redis) -> None:
     # Given receivers of Celery's publish signals, one of which adds a header
     seen: list[tuple[str, Any]] = []
@@ -159,7 +138,7 @@ def test_publish_signals__sent_on_the_fast_path_when_something_listens(redis_cli
     try:
         rows = _rows()
         # When the fast path sends rows
-        dispatch.publish(app, rows, now=leases.db_now())
+        outbox.publish(app, rows, now=leases.db_now())
     finally:
         signals.before_task_publish.disconnect(before)
         signals.after_task_publish.disconnect(after)
@@ -202,8 +181,8 @@ def test_celery_internal_gone__sends_by_send_task_one_warning_one_count(
     rows = _rows()
     first, second = rows[:2], rows[2:]
     # When two passes publish the rows
-    assert sorted(dispatch.publish(app, first, now=leases.db_now())) == sorted(row["id"] for row in first)
-    assert sorted(dispatch.publish(app, second, now=leases.db_now())) == sorted(row["id"] for row in second)
+    assert sorted(outbox.publish(app, first, now=leases.db_now())) == sorted(row["id"] for row in first)
+    assert sorted(outbox.publish(app, second, now=leases.db_now())) == sorted(row["id"] for row in second)
     # Then every message is published by send_task and consumed from its queue, every row queued
     assert fast_path.fallen
     assert _consumed() == _expected(rows)
@@ -226,7 +205,7 @@ def test_kombu_message_changed__self_check_sends_by_send_task(
     monkeypatch.setattr(Producer, "publish", publish)
     rows = _rows()
     # When a pass publishes the rows
-    dispatch.publish(app, rows, now=leases.db_now())
+    outbox.publish(app, rows, now=leases.db_now())
     # Then the self-check found the difference before anything was sent: every message is send_task's
     assert fast_path.fallen
     messages = [m for found in _messages(redis_client).values() for m in found]

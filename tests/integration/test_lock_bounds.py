@@ -29,7 +29,7 @@ from typing import Any
 import pytest
 from django.db import Error, connection, transaction
 
-from scheduler import dispatch, executions, leases, session_limits
+from scheduler import dispatch, executions, leases, outbox, session_limits
 from scheduler.executions import Claim
 from scheduler.models import Execution, Schedule
 
@@ -211,7 +211,7 @@ def test_leader__cancel_previous_in_flight_row_in_a_publishers_batch__left_at_on
         celery_task_id="celery-batch",
         schedule=previous,
     )
-    with held_by_another(lambda: executions.pending_rows(limit=dispatch.PUBLISH_BATCH, locked=True)):
+    with held_by_another(lambda: executions.pending_rows(limit=outbox.PUBLISH_BATCH, locked=True)):
         # When the leader dispatches
         started = time.monotonic()
         report = dispatch.dispatch_due(lease)

@@ -11,7 +11,7 @@ import redis
 
 import scheduler
 from project.celery import app
-from scheduler import dispatch, executions, leases, operations
+from scheduler import executions, leases, operations, outbox
 from scheduler.exceptions import SubmissionInvalid
 from scheduler.models import Execution, Schedule
 from scheduler.tenancy import EVERY_TENANT
@@ -64,7 +64,7 @@ def test_pending_row_sent_by_the_leader__with_its_priority(redis_client: redis.R
     pending = executions.execution_for(schedule, now, status=Execution.Status.PENDING, now=now)
     pending.save(force_insert=True)
     # When the leader publishes pending rows
-    assert dispatch.publish_pending(app) == 1
+    assert outbox.publish_pending(app) == 1
     # Then the message carries the priority
     assert _sent(redis_client, f"celery{PRIORITY_SEP}6") == [(pending.pk, 6)]
 

@@ -1,4 +1,4 @@
-"""scheduler.submit(): validation before any write, one row per idempotency key."""
+"""scheduler.submit() (scheduler.submissions): validation before any write, one row per key, sent through the outbox."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 import scheduler
+from project.celery import app
 from scheduler import leases
 from scheduler.exceptions import SubmissionInvalid
 from scheduler.models import Execution
@@ -81,3 +82,17 @@ def test_submit__countdown_schedules_it_later() -> None:
 
 def test_current_execution__none_outside_a_task() -> None:
     assert scheduler.current_execution() is None
+
+
+def test_submit__broker_down__recorded_pending_for_the_leader_and_returned(
+    broker_down: None, django_capture_on_commit_callbacks: Callable[..., Any], caplog: pytest.LogCaptureFixture
+) -> None:
+    # Given a broker nobody listens on
+    # When a submission commits
+    with django_capture_on_commit_callbacks(execute=True):
+        execution = scheduler.submit("scheduler.echo", app=app)
+    # Then it is recorded, left pending for the beat leader, and the caller is told nothing failed
+    execution.refresh_from_db()
+    assert execution.status == Execution.Status.PENDING
+    (deferred,) = [record for record in caplog.records if getattr(record, "action", "") == "submit_deferred"]
+    assert "the beat leader will send it" in deferred.getMessage()

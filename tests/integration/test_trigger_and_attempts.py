@@ -12,7 +12,7 @@ from django.core.management import call_command
 from django.core.management.base import CommandError
 
 from project.celery import app
-from scheduler import backfill, dispatch, executions, leases, operations, reconcile
+from scheduler import backfill, dispatch, executions, leases, operations, reconcile, submissions
 from scheduler.executions import Claim
 from scheduler.models import Execution, Schedule
 from scheduler.tenancy import EVERY_TENANT
@@ -64,7 +64,7 @@ def test_trigger__run_now_retry_backfill_submit_and_a_plain_celery_call(redis_ur
         schedule, start=now - timedelta(hours=2, minutes=1), end=now - timedelta(minutes=1), now=now, app=app
     )
     # And code submits one, and sends one the plain Celery way
-    submitted = dispatch.submit("scheduler.echo", app=app)
+    submitted = submissions.submit("scheduler.echo", app=app)
     plain_key = executions.record_ad_hoc(
         "plain-id", task="scheduler.echo", args=(), kwargs={}, queue="", timeout=None, now=now
     )

@@ -89,7 +89,7 @@ def test_a_malformed_variable_stops_the_process_at_import() -> None:
 
 
 def test_every_failpoint_names_the_peer_whose_error_it_raises() -> None:
-    assert set(failpoints.POINTS.values()) == {failpoints.DATABASE, failpoints.BROKER}
+    assert set(failpoints.POINTS.values()) == {failpoints.DATABASE, failpoints.BROKER, failpoints.OUTBOX}
 
 
 def test_unset__failpoint_does_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -112,6 +112,7 @@ def test_crash__the_process_dies_by_sigkill_at_the_failpoint() -> None:
     [
         ("outcome.in_transaction", "django.db.utils.OperationalError"),
         ("publish.send", "kombu.exceptions.OperationalError"),
+        ("reconcile.resend", "scheduler.exceptions.BrokerUnavailable"),
     ],
 )
 def test_error__raises_the_connection_error_of_the_failpoints_peer(name: str, error: str) -> None:
