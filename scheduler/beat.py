@@ -21,20 +21,16 @@ from __future__ import annotations
 
 import contextvars
 import logging
-import os
-import socket
 import threading
 import time
 from typing import Any, cast
 
-from celery import __version__ as celery_version
 from celery.beat import Scheduler
 from django.db import DatabaseError, close_old_connections, connection
 from django.db.backends.signals import connection_created
-from django.db.models.functions import Now
 from kombu.exceptions import OperationalError as BrokerError
 
-from scheduler import dispatch, leases, logs, reconcile, shard_keeper, shards, signals, tracing
+from scheduler import dispatch, instances, leases, logs, reconcile, shard_keeper, shards, signals, tracing
 from scheduler.builtin_schedules import ensure_builtin_schedules
 from scheduler.conf import settings
 from scheduler.exceptions import LeaseLost
@@ -185,7 +181,7 @@ class LeaderScheduler(Scheduler):
         if self._instance_lock is not None:
             self._instance_lock.close()  # after the release: a follower that sees it free finds the lease free too
         try:
-            Instance.objects.filter(instance_id=self.instance_id).delete()
+            instances.remove(self.instance_id)
         except DatabaseError:
             pass  # reconcile removes stale instances
         super().close()
@@ -609,7 +605,7 @@ class LeaderScheduler(Scheduler):
         when = "on shutdown" if shutdown else "for the one lease (shard count 1)"
         try:
             if shutdown:
-                Instance.objects.filter(instance_id=self.instance_id).delete()
+                instances.remove(self.instance_id)
             released = self.shards.release_all()
         except DatabaseError:
             logger.exception("could not release the shards %s; they expire by themselves", when)
@@ -675,17 +671,5 @@ class LeaderScheduler(Scheduler):
     def _heartbeat(self) -> None:
         if time.monotonic() - self._last_heartbeat < settings.LEASE_RENEW_SECONDS:
             return
-        Instance.objects.update_or_create(
-            instance_id=self.instance_id,
-            defaults={"last_seen": Now(), "is_leader": self._leads()},
-            create_defaults={
-                "role": Instance.Role.BEAT,
-                "hostname": socket.gethostname(),
-                "pid": os.getpid(),
-                "version": celery_version,
-                "started_at": Now(),
-                "last_seen": Now(),
-                "is_leader": self._leads(),
-            },
-        )
+        instances.beat(self.instance_id, role=Instance.Role.BEAT, is_leader=self._leads())
         self._last_heartbeat = time.monotonic()
