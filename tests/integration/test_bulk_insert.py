@@ -9,7 +9,7 @@ import pytest
 import time_machine
 from django.db import IntegrityError, connection
 
-from scheduler import executions, leases
+from scheduler import executions, leases, schedules
 from scheduler.models import Execution, Schedule, tally
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -19,9 +19,7 @@ AT = datetime(2026, 3, 29, 1, 30, 15, 123456, tzinfo=timezone.utc)
 
 
 def schedule(name: str = "nightly", **fields: Any) -> Schedule:
-    return Schedule.objects.create(
-        name=name, task="scheduler.echo", interval=3600, start_at=AT, next_run_at=AT, **fields
-    )
+    return schedules.create(name=name, task="scheduler.echo", interval=3600, start_at=AT, next_run_at=AT, **fields)
 
 
 def varied_rows(prefix: str, source: Schedule, earlier: Execution) -> list[Execution]:
@@ -174,7 +172,7 @@ def test_insert__schedule_saved_after_assignment_gives_its_id() -> None:
     # Given a row built before its schedule was saved
     source = Schedule(name="late", task="scheduler.echo", interval=60, start_at=AT)
     row = Execution(idempotency_key="k", task="scheduler.echo", scheduled_for=AT, schedule=source)
-    source.save()
+    schedules.save(source)
 
     # When it is inserted
     executions.insert([row])

@@ -13,8 +13,8 @@ from kombu import Connection
 from kombu.exceptions import OperationalError as BrokerError
 
 from project.celery import app
-from scheduler import dispatch, executions, leases, policies, publisher
-from scheduler.models import Execution, Schedule
+from scheduler import dispatch, executions, leases, policies, publisher, schedules
+from scheduler.models import Execution
 from tests import tasks as test_tasks  # noqa: F401  (registers tests.record with the app)
 
 pytestmark = pytest.mark.django_db
@@ -26,11 +26,9 @@ PRIORITY_SEP = "\x06\x16"
 def _rows() -> list[dict[str, Any]]:
     """Pending rows covering every option a message carries: queue, priority, time limit, jitter ETA, arguments."""
     now = leases.db_now()
-    plain = Schedule.objects.create(name="plain", task="tests.record", interval=60, args=[1, "two"], kwargs={"k": [3]})
-    routed = Schedule.objects.create(
-        name="routed", task="tests.record", interval=60, queue="other", priority=7, timeout=5
-    )
-    jittered = Schedule.objects.create(name="jittered", task="tests.record", interval=60, jitter=86_400)
+    plain = schedules.create(name="plain", task="tests.record", interval=60, args=[1, "two"], kwargs={"k": [3]})
+    routed = schedules.create(name="routed", task="tests.record", interval=60, queue="other", priority=7, timeout=5)
+    jittered = schedules.create(name="jittered", task="tests.record", interval=60, jitter=86_400)
     rows = [
         executions.execution_for(s, now, status=Execution.Status.PENDING, now=now) for s in (plain, routed, jittered)
     ]
@@ -111,8 +109,8 @@ def test_memory_broker__send_task_path_and_the_messages_arrive() -> None:
 def test_broker_error__stops_the_pass_earlier_batches_queued_the_rest_pending(redis_client: redis.Redis) -> None:
     # Given a first batch of pending rows for a working queue, then rows whose Redis list is unusable
     now = leases.db_now()
-    good = Schedule.objects.create(name="good", task="tests.record", interval=60, queue="good")
-    broken = Schedule.objects.create(name="broken", task="tests.record", interval=60, queue="broken")
+    good = schedules.create(name="good", task="tests.record", interval=60, queue="good")
+    broken = schedules.create(name="broken", task="tests.record", interval=60, queue="broken")
     for schedule, count in ((good, dispatch.PUBLISH_BATCH), (broken, 10)):
         slots = [now - timedelta(seconds=n) for n in range(count)]
         executions.insert(
