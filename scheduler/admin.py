@@ -45,6 +45,7 @@ from scheduler import (
     operations,
     overdue,
     result_admin,  # noqa: F401  (imported to replace django-celery-results' pages with scoped ones)
+    schedules,
     shards,
     task_policy,
     timing,
@@ -638,11 +639,11 @@ class ScheduleAdmin(TenantScoped, ActionsNeedPermission, admin.ModelAdmin):
             with transaction.atomic():
                 if action == "pause":
                     reason = request.POST.get("reason", "").strip() or f"Paused by {request.user} in the admin"
-                    operations.pause_schedule(schedule, reason, now=now)
+                    schedules.pause(schedule, reason, now=now)
                 elif action == "resume":
-                    operations.resume_schedule(schedule, now=now)
+                    schedules.resume(schedule, now=now)
                 else:
-                    operations.set_enabled(schedule, action == "enable", now=now)
+                    schedules.set_enabled(schedule, action == "enable", now=now)
                 audit.record(audit.user_actor(request.user), action, schedule, before=before)
         except ValidationError as exc:  # a pause reason over its length limit; nothing was written
             self.message_user(request, " ".join(exc.messages), level=messages.ERROR)
@@ -757,13 +758,13 @@ class ScheduleAdmin(TenantScoped, ActionsNeedPermission, admin.ModelAdmin):
         with transaction.atomic():
             # Only the fields the operator changed: the leader and the workers write
             # next_run_at and the counters of this row meanwhile.
-            operations.save_schedule(obj, fields=form.changed_data if change else None, now=leases.db_now())
+            schedules.save(obj, fields=form.changed_data if change else None, now=leases.db_now())
             audit.record(audit.user_actor(request.user), "update" if change else "create", obj, before=before)
 
     def delete_model(self, request: HttpRequest, obj: Schedule) -> None:
         with transaction.atomic():
             before = audit.snapshot(obj)
-            super().delete_model(request, obj)
+            schedules.delete(obj)
             audit.record(audit.user_actor(request.user), "delete", obj, before=before, deleted=True)
 
     def delete_queryset(self, request: HttpRequest, queryset: QuerySet[Schedule]) -> None:
@@ -834,23 +835,21 @@ class ScheduleAdmin(TenantScoped, ActionsNeedPermission, admin.ModelAdmin):
     @admin.action(description="Enable selected schedules", permissions=["change"])
     def enable(self, request: HttpRequest, queryset: QuerySet[Schedule]) -> None:
         self._each(
-            request, queryset, lambda s: operations.set_enabled(s, True, now=leases.db_now()), "enabled", runs=True
+            request, queryset, lambda s: schedules.set_enabled(s, True, now=leases.db_now()), "enabled", runs=True
         )
 
     @admin.action(description="Disable selected schedules", permissions=["change"])
     def disable(self, request: HttpRequest, queryset: QuerySet[Schedule]) -> None:
-        self._each(request, queryset, lambda s: operations.set_enabled(s, False, now=leases.db_now()), "disabled")
+        self._each(request, queryset, lambda s: schedules.set_enabled(s, False, now=leases.db_now()), "disabled")
 
     @admin.action(description="Pause selected schedules", permissions=["change"])
     def pause(self, request: HttpRequest, queryset: QuerySet[Schedule]) -> None:
         reason = f"Paused by {request.user} in the admin"
-        self._each(request, queryset, lambda s: operations.pause_schedule(s, reason, now=leases.db_now()), "paused")
+        self._each(request, queryset, lambda s: schedules.pause(s, reason, now=leases.db_now()), "paused")
 
     @admin.action(description="Resume selected schedules", permissions=["change"])
     def resume(self, request: HttpRequest, queryset: QuerySet[Schedule]) -> None:
-        self._each(
-            request, queryset, lambda s: operations.resume_schedule(s, now=leases.db_now()), "resumed", runs=True
-        )
+        self._each(request, queryset, lambda s: schedules.resume(s, now=leases.db_now()), "resumed", runs=True)
 
 
 class ReadOnlyAdmin(admin.ModelAdmin):

@@ -18,19 +18,15 @@ on that tick. Its holder of lease 0 keeps house (``housekeeping``).
 from __future__ import annotations
 
 import logging
-import os
-import socket
 import time
 from collections.abc import Mapping
 from typing import Any, cast
 
-from celery import __version__ as celery_version
 from celery.beat import Scheduler
 from django.db import DatabaseError, close_old_connections, connection
 from django.db.backends.signals import connection_created
-from django.db.models.functions import Now
 
-from scheduler import dispatch, leadership, leases, logs, outbox, shard_keeper, shards, tracing
+from scheduler import dispatch, instances, leadership, leases, logs, outbox, shard_keeper, shards, tracing
 from scheduler.builtin_schedules import ensure_builtin_schedules
 from scheduler.conf import settings
 from scheduler.exceptions import BrokerUnavailable, LeaseLost
@@ -165,7 +161,7 @@ class LeaderScheduler(Scheduler):
             connection.close()
         try:
             # First: the shard keepers of the others no longer count this replica live when its release wakes them.
-            Instance.objects.filter(instance_id=self.instance_id).delete()
+            instances.remove(self.instance_id)
         except DatabaseError:
             pass  # reconcile removes stale instances
         self.leadership.release("on shutdown")
@@ -351,17 +347,5 @@ class LeaderScheduler(Scheduler):
         leads = bool(self.leadership.held)
         if leads == self._heartbeat_leads and time.monotonic() - self._last_heartbeat < settings.LEASE_RENEW_SECONDS:
             return
-        Instance.objects.update_or_create(
-            instance_id=self.instance_id,
-            defaults={"last_seen": Now(), "is_leader": leads},
-            create_defaults={
-                "role": Instance.Role.BEAT,
-                "hostname": socket.gethostname(),
-                "pid": os.getpid(),
-                "version": celery_version,
-                "started_at": Now(),
-                "last_seen": Now(),
-                "is_leader": leads,
-            },
-        )
+        instances.beat(self.instance_id, role=Instance.Role.BEAT, is_leader=leads)
         self._last_heartbeat, self._heartbeat_leads = time.monotonic(), leads

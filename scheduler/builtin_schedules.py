@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 from django.db import IntegrityError, transaction
 from django.db.models import Q
 
+from scheduler import schedules
 from scheduler.conf import settings
 from scheduler.models import Schedule
 
@@ -93,7 +94,7 @@ def _create(name: str, values: dict[str, Any]) -> bool:
     """Insert one built-in; return False when another replica inserted it first."""
     try:
         with transaction.atomic():
-            Schedule(name=name, **values).save()
+            schedules.create(name=name, **values)
     except IntegrityError:
         return False
     return True

@@ -15,12 +15,11 @@ from collections import defaultdict
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Any
 
 from django.db import DatabaseError, connection, transaction
-from django.db.models import Count, F, Q
+from django.db.models import Count, Q
 
-from scheduler import executions, leases, policies, session_limits, tracing
+from scheduler import executions, leases, policies, schedules, session_limits, tracing
 from scheduler.conf import settings
 from scheduler.exceptions import InFlightLocked, ScheduleInvalid
 from scheduler.failpoints import failpoint
@@ -311,31 +310,6 @@ def _chunks(planned: list[_Planned]) -> Iterator[list[_Planned]]:
         yield chunk
 
 
-@dataclass(frozen=True)
-class _Write:
-    """What one commit writes to a due schedule; schedules with equal writes share one UPDATE."""
-
-    next_run_at: datetime | None
-    #: Slots sent now: ``slots_sent`` moves by F(), so a concurrent increment is never lost.
-    sent: int = 0
-    #: Slots missed now, added to ``total_missed`` the same way.
-    missed: int = 0
-    #: Set when the schedule turns itself off (no slots left).
-    disabled_reason: str | None = None
-    #: Set when its timing is invalid: the schedule is paused.
-    paused_reason: str | None = None
-
-    def fields(self) -> dict[str, Any]:
-        fields: dict[str, Any] = {"next_run_at": self.next_run_at, "slots_sent": F("slots_sent") + self.sent}
-        if self.missed:
-            fields["total_missed"] = F("total_missed") + self.missed
-        if self.disabled_reason is not None:
-            fields.update(enabled=False, disabled_reason=self.disabled_reason)
-        if self.paused_reason is not None:
-            fields["paused_reason"] = self.paused_reason
-        return fields
-
-
 def _lease_for(fence: Fence) -> Callable[[int], leases.LeaseHandle]:
     """Return shard -> the lease a schedule of that shard is committed under."""
     if isinstance(fence, Mapping):
@@ -389,14 +363,16 @@ def _commit(
         # Schedules due together mostly write the same values (next slot, count
         # sent, completion reason): one UPDATE per distinct write, never one per
         # schedule nor bulk_update's CASE over every row.
-        writes: defaultdict[_Write, list[int]] = defaultdict(list)
+        writes: defaultdict[schedules.Advance, list[int]] = defaultdict(list)
         for item in chunk:
             schedule, plan = item.schedule, item.plan
             if plan is None:
                 # One broken schedule (e.g. a zone gone from tzdata) must not
                 # block the others: pause it with the reason and move on.
                 logger.error("schedule %s paused: %s", schedule.name, item.error, extra={"action": "schedule_invalid"})
-                writes[_Write(schedule.next_run_at, paused_reason=f"Invalid timing: {item.error}")].append(schedule.pk)
+                writes[schedules.Advance(schedule.next_run_at, paused_reason=f"Invalid timing: {item.error}")].append(
+                    schedule.pk
+                )
                 continue
             flying, held = in_flight.get(schedule.pk, (0, 0))
             wanted = policies.plan_overlap(schedule.overlap, plan.run, in_flight=flying, buffered=held)
@@ -430,8 +406,7 @@ def _commit(
         for recorded in recording:
             mine = None if every else [row for row in rows[recorded.rows] if row.idempotency_key in stored]
             writes[recorded.write(mine, report)].append(recorded.schedule.pk)
-        for write, pks in writes.items():
-            Schedule.objects.filter(pk__in=pks).update(**write.fields())
+        schedules.advance(writes)
 
 
 @dataclass(frozen=True)
@@ -446,7 +421,7 @@ class _Recording:
     used_up: bool
     rows: slice
 
-    def write(self, stored: list[Execution] | None, report: DispatchReport) -> _Write:
+    def write(self, stored: list[Execution] | None, report: DispatchReport) -> schedules.Advance:
         """Count what the insert stored of this schedule's rows (``None``: all of them); return its write.
 
         ``slots_sent`` and ``total_missed`` grow by the rows stored, never by
@@ -499,7 +474,7 @@ class _Recording:
                 taken=sent_now < meant,
             )
             report.completed.append((schedule.name, disabled_reason))
-        return _Write(next_run_at, sent_now, missed_now, disabled_reason)
+        return schedules.Advance(next_run_at, sent_now, missed_now, disabled_reason)
 
 
 def _slots(overlap: policies.OverlapPlan) -> set[datetime]:

@@ -14,6 +14,10 @@ class ScheduleInvalid(SchedulerError):
     """The schedule's timing is invalid."""
 
 
+class ScheduleWriteRefused(SchedulerError):
+    """Schedules are written through scheduler.schedules (create, save, delete), which keeps their next run, counters and deadline right."""
+
+
 class TaskRefused(SchedulerError):
     """The caller may not schedule or run this task; nothing was written."""
 

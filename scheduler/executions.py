@@ -15,8 +15,8 @@ an operator cancelled) changes nothing.
 Lock order: a transaction that writes both takes the schedule row first,
 then the execution row, as the leader's dispatch does (it locks due
 schedules, then cancels their executions), and a schedule's delete
-(``Schedule.delete``). The opposite order deadlocks on PostgreSQL (issue
-14, item 6).
+(``scheduler.schedules.delete``). The opposite order deadlocks on
+PostgreSQL (issue 14, item 6).
 
 Every move to a final status (and every row inserted final) is also
 counted, by a database trigger in the same statement, into the tallies
@@ -35,7 +35,6 @@ from typing import Any, cast
 from django.db import IntegrityError, connections, transaction
 from django.db.models import (
     Case,
-    CharField,
     DateTimeField,
     Exists,
     ExpressionWrapper,
@@ -44,15 +43,13 @@ from django.db.models import (
     PositiveIntegerField,
     Q,
     QuerySet,
-    TextField,
-    Value,
     When,
 )
-from django.db.models.functions import Cast, Concat, Now
+from django.db.models.functions import Now
 from django.db.models.sql import InsertQuery, UpdateQuery
 from django.db.transaction import TransactionManagementError
 
-from scheduler import overdue, session_limits, tracing
+from scheduler import schedules, session_limits, tracing
 from scheduler.conf import settings
 from scheduler.exceptions import InFlightLocked, MessageRefused
 from scheduler.failpoints import failpoint
@@ -986,7 +983,7 @@ def _record_outcome(
         finished = write()
         failpoint("outcome.in_transaction")
         if finished:
-            count_run(schedule_id, status=status, error=error, started_at=started_at)
+            schedules.count_run(schedule_id, status=status, error=error, started_at=started_at)
     return bool(finished)
 
 
@@ -1042,54 +1039,16 @@ _FINISH = Prepared(_finish_sql)
 _RESULT = Prepared(_result_sql)
 
 
-def count_run(schedule_id: int, *, status: str, error: str, started_at: datetime | None) -> None:
-    """Count one final ``status`` on the schedule's run counters, in one UPDATE; trip its circuit breaker when due.
+def delete(ids: list[int]) -> int:
+    """Delete the executions ``ids`` (their re-runs stay, no longer pointing at them); return how many went.
 
-    The counters move as ``F()`` expressions, so nothing read earlier can be
-    written back stale; a caller that also writes the execution locks the
-    schedule row first (see the module docstring).
+    Two statements, no row read into this process: Django's ``delete()``
+    would load every row first, keeping a caller's locks for as long.
     """
-    succeeded = status == Status.SUCCEEDED
-    failures = Value(0) if succeeded else F("consecutive_failures") + 1
-    fields: dict[str, Any] = {
-        "last_status": status,
-        "total_runs": F("total_runs") + 1,
-        "consecutive_failures": failures,
-        "updated_at": Now(),
-    }
-    if started_at is not None:  # an execution failed before it started leaves the last run as it was
-        fields["last_run_at"] = started_at
-    if succeeded:  # the dead man's switch: a success moves the overdue deadline forward
-        fields.update(overdue.after_success())
-    trips = Q(pause_after_failures__gt=0, pause_after_failures__lte=F("consecutive_failures") + 1, paused_reason="")
-    if not succeeded:
-        fields["last_error"] = error
-        fields["paused_reason"] = Case(
-            When(
-                trips,
-                then=Concat(
-                    Value("Paused after "),
-                    Cast(F("consecutive_failures") + 1, CharField()),
-                    Value(f" consecutive failures; last: {error}"),
-                    output_field=TextField(),
-                ),
-            ),
-            default=F("paused_reason"),
-            output_field=TextField(),
-        )
-        # A paused schedule fires nothing: the same as ``Schedule.pause``.
-        fields["next_run_at"] = Case(
-            When(trips, then=Value(None, output_field=DateTimeField())), default=F("next_run_at")
-        )
-    schedule = Schedule.objects.filter(pk=schedule_id)
-    tripped = not succeeded and schedule.filter(trips).exists()
-    schedule.update(**fields)
-    if tripped:
-        paused = schedule.values_list("name", "paused_reason").first()
-        if paused is not None:
-            logger.warning(
-                "schedule %s paused: %s", *paused, extra={"action": "schedule_paused", "schedule": paused[0]}
-            )
+    Execution.objects.filter(retry_of__in=ids).update(retry_of=None)
+    with transaction.get_connection().cursor() as cursor:
+        cursor.execute(f"DELETE FROM {Execution._meta.db_table} WHERE id IN ({', '.join(['%s'] * len(ids))})", ids)
+        return cursor.rowcount
 
 
 # --- helpers ------------------------------------------------------------------------------

@@ -48,13 +48,12 @@ import time
 import uuid
 from typing import TYPE_CHECKING, Any
 
-from celery import __version__ as celery_version
 from celery import bootsteps
 from django.db import DatabaseError, close_old_connections
-from django.db.models.functions import Now
 from kombu import Consumer, Exchange, Queue
 from kombu.exceptions import KombuError
 
+from scheduler import instances
 from scheduler.conf import settings
 from scheduler.models import Instance
 
@@ -233,18 +232,7 @@ class Heartbeat(threading.Thread):
     def _beat(self) -> None:
         """Write ``last_seen`` (the database's clock): this worker just consumed its probe."""
         try:
-            Instance.objects.update_or_create(
-                instance_id=self.instance_id,
-                defaults={"last_seen": Now()},
-                create_defaults={
-                    "role": Instance.Role.WORKER,
-                    "hostname": socket.gethostname(),
-                    "pid": os.getpid(),
-                    "version": celery_version,
-                    "started_at": Now(),
-                    "last_seen": Now(),
-                },
-            )
+            instances.beat(self.instance_id, role=Instance.Role.WORKER)
         except DatabaseError:
             logger.warning("could not write the worker heartbeat; trying again", exc_info=True)
             close_old_connections()

@@ -21,7 +21,7 @@ from django.db import DEFAULT_DB_ALIAS, connections, transaction
 from django.utils.connection import ConnectionDoesNotExist
 from django.utils.dateparse import parse_datetime
 
-from scheduler import operations
+from scheduler import operations, schedules
 from scheduler.exceptions import SchedulerError
 from scheduler.management.base import validation_message
 from scheduler.models import Schedule
@@ -209,7 +209,7 @@ def _import_one(row: dict[str, Any], *, app: Celery, dry_run: bool) -> TaskOutco
     except ValidationError as exc:
         return TaskOutcome(name=name, outcome=REFUSED, reason=validation_message(exc))
     if not dry_run:
-        schedule.save()
+        schedules.save(schedule)
     return TaskOutcome(name=name, outcome=IMPORTED, notes=tuple(notes), schedule=fields)
 
 

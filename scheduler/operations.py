@@ -1,4 +1,4 @@
-"""Operator actions on schedules and executions: validate, save, pause, run now, retry, cancel.
+"""Operator actions on schedules and executions: validate, run now, retry, cancel.
 
 The management commands and the admin call these, so an action means the
 same wherever it is taken. Each one checks before it writes, writes in one
@@ -9,7 +9,6 @@ sends later, or a ``cancelled`` row that no worker will claim.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from typing import TYPE_CHECKING
@@ -177,29 +176,3 @@ def _revoke(app: Celery, task_id: str, result: ActionResult) -> None:
 
 def _first_line(exc: BaseException) -> str:
     return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-
-
-def save_schedule(schedule: Schedule, *, now: datetime, fields: Iterable[str] | None = None) -> None:
-    """Write an operator's edit of ``schedule``: only ``fields`` (default: those changed since it was loaded).
-
-    The beat and the workers keep changing the row meanwhile; writing only
-    what the operator changed never rolls their ``next_run_at`` or counters
-    back. A timing change recomputes ``next_run_at`` from ``now``.
-    """
-    schedule.save(update_fields=None if fields is None else set(fields), now=now)
-
-
-def set_enabled(schedule: Schedule, enabled: bool, *, now: datetime) -> None:
-    """Turn ``schedule`` on (from its next slot after ``now``) or off."""
-    schedule.enabled = enabled
-    schedule.save(now=now)
-
-
-def pause_schedule(schedule: Schedule, reason: str, *, now: datetime) -> None:
-    """Pause ``schedule`` with ``reason``; what falls in the pause is not owed later."""
-    schedule.pause(reason, now=now)
-
-
-def resume_schedule(schedule: Schedule, *, now: datetime) -> None:
-    """Resume ``schedule`` from its next slot after ``now``; reset its failure count."""
-    schedule.resume(now=now)

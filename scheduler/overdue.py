@@ -11,9 +11,10 @@ first slot, and one resumed after a long pause gets a full window again.
 
 The deadline is stored, not computed at read time, so "which schedules are
 overdue" is one range scan of the partial index ``schedule_overdue`` however
-many schedules there are. ``Schedule.save`` recomputes it (``deadline``);
+many schedules there are. ``scheduler.schedules`` recomputes it
+(``deadline``) on an edit of the timing, the state or ``alert_after``, and
 every success moves it forward in the same UPDATE that counts the run
-(``after_success``, used by ``scheduler.executions``). The admin, the
+(``after_success``, used by ``scheduler.schedules.count_run``). The admin, the
 ``schedules`` command, ``/metrics`` and ``/healthz/schedules`` all read it
 through ``Schedule.objects.overdue`` and ``is_overdue``. It imports no
 models (``scheduler.models.schedule`` imports it), only ``timing``.

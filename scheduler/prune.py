@@ -12,9 +12,10 @@ from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from datetime import datetime
 
-from django.db import connection, transaction
+from django.db import transaction
 from django.db.models import Max, OuterRef, Q, Subquery
 
+from scheduler import executions, schedules
 from scheduler.models import AuditEvent, Execution, Schedule
 
 #: Rows deleted per statement: bounded so a prune never holds long locks.
@@ -111,21 +112,16 @@ def _delete(ids: list[int]) -> int:
         marked = list(
             Schedule.objects.select_for_update().filter(pk__in=list(newest)).order_by("pk").only("pk", "pruned_through")
         )
-        # Two statements, nothing read into this process while the schedule rows
-        # are locked: Django's delete() would load every row (to null the
-        # re-runs' ``retry_of``), leaving the transaction idle for as long, which
-        # stalls those schedules' dispatch and can outlast the session's
-        # idle-in-transaction bound on a loaded machine.
-        Execution.objects.filter(retry_of__in=ids).update(retry_of=None)
-        with connection.cursor() as cursor:
-            cursor.execute(f"DELETE FROM {Execution._meta.db_table} WHERE id IN ({', '.join(['%s'] * len(ids))})", ids)
-            deleted = cursor.rowcount
+        # Nothing read into this process while the schedule rows are locked: a
+        # transaction left idle that long stalls those schedules' dispatch and
+        # can outlast the session's idle-in-transaction bound on a loaded machine.
+        deleted = executions.delete(ids)
         if not deleted:
             return 0  # another prune took them, and marked them
         moved = [mark for mark in marked if mark.pruned_through is None or mark.pruned_through < newest[mark.pk]]
         for mark in moved:
             mark.pruned_through = newest[mark.pk]
-        Schedule.objects.bulk_update(moved, ["pruned_through"], batch_size=_MARK_BATCH)
+        schedules.mark_pruned(moved, batch_size=_MARK_BATCH)
     return deleted
 
 

@@ -21,10 +21,10 @@ from typing import Any
 from celery.signals import task_rejected, task_unknown, worker_ready, worker_shutdown
 from django.db import DatabaseError, close_old_connections
 
-from scheduler import heartbeat
+from scheduler import heartbeat, instances
 from scheduler.exceptions import MessageRefused
 from scheduler.executions import fail_unrun
-from scheduler.models import Execution, Instance
+from scheduler.models import Execution
 
 logger = logging.getLogger(__name__)
 
@@ -44,7 +44,7 @@ def stop_heartbeat(sender: Any = None, **kwargs: Any) -> None:
         # So that it does not write the row again after it is deleted below.
         _heartbeat.stop(timeout=2.0)
     try:
-        Instance.objects.filter(instance_id=heartbeat.instance_id(getattr(sender, "hostname", "") or "")).delete()
+        instances.remove(heartbeat.instance_id(getattr(sender, "hostname", "") or ""))
     except DatabaseError:
         pass  # reconcile removes stale instances
 

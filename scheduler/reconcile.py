@@ -29,7 +29,7 @@ from django.db import transaction
 from django.db.models import F, Q
 from django.db.models.functions import Now
 
-from scheduler import broker, executions, outbox, policies, timing, tracing
+from scheduler import broker, executions, instances, outbox, policies, schedules, timing, tracing
 from scheduler.conf import settings
 from scheduler.exceptions import BrokerUnavailable, ScheduleInvalid
 from scheduler.failpoints import failpoint
@@ -443,14 +443,14 @@ def _unset_next_run_at(*, exclude: list[Schedule]) -> list[Schedule]:
     return list(unset.order_by("id")[:AUDIT_SCHEDULES])
 
 
-def _fix_next_run_at(schedules: list[Schedule], *, now: datetime, dry_run: bool) -> list[Change]:
+def _fix_next_run_at(audited: list[Schedule], *, now: datetime, dry_run: bool) -> list[Change]:
     """Recompute ``next_run_at`` where it is missing, or is not a slot of the schedule's cron or interval.
 
     A ``next_run_at`` in the past is left alone: that schedule is simply due.
     The schedules' ``next_run_at`` is updated in memory too (for the audit).
     """
     changes: list[Change] = []
-    for schedule in schedules:
+    for schedule in audited:
         current = schedule.next_run_at
         try:
             if current is not None and (
@@ -462,10 +462,8 @@ def _fix_next_run_at(schedules: list[Schedule], *, now: datetime, dry_run: bool)
             continue  # the beat pauses it with the reason when it comes due
         if expected == current:
             continue
-        if not dry_run:
-            moved = Schedule.objects.active().filter(pk=schedule.pk, next_run_at=current).update(next_run_at=expected)
-            if not moved:
-                continue
+        if not dry_run and not schedules.fix_next_run_at(schedule, was=current, to=expected):
+            continue
         schedule.next_run_at = expected
         was = current.isoformat() if current else "unset"
         now_at = expected.isoformat() if expected else "none (no slots left)"
@@ -481,7 +479,7 @@ def _remove_stale_instances(*, now: datetime, dry_run: bool) -> list[Change]:
     stale = Instance.objects.filter(last_seen__lt=cutoff)
     changes: list[Change] = []
     for instance in stale.order_by("last_seen")[:BATCH_SIZE]:
-        if not dry_run and not stale.filter(pk=instance.pk).delete()[0]:
+        if not dry_run and not instances.remove_stale(instance, cutoff=cutoff):
             continue
         changes.append(
             Change(
@@ -607,5 +605,5 @@ def _record(schedule: Schedule, plan: list[tuple[datetime, str]], *, now: dateti
         recorded = executions.record_slots(schedule, plan, now=now)
         missed = sum(1 for row in recorded if row["status"] == Status.MISSED)
         if missed:
-            Schedule.objects.filter(pk=schedule.pk).update(total_missed=F("total_missed") + missed)
+            schedules.add_missed(schedule.pk, missed)
     return recorded

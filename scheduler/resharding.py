@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from django.db import connection, transaction
 from django.db.models import F
 
-from scheduler import cluster, dbclock, liveness, shard_keeper, shards
+from scheduler import cluster, dbclock, liveness, schedules, shard_keeper, shards
 from scheduler.conf import settings
 from scheduler.models import Schedule
 
@@ -84,7 +84,6 @@ def move_schedules(count: int, *, batch: int = MOVE_BATCH) -> int:
     shard's owner. One transaction per ``batch`` ids.
     """
     moved, after = 0, 0
-    home = F("id") % count
     while True:
         bound = (
             Schedule.objects.filter(pk__gt=after).order_by("pk").values_list("pk", flat=True)[batch - 1 : batch].first()
@@ -93,7 +92,7 @@ def move_schedules(count: int, *, batch: int = MOVE_BATCH) -> int:
         if bound is not None:
             rows = rows.filter(pk__lte=bound)
         with transaction.atomic():
-            moved += rows.exclude(shard=home).update(shard=home)
+            moved += schedules.assign_shards(rows, count=count)
         if bound is None:
             return moved
         after = bound

@@ -11,6 +11,7 @@ from celery.schedules import schedule as every
 from django.core.exceptions import ValidationError
 from django.db import IntegrityError, transaction
 
+from scheduler import schedules
 from scheduler.models import Schedule
 
 logger = logging.getLogger(__name__)
@@ -64,7 +65,7 @@ def sync_beat_schedule(beat_schedule: dict[str, dict[str, Any]]) -> list[str]:
                         for key, value in values.items():
                             setattr(schedule, key, value)
                         schedule.full_clean(validate_unique=False)
-                        schedule.save()
+                        schedules.save(schedule)
                 synced.append(name)
                 break
             except IntegrityError:

@@ -405,7 +405,7 @@ def _create_schedules(point: Point, *, now: datetime) -> list[Schedule]:
         schedules.append(Schedule(name="failing", task="tests.fail", interval=2, max_retries=1, retry_backoff=1))
     for schedule in schedules:
         schedule.full_clean()
-        schedule.save(now=now)
+        schedules.save(schedule, now=now)
     return schedules
 
 

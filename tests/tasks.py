@@ -331,13 +331,13 @@ def _freeze(client: redis.Redis, **fields: Any) -> None:
 
 def _freeze_once_counted(client: redis.Redis, **fields: Any) -> None:
     """Stop this process right after the next outcome is counted on its schedule, its transaction still open."""
-    from scheduler import executions
+    from scheduler import schedules
 
-    count_run = executions.count_run
+    count_run = schedules.count_run
 
     def counted(*args: Any, **kwargs: Any) -> None:
-        executions.count_run = count_run
+        schedules.count_run = count_run
         count_run(*args, **kwargs)
         _freeze(client, **fields)
 
-    executions.count_run = counted
+    schedules.count_run = counted

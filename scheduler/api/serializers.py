@@ -16,7 +16,7 @@ from django.db import IntegrityError, models, transaction
 from rest_framework import ISO_8601, serializers
 from rest_framework.settings import api_settings
 
-from scheduler import leases, operations, overdue
+from scheduler import leases, operations, overdue, schedules
 from scheduler.api.authentication import caller
 from scheduler.backfill import DEFAULT_LIMIT
 from scheduler.celery_app import celery_app
@@ -186,7 +186,7 @@ class ScheduleSerializer(ApiModelSerializer):
         schedule = self.candidate
         try:
             with transaction.atomic():
-                operations.save_schedule(schedule, now=leases.db_now())
+                schedules.save(schedule, now=leases.db_now())
         except IntegrityError:
             # Another request took the name between the check and the write: the
             # unique constraint decides, with the validation's own message.

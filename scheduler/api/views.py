@@ -30,7 +30,7 @@ from rest_framework.response import Response
 from rest_framework.serializers import BaseSerializer
 from rest_framework.views import APIView
 
-from scheduler import audit, backfill, cluster, leases, operations, reconcile, task_policy
+from scheduler import audit, backfill, cluster, leases, operations, reconcile, schedules, task_policy
 from scheduler.api import serializers as s
 from scheduler.api.authentication import caller
 from scheduler.api.filters import AuditEventFilter, ExecutionFilter, ScheduleFilter
@@ -169,7 +169,7 @@ class ScheduleViewSet(
     def perform_destroy(self, instance: Schedule) -> None:
         with transaction.atomic():
             before = audit.snapshot(instance)
-            instance.delete()
+            schedules.delete(instance)
             audit.record(caller(self.request).actor, "delete", instance, before=before, deleted=True)
 
     def _change(
@@ -192,31 +192,27 @@ class ScheduleViewSet(
         params = s.PauseSerializer(data=request.data)
         params.is_valid(raise_exception=True)
         reason = params.validated_data["reason"].strip() or f"Paused by {caller(request).actor.name} through the API"
-        return self._change(
-            request, "pause", lambda schedule, now: operations.pause_schedule(schedule, reason, now=now)
-        )
+        return self._change(request, "pause", lambda schedule, now: schedules.pause(schedule, reason, now=now))
 
     @extend_schema(request=None, responses=s.ScheduleSerializer)
     @action(detail=True, methods=["post"])
     def resume(self, request: Request, pk: str) -> Response:
         """Resume from the next slot after now; reset the failure count."""
-        return self._change(
-            request, "resume", lambda schedule, now: operations.resume_schedule(schedule, now=now), runs=True
-        )
+        return self._change(request, "resume", lambda schedule, now: schedules.resume(schedule, now=now), runs=True)
 
     @extend_schema(request=None, responses=s.ScheduleSerializer)
     @action(detail=True, methods=["post"])
     def enable(self, request: Request, pk: str) -> Response:
         """Turn on; it fires from its next slot after now."""
         return self._change(
-            request, "enable", lambda schedule, now: operations.set_enabled(schedule, True, now=now), runs=True
+            request, "enable", lambda schedule, now: schedules.set_enabled(schedule, True, now=now), runs=True
         )
 
     @extend_schema(request=None, responses=s.ScheduleSerializer)
     @action(detail=True, methods=["post"])
     def disable(self, request: Request, pk: str) -> Response:
         """Turn off, keeping the history."""
-        return self._change(request, "disable", lambda schedule, now: operations.set_enabled(schedule, False, now=now))
+        return self._change(request, "disable", lambda schedule, now: schedules.set_enabled(schedule, False, now=now))
 
     @extend_schema(request=None, responses={201: s.ActionResultSerializer})
     @action(detail=True, methods=["post"], url_path="run-now")

@@ -9,12 +9,12 @@ from typing import Any, cast
 
 from django.core.exceptions import NON_FIELD_ERRORS, ValidationError
 from django.core.validators import MaxValueValidator, MinValueValidator
-from django.db import connection, models, router, transaction
+from django.db import connection, models, transaction
 from django.db.models import F, Q
 
-from scheduler import clock, limits, overdue, shards, timing
+from scheduler import limits, overdue, shards, timing
 from scheduler.conf import settings
-from scheduler.exceptions import ScheduleInvalid
+from scheduler.exceptions import ScheduleInvalid, ScheduleWriteRefused
 
 #: The one message for a schedule with no timing, or more than one.
 TIMING_REQUIRED = "Set exactly one of cron, interval or run at."
@@ -102,11 +102,6 @@ class ScheduleQuerySet(models.QuerySet):
 
     delete.alters_data = True  # type: ignore[attr-defined]  # as Django marks QuerySet.delete
     delete.queryset_only = True  # type: ignore[attr-defined]  # not on the manager, as Django's
-
-    def assign_shards(self) -> int:
-        """Move every schedule whose ``shard`` is not ``id % SCHEDULER_SHARDS`` into it; return how many moved."""
-        home = F("id") % shards.count()
-        return self.exclude(shard=home).update(shard=home)
 
     def overdue(self, *, now: datetime) -> ScheduleQuerySet:
         """Return active schedules without a success for longer than their window (``scheduler.overdue``).
@@ -355,25 +350,6 @@ class Schedule(models.Model):
             slot = timing.next_slot(self.timing, after=slot, runs_so_far=self.slots_sent + len(times))
         return times
 
-    def pause(self, reason: str, *, now: datetime | None = None) -> None:
-        """Stop firing, keeping history; slots that fall in the pause are not owed later.
-
-        A reason longer than ``limits.PAUSED_REASON_MAX_CHARS`` raises
-        ``ValidationError`` on ``paused_reason`` and changes nothing.
-        """
-        reason = reason.strip() or "Paused"
-        problems = limits.text_problems(reason, limits.PAUSED_REASON_MAX_CHARS)
-        if problems:
-            raise ValidationError({"paused_reason": problems})
-        self.paused_reason = reason
-        self.save(now=now)
-
-    def resume(self, *, now: datetime | None = None) -> None:
-        """Fire again from the next slot after ``now``; reset the circuit breaker's count."""
-        self.paused_reason = ""
-        self.consecutive_failures = 0
-        self.save(update_fields={*self.changed_fields(), "consecutive_failures"}, now=now)
-
     def _stored(self) -> dict[str, Any]:
         """Return the loaded value of each field present (deferred ones are left out).
 
@@ -401,84 +377,18 @@ class Schedule(models.Model):
         fresh = self._stored()
         self._loaded.update(fresh if fields is None else {name: fresh[name] for name in fields if name in fresh})
 
-    def save(self, *args: Any, now: datetime | None = None, **kwargs: Any) -> None:
-        """Insert a new row, or write only the fields that changed since this object was loaded.
+    def mark_saved(self, fields: Any = None) -> None:
+        """Take ``fields`` (default: all) as what the row now holds: they no longer count as changed."""
+        stored = self._stored()
+        self._loaded.update(stored if fields is None else {name: stored[name] for name in fields if name in stored})
 
-        Another process changes a saved schedule all the time (the leader
-        moves ``next_run_at``, workers count runs), so an existing row is
-        never written whole: ``update_fields`` defaults to the fields changed
-        here. A change to the timing or state recomputes ``next_run_at`` from
-        ``now`` under a row lock, with the run counters read fresh; resuming,
-        enabling again and editing the timing move ``owed_since`` to ``now``.
-        """
-        if self.enabled and self.disabled_reason:
-            self.disabled_reason = ""  # enabled again by hand
-        now = now or clock.now()
-        if self._state.adding:
-            self.owed_since = self.owed_since or now
-            self.next_run_at = self.compute_next_run_at(now=now)
-            self._follow_deadline_change()
-            super().save(*args, **kwargs)
-            self._move_to_shard()
-        else:
-            changed = self.changed_fields()
-            given = kwargs.pop("update_fields", None)
-            fields = changed if given is None else {*given, *(changed & {"disabled_reason"})}
-            if fields & changed & set(DEADLINE_FIELDS):
-                with transaction.atomic(using=kwargs.get("using")):
-                    fields |= self._follow_timing_change(fields & changed, now=now)
-                    super().save(*args, update_fields={*fields, "updated_at"}, **kwargs)
-            elif fields:
-                super().save(*args, update_fields={*fields, "updated_at"}, **kwargs)
-        self._loaded = self._stored()
+    def save(self, *args: Any, **kwargs: Any) -> None:
+        """Refuse: ``scheduler.schedules`` writes schedule rows (``create``, ``save``), so their derived fields stay right."""
+        raise ScheduleWriteRefused()
 
     def delete(self, using: str | None = None, keep_parents: bool = False) -> tuple[int, dict[str, int]]:
-        """Delete as Django does, having locked this schedule's row first (``ScheduleQuerySet.delete``)."""
-        using = using or router.db_for_write(type(self), instance=self)
-        with transaction.atomic(using=using):
-            list(type(self)._base_manager.using(using).select_for_update().filter(pk=self.pk).values_list("pk"))
-            return super().delete(using=using, keep_parents=keep_parents)
-
-    def _move_to_shard(self) -> None:
-        """Put a new row in the shard of its id, once the insert has given it one."""
-        home = shards.shard_of(self.pk)
-        if home != self.shard:
-            type(self).objects.filter(pk=self.pk).update(shard=home)
-            self.shard = home
-
-    def _follow_timing_change(self, changed: set[str], *, now: datetime) -> set[str]:
-        """Recompute ``next_run_at`` and the overdue deadline (and move ``owed_since``); return the fields written.
-
-        For a change of the timing, the state or ``alert_after``. The row is
-        locked first, so the leader (which skips locked rows) and the workers
-        wait, and the ``slots_sent`` and ``last_success_at`` read are current.
-        """
-        locked = type(self).objects.select_for_update().filter(pk=self.pk)
-        fresh = locked.values_list("slots_sent", "last_success_at").first()
-        if fresh is not None:
-            if "slots_sent" not in changed:
-                self.slots_sent = self._loaded["slots_sent"] = fresh[0]
-            self.last_success_at = self._loaded["last_success_at"] = fresh[1]
-        self.next_run_at = self.compute_next_run_at(now=now)
-        restarted = (
-            bool(changed & set(OWED_FIELDS))
-            or ("paused_reason" in changed and not self.paused_reason)
-            or ("enabled" in changed and self.enabled)
-        )
-        if restarted:
-            self.owed_since = now
-        self._follow_deadline_change()
-        return {"next_run_at", "cadence", "overdue_at", *(["owed_since"] if restarted else [])}
-
-    def _follow_deadline_change(self) -> None:
-        """Recompute ``cadence`` and ``overdue_at`` from the timing, ``alert_after`` and the last success."""
-        self.cadence = overdue.cadence(self.timing)
-        self.overdue_at = overdue.deadline(
-            self.timing,
-            window=self.alert_after or self.cadence,
-            last_success_at=self.last_success_at,
-            since=self.owed_since or self.created_at,
-        )
+        """Refuse: ``scheduler.schedules.delete`` deletes a schedule, its row locked first."""
+        raise ScheduleWriteRefused()
 
     # --- validation -----------------------------------------------------------
 

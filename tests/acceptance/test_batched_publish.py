@@ -25,7 +25,7 @@ import redis
 from django_celery_results.models import TaskResult
 
 from project.celery import app
-from scheduler import executions, leases, liveness, outbox, policies
+from scheduler import executions, leases, liveness, outbox, policies, schedules
 from scheduler.fastpath import publisher
 from scheduler.models import Execution, Schedule
 from tests import tasks as test_tasks
@@ -51,10 +51,10 @@ def test_batched_messages__run_on_a_plain_worker_with_header_queue_priority_limi
 ) -> None:
     now = leases.db_now().replace(microsecond=0)
     # Given many pending executions on one queue, with a priority ...
-    plain = Schedule.objects.create(name="plain", task="tests.record", interval=3600, queue=QUEUE, priority=3)
+    plain = schedules.create(name="plain", task="tests.record", interval=3600, queue=QUEUE, priority=3)
     rows = [pending(plain, now - timedelta(seconds=n), now=now) for n in range(ROWS)]
     # ... one delayed by its schedule's jitter (a slot whose offset is at least 2 s) ...
-    jittered = Schedule.objects.create(name="jittered", task="tests.record", interval=3600, queue=QUEUE, jitter=JITTER)
+    jittered = schedules.create(name="jittered", task="tests.record", interval=3600, queue=QUEUE, jitter=JITTER)
     slot = next(
         now + timedelta(seconds=n)
         for n in range(1000)
@@ -62,7 +62,7 @@ def test_batched_messages__run_on_a_plain_worker_with_header_queue_priority_limi
     )
     rows.append(pending(jittered, slot, now=now))
     # ... and one with a time limit it overruns
-    limited = Schedule.objects.create(
+    limited = schedules.create(
         name="limited", task="tests.stubborn", interval=3600, queue=QUEUE, timeout=1, kwargs={"seconds": 30}
     )
     rows.append(pending(limited, now, now=now))
@@ -113,7 +113,7 @@ def lease_held_elsewhere(db_vendor: str) -> Iterator[None]:
 def _pending_rows(count: int) -> list[int]:
     now = leases.db_now()
     # Disabled: a leader commits nothing more for it, only these rows wait.
-    schedule = Schedule.objects.create(name="many", task="tests.record", interval=3600, enabled=False)
+    schedule = schedules.create(name="many", task="tests.record", interval=3600, enabled=False)
     rows = [pending(schedule, now - timedelta(seconds=n), now=now) for n in range(count)]
     executions.insert(rows)
     return list(Execution.objects.values_list("pk", flat=True))

@@ -31,7 +31,7 @@ def make_schedules(count: int, *, every: int = 1) -> list[Schedule]:
             name=f"every-{every}s-{index}", task="tests.record", interval=every, kwargs={"label": f"s{index}"}
         )
         schedule.full_clean()
-        schedule.save()
+        schedules.save(schedule)
         schedules.append(schedule)
     return schedules
 

@@ -8,7 +8,7 @@ from datetime import timedelta
 import pytest
 from django_celery_results.models import TaskResult
 
-from scheduler import leases
+from scheduler import leases, schedules
 from scheduler.builtin_schedules import BACKEND_CLEANUP, PRUNE_EXECUTIONS
 from scheduler.models import Execution, Schedule
 from tests.processes import CeleryProcess, wait_until
@@ -23,7 +23,7 @@ BUILTINS = (PRUNE_EXECUTIONS, BACKEND_CLEANUP)
 def _old_history() -> None:
     """A (disabled) schedule with executions 40-44 days old and one from yesterday; an old ad-hoc one."""
     now = leases.db_now()
-    schedule = Schedule.objects.create(name="history", task="scheduler.echo", interval=3600, enabled=False)
+    schedule = schedules.create(name="history", task="scheduler.echo", interval=3600, enabled=False)
     for key, days, owner in [
         *((f"old-{n}", 40 + n, schedule) for n in range(5)),
         ("recent", 1, schedule),
@@ -65,7 +65,7 @@ def test_builtins__created_by_the_beat_kept_across_restarts_and_they_clean_up(ce
     for name in BUILTINS:
         builtin = Schedule.objects.get(name=name)
         builtin.cron, builtin.interval = "", 2
-        builtin.save()
+        schedules.save(builtin)
     beat.stop()
     beat = celery_processes("beat", "beat2", builtin_schedules=True)
     beat.wait_for_log(r"beat replica \S+ started")

@@ -35,7 +35,7 @@ import pytest
 import redis
 from django.db import connection
 
-from scheduler import leases
+from scheduler import leases, schedules
 from scheduler.models import Execution, Schedule
 from tests import tasks as test_tasks
 from tests.processes import CeleryProcess, wait_until
@@ -94,7 +94,7 @@ def test_pool_child_frozen_holding_locks__others_fire_on_time_no_failover_and_it
     )
     for schedule in (ticker, victim):
         schedule.full_clean()
-        schedule.save()
+        schedules.save(schedule)
     workers = [celery_processes("worker", name, concurrency=3, **SETTINGS) for name in ("w1", "w2")]
     beats = [celery_processes("beat", f"beat{index}", **SETTINGS) for index in range(2)]
     for worker in workers:

@@ -7,14 +7,14 @@ from collections.abc import Callable
 
 import pytest
 
-from scheduler.models import Schedule
+from scheduler import schedules
 from tests.processes import CeleryProcess, wait_until
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
 def test_beat_json_logs_carry_instance_id_and_token(celery_processes: Callable[..., CeleryProcess]) -> None:
-    Schedule.objects.create(name="tick", task="scheduler.echo", interval=1)
+    schedules.create(name="tick", task="scheduler.echo", interval=1)
     beat = celery_processes("beat", "beat1", log_format="json")
 
     def scheduler_lines() -> list[dict]:

@@ -22,7 +22,7 @@ from celery import signature
 from django.test import Client
 
 from project.celery import app
-from scheduler import executions, leases, outbox
+from scheduler import executions, leases, outbox, schedules
 from scheduler.models import Execution, Schedule
 from tests import tasks as test_tasks
 from tests.processes import CeleryProcess, wait_until
@@ -38,7 +38,7 @@ def queued_for_tenant_b() -> Execution:
     """Record one slot of tenant B's schedule and mark it sent; its message is still on its way."""
     schedule = Schedule(name="b-report", task="tests.record", kwargs={"label": "b"}, interval=3600, tenant="b")
     schedule.full_clean()
-    schedule.save(now=leases.db_now())
+    schedules.save(schedule, now=leases.db_now())
     now = leases.db_now()
     [row] = executions.record_slots(schedule, [(now, Execution.Status.PENDING)], now=now)
     assert executions.mark_queued([row["id"]], now=now) == 1

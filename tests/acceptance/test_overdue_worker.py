@@ -14,7 +14,7 @@ from django.contrib.auth import get_user_model
 from django.core.management import call_command
 from django.test import Client
 
-from scheduler import leases
+from scheduler import leases, schedules
 from scheduler.models import Execution, Schedule
 from tests.processes import CeleryProcess, wait_until
 
@@ -27,7 +27,7 @@ def make(name: str, **fields: Any) -> Schedule:
     now = fields.pop("now", None)
     schedule = Schedule(name=name, **fields)
     schedule.full_clean()
-    schedule.save(now=now)
+    schedules.save(schedule, now=now)
     return schedule
 
 
@@ -39,7 +39,9 @@ def test_overdue__task_that_starts_failing_is_overdue_after_two_intervals(celery
     # Given a schedule every 2 s that succeeds, and two that fail and would be long overdue, one paused, one disabled
     flips = make("flips", task="tests.record", interval=2)
     an_hour_ago = leases.db_now() - timedelta(hours=1)
-    make("paused-failing", task="tests.fail", interval=1, now=an_hour_ago).pause("maintenance", now=an_hour_ago)
+    schedules.pause(
+        make("paused-failing", task="tests.fail", interval=1, now=an_hour_ago), "maintenance", now=an_hour_ago
+    )
     make("off-failing", task="tests.fail", interval=1, enabled=False, now=an_hour_ago)
     celery_processes("worker", "w1").wait_for_log(r"ready\.")
     celery_processes("beat", "beat1")

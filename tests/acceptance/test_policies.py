@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import redis
 
-from scheduler import leases
+from scheduler import leases, schedules
 from scheduler.models import Execution, Schedule
 from tests import tasks as test_tasks
 from tests.processes import CeleryProcess, wait_until
@@ -27,7 +27,7 @@ def make(name: str, **fields: Any) -> Schedule:
     fields.setdefault("task", "tests.record")
     created = Schedule(name=name, **fields)
     created.full_clean()
-    created.save()
+    schedules.save(created)
     return created
 
 

@@ -45,7 +45,7 @@ def make_schedules(count: int) -> list[Schedule]:
     schedules = []
     for index in range(count):
         schedule = Schedule(name=f"every-1s-{index}", task="tests.record", interval=1, kwargs={"label": f"s{index}"})
-        schedule.save()
+        schedules.save(schedule)
         schedules.append(schedule)
     return schedules
 

@@ -19,7 +19,7 @@ from datetime import timedelta
 
 import pytest
 
-from scheduler import leases
+from scheduler import leases, schedules
 from scheduler.models import Execution, Schedule
 from tests.acceptance.test_broker_restart import OwnBroker, own_broker  # noqa: F401 -- the fixture
 from tests.processes import CeleryProcess, wait_until
@@ -45,7 +45,7 @@ def test_broker_frozen__the_leader_keeps_its_lease_commits_on_time_and_sends_onc
     )
     for schedule in (ticker, canceller):
         schedule.full_clean()
-        schedule.save()
+        schedules.save(schedule)
     beats = [celery_processes("beat", f"beat{index}", **SETTINGS) for index in range(2)]
     queued = lambda: Execution.objects.filter(schedule=ticker, status=Status.QUEUED).count()  # noqa: E731
     assert wait_until(lambda: queued() >= 2, timeout=60), "\n".join(beat.log()[-2000:] for beat in beats)

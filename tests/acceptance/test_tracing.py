@@ -15,7 +15,8 @@ from typing import Any
 import pytest
 
 import scheduler
-from scheduler.models import Execution, Schedule
+from scheduler import schedules
+from scheduler.models import Execution
 from tests import tasks as test_tasks
 from tests.processes import ROOT, CeleryProcess, wait_until
 
@@ -67,7 +68,7 @@ def finish_of(spans: list[dict[str, Any]], execution_id: int) -> dict[str, Any] 
 
 def test_tracing__one_trace_links_tick_to_finish_for_a_slot(celery_processes: Callable[..., CeleryProcess]) -> None:
     # Given a schedule of a tenant, a beat and a worker that trace to the console
-    Schedule.objects.create(name="traced", task="scheduler.echo", interval=1, tenant="team-a")
+    schedules.create(name="traced", task="scheduler.echo", interval=1, tenant="team-a")
     beat = celery_processes("beat", "beat1")
     worker = celery_processes("worker", "worker1")
 

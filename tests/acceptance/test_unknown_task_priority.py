@@ -10,7 +10,7 @@ import redis
 
 import scheduler
 from project.celery import app
-from scheduler import executions, leases, operations, outbox
+from scheduler import executions, leases, operations, outbox, schedules
 from scheduler.models import Execution, Schedule
 from scheduler.tenancy import EVERY_TENANT
 from tests import tasks as test_tasks
@@ -44,7 +44,7 @@ def _waiting_unknown(
 
 def test_unknown_task__failed_with_the_reason_and_counted_on_its_schedule(celery_processes: Start) -> None:
     # Given a schedule whose task no worker registers (saved without form validation), pausing after one failure
-    schedule = Schedule.objects.create(name="ghost", task=UNKNOWN, interval=3600, pause_after_failures=1)
+    schedule = schedules.create(name="ghost", task=UNKNOWN, interval=3600, pause_after_failures=1)
     fire = executions.execution_for(schedule, leases.db_now(), status=Execution.Status.PENDING, now=leases.db_now())
     fire.save(force_insert=True)
     # And an ad-hoc execution of the same task, and one already finished (a late duplicate message)
@@ -126,9 +126,7 @@ def test_priority__carried_by_the_message_and_honoured_by_a_real_worker(
 ) -> None:
     # Given executions sent before any worker runs: a schedule's run-now at priority 9, then
     # submissions at priority 4, none and 0
-    schedule = Schedule.objects.create(
-        name="low", task="tests.record", kwargs={"label": "p9"}, interval=3600, priority=9
-    )
+    schedule = schedules.create(name="low", task="tests.record", kwargs={"label": "p9"}, interval=3600, priority=9)
     p9 = operations.run_now(schedule, app=app, scope=EVERY_TENANT).execution
     p4 = scheduler.submit("tests.record", kwargs={"label": "p4"}, priority=4)
     unset = scheduler.submit("tests.record", kwargs={"label": "unset"})

@@ -14,7 +14,7 @@ from django.db import close_old_connections, connection
 
 import scheduler
 from project.celery import app
-from scheduler import executions, leases, outbox
+from scheduler import executions, leases, outbox, schedules
 from scheduler.models import Execution, Instance, Schedule
 from tests import tasks as test_tasks
 from tests.processes import CeleryProcess, wait_until
@@ -300,7 +300,7 @@ def test_circuit_breaker__pauses_the_schedule_after_three_failures(celery_proces
     # Given a schedule that fails every second and pauses after three failures
     schedule = Schedule(name="breaker", task="tests.fail", interval=1, pause_after_failures=3)
     schedule.full_clean()
-    schedule.save()
+    schedules.save(schedule)
     worker = celery_processes("worker", "w1")
     worker.wait_for_log(r"ready\.")
     celery_processes("beat", "beat1")

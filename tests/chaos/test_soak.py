@@ -78,7 +78,7 @@ import pytest
 import redis
 from django.db import connection
 
-from scheduler import dispatch, failpoints, leases, shards
+from scheduler import dispatch, failpoints, leases, schedules, shards
 from scheduler.models import Execution, Schedule
 from tests import invariants
 from tests import tasks as test_tasks
@@ -381,10 +381,10 @@ def test_chaos_soak__every_slot_once_nothing_run_twice_nothing_lost(
         overlap=Schedule.Overlap.CANCEL_PREVIOUS,
         kwargs={"label": "checkpoint-in-transaction"},
     )
-    schedules = [*every_second, *long, *failing, fenced, in_transaction]
-    for schedule in schedules:
+    created = [*every_second, *long, *failing, fenced, in_transaction]
+    for schedule in created:
         schedule.full_clean()
-        schedule.save(now=started_at)
+        schedules.save(schedule, now=started_at)
 
     injected: Counter[str] = Counter()
     crashed: Counter[str] = Counter()  # processes that exited by themselves (restarted too)
@@ -557,7 +557,7 @@ def test_chaos_soak__every_slot_once_nothing_run_twice_nothing_lost(
     open_rows = Counter(execution.status for execution in invariants.open_executions(executions))
 
     # 1. every slot of the run, to both of its ends, has exactly one execution (the pruned ones included)
-    duplicates, gaps = invariants.slot_violations(schedules, executions, created_at=started_at, ended_at=ended_at)
+    duplicates, gaps = invariants.slot_violations(created, executions, created_at=started_at, ended_at=ended_at)
     # 2. no execution ran twice: each claim (attempt) ran its body at most once,
     #    no body completed after its claim moved on (a frozen body resumed), and
     #    no two bodies of one execution overlapped. A body interrupted after its
@@ -576,7 +576,7 @@ def test_chaos_soak__every_slot_once_nothing_run_twice_nothing_lost(
     without_body = invariants.succeeded_without_body(events, executions, tasks=LOGGING_TASKS)
     statuses = Counter(e.status for e in executions)
     overlapped_by_policy = _overlap_outcomes(in_transaction, executions)
-    names = {schedule.pk: schedule.name for schedule in schedules}
+    names = {schedule.pk: schedule.name for schedule in created}
     frozen_ids = {execution_id for execution_id, _ in frozen}
     unsuccessful = [
         {
@@ -596,7 +596,7 @@ def test_chaos_soak__every_slot_once_nothing_run_twice_nothing_lost(
     ]
     unsuccessful.sort(key=lambda row: (row["status"] not in Execution.FINAL_STATUSES, row["id"]))  # final ones first
     # 4. no every-second schedule went longer than 2 x the lease TTL without a committed slot
-    stall, stalled = invariants.max_stall(schedules, executions, created_at=started_at, ended_at=ended_at)
+    stall, stalled = invariants.max_stall(created, executions, created_at=started_at, ended_at=ended_at)
     raised_while_down = sum(
         1 for event in events if event["event"] == "raise" and any(down <= event["at"] <= up for down, up in outages)
     )

@@ -9,7 +9,7 @@ from django.contrib.auth import get_user_model
 from django.db.models.functions import Now
 from django.test import Client
 
-from scheduler import leases
+from scheduler import leases, schedules
 from scheduler.models import Execution, Instance, Lease, Schedule
 
 pytestmark = pytest.mark.django_db
@@ -25,7 +25,7 @@ def staff() -> Client:
 
 
 @pytest.fixture
-def schedules() -> dict[str, Schedule]:
+def made() -> dict[str, Schedule]:
     made = {
         "cron": Schedule(
             name="nightly", task="scheduler.echo", cron="30 2 * * *", timezone="Europe/Berlin", queue="q1"
@@ -36,7 +36,7 @@ def schedules() -> dict[str, Schedule]:
     }
     for schedule in made.values():
         schedule.full_clean()
-        schedule.save()
+        schedules.save(schedule)
     Schedule.objects.filter(pk=made["interval"].pk).update(last_status=Status.FAILED, last_run_at=leases.db_now())
     return made
 
@@ -45,7 +45,7 @@ def names(response: object) -> list[str]:
     return sorted(schedule.name for schedule in response.context["cl"].result_list)  # type: ignore[attr-defined]
 
 
-def test_schedule_list__columns(staff: Client, schedules: dict[str, Schedule]) -> None:
+def test_schedule_list__columns(staff: Client, made: dict[str, Schedule]) -> None:
     response = staff.get("/admin/scheduler/schedule/?queue=q1")
     page = response.content.decode()
     assert 'name="queue" value="q1"' in page  # the text-box filter keeps its value
@@ -80,15 +80,15 @@ def test_schedule_list__columns(staff: Client, schedules: dict[str, Schedule]) -
     ],
 )
 def test_schedule_list__filters_and_search(
-    staff: Client, schedules: dict[str, Schedule], query: str, expected: list[str]
+    staff: Client, made: dict[str, Schedule], query: str, expected: list[str]
 ) -> None:
     response = staff.get(f"/admin/scheduler/schedule/?{query}")
     assert response.status_code == 200
     assert names(response) == expected
 
 
-def test_schedule_change__next_fire_times_and_last_executions(staff: Client, schedules: dict[str, Schedule]) -> None:
-    schedule = schedules["interval"]
+def test_schedule_change__next_fire_times_and_last_executions(staff: Client, made: dict[str, Schedule]) -> None:
+    schedule = made["interval"]
     for n in range(25):
         Execution.objects.create(
             idempotency_key=f"k{n}",
@@ -113,9 +113,9 @@ def test_schedule_change__next_fire_times_and_last_executions(staff: Client, sch
     ],
 )
 def test_schedule_actions__disable_and_pause(
-    staff: Client, schedules: dict[str, Schedule], action: str, check: object
+    staff: Client, made: dict[str, Schedule], action: str, check: object
 ) -> None:
-    target = schedules["cron"]
+    target = made["cron"]
     response = staff.post(
         "/admin/scheduler/schedule/", {"action": action, "_selected_action": [target.pk]}, follow=True
     )
@@ -125,8 +125,8 @@ def test_schedule_actions__disable_and_pause(
     assert "1 schedule" in response.content.decode()
 
 
-def test_schedule_actions__enable_and_resume(staff: Client, schedules: dict[str, Schedule]) -> None:
-    off, held = schedules["off"], schedules["paused"]
+def test_schedule_actions__enable_and_resume(staff: Client, made: dict[str, Schedule]) -> None:
+    off, held = made["off"], made["paused"]
     staff.post("/admin/scheduler/schedule/", {"action": "enable", "_selected_action": [off.pk]})
     staff.post("/admin/scheduler/schedule/", {"action": "resume", "_selected_action": [held.pk]})
     off.refresh_from_db()
@@ -136,12 +136,12 @@ def test_schedule_actions__enable_and_resume(staff: Client, schedules: dict[str,
 
 
 @pytest.fixture
-def executions(schedules: dict[str, Schedule]) -> list[Execution]:
+def executions(made: dict[str, Schedule]) -> list[Execution]:
     now = leases.db_now()
     return [
         Execution.objects.create(
             idempotency_key="ok",
-            schedule=schedules["interval"],
+            schedule=made["interval"],
             task="scheduler.sleep",
             status=Status.SUCCEEDED,
             scheduled_for=now,
@@ -172,10 +172,10 @@ def executions(schedules: dict[str, Schedule]) -> list[Execution]:
     ],
 )
 def test_execution_list__filters(
-    staff: Client, executions: list[Execution], schedules: dict[str, Schedule], query: str, expected: list[str]
+    staff: Client, executions: list[Execution], made: dict[str, Schedule], query: str, expected: list[str]
 ) -> None:
     today = leases.db_now().date().isoformat()
-    response = staff.get("/admin/scheduler/execution/?" + query.format(schedule=schedules["interval"].pk, today=today))
+    response = staff.get("/admin/scheduler/execution/?" + query.format(schedule=made["interval"].pk, today=today))
     assert response.status_code == 200
     assert sorted(e.idempotency_key for e in response.context["cl"].result_list) == expected
     assert "2.00s" in response.content.decode() or "ok" not in expected
@@ -228,10 +228,8 @@ def test_instance_list(staff: Client) -> None:
 
 
 @pytest.mark.django_db(transaction=True)
-def test_schedule_action__run_now_sends_an_execution(
-    staff: Client, schedules: dict[str, Schedule], redis_url: str
-) -> None:
-    target = schedules["interval"]
+def test_schedule_action__run_now_sends_an_execution(staff: Client, made: dict[str, Schedule], redis_url: str) -> None:
+    target = made["interval"]
     response = staff.post(
         "/admin/scheduler/schedule/", {"action": "run_now", "_selected_action": [target.pk]}, follow=True
     )
@@ -266,7 +264,7 @@ def test_execution_actions__retry_finished_and_cancel_running(
 
 @pytest.mark.django_db(transaction=True)
 def test_backfill_form__preview_then_confirm(staff: Client, redis_url: str) -> None:
-    schedule = Schedule.objects.create(name="hourly", task="scheduler.echo", interval=3600)
+    schedule = schedules.create(name="hourly", task="scheduler.echo", interval=3600)
     url = f"/admin/scheduler/schedule/{schedule.pk}/backfill/"
     now = leases.db_now()
     start = (now - timedelta(hours=5, minutes=1)).strftime("%Y-%m-%d %H:%M:%S")  # 5 h long: 5 hourly slots
@@ -293,7 +291,7 @@ def test_backfill_form__preview_then_confirm(staff: Client, redis_url: str) -> N
 def test_backfill_form__bad_range_shows_the_error_and_writes_nothing(
     staff: Client, start: str, end: str, message: str
 ) -> None:
-    schedule = Schedule.objects.create(name="hourly", task="scheduler.echo", interval=3600)
+    schedule = schedules.create(name="hourly", task="scheduler.echo", interval=3600)
     response = staff.post(
         f"/admin/scheduler/schedule/{schedule.pk}/backfill/", {"start": start, "end": end, "confirm": "1"}
     )

@@ -12,7 +12,7 @@ from django.db import connection
 from django.test import Client
 from django.test.utils import CaptureQueriesContext
 
-from scheduler import leases
+from scheduler import leases, schedules
 from scheduler.models import Execution, Schedule
 from scheduler.permissions import OPERATOR_GROUP, VIEWER_GROUP
 from tests.integration.api_support import bind
@@ -44,7 +44,7 @@ def staff() -> Client:
 def schedule() -> Schedule:
     made = Schedule(name="often", task="scheduler.echo", interval=5)
     made.full_clean()
-    made.save()
+    schedules.save(made)
     return made
 
 
@@ -147,7 +147,7 @@ def test_buttons__an_operator_may_use_them(schedule: Schedule) -> None:
 
 def test_buttons__need_the_csrf_token() -> None:
     # Given a client that enforces CSRF, as a browser session does
-    schedule = Schedule.objects.create(name="s", task="scheduler.echo", interval=5)
+    schedule = schedules.create(name="s", task="scheduler.echo", interval=5)
     client = Client(enforce_csrf_checks=True)
     client.force_login(get_user_model().objects.create_superuser("root", "root@example.invalid", "pw"))
     # When
@@ -400,8 +400,8 @@ def test_schedule_form__a_future_one_off_is_accepted(staff: Client) -> None:
 
 
 def test_schedule_list__state_icons_are_drawn_without_special_glyphs(staff: Client, schedule: Schedule) -> None:
-    Schedule.objects.create(name="off", task="scheduler.echo", interval=5, enabled=False)
-    Schedule.objects.create(name="held", task="scheduler.echo", interval=5, paused_reason="x")
+    schedules.create(name="off", task="scheduler.echo", interval=5, enabled=False)
+    schedules.create(name="held", task="scheduler.echo", interval=5, paused_reason="x")
     page = staff.get("/admin/scheduler/schedule/").content.decode()
     assert 'class="state state-disabled"' in page and 'class="state state-paused"' in page
     assert 'class="state state-active"' in page

@@ -19,7 +19,7 @@ from django.template.loader import get_template
 from django.test import Client, override_settings
 from django_celery_results.models import TaskResult
 
-from scheduler import leases
+from scheduler import leases, schedules
 from scheduler.models import Execution, Schedule
 
 pytestmark = pytest.mark.django_db
@@ -40,7 +40,7 @@ def staff() -> Iterator[Client]:
 def _app_pages() -> list[str]:
     schedule = Schedule(name="nightly", task="scheduler.echo", interval=60)
     schedule.full_clean()
-    schedule.save(now=leases.db_now())
+    schedules.save(schedule, now=leases.db_now())
     execution = Execution.objects.create(
         idempotency_key="k1",
         schedule=schedule,

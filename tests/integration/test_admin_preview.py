@@ -10,6 +10,7 @@ import time_machine
 from django.test import Client
 from django.urls import reverse
 
+from scheduler import schedules
 from scheduler.models import Schedule
 
 pytestmark = pytest.mark.django_db
@@ -18,7 +19,7 @@ pytestmark = pytest.mark.django_db
 def preview(client: Client, **fields: str) -> str:
     schedule = Schedule(name="nightly", task="scheduler.echo", cron="30 2 * * *", timezone="Europe/Berlin", **fields)
     schedule.full_clean()
-    schedule.save()
+    schedules.save(schedule)
     response = client.get(reverse("admin:scheduler_schedule_change", args=[schedule.pk]))
     assert response.status_code == 200
     return re.sub(r"<[^>]+>", "", response.content.decode())  # text only

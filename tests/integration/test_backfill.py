@@ -14,7 +14,7 @@ import redis
 
 from project.celery import app
 from scheduler import backfill as backfill_module
-from scheduler import executions, leases
+from scheduler import executions, leases, schedules
 from scheduler.backfill import backfill
 from scheduler.exceptions import BackfillRefused
 from scheduler.models import Execution, Schedule
@@ -29,7 +29,7 @@ def hourly(**fields: Any) -> Schedule:
     fields = {"name": "hourly", "task": "scheduler.echo", "interval": 3600, **fields}
     created = Schedule(**fields)
     created.full_clean()
-    created.save()
+    schedules.save(created)
     return created
 
 

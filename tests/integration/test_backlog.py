@@ -8,7 +8,7 @@ import pytest
 from django.db.models import F, Max
 from django.db.models.functions import Coalesce
 
-from scheduler import leases
+from scheduler import leases, schedules
 from scheduler.models import Execution, Schedule
 from tests.processes import wait_until
 
@@ -30,7 +30,7 @@ def test_backlog__a_day_behind_drains_while_an_every_second_probe_stays_on_time(
     )
     probe = Schedule(name="probe", task="scheduler.echo", interval=1, queue="probe")
     probe.full_clean()
-    probe.save()
+    schedules.save(probe)
     # ... a worker for the probe's queue, and one leader
     worker = celery_processes("worker", "probe-worker", queues="probe")
     worker.wait_for_log(r"ready", timeout=60)

@@ -26,7 +26,7 @@ from hypothesis import strategies as st
 
 import scheduler
 from project.celery import app
-from scheduler import leases
+from scheduler import leases, schedules
 from scheduler.backfill import backfill
 from scheduler.management.base import SchedulerCommand
 from scheduler.models import Execution, Instance, Lease, Schedule
@@ -83,7 +83,7 @@ def refused(*argv: str) -> str:
 def nightly() -> Schedule:
     schedule = Schedule(name="nightly", task="scheduler.echo", interval=3600)
     schedule.full_clean()
-    schedule.save()
+    schedules.save(schedule)
     return schedule
 
 

@@ -10,7 +10,7 @@ from django.db import connection, connections
 from django.test.utils import CaptureQueriesContext
 
 from project.celery import app
-from scheduler import dispatch, leases, liveness, signals
+from scheduler import dispatch, leases, liveness, schedules, signals
 from scheduler.beat import LeaderScheduler
 from scheduler.models import Execution, Instance, Schedule
 from scheduler.settings_schedules import sync_beat_schedule
@@ -84,7 +84,7 @@ def test_leadership__signals_heartbeat_and_fenced_dispatch(redis_url: str) -> No
 
         # When another instance takes the lease over and a schedule comes due
         leases.acquire("beat", "usurper", ttl=10, force=True)
-        Schedule.objects.create(name="due", task="scheduler.echo", interval=60)
+        schedules.create(name="due", task="scheduler.echo", interval=60)
         Schedule.objects.update(next_run_at=leases.db_now().replace(second=0, microsecond=0))
         scheduler.leadership._last_renew = time.monotonic()  # type: ignore[attr-defined]  # it does not renew first: only the fence can stop it
         scheduler.tick()
@@ -110,8 +110,8 @@ def test_leadership__signals_heartbeat_and_fenced_dispatch(redis_url: str) -> No
 
 def test_dispatch__a_broken_schedule_is_paused_and_the_others_still_fire() -> None:
     # Given two due schedules, one of whose zone no longer exists
-    good = Schedule.objects.create(name="good", task="scheduler.echo", interval=60)
-    bad = Schedule.objects.create(name="bad", task="scheduler.echo", interval=60)
+    good = schedules.create(name="good", task="scheduler.echo", interval=60)
+    bad = schedules.create(name="bad", task="scheduler.echo", interval=60)
     minute = leases.db_now().replace(second=0, microsecond=0)
     Schedule.objects.update(next_run_at=minute)
     Schedule.objects.filter(pk=bad.pk).update(timezone="Gone/Away")

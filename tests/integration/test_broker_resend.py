@@ -12,7 +12,7 @@ import redis
 from celery import Celery
 
 from project.celery import app
-from scheduler import broker, dispatch, executions, leases
+from scheduler import broker, dispatch, executions, leases, schedules
 from scheduler.exceptions import BrokerUnavailable
 from scheduler.fastpath import publisher
 from scheduler.models import Execution, Schedule
@@ -199,7 +199,7 @@ def test_lost__counts_as_in_flight_for_the_overlap_policies() -> None:
     # Given an overlap=skip schedule whose last execution is lost (reconcile is about to retry it)
     target = Schedule(name="s", task="scheduler.echo", interval=10, overlap="skip")
     target.full_clean()
-    target.save()
+    schedules.save(target)
     execution("earlier", schedule=target, status=Status.LOST)
     now = leases.db_now()
     Schedule.objects.filter(pk=target.pk).update(next_run_at=now - timedelta(seconds=now.timestamp() % 10))
@@ -243,7 +243,7 @@ def test_unclaimed__a_message_jitter_delays__waits_from_its_start_not_its_slot(r
     # execution sent for a slot a minute ago (never claimed yet: its message starts later)
     jittered = Schedule(name="jittered", task="scheduler.echo", interval=7200, jitter=3600)
     jittered.full_clean()
-    jittered.save()
+    schedules.save(jittered)
     now = leases.db_now()
     slot = now - timedelta(minutes=1)
     while publisher.start_at({"schedule_id": jittered.pk, "scheduled_for": slot, "jitter": 3600}) < now + timedelta(

@@ -17,7 +17,7 @@ from django.test import Client
 from django_celery_results.models import TaskResult
 
 from project.celery import app
-from scheduler import builtin_schedules, leases, task_policy, tasks
+from scheduler import builtin_schedules, leases, schedules, task_policy, tasks
 from scheduler.beat import LeaderScheduler
 from scheduler.builtin_schedules import BACKEND_CLEANUP, PRUNE_EXECUTIONS, ensure_builtin_schedules
 from scheduler.exceptions import PruneRefused
@@ -60,10 +60,10 @@ def test_ensure__keeps_the_operators_edits_and_disabling() -> None:
     ensure_builtin_schedules(app)
     prune = Schedule.objects.get(name=PRUNE_EXECUTIONS)
     prune.cron, prune.kwargs, prune.overlap = "0 1 * * 0", {"keep_last": 5}, Schedule.Overlap.ALLOW
-    prune.save()
+    schedules.save(prune)
     cleanup = Schedule.objects.get(name=BACKEND_CLEANUP)
     cleanup.enabled = False
-    cleanup.save()
+    schedules.save(cleanup)
     before = rows()
 
     # When a beat restarts
@@ -93,7 +93,7 @@ def test_ensure__setting_off_creates_none(settings: Any) -> None:
 @pytest.mark.django_db
 def test_ensure__a_schedule_already_running_the_task_replaces_the_builtin() -> None:
     # Given a beat_schedule entry (or a hand-made schedule) for Celery's cleanup
-    Schedule.objects.create(name="nightly cleanup", task="celery.backend_cleanup", cron="30 2 * * *")
+    schedules.create(name="nightly cleanup", task="celery.backend_cleanup", cron="30 2 * * *")
     # When a beat starts, then only the prune is added: the cleanup never runs twice a night
     assert ensure_builtin_schedules(app) == [PRUNE_EXECUTIONS]
 
@@ -240,7 +240,7 @@ def _execution(
 @pytest.fixture
 def history(db: None) -> Schedule:
     """A schedule with 5 executions 40-44 days old and one a day old; an ad-hoc one 45 days old."""
-    schedule = Schedule.objects.create(name="s", task="scheduler.echo", interval=60)
+    schedule = schedules.create(name="s", task="scheduler.echo", interval=60)
     for n in range(5):
         _execution(f"old-{n}", age_days=40 + n, schedule=schedule)
     _execution("recent", age_days=1, schedule=schedule)

@@ -20,7 +20,7 @@ from django.core.management.base import CommandError
 
 import tests.tasks  # noqa: F401 -- registers tests.record with the Celery app
 from project.celery import app
-from scheduler import operations
+from scheduler import operations, schedules
 from scheduler.models import Execution, Schedule
 from tests.processes import ROOT
 from tests.services import free_port
@@ -69,7 +69,7 @@ def make(status: str = Status.SUCCEEDED, *, minutes: int = 0, **fields: Any) -> 
 @pytest.fixture
 def nightly() -> Schedule:
     schedule = Schedule(name="nightly", task="scheduler.echo", interval=60)
-    schedule.save()
+    schedules.save(schedule)
     return schedule
 
 
@@ -193,7 +193,7 @@ def test_unknown_execution__is_refused_in_one_line(action: str) -> None:
 @pytest.mark.parametrize("status", [Status.FAILED, Status.TIMED_OUT, Status.CANCELLED, Status.SUCCEEDED, Status.LOST])
 def test_retry__a_finished_execution_runs_again_as_a_new_one(redis_client: redis.Redis, status: str) -> None:
     # Given a finished execution of a schedule, on its third attempt
-    schedule = Schedule.objects.create(name="nightly", task="tests.record", interval=60)
+    schedule = schedules.create(name="nightly", task="tests.record", interval=60)
     original = make(
         status,
         schedule=schedule,

@@ -14,7 +14,7 @@ from django.db import connection
 from django.db.models.functions import Now
 from django.test.utils import CaptureQueriesContext
 
-from scheduler import leases
+from scheduler import leases, schedules
 from scheduler.models import Execution, Instance, Lease, Schedule
 from scheduler.prune import prune_executions
 from tests import processes
@@ -116,7 +116,7 @@ def _execution(
 
 @pytest.fixture
 def history(db: None) -> Schedule:
-    schedule = Schedule.objects.create(name="s", task="scheduler.echo", interval=60)
+    schedule = schedules.create(name="s", task="scheduler.echo", interval=60)
     for n in range(5):
         _execution(f"old-{n}", status=Status.SUCCEEDED, age_days=40 + n, schedule=schedule)
     _execution("old-failed", status=Status.FAILED, age_days=50, schedule=schedule)

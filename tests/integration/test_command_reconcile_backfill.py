@@ -10,7 +10,7 @@ from zoneinfo import ZoneInfo
 import pytest
 import redis
 
-from scheduler import leases
+from scheduler import leases, schedules
 from scheduler.models import Execution, Instance, Schedule
 from tests.integration.command_support import refused, run
 
@@ -97,7 +97,7 @@ def hourly() -> Schedule:
     """An hourly schedule in Europe/Berlin."""
     schedule = Schedule(name="hourly", task="scheduler.echo", interval=3600, timezone="Europe/Berlin")
     schedule.full_clean()
-    schedule.save()
+    schedules.save(schedule)
     return schedule
 
 

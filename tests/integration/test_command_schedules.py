@@ -18,6 +18,7 @@ from django.core.management import call_command
 from django.core.management.base import CommandError
 
 import tests.tasks  # noqa: F401 -- registers tests.record with the Celery app
+from scheduler import schedules as schedule_rows
 from scheduler.models import Execution, Schedule
 from tests.processes import ROOT
 from tests.services import free_port
@@ -55,7 +56,7 @@ def make(name: str = "nightly", **fields: Any) -> Schedule:
         fields.setdefault("interval", 60)
     schedule = Schedule(name=name, **fields)
     schedule.full_clean()
-    schedule.save()
+    schedule_rows.save(schedule)
     return schedule
 
 
@@ -563,6 +564,6 @@ def tenant_twins() -> tuple[Schedule, Schedule]:
     twins = []
     for tenant in ("acme", "globex"):
         schedule = Schedule(name="nightly", task="scheduler.echo", interval=60, tenant=tenant)
-        schedule.save()
+        schedule_rows.save(schedule)
         twins.append(schedule)
     return twins[0], twins[1]

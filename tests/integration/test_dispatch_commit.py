@@ -8,7 +8,7 @@ import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
-from scheduler import dispatch, leases
+from scheduler import dispatch, leases, schedules
 from scheduler.models import Execution, Schedule
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -20,7 +20,7 @@ def schedule(name: str, **fields: object) -> Schedule:
     fields.setdefault("task", "scheduler.echo")
     created = Schedule(name=name, **fields)
     created.full_clean()
-    created.save()
+    schedules.save(created)
     return created
 
 

@@ -8,7 +8,7 @@ from datetime import datetime, timedelta
 import pytest
 import redis
 
-from scheduler import dispatch, leases, outbox
+from scheduler import dispatch, leases, outbox, schedules
 from scheduler.models import Execution, Schedule
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -22,7 +22,7 @@ def schedule(name: str, **fields: object) -> Schedule:
         fields.setdefault("interval", 10)
     created = Schedule(name=name, **fields)
     created.full_clean()
-    created.save()
+    schedules.save(created)
     return created
 
 
@@ -136,7 +136,7 @@ def test_one_off__runs_once_then_disabled(lease: leases.LeaseHandle) -> None:
     assert not target.enabled and target.disabled_reason.startswith("One-off: its slot at")
     # Enabled again by hand: the reason goes, and the same slot cannot run twice
     target.enabled = True
-    target.save()
+    schedules.save(target)
     assert target.disabled_reason == ""
     dispatch.dispatch_due(lease)
     assert statuses(target) == [Status.PENDING]
@@ -165,13 +165,13 @@ def test_pause_and_resume__keep_history_and_owe_nothing_for_the_pause(lease: lea
     target = schedule("p", interval=1)
     in_flight(target, Status.SUCCEEDED)
     target.consecutive_failures = 2
-    target.pause("maintenance window")
+    schedules.pause(target, "maintenance window")
     assert (target.next_run_at, target.paused_reason) == (None, "maintenance window")
     # While paused nothing is due
     assert dispatch.dispatch_due(lease).schedules == 0
     # When resumed, it continues from the next slot after now: no burst, no missed rows
     before = leases.db_now()
-    target.resume()
+    schedules.resume(target)
     target.refresh_from_db()
     assert target.next_run_at > before - timedelta(seconds=1)
     assert (target.paused_reason, target.consecutive_failures) == ("", 0)

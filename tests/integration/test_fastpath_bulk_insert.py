@@ -16,7 +16,7 @@ from django.db import IntegrityError, connection, models
 from django.db.models import Value
 from django.db.models.functions import Upper
 
-from scheduler import executions, leases
+from scheduler import executions, leases, schedules
 from scheduler.fastpath import bulk_insert
 from scheduler.fastpath.guard import FastPath
 from scheduler.models import Execution, Schedule, tally
@@ -35,9 +35,7 @@ def fast_path(monkeypatch: pytest.MonkeyPatch) -> FastPath:
 
 
 def schedule(name: str = "nightly", **fields: Any) -> Schedule:
-    return Schedule.objects.create(
-        name=name, task="scheduler.echo", interval=3600, start_at=AT, next_run_at=AT, **fields
-    )
+    return schedules.create(name=name, task="scheduler.echo", interval=3600, start_at=AT, next_run_at=AT, **fields)
 
 
 def varied_rows(prefix: str, source: Schedule, earlier: Execution) -> list[Execution]:
@@ -192,7 +190,7 @@ def test_insert__schedule_saved_after_assignment_gives_its_id() -> None:
     # Given a row built before its schedule was saved
     source = Schedule(name="late", task="scheduler.echo", interval=60, start_at=AT)
     row = Execution(idempotency_key="k", task="scheduler.echo", scheduled_for=AT, schedule=source)
-    source.save()
+    schedules.save(source)
 
     # When it is inserted
     executions.insert([row])

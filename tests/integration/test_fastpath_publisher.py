@@ -16,10 +16,10 @@ from celery.app.amqp import AMQP
 from kombu import Connection, Producer
 
 from project.celery import app
-from scheduler import executions, leases, outbox, policies
+from scheduler import executions, leases, outbox, policies, schedules
 from scheduler.fastpath import publisher
 from scheduler.fastpath.guard import FastPath
-from scheduler.models import Execution, Schedule
+from scheduler.models import Execution
 from tests import tasks as test_tasks  # noqa: F401  (registers tests.record with the app)
 from tests.integration.fastpath_support import fallback_warnings, fallbacks_counted, fresh
 
@@ -39,11 +39,9 @@ PRIORITY_SEP = "\x06\x16"
 def _rows() -> list[dict[str, Any]]:
     """Pending rows covering every option a message carries: queue, priority, time limit, jitter ETA, arguments."""
     now = leases.db_now()
-    plain = Schedule.objects.create(name="plain", task="tests.record", interval=60, args=[1, "two"], kwargs={"k": [3]})
-    routed = Schedule.objects.create(
-        name="routed", task="tests.record", interval=60, queue="other", priority=7, timeout=5
-    )
-    jittered = Schedule.objects.create(name="jittered", task="tests.record", interval=60, jitter=86_400)
+    plain = schedules.create(name="plain", task="tests.record", interval=60, args=[1, "two"], kwargs={"k": [3]})
+    routed = schedules.create(name="routed", task="tests.record", interval=60, queue="other", priority=7, timeout=5)
+    jittered = schedules.create(name="jittered", task="tests.record", interval=60, jitter=86_400)
     rows = [
         executions.execution_for(s, now, status=Execution.Status.PENDING, now=now) for s in (plain, routed, jittered)
     ]

@@ -18,9 +18,9 @@ from celery import shared_task
 from django.db import connection, transaction
 
 import scheduler
-from scheduler import executions, leases
+from scheduler import executions, leases, schedules
 from scheduler.exceptions import CheckpointInvalid, ClaimLost, FenceRefused, NotInTask
-from scheduler.models import Execution, Schedule
+from scheduler.models import Execution
 from scheduler.running import CHECKPOINT_MAX_BYTES
 from tests.tasks import SIDE_EFFECT_TABLE, side_effects
 
@@ -95,7 +95,7 @@ def test_fenced__outside_a_task__refused() -> None:
 
 def test_fenced__commits_the_block_with_the_outcome_counted_once(side_effect_table: None) -> None:
     # Given an execution of a schedule
-    schedule = Schedule.objects.create(name="invoices", task="tests.integration.body", interval=60)
+    schedule = schedules.create(name="invoices", task="tests.integration.body", interval=60)
     execution = queued(schedule=schedule)
 
     def step() -> str:

@@ -18,7 +18,7 @@ import pytest
 from django.db.models.functions import Now
 from django.test import Client
 
-from scheduler import leases
+from scheduler import leases, schedules
 from scheduler.conf import settings as scheduler_settings
 from scheduler.models import Execution, Instance, Lease, Schedule
 from tests import processes
@@ -215,7 +215,7 @@ def test_metrics__names_present_and_values_follow_executions(client: Client, lea
             scheduled_for=now - timedelta(seconds=10),
             enqueued_at=now - timedelta(seconds=10 - lag),
         )
-    Schedule.objects.create(name="due", task="scheduler.echo", interval=60)
+    schedules.create(name="due", task="scheduler.echo", interval=60)
     Schedule.objects.filter(name="due").update(next_run_at=now - timedelta(seconds=1))
     Instance.objects.create(instance_id="w-1", role="worker", hostname="h", pid=1, started_at=Now(), last_seen=Now())
     leases.record_renew_failure(leader.name)

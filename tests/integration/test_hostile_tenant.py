@@ -18,7 +18,7 @@ from django.core.cache import cache
 from django.test import Client
 from django_celery_results.models import TaskResult
 
-from scheduler import leases
+from scheduler import leases, schedules
 from scheduler.models import ApiToken, Execution, OperatorProfile, Schedule
 from scheduler.permissions import OPERATOR_GROUP, VIEWER_GROUP
 from tests.integration.api_support import TENANT_TASK, bind, make_execution, tables, token_client
@@ -38,7 +38,7 @@ def _fresh_throttle() -> None:
 
 def _schedule(name: str, tenant: str, task: str = TENANT_TASK) -> Schedule:
     schedule = Schedule(name=name, task=task, interval=60, tenant=tenant)
-    schedule.save(now=leases.db_now())
+    schedules.save(schedule, now=leases.db_now())
     return schedule
 
 
@@ -49,9 +49,9 @@ def world() -> dict[str, Any]:
     housekeeping = _schedule("housekeeping", ACME, task="scheduler.prune_executions")
     housekeeping_off = _schedule("housekeeping-off", ACME, task="scheduler.prune_executions")
     housekeeping_off.enabled = False
-    housekeeping_off.save(now=leases.db_now())
+    schedules.save(housekeeping_off, now=leases.db_now())
     housekeeping_paused = _schedule("housekeeping-paused", ACME, task="scheduler.prune_executions")
-    housekeeping_paused.pause("by the deployer", now=leases.db_now())
+    schedules.pause(housekeeping_paused, "by the deployer", now=leases.db_now())
     rows = {
         "acme": acme,
         "globex": globex,

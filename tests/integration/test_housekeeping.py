@@ -10,7 +10,7 @@ import pytest
 from django.db import connection, connections
 
 from project.celery import app
-from scheduler import leases
+from scheduler import leases, schedules
 from scheduler.beat import LeaderScheduler
 from scheduler.models import Execution, Schedule
 
@@ -57,7 +57,7 @@ def unset_schedule() -> Schedule:
     """A schedule whose next_run_at got lost: the next reconcile pass recomputes it."""
     target = Schedule(name="unset", task="scheduler.echo", interval=60)
     target.full_clean()
-    target.save()
+    schedules.save(target)
     Schedule.objects.filter(pk=target.pk).update(next_run_at=None)
     return target
 
@@ -65,7 +65,7 @@ def unset_schedule() -> Schedule:
 def due_now(name: str) -> Schedule:
     target = Schedule(name=name, task="scheduler.echo", interval=1)
     target.full_clean()
-    target.save()
+    schedules.save(target)
     Schedule.objects.filter(pk=target.pk).update(next_run_at=leases.db_now().replace(microsecond=0))
     return target
 

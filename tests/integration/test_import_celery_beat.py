@@ -25,6 +25,7 @@ from django_celery_beat.models import (
 from django_celery_beat.schedulers import ModelEntry
 
 from project.celery import app
+from scheduler import schedules
 from scheduler.models import Schedule
 from tests.integration import command_support
 
@@ -145,7 +146,7 @@ def periodic_tasks() -> None:
     )
     PeriodicTask.objects.create(name="gone-task", task="myproject.gone", interval=every(1, IntervalSchedule.HOURS))
     PeriodicTask.objects.create(name="existing", task="scheduler.echo", crontab=cron("0", "0"))
-    Schedule.objects.create(name="existing", task="scheduler.sleep", interval=60)
+    schedules.create(name="existing", task="scheduler.sleep", interval=60)
 
 
 def test_import_celery_beat__creates_what_has_an_equivalent_and_refuses_the_rest(periodic_tasks: None) -> None:

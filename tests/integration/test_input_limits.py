@@ -19,7 +19,7 @@ from django.test.client import RequestFactory
 from rest_framework.request import Request
 
 import scheduler
-from scheduler import leases, limits
+from scheduler import leases, limits, schedules
 from scheduler.api.parsers import BoundedJSONParser, RequestTooLarge
 from scheduler.exceptions import SubmissionInvalid
 from scheduler.models import Execution, Schedule
@@ -394,7 +394,7 @@ def test_pause__a_reason_over_its_cap_is_refused_everywhere(operator: Client, st
 def hourly() -> Schedule:
     schedule = Schedule(name="hourly", task="scheduler.echo", interval=3600)
     schedule.full_clean()
-    schedule.save(now=leases.db_now())
+    schedules.save(schedule, now=leases.db_now())
     return schedule
 
 

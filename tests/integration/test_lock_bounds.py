@@ -29,7 +29,7 @@ from typing import Any
 import pytest
 from django.db import Error, connection, transaction
 
-from scheduler import dispatch, executions, leases, outbox, session_limits
+from scheduler import dispatch, executions, leases, outbox, schedules, session_limits
 from scheduler.executions import Claim
 from scheduler.models import Execution, Schedule
 
@@ -85,7 +85,7 @@ def schedule(name: str, **fields: Any) -> Schedule:
     fields.setdefault("interval", 60)
     created = Schedule(name=name, **fields)
     created.full_clean()
-    created.save()
+    schedules.save(created)
     # Due now: the slot of its grid (the epoch + k * 60 s) that just passed.
     Schedule.objects.filter(pk=created.pk).update(next_run_at=leases.db_now().replace(second=0, microsecond=0))
     return Schedule.objects.get(pk=created.pk)

@@ -23,7 +23,7 @@ import pytest
 from django.db import connection, transaction
 from django.test import Client
 
-from scheduler import dispatch, executions, leases
+from scheduler import dispatch, executions, leases, schedules
 from scheduler.executions import Claim
 from scheduler.models import Execution, Schedule
 from tests.integration.test_metrics_counters import scrape, total
@@ -54,7 +54,7 @@ def test_finishes_and_cancel_previous_ticks_at_once__no_deadlock_and_every_succe
     for index in range(SCHEDULES):
         schedule = Schedule(name=f"busy-{index}", task="scheduler.echo", interval=1, overlap="cancel_previous")
         schedule.full_clean()
-        schedule.save()
+        schedules.save(schedule)
     lease = leases.acquire("beat", "stress-leader", ttl=BOUND)
     assert lease is not None
     stop = threading.Event()
@@ -122,8 +122,8 @@ def test_final_inserts_whose_rows_meet_the_tallies_in_opposite_orders__no_deadlo
     # the leader and ``reconcile --repair``) recording missed slots of both at
     # once, one listing alpha's rows first and the other beta's: every
     # statement's rows reach every tally of both tasks, in opposite orders
-    alpha = Schedule.objects.create(name="alpha", task="tests.alpha", interval=60)
-    beta = Schedule.objects.create(name="beta", task="tests.beta", interval=60)
+    alpha = schedules.create(name="alpha", task="tests.alpha", interval=60)
+    beta = schedules.create(name="beta", task="tests.beta", interval=60)
     now = leases.db_now()
     rounds, per_task = 25, 40
     barrier = threading.Barrier(2, timeout=BOUND)
@@ -180,7 +180,7 @@ def test_schedule_delete__locks_the_schedule_before_its_executions() -> None:
     # Given a schedule with a running execution, and a worker finishing it:
     # its transaction has locked the schedule row (schedule first, then the
     # execution: the documented lock order) and is about to write the execution
-    target = Schedule.objects.create(name="doomed", task="scheduler.echo", interval=60)
+    target = schedules.create(name="doomed", task="scheduler.echo", interval=60)
     now = leases.db_now()
     execution = executions.execution_for(target, now, status=Status.PENDING, now=now)
     execution.save()
@@ -203,7 +203,7 @@ def test_schedule_delete__locks_the_schedule_before_its_executions() -> None:
     def operator() -> None:
         _set_lock_timeout()
         assert locked.wait(BOUND)
-        Schedule.objects.get(pk=target.pk).delete()
+        schedules.delete(Schedule.objects.get(pk=target.pk))
         done.set()
 
     # When an operator deletes the schedule meanwhile
@@ -227,7 +227,7 @@ def test_schedule_queryset_delete__locks_the_schedules_before_their_executions()
     now = leases.db_now()
     targets, claims = [], []
     for name in ("doomed-1", "doomed-2"):
-        target = Schedule.objects.create(name=name, task="scheduler.echo", interval=60)
+        target = schedules.create(name=name, task="scheduler.echo", interval=60)
         execution = executions.execution_for(target, now, status=Status.PENDING, now=now)
         execution.save()
         claimed = executions.claim(

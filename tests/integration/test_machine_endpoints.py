@@ -11,7 +11,7 @@ from django.core.checks import run_checks
 from django.test import Client
 
 import tests.tasks  # noqa: F401 -- registers tests.record with the Celery app
-from scheduler import checks, leases
+from scheduler import checks, leases, schedules
 from scheduler.conf import settings as scheduler_settings
 from scheduler.models import Schedule
 
@@ -27,7 +27,7 @@ def overdue() -> Schedule:
     """A schedule of tenant "acme" that has not succeeded for an hour: both endpoints name it."""
     schedule = Schedule(name="acme-payroll", task="tests.record", interval=60, tenant="acme")
     schedule.full_clean()
-    schedule.save(now=leases.db_now() - timedelta(hours=1))
+    schedules.save(schedule, now=leases.db_now() - timedelta(hours=1))
     Schedule.objects.filter(pk=schedule.pk).update(last_success_at=leases.db_now() - timedelta(hours=1))
     return schedule
 
@@ -110,17 +110,17 @@ def test_metrics__per_schedule_series_carry_the_tenant() -> None:
     # Given schedules of two tenants, with the same name (names are unique per tenant), and one
     # bound to no tenant, each with a success
     now = leases.db_now()
-    schedules = (("payroll", "acme"), ("payroll", "globex"), ("cleanup", ""))
-    for name, tenant in schedules:
-        Schedule.objects.create(name=name, task="tests.record", interval=60, tenant=tenant)
+    named = (("payroll", "acme"), ("payroll", "globex"), ("cleanup", ""))
+    for name, tenant in named:
+        schedules.create(name=name, task="tests.record", interval=60, tenant=tenant)
     Schedule.objects.update(last_success_at=now)
     # When scraped
     text = Client().get("/metrics").content.decode()
     # Then each schedule has its own series, naming its tenant ("" for none)
     series = "scheduler_schedule_last_success_timestamp_seconds"
-    for name, tenant in schedules:
+    for name, tenant in named:
         assert re.search(rf'^{series}{{schedule="{name}",tenant="{tenant}"}} \S+$', text, re.MULTILINE), text
     # And every series that names a schedule names its tenant too
     naming = [line for line in text.splitlines() if 'schedule="' in line and not line.startswith("#")]
-    assert len(naming) == len(schedules)
+    assert len(naming) == len(named)
     assert all('tenant="' in line for line in naming), naming

@@ -16,7 +16,7 @@ from django.db.models.functions import Now
 from django.test import Client
 
 import tests.tasks  # noqa: F401 -- registers tests.record with the Celery app
-from scheduler import backfill, executions, leases, prune
+from scheduler import backfill, executions, leases, prune, schedules
 from scheduler.conf import settings as scheduler_settings
 from scheduler.models import Execution, Lease, Schedule, tally
 from scheduler.models.tally import TallyIncrement
@@ -62,7 +62,7 @@ def running(schedule: Schedule | None = None, key: str = "k", task: str = "tests
 
 def test_executions_total__each_final_move_counts_once_whatever_the_path() -> None:
     # Given a schedule and nothing counted yet
-    schedule = Schedule.objects.create(name="s", task="tests.record", interval=60)
+    schedule = schedules.create(name="s", task="tests.record", interval=60)
     now = leases.db_now()
     # When executions end through each path: finish, cancel in bulk, inserted final (twice), lost then failed
     assert executions.finish(running(schedule, "a"), status=Status.SUCCEEDED)
@@ -93,7 +93,7 @@ def test_executions_total__each_final_move_counts_once_whatever_the_path() -> No
 @pytest.mark.django_db(transaction=True)
 def test_executions_total__only_increase_across_a_prune_and_a_web_restart(redis_url: str) -> None:
     # Given finished executions, counted by a web process
-    schedule = Schedule.objects.create(name="s", task="tests.record", interval=60)
+    schedule = schedules.create(name="s", task="tests.record", interval=60)
     for key in ("a", "b", "c"):
         assert executions.finish(running(schedule, key), status=Status.SUCCEEDED)
     assert executions.finish(running(schedule, "f"), status=Status.FAILED, error="boom")
@@ -133,7 +133,7 @@ def _fetch(port: int) -> str | None:
 
 def test_dispatch_lag__twenty_backfilled_slots_leave_the_histogram_unchanged(client: Client, redis_url: str) -> None:
     # Given scheduled slots sent lately, with lags of 0.02 s, 0.3 s and 4 s
-    schedule = Schedule.objects.create(name="s", task="tests.record", interval=60)
+    schedule = schedules.create(name="s", task="tests.record", interval=60)
     now = leases.db_now()
     for n, lag in enumerate((0.02, 0.3, 4.0)):
         slot = now - timedelta(seconds=30 + n)
@@ -203,7 +203,7 @@ def test_executions_current_and_leader_present(client: Client) -> None:
 @pytest.mark.django_db(transaction=True)
 def test_executions_total__never_decreases_while_folds_and_final_moves_run_at_once() -> None:
     # Given a schedule, and a folder, a writer of final rows and a reader, each on its own connection
-    schedule = Schedule.objects.create(name="s", task="tests.record", interval=60)
+    schedule = schedules.create(name="s", task="tests.record", interval=60)
     now = leases.db_now()
     stop = threading.Event()
     errors: list[BaseException] = []
@@ -266,7 +266,7 @@ def test_executions_total__never_decreases_while_folds_and_final_moves_run_at_on
 @pytest.mark.django_db(transaction=True)
 def test_migration_0019__counts_survive_both_directions() -> None:
     # Given one missed execution folded into the totals and one still an increment
-    schedule = Schedule.objects.create(name="s", task="tests.record", interval=60)
+    schedule = schedules.create(name="s", task="tests.record", interval=60)
     now = leases.db_now()
 
     def miss(minutes: int) -> None:

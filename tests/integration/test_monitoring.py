@@ -16,7 +16,7 @@ import yaml
 from django.db.models.functions import Now
 from django.test import Client
 
-from scheduler import leases
+from scheduler import leases, schedules
 from scheduler.conf import settings as scheduler_settings
 from scheduler.models import Execution, Instance, Schedule
 from tests.processes import ROOT
@@ -179,7 +179,7 @@ def test_dashboard_and_rules__every_query_names_a_metric_that_metrics_exports(cl
         scheduled_for=now - timedelta(seconds=5),
         enqueued_at=now - timedelta(seconds=5),
     )
-    Schedule.objects.create(name="nightly", task="scheduler.echo", interval=60)
+    schedules.create(name="nightly", task="scheduler.echo", interval=60)
     Schedule.objects.filter(name="nightly").update(last_success_at=now)
     # When /metrics is scraped
     response = client.get("/metrics")

@@ -11,7 +11,7 @@ from celery import Celery
 from kombu.exceptions import OperationalError
 
 from project.celery import app
-from scheduler import executions, leases, outbox
+from scheduler import executions, leases, outbox, schedules
 from scheduler.exceptions import BrokerUnavailable
 from scheduler.models import Execution, Schedule
 from tests import tasks as test_tasks  # noqa: F401  (registers tests.record with the app)
@@ -44,7 +44,7 @@ def pending(schedule: Schedule, count: int) -> list[Execution]:
 
 def test_publish_pending__sends_every_pending_row_once_and_marks_it_queued(redis_client: redis.Redis) -> None:
     # Given more pending rows than one batch
-    schedule = Schedule.objects.create(name="many", task="tests.record", interval=60)
+    schedule = schedules.create(name="many", task="tests.record", interval=60)
     pending(schedule, outbox.PUBLISH_BATCH + 10)
     # When one pass publishes them, and a second one runs
     sent = outbox.publish_pending(app, limit=10_000)
@@ -57,8 +57,8 @@ def test_publish_pending__sends_every_pending_row_once_and_marks_it_queued(redis
 
 def test_broker_error__stops_the_pass_earlier_batches_queued_the_rest_pending(redis_client: redis.Redis) -> None:
     # Given a first batch of pending rows for a working queue, then rows whose Redis list is unusable
-    good = Schedule.objects.create(name="good", task="tests.record", interval=60, queue="good")
-    broken = Schedule.objects.create(name="broken", task="tests.record", interval=60, queue="broken")
+    good = schedules.create(name="good", task="tests.record", interval=60, queue="good")
+    broken = schedules.create(name="broken", task="tests.record", interval=60, queue="broken")
     pending(good, outbox.PUBLISH_BATCH)
     pending(broken, 10)
     redis_client.set("broken", "not a list")  # LPUSH answers WRONGTYPE
@@ -75,7 +75,7 @@ def test_broker_error__stops_the_pass_earlier_batches_queued_the_rest_pending(re
 
 def test_publish_pending__broker_nobody_listens_on__broker_unavailable_and_rows_stay_pending(down: Celery) -> None:
     # Given pending rows, and a broker that refuses connections
-    schedule = Schedule.objects.create(name="s", task="tests.record", interval=60)
+    schedule = schedules.create(name="s", task="tests.record", interval=60)
     pending(schedule, 3)
     # When a pass publishes them
     with pytest.raises(BrokerUnavailable) as raised:
@@ -90,7 +90,7 @@ def test_publish_pending__broker_nobody_listens_on__broker_unavailable_and_rows_
 
 def test_publish__broker_nobody_listens_on__broker_unavailable_and_nothing_marked_queued(down: Celery) -> None:
     # Given pending rows, and a broker that refuses connections
-    schedule = Schedule.objects.create(name="s", task="tests.record", interval=60)
+    schedule = schedules.create(name="s", task="tests.record", interval=60)
     pending(schedule, 2)
     rows = executions.message_rows(Execution.objects.all())
     # When they are published

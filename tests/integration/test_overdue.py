@@ -13,7 +13,7 @@ from django.core.management import call_command
 from django.test import Client
 
 import tests.tasks  # noqa: F401 -- registers tests.record with the Celery app
-from scheduler import executions, leases
+from scheduler import executions, leases, schedules
 from scheduler.models import Execution, Schedule
 from tests.integration.api_support import token_client
 
@@ -29,7 +29,7 @@ def make(name: str, *, now: datetime = T0, **fields: object) -> Schedule:
     fields.setdefault("interval", 60)
     schedule = Schedule(name=name, **fields)
     schedule.full_clean()
-    schedule.save(now=now)
+    schedules.save(schedule, now=now)
     return schedule
 
 
@@ -61,13 +61,13 @@ def test_save__alert_after_overrides_the_cadence_and_an_edit_moves_the_deadline(
     assert schedule.overdue_at == FIRST_SLOT + timedelta(seconds=30)
     # When the window is changed
     schedule.alert_after = 600
-    schedule.save(now=T0 + timedelta(minutes=5))
+    schedules.save(schedule, now=T0 + timedelta(minutes=5))
     # Then the deadline follows (same first slot: the timing did not change)
     schedule.refresh_from_db()
     assert schedule.overdue_at == FIRST_SLOT + timedelta(seconds=600)
     # When it is removed, the cadence applies again
     schedule.alert_after = None
-    schedule.save(now=T0 + timedelta(minutes=5))
+    schedules.save(schedule, now=T0 + timedelta(minutes=5))
     schedule.refresh_from_db()
     assert schedule.overdue_at == FIRST_SLOT + timedelta(seconds=120)
 
@@ -80,10 +80,10 @@ def test_save__one_off_has_no_cadence_and_is_never_overdue() -> None:
 def test_resume__gives_a_full_window_from_the_next_slot() -> None:
     # Given a schedule paused for a day
     schedule = make("s")
-    schedule.pause("maintenance", now=T0 + timedelta(minutes=1))
+    schedules.pause(schedule, "maintenance", now=T0 + timedelta(minutes=1))
     # When it is resumed a day later
     resumed_at = T0 + timedelta(days=1)
-    schedule.resume(now=resumed_at)
+    schedules.resume(schedule, now=resumed_at)
     # Then it has 2 intervals from its first slot after resuming
     schedule.refresh_from_db()
     assert schedule.overdue_at == FIRST_SLOT + timedelta(days=1) + timedelta(seconds=120)
@@ -133,9 +133,9 @@ def late() -> dict[str, Schedule]:
         "off": make("off-late", now=an_hour_ago),
         "fine": make("fine", now=leases.db_now()),
     }
-    made["paused"].pause("maintenance", now=an_hour_ago)
+    schedules.pause(made["paused"], "maintenance", now=an_hour_ago)
     made["off"].enabled = False
-    made["off"].save(now=an_hour_ago)
+    schedules.save(made["off"], now=an_hour_ago)
     return made
 
 

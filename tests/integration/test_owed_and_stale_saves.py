@@ -22,9 +22,10 @@ from django.http import HttpRequest
 from django.test import RequestFactory
 
 from project.celery import app
-from scheduler import dispatch, executions, leases, operations, timing
+from scheduler import dispatch, executions, leases, operations, schedules, timing
 from scheduler.beat import LeaderScheduler
 from scheduler.conf import settings as scheduler_settings
+from scheduler.exceptions import ScheduleWriteRefused
 from scheduler.models import Execution, Schedule
 from scheduler.reconcile import AUDIT_SCHEDULES, reconcile
 from scheduler.tenancy import EVERY_TENANT
@@ -64,7 +65,7 @@ def make(name: str, **fields: Any) -> Schedule:
     fields.setdefault("task", "scheduler.echo")
     schedule = Schedule(name=name, **fields)
     schedule.full_clean()
-    schedule.save()
+    schedules.save(schedule)
     return schedule
 
 
@@ -246,24 +247,24 @@ def command_update(pk: int) -> Callable[[], None]:
     def write() -> None:
         schedule.description = "edited"
         operations.validate_schedule(schedule, app=app, scope=EVERY_TENANT)
-        operations.save_schedule(schedule, now=leases.db_now())
+        schedules.save(schedule, now=leases.db_now())
 
     return write
 
 
 def command_enable(pk: int) -> Callable[[], None]:
     schedule = loaded(pk)
-    return lambda: operations.set_enabled(schedule, True, now=leases.db_now())
+    return lambda: schedules.set_enabled(schedule, True, now=leases.db_now())
 
 
 def command_pause(pk: int) -> Callable[[], None]:
     schedule = loaded(pk)
-    return lambda: operations.pause_schedule(schedule, "maintenance", now=leases.db_now())
+    return lambda: schedules.pause(schedule, "maintenance", now=leases.db_now())
 
 
 def command_resume(pk: int) -> Callable[[], None]:
     schedule = loaded(pk)
-    return lambda: operations.resume_schedule(schedule, now=leases.db_now())
+    return lambda: schedules.resume(schedule, now=leases.db_now())
 
 
 def admin_form(pk: int) -> Callable[[], None]:
@@ -404,3 +405,18 @@ def test_stale_save__while_a_leader_ticks__its_fire_stands(ticking_leader: Ticki
     assert after["next_run_at"] == (None if "pause" in path else fired["next_run_at"])
     assert after["total_missed"] == 2
     assert Execution.objects.filter(schedule=target).count() == 3
+
+
+def test_a_schedule_written_around_its_owner_is_refused() -> None:
+    # Given a saved schedule
+    schedule = make("owned", interval=60)
+    # When code saves, creates or deletes one without scheduler.schedules
+    # Then each is refused and the row is left as it was
+    schedule.interval = 1
+    with pytest.raises(ScheduleWriteRefused):
+        schedule.save()
+    with pytest.raises(ScheduleWriteRefused):
+        Schedule.objects.create(name="around", task="scheduler.echo", interval=60)
+    with pytest.raises(ScheduleWriteRefused):
+        schedule.delete()
+    assert list(Schedule.objects.values_list("name", "interval")) == [("owned", 60)]

@@ -11,9 +11,9 @@ import redis
 
 import scheduler
 from project.celery import app
-from scheduler import executions, leases, operations, outbox
+from scheduler import executions, leases, operations, outbox, schedules
 from scheduler.exceptions import SubmissionInvalid
-from scheduler.models import Execution, Schedule
+from scheduler.models import Execution
 from scheduler.tenancy import EVERY_TENANT
 from tests import tasks as test_tasks  # noqa: F401  (registers tests.record with the app)
 
@@ -52,14 +52,14 @@ def test_submit__priority_stored_and_sent(
 
 
 def test_execution_for__copies_the_schedule_priority() -> None:
-    schedule = Schedule.objects.create(name="p", task="tests.record", interval=60, priority=3)
+    schedule = schedules.create(name="p", task="tests.record", interval=60, priority=3)
     now = leases.db_now()
     assert executions.execution_for(schedule, now, status=Execution.Status.PENDING, now=now).priority == 3
 
 
 def test_pending_row_sent_by_the_leader__with_its_priority(redis_client: redis.Redis) -> None:
     # Given a pending execution of a schedule with priority 6 (the beat's fires are built this way)
-    schedule = Schedule.objects.create(name="p", task="tests.record", interval=60, priority=6)
+    schedule = schedules.create(name="p", task="tests.record", interval=60, priority=6)
     now = leases.db_now()
     pending = executions.execution_for(schedule, now, status=Execution.Status.PENDING, now=now)
     pending.save(force_insert=True)

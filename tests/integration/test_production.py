@@ -13,7 +13,7 @@ from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Group
 from django.test import Client, override_settings
 
-from scheduler import checks
+from scheduler import checks, schedules
 from scheduler.models import Schedule
 from scheduler.permissions import OPERATOR_GROUP, VIEWER_GROUP
 from tests.integration.api_support import bind
@@ -130,7 +130,7 @@ def _member_of(group: str) -> Client:
 @pytest.fixture
 def schedule(db: None) -> Schedule:
     created = Schedule(name="s", task="scheduler.echo", interval=60)
-    created.save()
+    schedules.save(created)
     return created
 
 

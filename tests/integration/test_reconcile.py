@@ -13,7 +13,7 @@ from celery import Celery
 from django.db import connection
 
 from project.celery import app
-from scheduler import executions, leases
+from scheduler import executions, leases, schedules
 from scheduler.beat import LeaderScheduler
 from scheduler.conf import settings as scheduler_settings
 from scheduler.models import Execution, Instance, Schedule
@@ -37,7 +37,7 @@ def schedule(name: str, **fields: Any) -> Schedule:
         fields.setdefault("interval", 60)
     created = Schedule(name=name, **fields)
     created.full_clean()
-    created.save()
+    schedules.save(created)
     return created
 
 

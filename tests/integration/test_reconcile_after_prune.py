@@ -20,7 +20,7 @@ from django.core.management import call_command
 
 import scheduler.reconcile as reconcile_module
 from project.celery import app
-from scheduler import executions, leases, prune, tasks, timing
+from scheduler import executions, leases, prune, schedules, tasks, timing
 from scheduler.models import Execution, Schedule
 from scheduler.reconcile import reconcile
 
@@ -59,7 +59,7 @@ def with_history(name: str, *, interval: int, count: int, gap: slice) -> tuple[S
         name=name, task="scheduler.echo", interval=interval, misfire="run_all", catchup_window=interval * count + 3600
     )
     target.full_clean()
-    target.save()
+    schedules.save(target)
     Schedule.objects.filter(pk=target.pk).update(
         created_at=start, owed_since=start, next_run_at=last + timedelta(seconds=interval)
     )

@@ -10,7 +10,7 @@ import pytest
 from django.db import connections, transaction
 
 from project.celery import app
-from scheduler import leases, liveness, resharding, shard_keeper, shards
+from scheduler import leases, liveness, resharding, schedules, shard_keeper, shards
 from scheduler.beat import LeaderScheduler
 from scheduler.exceptions import LeaseLost
 from scheduler.leadership import OneLease
@@ -23,7 +23,7 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 def _due_schedules(count: int) -> list[Schedule]:
     """``count`` every-minute schedules with a slot due now."""
-    created = [Schedule.objects.create(name=f"s{n}", task="scheduler.echo", interval=60) for n in range(count)]
+    created = [schedules.create(name=f"s{n}", task="scheduler.echo", interval=60) for n in range(count)]
     Schedule.objects.update(next_run_at=leases.db_now().replace(second=0, microsecond=0))
     return created
 
@@ -48,7 +48,7 @@ def test_follow_count__the_first_replica_stores_its_setting_and_the_others_follo
 def test_schedules_saved_go_to_the_shard_of_the_stored_count(settings: Any) -> None:
     settings.SCHEDULER_SHARDS = 2
     resharding.store_count(8, by="test")
-    created = [Schedule.objects.create(name=f"s{n}", task="scheduler.echo", interval=60) for n in range(10)]
+    created = [schedules.create(name=f"s{n}", task="scheduler.echo", interval=60) for n in range(10)]
     assert all(schedule.shard == schedule.pk % 8 for schedule in created)
 
 
@@ -207,7 +207,7 @@ def test_set__stores_the_count_and_moves_the_schedules_with_no_replica_running(s
     # Given schedules saved under 4 shards (the count stored)
     settings.SCHEDULER_SHARDS = 4
     resharding.store_count(4, by="test")
-    created = [Schedule.objects.create(name=f"s{n}", task="scheduler.echo", interval=60) for n in range(12)]
+    created = [schedules.create(name=f"s{n}", task="scheduler.echo", interval=60) for n in range(12)]
     to_move = sum(1 for schedule in created if schedule.shard != schedule.pk % 8)
 
     # When a dry run asks, Then nothing changes
@@ -254,7 +254,7 @@ def test_set__waits_for_live_replicas_to_hold_the_new_shards_before_moving(setti
     try:
         scheduler.tick()
         assert sorted(scheduler.leadership.held) == [0, 1]
-        created = [Schedule.objects.create(name=f"s{n}", task="scheduler.echo", interval=60) for n in range(8)]
+        created = [schedules.create(name=f"s{n}", task="scheduler.echo", interval=60) for n in range(8)]
         ticking = threading.Event()
 
         def tick() -> None:

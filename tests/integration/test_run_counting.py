@@ -6,7 +6,7 @@ from datetime import datetime, timedelta
 
 import pytest
 
-from scheduler import dispatch, executions, leases
+from scheduler import dispatch, executions, leases, schedules
 from scheduler.models import Execution, Schedule
 from scheduler.prune import prune_executions
 from scheduler.tenancy import EVERY_TENANT
@@ -21,7 +21,7 @@ def schedule(name: str, **fields: object) -> Schedule:
     fields.setdefault("task", "scheduler.echo")
     created = Schedule(name=name, **fields)
     created.full_clean()
-    created.save()
+    schedules.save(created)
     return created
 
 

@@ -9,6 +9,7 @@ from django.contrib.auth import get_user_model
 from django.core.exceptions import NON_FIELD_ERRORS, ValidationError
 from django.test import Client
 
+from scheduler import schedules
 from scheduler.models import Schedule
 
 pytestmark = pytest.mark.django_db
@@ -66,28 +67,28 @@ def test_full_clean__messages_are_specific() -> None:
 def test_save__computes_next_run_at(values: dict) -> None:
     schedule = Schedule(name="ok", task="scheduler.echo", **values)
     schedule.full_clean()
-    schedule.save()
+    schedules.save(schedule)
     assert schedule.next_run_at is not None
 
 
 def test_save__recomputes_next_run_at_only_when_timing_changes() -> None:
     schedule = Schedule(name="ok", task="scheduler.echo", interval=3600)
-    schedule.save()
+    schedules.save(schedule)
     first = schedule.next_run_at
     Schedule.objects.filter(pk=schedule.pk).update(next_run_at=None)
     schedule.refresh_from_db()
 
     schedule.description = "no timing change"
-    schedule.save()
+    schedules.save(schedule)
     schedule.refresh_from_db()
     assert schedule.next_run_at is None  # untouched: the beat owns it
 
     schedule.interval = 60
-    schedule.save()
+    schedules.save(schedule)
     assert schedule.next_run_at is not None and schedule.next_run_at <= first
 
     schedule.enabled = False
-    schedule.save()
+    schedules.save(schedule)
     assert schedule.next_run_at is None
 
 

@@ -19,7 +19,7 @@ from django.template import Context, Template
 from django.test import Client, RequestFactory
 from prometheus_client.parser import text_string_to_metric_families
 
-from scheduler import checks, leases, liveness, shards
+from scheduler import checks, leases, liveness, schedules, shards
 from scheduler.conf import settings as scheduler_settings
 from scheduler.models import Instance, Lease, Schedule
 from tests.integration.command_support import refused, run
@@ -104,7 +104,7 @@ def test_leases__invalid_shard_count__one_line_error(settings: Any) -> None:
 
 
 def _schedules(count: int) -> list[Schedule]:
-    return [Schedule.objects.create(name=f"s{n}", task="scheduler.echo", interval=60) for n in range(count)]
+    return [schedules.create(name=f"s{n}", task="scheduler.echo", interval=60) for n in range(count)]
 
 
 def test_shards__after_the_count_shrinks__stranded_schedules_counted_then_assigned(settings: Any) -> None:
@@ -376,7 +376,7 @@ def test_metrics__stranded_schedules_counted(client: Client, settings: Any) -> N
     created = _schedules(8)
     settings.SCHEDULER_SHARDS = 2
     assert scrape(client)["scheduler_schedules_stranded"] == sum(1 for s in created if s.shard >= 2)
-    Schedule.objects.assign_shards()
+    schedules.assign_shards()
     assert scrape(client)["scheduler_schedules_stranded"] == 0
 
 

@@ -12,7 +12,7 @@ from django.core.management import call_command
 from django.core.management.base import CommandError
 
 from project.celery import app
-from scheduler import backfill, dispatch, executions, leases, operations, reconcile, submissions
+from scheduler import backfill, dispatch, executions, leases, operations, reconcile, schedules, submissions
 from scheduler.executions import Claim
 from scheduler.models import Execution, Schedule
 from scheduler.tenancy import EVERY_TENANT
@@ -26,7 +26,7 @@ Trigger = Execution.Trigger
 def _schedule(name: str = "often", **fields: object) -> Schedule:
     fields.setdefault("interval", 60)
     schedule = Schedule(name=name, task="scheduler.echo", **fields)
-    schedule.save(now=leases.db_now())
+    schedules.save(schedule, now=leases.db_now())
     return schedule
 
 

@@ -14,7 +14,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import transaction
 from django.db.models import Field
 
-from scheduler import audit
+from scheduler import audit, schedules
 from scheduler.models import Schedule
 
 DEMO_SCHEDULES: tuple[dict[str, Any], ...] = (
@@ -56,7 +56,7 @@ class Command(BaseCommand):
                 schedule = Schedule(**values)
                 schedule.full_clean()
                 with transaction.atomic():
-                    schedule.save()
+                    schedules.save(schedule)
                     audit.record(audit.CLI, "create", schedule)
         self.stdout.write(
             f"Admin: http://127.0.0.1:{os.environ.get('WEB_PORT', '8000')}/admin/  login {username} / {password}\n"

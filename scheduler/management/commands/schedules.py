@@ -12,7 +12,7 @@ from zoneinfo import ZoneInfo
 from django.core.management.base import CommandError, CommandParser
 from django.db import transaction
 
-from scheduler import audit, clock, leases, limits, operations
+from scheduler import audit, clock, leases, limits, operations, schedules
 from scheduler.celery_app import celery_app
 from scheduler.exceptions import SchedulerError
 from scheduler.management.base import (
@@ -252,7 +252,7 @@ Run "manage.py schedules ACTION --help" for the options of each action."""
             schedule.next_run_at = schedule.compute_next_run_at(now=clock.now())
         else:
             with transaction.atomic():
-                operations.save_schedule(schedule, now=leases.db_now())
+                schedules.save(schedule, now=leases.db_now())
                 audit.record(audit.CLI, "create", schedule)
         self._report(schedule, "Would create" if dry_run else "Created", json=json, dry_run=dry_run)
 
@@ -272,21 +272,21 @@ Run "manage.py schedules ACTION --help" for the options of each action."""
             )
         before = audit.snapshot(Schedule.objects.get(pk=schedule.pk))
         with _rolled_back_if(dry_run):
-            operations.save_schedule(schedule, now=leases.db_now())
+            schedules.save(schedule, now=leases.db_now())
             audit.record(audit.CLI, "update", schedule, before=before)
         self._report(schedule, "Would update" if dry_run else "Updated", json=json, dry_run=dry_run)
 
     def _enable(self, name: str, **options: Any) -> None:
-        self._change_state(name, "enable", partial(operations.set_enabled, enabled=True), **options)
+        self._change_state(name, "enable", partial(schedules.set_enabled, enabled=True), **options)
 
     def _disable(self, name: str, **options: Any) -> None:
-        self._change_state(name, "disable", partial(operations.set_enabled, enabled=False), **options)
+        self._change_state(name, "disable", partial(schedules.set_enabled, enabled=False), **options)
 
     def _pause(self, name: str, *, reason: str, **options: Any) -> None:
-        self._change_state(name, "pause", partial(operations.pause_schedule, reason=reason), **options)
+        self._change_state(name, "pause", partial(schedules.pause, reason=reason), **options)
 
     def _resume(self, name: str, **options: Any) -> None:
-        self._change_state(name, "resume", operations.resume_schedule, **options)
+        self._change_state(name, "resume", schedules.resume, **options)
 
     def _change_state(
         self, name: str, verb: str, change: Callable[..., None], *, json: bool, dry_run: bool, **options: Any
@@ -304,7 +304,7 @@ Run "manage.py schedules ACTION --help" for the options of each action."""
         kept = schedule.executions.count()
         before = audit.snapshot(schedule)
         with _rolled_back_if(dry_run):
-            schedule.delete()
+            schedules.delete(schedule)
             audit.record(audit.CLI, "delete", schedule, before=before, deleted=True)
         verb = "Would delete" if dry_run else "Deleted"
         self.emit(

@@ -6,7 +6,7 @@ schedule is dispatched under the lease of its stored ``shard``, which is
 ``id % N`` when it was saved or last moved. A schedule whose shard is not
 ``id % N`` is misplaced; if its shard is past the count it is stranded: no
 replica holds that shard's lease, so it is not dispatched until ``--assign``
-moves it (``Schedule.objects.assign_shards``).
+moves it (``scheduler.schedules.assign_shards``).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from django.core.management.base import CommandError, CommandParser
 from django.db import transaction
 from django.db.models import Count, F, Q
 
-from scheduler import audit, cluster, resharding, shard_keeper, shards
+from scheduler import audit, cluster, resharding, schedules, shard_keeper, shards
 from scheduler.checks import MAX_SHARDS, check_shards
 from scheduler.management.base import SchedulerCommand
 from scheduler.models import Schedule
@@ -132,7 +132,7 @@ examples:
             moved = Schedule.objects.exclude(shard=F("id") % count).count()
         else:
             with transaction.atomic():
-                moved = Schedule.objects.assign_shards()
+                moved = schedules.assign_shards()
                 if moved:
                     audit.record(
                         audit.CLI,
