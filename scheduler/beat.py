@@ -202,9 +202,8 @@ class LeaderScheduler(Scheduler):
             return 0.0
         self._after_dispatch(report, fence)
         if 0 in held:
-            self.housekeeping.start_due(
-                held[0]
-            )  # lease 0's holder keeps house for all; before publishing (its docstring)
+            # Lease 0's holder keeps house for all; before publishing (``Housekeeping.start_broker_check``).
+            self.housekeeping.start_due(held[0])
         more_pending = may_publish and self._publish()
         if more_pending or report.more:
             return 0.0

@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Iterator
 from datetime import timedelta
 
 import pytest
+import redis
 from django.db import connection, connections
 
 from project.celery import app
-from scheduler import leases, schedules
+from scheduler import broker, leases, schedules
 from scheduler.beat import LeaderScheduler
 from scheduler.models import Execution, Schedule
 
@@ -43,8 +45,7 @@ def leader(settings: object, redis_url: str) -> Iterator[LeaderScheduler]:
     scheduler.tick()
     assert scheduler.leadership.held
     assert scheduler.housekeeping.reconciler is None
-    assert scheduler.housekeeping.broker_checker is not None
-    scheduler.housekeeping.broker_checker.join(timeout=30)  # the first tick's broker check, on its own thread
+    assert scheduler.housekeeping.broker_checker is None  # the first check under a lease ran on the tick's thread
     settings.SCHEDULER_RECONCILE_INTERVAL_SECONDS = 0.001  # type: ignore[attr-defined]
     yield scheduler
     scheduler.close()
@@ -149,24 +150,46 @@ def test_reconcile__a_failing_pass_is_logged_and_the_next_one_runs(
     assert target.next_run_at > leases.db_now() - timedelta(minutes=1)
 
 
-def test_broker_check__on_its_own_thread_every_interval_and_at_once_under_a_lease_just_taken(
-    leader: LeaderScheduler, settings: object
+def test_broker_check__first_under_a_lease_on_the_tick_then_on_its_own_thread_every_interval(
+    redis_client: redis.Redis, leader: LeaderScheduler, settings: object
 ) -> None:
-    # Given a leader that checks the broker once an hour, and has checked it on its first tick
+    # Given a leader that checks the broker once an hour, and checked it on its first tick (it left its marker)
     settings.SCHEDULER_BROKER_CHECK_SECONDS = 3600  # type: ignore[attr-defined]
-    first = leader.housekeeping.broker_checker
-    assert first is not None and first.name == "scheduler-broker-check"
-    # When it ticks again within the hour
+    assert redis_client.get(broker.MARKER_KEY) is not None
+    # When the broker loses its data and the leader ticks again within the hour
+    redis_client.flushdb()
     leader.tick()
     # Then it does not check again
-    assert leader.housekeeping.broker_checker is first
+    assert leader.housekeeping.broker_checker is None and redis_client.get(broker.MARKER_KEY) is None
     # When it holds the lease under a new token (it lost it and took it again)
     again = leases.acquire("beat", leader.instance_id, ttl=10)
     assert again is not None and again.token > leader.leadership.held[0].token
     leader.housekeeping.start_broker_check(again)
-    # Then it checks at once, on a new thread, and not again under that token within the hour
-    checker = leader.housekeeping.broker_checker
-    assert checker is not first and checker is not None
-    checker.join(timeout=30)
+    # Then it checked at once, before returning, on the caller's thread
+    assert leader.housekeeping.broker_checker is None and redis_client.get(broker.MARKER_KEY) is not None
+    # and once the interval has passed under that token, it checks on a thread of its own
+    settings.SCHEDULER_BROKER_CHECK_SECONDS = 0.001  # type: ignore[attr-defined]
     leader.housekeeping.start_broker_check(again)
-    assert leader.housekeeping.broker_checker is checker
+    checker = leader.housekeeping.broker_checker
+    assert checker is not None and checker.name == "scheduler-broker-check"
+    checker.join(timeout=30)
+
+
+def test_broker_check__a_new_leader_on_a_broker_nobody_confirmed__sends_each_execution_once(
+    redis_client: redis.Redis,
+) -> None:
+    # Given a broker the scheduler never looked at (no marker), and a schedule due now
+    target = due_now("due")
+    # When a new leader ticks: it commits the slot and publishes it
+    scheduler = LeaderScheduler(app, lazy=True)
+    try:
+        scheduler.tick()
+        if scheduler.housekeeping.broker_checker is not None:
+            scheduler.housekeeping.broker_checker.join(timeout=30)
+    finally:
+        scheduler.close()
+    # Then its message went out once: the broker check ran before the publish, so it did not take it for lost
+    # (a second copy of a running task's message hides the first from Celery's revoke)
+    execution = Execution.objects.get(schedule=target)
+    headers = [json.loads(raw)["headers"] for raw in redis_client.lrange("celery", 0, -1)]
+    assert [header[Execution.MESSAGE_HEADER] for header in headers] == [execution.pk]
