@@ -219,7 +219,7 @@ def _measure_database(kills: int, logs: Path) -> list[dict[str, Any]]:
     django.setup()
     from django.db import connection
 
-    from scheduler import leases
+    from scheduler import leases, schedules
     from scheduler.models import Execution, Schedule
 
     env = {**os.environ, **{f"SCHEDULER_{key}": value for key, value in LEASE_SETTINGS.items()}}
@@ -264,7 +264,7 @@ def _measure_database(kills: int, logs: Path) -> list[dict[str, Any]]:
     for name, sig in SIGNALS.items():
         schedule = Schedule(name=f"failover-{name.lower()}", task="bench.noop", interval=1)
         schedule.full_clean()
-        schedule.save()
+        schedules.save(schedule)
         _log(f"{connection.vendor}, {name}: {REPLICAS} replicas, {kills} kills")
         cluster = ProjectCluster(schedule, name.lower())
         try:

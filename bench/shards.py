@@ -179,13 +179,14 @@ def _make_schedules(count: int) -> int:
     """Create ``count`` every-second schedules (``save`` puts each in its shard); return the first id."""
     from django.db import transaction
 
+    from scheduler import schedules
     from scheduler.models import Schedule
 
     first = None
     with transaction.atomic():
         for index in range(count):
             schedule = Schedule(name=f"shards-{time.time_ns()}-{index}", task="bench.noop", interval=1)
-            schedule.save()
+            schedules.save(schedule)
             first = first or schedule.pk
     assert first is not None
     return first

@@ -72,7 +72,7 @@ import redis
 from django.db import connection
 from django.test.utils import override_settings
 
-from scheduler import failpoints, leases, shards
+from scheduler import failpoints, leases, schedules, shards
 from scheduler.models import Execution, Instance, Lease, Schedule
 from tests import invariants
 from tests import tasks as test_tasks
@@ -396,17 +396,17 @@ def _create_schedules(point: Point, *, now: datetime) -> list[Schedule]:
         interval=LONG_INTERVAL_SECONDS,
         kwargs={"label": "long", "seconds": LONG_BODY_SECONDS, "step": 0.1},
     )
-    schedules = [*every_second, long]
+    created = [*every_second, long]
     if "fenced" in point.needs:
-        schedules.append(Schedule(name="fenced", task="tests.fenced_invoice", interval=1))
+        created.append(Schedule(name="fenced", task="tests.fenced_invoice", interval=1))
     if "checkpointed" in point.needs:
-        schedules.append(Schedule(name="checkpointed", task="tests.checkpointed", interval=1, args=[3]))
+        created.append(Schedule(name="checkpointed", task="tests.checkpointed", interval=1, args=[3]))
     if "failing" in point.needs:
-        schedules.append(Schedule(name="failing", task="tests.fail", interval=2, max_retries=1, retry_backoff=1))
-    for schedule in schedules:
+        created.append(Schedule(name="failing", task="tests.fail", interval=2, max_retries=1, retry_backoff=1))
+    for schedule in created:
         schedule.full_clean()
         schedules.save(schedule, now=now)
-    return schedules
+    return created
 
 
 def _all_held(names: Iterable[str]) -> bool:
