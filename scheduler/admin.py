@@ -19,7 +19,7 @@ from django.contrib import admin, messages
 from django.core.exceptions import NON_FIELD_ERRORS, PermissionDenied, ValidationError
 from django.core.paginator import Paginator
 from django.core.validators import MinValueValidator
-from django.db import connection, transaction
+from django.db import connection
 from django.db.models import Exists, OuterRef, QuerySet
 from django.db.models.functions import Now
 from django.forms.fields import InvalidJSONInput
@@ -45,7 +45,6 @@ from scheduler import (
     operations,
     overdue,
     result_admin,  # noqa: F401  (imported to replace django-celery-results' pages with scoped ones)
-    schedules,
     shards,
     task_policy,
     timing,
@@ -634,17 +633,15 @@ class ScheduleAdmin(TenantScoped, ActionsNeedPermission, admin.ModelAdmin):
         if refusal:
             self.message_user(request, refusal, level=messages.WARNING)
             return redirect("admin:scheduler_schedule_change", schedule.pk)
-        before = audit.snapshot(schedule)
+        actor = audit.user_actor(request.user)
         try:
-            with transaction.atomic():
-                if action == "pause":
-                    reason = request.POST.get("reason", "").strip() or f"Paused by {request.user} in the admin"
-                    schedules.pause(schedule, reason, now=now)
-                elif action == "resume":
-                    schedules.resume(schedule, now=now)
-                else:
-                    schedules.set_enabled(schedule, action == "enable", now=now)
-                audit.record(audit.user_actor(request.user), action, schedule, before=before)
+            if action == "pause":
+                reason = request.POST.get("reason", "").strip() or f"Paused by {request.user} in the admin"
+                operations.pause_schedule(schedule, reason, actor=actor, now=now)
+            elif action == "resume":
+                operations.resume_schedule(schedule, actor=actor, now=now)
+            else:
+                operations.set_schedule_enabled(schedule, action == "enable", actor=actor, now=now)
         except ValidationError as exc:  # a pause reason over its length limit; nothing was written
             self.message_user(request, " ".join(exc.messages), level=messages.ERROR)
             return redirect("admin:scheduler_schedule_change", schedule.pk)
@@ -660,14 +657,9 @@ class ScheduleAdmin(TenantScoped, ActionsNeedPermission, admin.ModelAdmin):
         """Run ``schedule`` now and say so; return whether an execution was recorded."""
         app = celery_app()
         try:
-            with transaction.atomic():
-                result = operations.run_now(schedule, app=app, scope=scope_of_user(request.user))
-                audit.record(
-                    audit.user_actor(request.user),
-                    "run_now",
-                    schedule,
-                    changes={"execution": [None, result.execution.pk]},
-                )
+            result = operations.run_now(
+                schedule, app=app, scope=scope_of_user(request.user), actor=audit.user_actor(request.user)
+            )
         except operations.ActionRefused as exc:
             self.message_user(request, str(exc), level=messages.WARNING)
             return False
@@ -754,18 +746,17 @@ class ScheduleAdmin(TenantScoped, ActionsNeedPermission, admin.ModelAdmin):
         scope = scope_of_user(request.user)
         if scope.is_bound and not change:
             obj.tenant = scope.tenant
-        before = audit.snapshot(Schedule.objects.filter(pk=obj.pk).first()) if change else {}
-        with transaction.atomic():
-            # Only the fields the operator changed: the leader and the workers write
-            # next_run_at and the counters of this row meanwhile.
-            schedules.save(obj, fields=form.changed_data if change else None, now=leases.db_now())
-            audit.record(audit.user_actor(request.user), "update" if change else "create", obj, before=before)
+        # Only the fields the operator changed: the leader and the workers write
+        # next_run_at and the counters of this row meanwhile.
+        operations.save_schedule(
+            obj,
+            actor=audit.user_actor(request.user),
+            fields=form.changed_data if change else None,
+            now=leases.db_now(),
+        )
 
     def delete_model(self, request: HttpRequest, obj: Schedule) -> None:
-        with transaction.atomic():
-            before = audit.snapshot(obj)
-            schedules.delete(obj)
-            audit.record(audit.user_actor(request.user), "delete", obj, before=before, deleted=True)
+        operations.delete_schedule(obj, actor=audit.user_actor(request.user))
 
     def delete_queryset(self, request: HttpRequest, queryset: QuerySet[Schedule]) -> None:
         for schedule in queryset:
@@ -784,7 +775,7 @@ class ScheduleAdmin(TenantScoped, ActionsNeedPermission, admin.ModelAdmin):
     def _each(
         self, request: HttpRequest, queryset: QuerySet[Schedule], change: Any, verb: str, *, runs: bool = False
     ) -> None:
-        """Apply ``change`` to each schedule with its audit event; ``runs``: the change lets the schedule fire."""
+        """Apply ``change`` (an action, given the schedule and who acts) to each schedule; ``runs``: the change lets the schedule fire."""
         count = 0
         actor = audit.user_actor(request.user)
         for schedule in queryset:
@@ -792,10 +783,7 @@ class ScheduleAdmin(TenantScoped, ActionsNeedPermission, admin.ModelAdmin):
             if refusal:
                 self.message_user(request, refusal, level=messages.WARNING)
                 continue
-            before = audit.snapshot(schedule)
-            with transaction.atomic():
-                change(schedule)
-                audit.record(actor, verb.removesuffix("d"), schedule, before=before)
+            change(schedule, actor)
             count += 1
         self.message_user(
             request,
@@ -806,17 +794,10 @@ class ScheduleAdmin(TenantScoped, ActionsNeedPermission, admin.ModelAdmin):
     def run_now(self, request: HttpRequest, queryset: QuerySet[Schedule]) -> None:
         app = celery_app()
         sent, problems = 0, []
-        scope = scope_of_user(request.user)
+        scope, actor = scope_of_user(request.user), audit.user_actor(request.user)
         for schedule in queryset:
             try:
-                with transaction.atomic():
-                    result = operations.run_now(schedule, app=app, scope=scope)
-                    audit.record(
-                        audit.user_actor(request.user),
-                        "run_now",
-                        schedule,
-                        changes={"execution": [None, result.execution.pk]},
-                    )
+                result = operations.run_now(schedule, app=app, scope=scope, actor=actor)
             except operations.ActionRefused as exc:
                 problems.append(str(exc))
                 continue
@@ -835,21 +816,41 @@ class ScheduleAdmin(TenantScoped, ActionsNeedPermission, admin.ModelAdmin):
     @admin.action(description="Enable selected schedules", permissions=["change"])
     def enable(self, request: HttpRequest, queryset: QuerySet[Schedule]) -> None:
         self._each(
-            request, queryset, lambda s: schedules.set_enabled(s, True, now=leases.db_now()), "enabled", runs=True
+            request,
+            queryset,
+            lambda s, actor: operations.set_schedule_enabled(s, True, actor=actor, now=leases.db_now()),
+            "enabled",
+            runs=True,
         )
 
     @admin.action(description="Disable selected schedules", permissions=["change"])
     def disable(self, request: HttpRequest, queryset: QuerySet[Schedule]) -> None:
-        self._each(request, queryset, lambda s: schedules.set_enabled(s, False, now=leases.db_now()), "disabled")
+        self._each(
+            request,
+            queryset,
+            lambda s, actor: operations.set_schedule_enabled(s, False, actor=actor, now=leases.db_now()),
+            "disabled",
+        )
 
     @admin.action(description="Pause selected schedules", permissions=["change"])
     def pause(self, request: HttpRequest, queryset: QuerySet[Schedule]) -> None:
         reason = f"Paused by {request.user} in the admin"
-        self._each(request, queryset, lambda s: schedules.pause(s, reason, now=leases.db_now()), "paused")
+        self._each(
+            request,
+            queryset,
+            lambda s, actor: operations.pause_schedule(s, reason, actor=actor, now=leases.db_now()),
+            "paused",
+        )
 
     @admin.action(description="Resume selected schedules", permissions=["change"])
     def resume(self, request: HttpRequest, queryset: QuerySet[Schedule]) -> None:
-        self._each(request, queryset, lambda s: schedules.resume(s, now=leases.db_now()), "resumed", runs=True)
+        self._each(
+            request,
+            queryset,
+            lambda s, actor: operations.resume_schedule(s, actor=actor, now=leases.db_now()),
+            "resumed",
+            runs=True,
+        )
 
 
 class ReadOnlyAdmin(admin.ModelAdmin):
@@ -936,12 +937,12 @@ class ExecutionAdmin(TenantScoped, ActionsNeedPermission, ReadOnlyAdmin):
         if action not in ("retry", "cancel"):
             raise Http404(f"No action {action!r}.")
         scope = scope_of_user(request.user)
-        if action == "retry":
-            act = lambda e: operations.retry_execution(e, app=app, scope=scope)  # noqa: E731
-        else:
-            act = lambda e: operations.cancel_execution(e, app=app)  # noqa: E731
+        actor = audit.user_actor(request.user)
         try:
-            result = self._audited(request, action, execution, act)
+            if action == "retry":
+                result = operations.retry_execution(execution, app=app, scope=scope, actor=actor)
+            else:
+                result = operations.cancel_execution(execution, app=app, actor=actor)
         except operations.ActionRefused as exc:
             self.message_user(request, str(exc), level=messages.WARNING)
             return redirect("admin:scheduler_execution_change", execution.pk)
@@ -966,32 +967,23 @@ class ExecutionAdmin(TenantScoped, ActionsNeedPermission, ReadOnlyAdmin):
     def retry(self, request: HttpRequest, queryset: QuerySet[Execution]) -> None:
         app = celery_app()
         scope = scope_of_user(request.user)
-        self._apply(request, queryset, lambda e: operations.retry_execution(e, app=app, scope=scope), "retry")
+        actor = audit.user_actor(request.user)
+        self._apply(
+            request, queryset, lambda e: operations.retry_execution(e, app=app, scope=scope, actor=actor), "retry"
+        )
 
     @admin.action(description="Cancel selected executions", permissions=["cancel"])
     def cancel(self, request: HttpRequest, queryset: QuerySet[Execution]) -> None:
         app = celery_app()
-        self._apply(request, queryset, lambda e: operations.cancel_execution(e, app=app), "cancel")
-
-    def _audited(self, request: HttpRequest, name: str, execution: Execution, act: Any) -> operations.ActionResult:
-        """Run ``act`` (retry or cancel) on ``execution`` and record it in the audit trail, in one transaction."""
-        before = audit.snapshot(execution)
-        with transaction.atomic():
-            result = act(execution)
-            if name == "retry":
-                audit.record(
-                    audit.user_actor(request.user), name, execution, changes={"retried_by": [None, result.execution.pk]}
-                )
-            else:
-                audit.record(audit.user_actor(request.user), name, execution, before=before)
-        return result
+        actor = audit.user_actor(request.user)
+        self._apply(request, queryset, lambda e: operations.cancel_execution(e, app=app, actor=actor), "cancel")
 
     def _apply(self, request: HttpRequest, queryset: QuerySet[Execution], action: Any, name: str) -> None:
         done = 0
         verb = {"retry": "retried", "cancel": "cancelled"}[name]
         for execution in queryset:
             try:
-                result = self._audited(request, name, execution, action)
+                result = action(execution)
             except operations.ActionRefused as exc:
                 self.message_user(request, str(exc), level=messages.WARNING)
                 continue

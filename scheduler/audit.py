@@ -1,9 +1,11 @@
 """The audit trail: record who changed what through the API, the admin or the CLI.
 
-Writers call ``record()`` after a change succeeded, in its transaction, with
-the object's ``snapshot()`` from before the change, so the event holds
+The operator actions (``scheduler.operations``), given who acts, call
+``record()`` after their change succeeded, in its transaction, with the
+object's ``snapshot()`` from before the change, so the event holds
 ``{field: [before, after]}`` for the fields that changed, and commits or
-rolls back with the change.
+rolls back with the change. The admin, the API and the commands only build
+the ``Actor`` (``tests/unit/test_audit_writers.py`` keeps them from recording).
 
 A long write (a backfill, a reconcile, a prune) is not one transaction: its
 event is committed before the work, ``state`` "started" with the parameters,

@@ -21,7 +21,7 @@ from django.db import DEFAULT_DB_ALIAS, connections, transaction
 from django.utils.connection import ConnectionDoesNotExist
 from django.utils.dateparse import parse_datetime
 
-from scheduler import operations, schedules
+from scheduler import audit, operations
 from scheduler.exceptions import SchedulerError
 from scheduler.management.base import validation_message
 from scheduler.models import Schedule
@@ -117,19 +117,22 @@ class _Refused(Exception):
     """One task has no faithful equivalent here; the message says why."""
 
 
-def import_periodic_tasks(*, using: str = DEFAULT_DB_ALIAS, app: Celery, dry_run: bool = False) -> ImportReport:
+def import_periodic_tasks(
+    *, using: str = DEFAULT_DB_ALIAS, app: Celery, actor: audit.Actor, dry_run: bool = False
+) -> ImportReport:
     """Create one Schedule per periodic task in database ``using`` that has an equivalent and no namesake.
 
     Each schedule is validated like the admin validates it (``full_clean()``
-    and a registered task). All are created in one transaction: a database
-    error leaves none behind. Raise ``CeleryBeatImportRefused`` when the
-    tables cannot be read.
+    and a registered task), and audited as an "import" by ``actor``. All are
+    created in one transaction, with their events: a database error leaves
+    none behind. Raise ``CeleryBeatImportRefused`` when the tables cannot be
+    read.
     """
     rows = read_periodic_tasks(using)
     outcomes = []
     with transaction.atomic():
         for row in rows:
-            outcomes.append(_import_one(row, app=app, dry_run=dry_run))
+            outcomes.append(_import_one(row, app=app, actor=actor, dry_run=dry_run))
     counts = {outcome: sum(1 for o in outcomes if o.outcome == outcome) for outcome in (IMPORTED, EXISTS, REFUSED)}
     return ImportReport(database=using, dry_run=dry_run, tasks=tuple(outcomes), counts=counts)
 
@@ -195,7 +198,7 @@ def _aware(value: datetime | str | None, connection: BaseDatabaseWrapper) -> dat
     return value
 
 
-def _import_one(row: dict[str, Any], *, app: Celery, dry_run: bool) -> TaskOutcome:
+def _import_one(row: dict[str, Any], *, app: Celery, actor: audit.Actor, dry_run: bool) -> TaskOutcome:
     name = row["name"]
     if Schedule.objects.filter(name=name).exists():
         return TaskOutcome(name=name, outcome=EXISTS)
@@ -209,7 +212,7 @@ def _import_one(row: dict[str, Any], *, app: Celery, dry_run: bool) -> TaskOutco
     except ValidationError as exc:
         return TaskOutcome(name=name, outcome=REFUSED, reason=validation_message(exc))
     if not dry_run:
-        schedules.save(schedule)
+        operations.save_schedule(schedule, actor=actor, action="import")
     return TaskOutcome(name=name, outcome=IMPORTED, notes=tuple(notes), schedule=fields)
 
 

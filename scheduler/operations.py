@@ -1,14 +1,17 @@
-"""Operator actions on schedules and executions: validate, run now, retry, cancel.
+"""Operator actions: schedule edits, run now, retry, cancel, API tokens and shard moves.
 
-The management commands and the admin call these, so an action means the
-same wherever it is taken. Each one checks before it writes, writes in one
-transaction, and talks to the broker only once that transaction has
+The admin, the API and the management commands call these, so an action
+means the same wherever it is taken, and each adapter only says who acts
+(an ``audit.Actor``). Each action checks before it writes, writes its
+change and its audit event in one transaction (the change rolls back,
+the event with it), and talks to the broker only once that transaction has
 committed: a broker outage leaves a ``pending`` row that the beat leader
 sends later, or a ``cancelled`` row that no worker will claim.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from typing import TYPE_CHECKING
@@ -16,9 +19,9 @@ from typing import TYPE_CHECKING
 from django.core.exceptions import ValidationError
 from django.db import transaction
 
-from scheduler import broker, executions, leases, outbox, task_policy
+from scheduler import audit, broker, executions, leases, outbox, schedules, shards, task_policy
 from scheduler.exceptions import BrokerUnavailable, SchedulerError, TaskRefused
-from scheduler.models import Execution, Schedule
+from scheduler.models import ApiToken, Execution, Schedule
 from scheduler.tenancy import Scope
 
 if TYPE_CHECKING:
@@ -99,10 +102,86 @@ def ensure_run_at_ahead(run_at: datetime | None, *, now: datetime, hint: str) ->
         )
 
 
-def run_now(schedule: Schedule, *, app: Celery, scope: Scope) -> ActionResult:
-    """Record an execution of ``schedule`` for now, outside its timing, and send it after commit."""
+# --- schedules --------------------------------------------------------------------------
+
+
+def save_schedule(
+    schedule: Schedule,
+    *,
+    actor: audit.Actor,
+    fields: Iterable[str] | None = None,
+    now: datetime | None = None,
+    action: str = "",
+) -> None:
+    """Insert ``schedule`` or write its edit (``schedules.save``), audited as ``action`` (default "create" or "update").
+
+    The event's ``before`` is the stored row, read in the transaction: the
+    caller's object already holds the edit.
+    """
+    adding = schedule._state.adding
+    with transaction.atomic():
+        before = {} if adding else audit.snapshot(Schedule.objects.filter(pk=schedule.pk).first())
+        schedules.save(schedule, fields=fields, now=now)
+        audit.record(actor, action or ("create" if adding else "update"), schedule, before=before)
+
+
+def delete_schedule(schedule: Schedule, *, actor: audit.Actor) -> None:
+    """Delete ``schedule`` (its executions stay), audited with every field it had."""
+    with transaction.atomic():
+        before = audit.snapshot(schedule)
+        schedules.delete(schedule)
+        audit.record(actor, "delete", schedule, before=before, deleted=True)
+
+
+def pause_schedule(schedule: Schedule, reason: str, *, actor: audit.Actor, now: datetime | None = None) -> None:
+    """Pause ``schedule`` with ``reason`` (``schedules.pause``), audited."""
+    _change_schedule(schedule, "pause", actor, lambda: schedules.pause(schedule, reason, now=now))
+
+
+def resume_schedule(schedule: Schedule, *, actor: audit.Actor, now: datetime | None = None) -> None:
+    """Resume ``schedule`` from its next slot after ``now`` (``schedules.resume``), audited."""
+    _change_schedule(schedule, "resume", actor, lambda: schedules.resume(schedule, now=now))
+
+
+def set_schedule_enabled(schedule: Schedule, enabled: bool, *, actor: audit.Actor, now: datetime | None = None) -> None:
+    """Turn ``schedule`` on or off (``schedules.set_enabled``), audited as "enable" or "disable"."""
+    action = "enable" if enabled else "disable"
+    _change_schedule(schedule, action, actor, lambda: schedules.set_enabled(schedule, enabled, now=now))
+
+
+def _change_schedule(schedule: Schedule, action: str, actor: audit.Actor, change: Callable[[], None]) -> None:
+    before = audit.snapshot(schedule)
+    with transaction.atomic():
+        change()
+        audit.record(actor, action, schedule, before=before)
+
+
+def assign_shards(*, actor: audit.Actor) -> int:
+    """Move every schedule into shard ``id % count``; return how many moved (an event only when some did)."""
+    count = shards.count()
+    with transaction.atomic():
+        moved = schedules.assign_shards(count=count)
+        if moved:
+            audit.record(
+                actor,
+                "assign_shards",
+                object_type="scheduler.schedule",
+                changes={"shards": count, "moved": moved},
+                tenant="",
+            )
+    return moved
+
+
+# --- executions -------------------------------------------------------------------------
+
+
+def run_now(schedule: Schedule, *, app: Celery, scope: Scope, actor: audit.Actor) -> ActionResult:
+    """Record an execution of ``schedule`` for now, outside its timing, audited; send it after commit."""
     ensure_task(app, schedule.task, tenant=schedule.tenant, scope=scope)
-    return _record_and_send(executions.run_now_for(schedule, now=leases.db_now()), app=app)
+    with transaction.atomic():
+        result = _record_and_send(executions.run_now_for(schedule, now=leases.db_now()), app=app)
+        audit.record(actor, "run_now", schedule, changes={"execution": [None, result.execution.pk]})
+    return result
 
 
 def ensure_retryable(execution: Execution) -> None:
@@ -113,11 +192,14 @@ def ensure_retryable(execution: Execution) -> None:
         )
 
 
-def retry_execution(execution: Execution, *, app: Celery, scope: Scope) -> ActionResult:
-    """Record a new execution that re-runs ``execution`` now, as attempt 1, and send it after commit."""
+def retry_execution(execution: Execution, *, app: Celery, scope: Scope, actor: audit.Actor) -> ActionResult:
+    """Record a new execution that re-runs ``execution`` now, as attempt 1, audited; send it after commit."""
     ensure_retryable(execution)
     ensure_task(app, execution.task, tenant=execution.tenant, scope=scope)
-    return _record_and_send(executions.retry_for(execution, now=leases.db_now()), app=app)
+    with transaction.atomic():
+        result = _record_and_send(executions.retry_for(execution, now=leases.db_now()), app=app)
+        audit.record(actor, "retry", execution, changes={"retried_by": [None, result.execution.pk]})
+    return result
 
 
 def ensure_cancellable(execution: Execution) -> None:
@@ -129,8 +211,8 @@ def ensure_cancellable(execution: Execution) -> None:
         )
 
 
-def cancel_execution(execution: Execution, *, app: Celery) -> ActionResult:
-    """Record ``execution`` cancelled, then revoke its Celery task (terminating it) after commit.
+def cancel_execution(execution: Execution, *, app: Celery, actor: audit.Actor) -> ActionResult:
+    """Record ``execution`` cancelled, audited, then revoke its Celery task (terminating it) after commit.
 
     The update only applies while the row is still cancellable, so a worker
     that finishes it at the same moment wins cleanly and the action is
@@ -138,15 +220,42 @@ def cancel_execution(execution: Execution, *, app: Celery) -> ActionResult:
     workers never claim a cancelled execution.
     """
     ensure_cancellable(execution)
+    before = audit.snapshot(execution)
     with transaction.atomic():
         cancelled = executions.cancel(execution.pk, reason=CANCEL_ERROR, now=leases.db_now())
         execution.refresh_from_db()
         if not cancelled:
             raise ActionRefused(f"Execution {execution.pk} became {execution.status} meanwhile; not cancelled.")
+        audit.record(actor, "cancel", execution, before=before)
         result = ActionResult(execution)
         if execution.celery_task_id:
             transaction.on_commit(lambda: _revoke(app, execution.celery_task_id, result))
     return result
+
+
+# --- API tokens -------------------------------------------------------------------------
+
+
+def issue_token(
+    name: str, *, actor: audit.Actor, role: str, tenant: str, all_tenants: bool, expires_at: datetime | None
+) -> tuple[ApiToken, str]:
+    """Issue an API token (``ApiToken.issue``), audited; return it and its secret, which is shown once."""
+    with transaction.atomic():
+        token, raw = ApiToken.issue(name, role=role, tenant=tenant, all_tenants=all_tenants, expires_at=expires_at)
+        audit.record(actor, "create", token, tenant=tenant)
+    return token, raw
+
+
+def revoke_token(token: ApiToken, *, actor: audit.Actor) -> None:
+    """Revoke ``token`` now (the database clock), audited; the caller has locked its row."""
+    before = audit.snapshot(token)
+    with transaction.atomic():
+        token.revoked_at = leases.db_now()
+        token.save(update_fields=["revoked_at"])
+        audit.record(actor, "revoke", token, before=before, tenant=token.tenant)
+
+
+# --- helpers ----------------------------------------------------------------------------
 
 
 def _record_and_send(execution: Execution, *, app: Celery) -> ActionResult:

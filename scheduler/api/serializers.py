@@ -12,11 +12,11 @@ from typing import Any
 
 from django.core.exceptions import NON_FIELD_ERRORS
 from django.core.exceptions import ValidationError as DjangoValidationError
-from django.db import IntegrityError, models, transaction
+from django.db import IntegrityError, models
 from rest_framework import ISO_8601, serializers
 from rest_framework.settings import api_settings
 
-from scheduler import leases, operations, overdue, schedules
+from scheduler import leases, operations, overdue
 from scheduler.api.authentication import caller
 from scheduler.backfill import DEFAULT_LIMIT
 from scheduler.celery_app import celery_app
@@ -185,8 +185,7 @@ class ScheduleSerializer(ApiModelSerializer):
     def _save(self) -> Schedule:
         schedule = self.candidate
         try:
-            with transaction.atomic():
-                schedules.save(schedule, now=leases.db_now())
+            operations.save_schedule(schedule, actor=caller(self.context["request"]).actor, now=leases.db_now())
         except IntegrityError:
             # Another request took the name between the check and the write: the
             # unique constraint decides, with the validation's own message.

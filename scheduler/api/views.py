@@ -30,7 +30,7 @@ from rest_framework.response import Response
 from rest_framework.serializers import BaseSerializer
 from rest_framework.views import APIView
 
-from scheduler import audit, backfill, cluster, leases, operations, reconcile, schedules, task_policy
+from scheduler import audit, backfill, cluster, leases, operations, reconcile, task_policy
 from scheduler.api import serializers as s
 from scheduler.api.authentication import caller
 from scheduler.api.filters import AuditEventFilter, ExecutionFilter, ScheduleFilter
@@ -142,9 +142,7 @@ class ScheduleViewSet(
         return Response(self.get_serializer(schedule).data, headers={"ETag": etag(schedule)})
 
     def perform_create(self, serializer: BaseSerializer[Any]) -> None:
-        with transaction.atomic():
-            schedule = serializer.save()
-            audit.record(caller(self.request).actor, "create", schedule)
+        serializer.save()  # audited by the serializer's action
 
     @extend_schema(parameters=[IF_MATCH], responses={200: s.ScheduleSerializer, 412: s.ErrorSerializer})
     def partial_update(self, request: Request, *args: Any, **kwargs: Any) -> Response:
@@ -159,30 +157,27 @@ class ScheduleViewSet(
             expected = request.headers.get("If-Match")
             if expected is not None and not _matches(expected, etag(schedule)):
                 raise PreconditionFailed()
-            before = audit.snapshot(schedule)
             serializer = self.get_serializer(schedule, data=request.data, partial=True)
             serializer.is_valid(raise_exception=True)
             schedule = serializer.save()
-            audit.record(caller(request).actor, "update", schedule, before=before)
         return Response(self.get_serializer(schedule).data, headers={"ETag": etag(schedule)})
 
     def perform_destroy(self, instance: Schedule) -> None:
-        with transaction.atomic():
-            before = audit.snapshot(instance)
-            schedules.delete(instance)
-            audit.record(caller(self.request).actor, "delete", instance, before=before, deleted=True)
+        operations.delete_schedule(instance, actor=caller(self.request).actor)
 
     def _change(
-        self, request: Request, name: str, change: Callable[[Schedule, datetime], None], *, runs: bool = False
+        self,
+        request: Request,
+        change: Callable[[Schedule, audit.Actor, datetime], None],
+        *,
+        runs: bool = False,
     ) -> Response:
-        """Apply ``change`` to the locked schedule and audit it; ``runs``: the change lets the schedule fire."""
+        """Apply ``change`` (an action, given who acts and now) to the locked schedule; ``runs``: it lets the schedule fire."""
         with transaction.atomic():
             schedule = self._locked()
             if runs:
                 ensure_task_allowed(request, schedule.task, tenant=schedule.tenant)
-            before = audit.snapshot(schedule)
-            change(schedule, leases.db_now())
-            audit.record(caller(request).actor, name, schedule, before=before)
+            change(schedule, caller(request).actor, leases.db_now())
         return Response(self.get_serializer(schedule).data, headers={"ETag": etag(schedule)})
 
     @extend_schema(request=s.PauseSerializer, responses=s.ScheduleSerializer)
@@ -192,27 +187,36 @@ class ScheduleViewSet(
         params = s.PauseSerializer(data=request.data)
         params.is_valid(raise_exception=True)
         reason = params.validated_data["reason"].strip() or f"Paused by {caller(request).actor.name} through the API"
-        return self._change(request, "pause", lambda schedule, now: schedules.pause(schedule, reason, now=now))
+        return self._change(
+            request, lambda schedule, actor, now: operations.pause_schedule(schedule, reason, actor=actor, now=now)
+        )
 
     @extend_schema(request=None, responses=s.ScheduleSerializer)
     @action(detail=True, methods=["post"])
     def resume(self, request: Request, pk: str) -> Response:
         """Resume from the next slot after now; reset the failure count."""
-        return self._change(request, "resume", lambda schedule, now: schedules.resume(schedule, now=now), runs=True)
+        return self._change(
+            request, lambda schedule, actor, now: operations.resume_schedule(schedule, actor=actor, now=now), runs=True
+        )
 
     @extend_schema(request=None, responses=s.ScheduleSerializer)
     @action(detail=True, methods=["post"])
     def enable(self, request: Request, pk: str) -> Response:
         """Turn on; it fires from its next slot after now."""
         return self._change(
-            request, "enable", lambda schedule, now: schedules.set_enabled(schedule, True, now=now), runs=True
+            request,
+            lambda schedule, actor, now: operations.set_schedule_enabled(schedule, True, actor=actor, now=now),
+            runs=True,
         )
 
     @extend_schema(request=None, responses=s.ScheduleSerializer)
     @action(detail=True, methods=["post"])
     def disable(self, request: Request, pk: str) -> Response:
         """Turn off, keeping the history."""
-        return self._change(request, "disable", lambda schedule, now: schedules.set_enabled(schedule, False, now=now))
+        return self._change(
+            request,
+            lambda schedule, actor, now: operations.set_schedule_enabled(schedule, False, actor=actor, now=now),
+        )
 
     @extend_schema(request=None, responses={201: s.ActionResultSerializer})
     @action(detail=True, methods=["post"], url_path="run-now")
@@ -221,11 +225,9 @@ class ScheduleViewSet(
         schedule = self.get_object()
         ensure_task_allowed(request, schedule.task, tenant=schedule.tenant)
         try:
-            with transaction.atomic():
-                result = operations.run_now(schedule, app=celery_app(), scope=caller(request).scope)
-                audit.record(
-                    caller(request).actor, "run_now", schedule, changes={"execution": [None, result.execution.pk]}
-                )
+            result = operations.run_now(
+                schedule, app=celery_app(), scope=caller(request).scope, actor=caller(request).actor
+            )
         except operations.ActionRefused as exc:
             raise Refused(str(exc)) from None
         return Response(s.ActionResultSerializer(_action_result(result)).data, status=status.HTTP_201_CREATED)
@@ -302,11 +304,9 @@ class ExecutionViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, ScopedV
         execution = self.get_object()
         ensure_task_allowed(request, execution.task, tenant=execution.tenant)
         try:
-            with transaction.atomic():
-                result = operations.retry_execution(execution, app=celery_app(), scope=caller(request).scope)
-                audit.record(
-                    caller(request).actor, "retry", execution, changes={"retried_by": [None, result.execution.pk]}
-                )
+            result = operations.retry_execution(
+                execution, app=celery_app(), scope=caller(request).scope, actor=caller(request).actor
+            )
         except operations.ActionRefused as exc:
             raise Refused(str(exc)) from None
         return Response(s.ActionResultSerializer(_action_result(result)).data, status=status.HTTP_201_CREATED)
@@ -316,11 +316,8 @@ class ExecutionViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, ScopedV
     def cancel(self, request: Request, pk: str) -> Response:
         """Cancel this waiting or running execution, then revoke its Celery task."""
         execution = self.get_object()
-        before = audit.snapshot(execution)
         try:
-            with transaction.atomic():
-                result = operations.cancel_execution(execution, app=celery_app())
-                audit.record(caller(request).actor, "cancel", execution, before=before)
+            result = operations.cancel_execution(execution, app=celery_app(), actor=caller(request).actor)
         except operations.ActionRefused as exc:
             raise Refused(str(exc)) from None
         return Response(s.ActionResultSerializer(_action_result(result)).data)

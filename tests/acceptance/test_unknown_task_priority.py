@@ -10,7 +10,7 @@ import redis
 
 import scheduler
 from project.celery import app
-from scheduler import executions, leases, operations, outbox, schedules
+from scheduler import audit, executions, leases, operations, outbox, schedules
 from scheduler.models import Execution, Schedule
 from scheduler.tenancy import EVERY_TENANT
 from tests import tasks as test_tasks
@@ -127,7 +127,7 @@ def test_priority__carried_by_the_message_and_honoured_by_a_real_worker(
     # Given executions sent before any worker runs: a schedule's run-now at priority 9, then
     # submissions at priority 4, none and 0
     schedule = schedules.create(name="low", task="tests.record", kwargs={"label": "p9"}, interval=3600, priority=9)
-    p9 = operations.run_now(schedule, app=app, scope=EVERY_TENANT).execution
+    p9 = operations.run_now(schedule, app=app, scope=EVERY_TENANT, actor=audit.CLI).execution
     p4 = scheduler.submit("tests.record", kwargs={"label": "p4"}, priority=4)
     unset = scheduler.submit("tests.record", kwargs={"label": "unset"})
     p0 = scheduler.submit("tests.record", kwargs={"label": "p0"}, priority=0)

@@ -20,7 +20,7 @@ from django.core.management.base import CommandError
 
 import tests.tasks  # noqa: F401 -- registers tests.record with the Celery app
 from project.celery import app
-from scheduler import operations, schedules
+from scheduler import audit, operations, schedules
 from scheduler.models import Execution, Schedule
 from tests.processes import ROOT
 from tests.services import free_port
@@ -309,7 +309,7 @@ def test_cancel__loses_cleanly_to_a_worker_that_finished_it_meanwhile() -> None:
     Execution.objects.filter(pk=execution.pk).update(status=Status.SUCCEEDED)
     # When
     with pytest.raises(operations.ActionRefused, match="became succeeded meanwhile; not cancelled"):
-        operations.cancel_execution(seen, app=app)
+        operations.cancel_execution(seen, app=app, actor=audit.CLI)
     # Then the worker's outcome stands
     execution.refresh_from_db()
     assert (execution.status, execution.error) == (Status.SUCCEEDED, "")

@@ -11,7 +11,7 @@ import redis
 
 import scheduler
 from project.celery import app
-from scheduler import executions, leases, operations, outbox, schedules
+from scheduler import audit, executions, leases, operations, outbox, schedules
 from scheduler.exceptions import SubmissionInvalid
 from scheduler.models import Execution
 from scheduler.tenancy import EVERY_TENANT
@@ -82,7 +82,7 @@ def test_retry__carries_the_priority(
     )
     # When an operator retries it
     with django_capture_on_commit_callbacks(execute=True):
-        retry = operations.retry_execution(failed, app=app, scope=EVERY_TENANT).execution
+        retry = operations.retry_execution(failed, app=app, scope=EVERY_TENANT, actor=audit.CLI).execution
     # Then the new execution and its message have the same priority
     assert Execution.objects.get(pk=retry.pk).priority == 9
     assert _sent(redis_client, f"celery{PRIORITY_SEP}9") == [(retry.pk, 9)]

@@ -42,12 +42,12 @@ def wait_until_due(target: Schedule) -> None:
 
 def test_one_off__run_now_first_does_not_use_up_its_slot(lease: leases.LeaseHandle, redis_url: str) -> None:
     from project.celery import app
-    from scheduler import operations
+    from scheduler import audit, operations
 
     # Given a one-off that is due, run by hand once to try it out
     run_at = leases.db_now() - timedelta(seconds=1)
     target = schedule("once", run_at=run_at)
-    operations.run_now(target, app=app, scope=EVERY_TENANT)
+    operations.run_now(target, app=app, scope=EVERY_TENANT, actor=audit.CLI)
 
     # When the leader dispatches
     report = dispatch.dispatch_due(lease)

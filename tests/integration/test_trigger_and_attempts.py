@@ -12,7 +12,7 @@ from django.core.management import call_command
 from django.core.management.base import CommandError
 
 from project.celery import app
-from scheduler import backfill, dispatch, executions, leases, operations, reconcile, schedules, submissions
+from scheduler import audit, backfill, dispatch, executions, leases, operations, reconcile, schedules, submissions
 from scheduler.executions import Claim
 from scheduler.models import Execution, Schedule
 from scheduler.tenancy import EVERY_TENANT
@@ -56,9 +56,11 @@ def test_trigger__a_slot_the_beat_fires_is_scheduled() -> None:
 def test_trigger__run_now_retry_backfill_submit_and_a_plain_celery_call(redis_url: str) -> None:
     schedule = _schedule(interval=3600)
     # When an operator runs it now, retries that run, and backfills two past hours
-    manual = operations.run_now(schedule, app=app, scope=EVERY_TENANT).execution
+    manual = operations.run_now(schedule, app=app, scope=EVERY_TENANT, actor=audit.CLI).execution
     Execution.objects.filter(pk=manual.pk).update(status=Status.SUCCEEDED)  # as its worker would have finished it
-    retry = operations.retry_execution(Execution.objects.get(pk=manual.pk), app=app, scope=EVERY_TENANT).execution
+    retry = operations.retry_execution(
+        Execution.objects.get(pk=manual.pk), app=app, scope=EVERY_TENANT, actor=audit.CLI
+    ).execution
     now = leases.db_now()
     backfill.backfill(
         schedule, start=now - timedelta(hours=2, minutes=1), end=now - timedelta(minutes=1), now=now, app=app

@@ -7,7 +7,7 @@ from typing import Any, cast
 from django.core.management.base import CommandError, CommandParser
 from django.db import transaction
 
-from scheduler import audit, leases
+from scheduler import audit, leases, operations
 from scheduler.management.base import SchedulerCommand, parse_duration, text_table, text_value
 from scheduler.models import ApiToken
 
@@ -74,8 +74,9 @@ examples:
         with transaction.atomic():
             if ApiToken.objects.filter(name=name).exists():
                 raise CommandError(f"a token named {name!r} exists already; revoke it or choose another name")
-            token, raw = ApiToken.issue(name, role=role, tenant=tenant, all_tenants=all_tenants, expires_at=expires_at)
-            audit.record(audit.CLI, "create", token, tenant=tenant)
+            token, raw = operations.issue_token(
+                name, actor=audit.CLI, role=role, tenant=tenant, all_tenants=all_tenants, expires_at=expires_at
+            )
         data = {
             "name": name,
             "role": role,
@@ -133,10 +134,7 @@ examples:
                 raise CommandError(f"no token named {name!r}")
             if token.revoked_at is not None:
                 raise CommandError(f"token {name!r} was revoked already, at {token.revoked_at.isoformat()}")
-            before = audit.snapshot(token)
-            token.revoked_at = leases.db_now()
-            token.save(update_fields=["revoked_at"])
-            audit.record(audit.CLI, "revoke", token, before=before, tenant=token.tenant)
+            operations.revoke_token(token, actor=audit.CLI)
         self.emit({"name": name, "revoked_at": token.revoked_at}, as_json=json, text=f"Revoked token {name!r}.")
 
 

@@ -11,10 +11,9 @@ from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.core.exceptions import ValidationError
 from django.core.management.base import BaseCommand, CommandError, CommandParser
-from django.db import transaction
 from django.db.models import Field
 
-from scheduler import audit, schedules
+from scheduler import audit, operations
 from scheduler.models import Schedule
 
 DEMO_SCHEDULES: tuple[dict[str, Any], ...] = (
@@ -55,9 +54,7 @@ class Command(BaseCommand):
             if not Schedule.objects.filter(name=values["name"]).exists():
                 schedule = Schedule(**values)
                 schedule.full_clean()
-                with transaction.atomic():
-                    schedules.save(schedule)
-                    audit.record(audit.CLI, "create", schedule)
+                operations.save_schedule(schedule, actor=audit.CLI)
         self.stdout.write(
             f"Admin: http://127.0.0.1:{os.environ.get('WEB_PORT', '8000')}/admin/  login {username} / {password}\n"
             f"Demo schedules: {', '.join(v['name'] for v in DEMO_SCHEDULES)}"

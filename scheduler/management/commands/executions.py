@@ -5,7 +5,6 @@ from __future__ import annotations
 from typing import Any
 
 from django.core.management.base import CommandError, CommandParser
-from django.db import transaction
 
 from scheduler import audit, operations
 from scheduler.celery_app import celery_app
@@ -154,9 +153,7 @@ Run "manage.py executions ACTION --help" for the options of each action."""
                 text=f"Would retry execution {execution_id} ({execution.task}, {execution.status}) as a new execution.",
             )
             return
-        with transaction.atomic():
-            result = operations.retry_execution(execution, app=celery_app(), scope=EVERY_TENANT)
-            audit.record(audit.CLI, "retry", execution, changes={"retried_by": [None, result.execution.pk]})
+        result = operations.retry_execution(execution, app=celery_app(), scope=EVERY_TENANT, actor=audit.CLI)
         retry = result.execution
         text = (
             f"Execution {retry.pk} retries execution {execution_id}: {retry.status} (celery id {retry.celery_task_id})."
@@ -188,10 +185,7 @@ Run "manage.py executions ACTION --help" for the options of each action."""
                 text=f"Would cancel execution {execution_id} ({execution.task}, {was}).",
             )
             return
-        before = audit.snapshot(execution)
-        with transaction.atomic():
-            result = operations.cancel_execution(execution, app=celery_app())
-            audit.record(audit.CLI, "cancel", execution, before=before)
+        result = operations.cancel_execution(execution, app=celery_app(), actor=audit.CLI)
         text = f"Cancelled execution {execution_id} (was {was})."
         if result.broker_error:
             text += f" Its task was not revoked: the broker is unreachable ({result.broker_error})."

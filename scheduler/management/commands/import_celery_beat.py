@@ -6,7 +6,7 @@ from dataclasses import asdict
 from typing import Any
 
 from django.core.management.base import CommandError, CommandParser
-from django.db import DEFAULT_DB_ALIAS, transaction
+from django.db import DEFAULT_DB_ALIAS
 
 from scheduler import audit
 from scheduler.celery_app import celery_app
@@ -20,7 +20,6 @@ from scheduler.import_celery_beat import (
     import_periodic_tasks,
 )
 from scheduler.management.base import SchedulerCommand, text_value
-from scheduler.models import Schedule
 
 
 class Command(SchedulerCommand):
@@ -53,13 +52,9 @@ examples:
 
     def handle(self, *args: Any, **options: Any) -> None:
         try:
-            # The schedules and their events in one transaction: none without the other.
-            with transaction.atomic():
-                report = import_periodic_tasks(using=options["database"], app=celery_app(), dry_run=options["dry_run"])
-                if not report.dry_run:
-                    imported = [task.name for task in report.tasks if task.outcome == IMPORTED]
-                    for schedule in Schedule.objects.filter(name__in=imported):
-                        audit.record(audit.CLI, "import", schedule)
+            report = import_periodic_tasks(
+                using=options["database"], app=celery_app(), actor=audit.CLI, dry_run=options["dry_run"]
+            )
         except CeleryBeatImportRefused as exc:
             raise CommandError(str(exc)) from None
         self.emit(asdict(report), as_json=options["json"], text=_lines(report))

@@ -12,7 +12,7 @@ from zoneinfo import ZoneInfo
 from django.core.management.base import CommandError, CommandParser
 from django.db import transaction
 
-from scheduler import audit, clock, leases, limits, operations, schedules
+from scheduler import audit, clock, leases, limits, operations
 from scheduler.celery_app import celery_app
 from scheduler.exceptions import SchedulerError
 from scheduler.management.base import (
@@ -251,9 +251,7 @@ Run "manage.py schedules ACTION --help" for the options of each action."""
         if dry_run:
             schedule.next_run_at = schedule.compute_next_run_at(now=clock.now())
         else:
-            with transaction.atomic():
-                schedules.save(schedule, now=leases.db_now())
-                audit.record(audit.CLI, "create", schedule)
+            operations.save_schedule(schedule, actor=audit.CLI, now=leases.db_now())
         self._report(schedule, "Would create" if dry_run else "Created", json=json, dry_run=dry_run)
 
     def _update(self, name: str, *, json: bool, dry_run: bool, **options: Any) -> None:
@@ -270,42 +268,36 @@ Run "manage.py schedules ACTION --help" for the options of each action."""
                 now=leases.db_now(),
                 hint=f"Give a future time; to run the task once now, use: schedules run-now {name}",
             )
-        before = audit.snapshot(Schedule.objects.get(pk=schedule.pk))
         with _rolled_back_if(dry_run):
-            schedules.save(schedule, now=leases.db_now())
-            audit.record(audit.CLI, "update", schedule, before=before)
+            operations.save_schedule(schedule, actor=audit.CLI, now=leases.db_now())
         self._report(schedule, "Would update" if dry_run else "Updated", json=json, dry_run=dry_run)
 
     def _enable(self, name: str, **options: Any) -> None:
-        self._change_state(name, "enable", partial(schedules.set_enabled, enabled=True), **options)
+        self._change_state(name, "enable", partial(operations.set_schedule_enabled, enabled=True), **options)
 
     def _disable(self, name: str, **options: Any) -> None:
-        self._change_state(name, "disable", partial(schedules.set_enabled, enabled=False), **options)
+        self._change_state(name, "disable", partial(operations.set_schedule_enabled, enabled=False), **options)
 
     def _pause(self, name: str, *, reason: str, **options: Any) -> None:
-        self._change_state(name, "pause", partial(schedules.pause, reason=reason), **options)
+        self._change_state(name, "pause", partial(operations.pause_schedule, reason=reason), **options)
 
     def _resume(self, name: str, **options: Any) -> None:
-        self._change_state(name, "resume", schedules.resume, **options)
+        self._change_state(name, "resume", operations.resume_schedule, **options)
 
     def _change_state(
         self, name: str, verb: str, change: Callable[..., None], *, json: bool, dry_run: bool, **options: Any
     ) -> None:
         schedule = _get(name)
-        before = audit.snapshot(schedule)
         with _rolled_back_if(dry_run):
-            change(schedule, now=leases.db_now())
-            audit.record(audit.CLI, verb, schedule, before=before)
+            change(schedule, actor=audit.CLI, now=leases.db_now())
         self._report(schedule, f"Would {verb}" if dry_run else f"{verb.capitalize()}d", json=json, dry_run=dry_run)
 
     def _delete(self, name: str, *, json: bool, dry_run: bool, **options: Any) -> None:
         schedule = _get(name)
         data = model_fields(schedule)
         kept = schedule.executions.count()
-        before = audit.snapshot(schedule)
         with _rolled_back_if(dry_run):
-            schedules.delete(schedule)
-            audit.record(audit.CLI, "delete", schedule, before=before, deleted=True)
+            operations.delete_schedule(schedule, actor=audit.CLI)
         verb = "Would delete" if dry_run else "Deleted"
         self.emit(
             {"dry_run": dry_run, "schedule": data, "executions_kept": kept},
@@ -323,9 +315,7 @@ Run "manage.py schedules ACTION --help" for the options of each action."""
                 text=f"Would run schedule {name!r} now (task {schedule.task}).",
             )
             return
-        with transaction.atomic():
-            result = operations.run_now(schedule, app=celery_app(), scope=EVERY_TENANT)
-            audit.record(audit.CLI, "run_now", schedule, changes={"execution": [None, result.execution.pk]})
+        result = operations.run_now(schedule, app=celery_app(), scope=EVERY_TENANT, actor=audit.CLI)
         execution = result.execution
         text = (
             f"Execution {execution.pk} of schedule {name!r} {execution.status} (celery id {execution.celery_task_id})."

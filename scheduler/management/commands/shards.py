@@ -14,10 +14,9 @@ from __future__ import annotations
 from typing import Any
 
 from django.core.management.base import CommandError, CommandParser
-from django.db import transaction
 from django.db.models import Count, F, Q
 
-from scheduler import audit, cluster, resharding, schedules, shard_keeper, shards
+from scheduler import audit, cluster, operations, resharding, shard_keeper, shards
 from scheduler.checks import MAX_SHARDS, check_shards
 from scheduler.management.base import SchedulerCommand
 from scheduler.models import Schedule
@@ -131,16 +130,7 @@ examples:
         if dry_run:
             moved = Schedule.objects.exclude(shard=F("id") % count).count()
         else:
-            with transaction.atomic():
-                moved = schedules.assign_shards()
-                if moved:
-                    audit.record(
-                        audit.CLI,
-                        "assign_shards",
-                        object_type="scheduler.schedule",
-                        changes={"shards": count, "moved": moved},
-                        tenant="",
-                    )
+            moved = operations.assign_shards(actor=audit.CLI)
         verb = "would move" if dry_run else "moved"
         self.emit(
             {"shards": count, "moved": moved, "dry_run": dry_run},

@@ -1,0 +1,149 @@
+"""The audit trail is written by the actions, never composed by the admin, the API or a command.
+
+The scan reads the source of ``scheduler/`` and ``project/`` (no database, no
+imports) and fails on a call of ``scheduler.audit.record`` outside the
+modules below: however the module is imported (``from scheduler import
+audit``, an alias, ``from scheduler.audit import record``). The adapters
+build an ``audit.Actor`` and call an action (``scheduler.operations``),
+which writes the change and its event in one transaction.
+"""
+
+from __future__ import annotations
+
+import ast
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+SCANNED = ("scheduler", "project")
+AUDIT_MODULE = "scheduler.audit"
+
+#: The modules that may record an event, each with the reason.
+WRITERS: dict[str, str] = {
+    "scheduler/audit.py": "the trail itself: a long write's begin() records its started event",
+    "scheduler/operations.py": "the operator actions: each records its event with its change",
+    # Users, groups, permissions and operator profiles are changed by Django's
+    # own admin and commands (createsuperuser, the auth admin), which take no
+    # actor: a model signal is the one place that sees every such change.
+    "scheduler/access_audit.py": "model-signal receivers for changes made by code this project does not own",
+}
+#: Never scanned: migrations run at deploy time and record nothing.
+SKIPPED_DIRS = ("scheduler/migrations/",)
+
+
+@dataclass(frozen=True)
+class Call:
+    path: str
+    line: int
+
+    def __str__(self) -> str:
+        return f"{self.path}:{self.line}: audit.record() outside {', '.join(WRITERS)}"
+
+
+class _Scan(ast.NodeVisitor):
+    def __init__(self, path: str) -> None:
+        self.path = path
+        #: Names bound to the audit module, and names bound to its ``record``.
+        self.modules: set[str] = set()
+        self.records: set[str] = set()
+        self.calls: list[Call] = []
+
+    def visit_Import(self, node: ast.Import) -> None:
+        for alias in node.names:
+            if alias.name == AUDIT_MODULE and alias.asname:
+                self.modules.add(alias.asname)
+
+    def visit_ImportFrom(self, node: ast.ImportFrom) -> None:
+        for alias in node.names:
+            if node.module == "scheduler" and alias.name == "audit":
+                self.modules.add(alias.asname or "audit")
+            elif node.module == AUDIT_MODULE and alias.name == "record":
+                self.records.add(alias.asname or "record")
+
+    def visit_Call(self, node: ast.Call) -> None:
+        if self._is_record(node.func):
+            self.calls.append(Call(self.path, node.lineno))
+        self.generic_visit(node)
+
+    def _is_record(self, func: ast.expr) -> bool:
+        if isinstance(func, ast.Name):
+            return func.id in self.records
+        if not (isinstance(func, ast.Attribute) and func.attr == "record"):
+            return False
+        owner = func.value
+        if isinstance(owner, ast.Name):
+            return owner.id in self.modules
+        # ``scheduler.audit.record(...)`` after ``import scheduler.audit``.
+        return ast.unparse(owner) == AUDIT_MODULE
+
+
+def records_outside_writers(path: str, source: str) -> list[Call]:
+    """Return the calls of ``audit.record`` in ``source`` (the file at ``path``) unless it is one of ``WRITERS``."""
+    if path in WRITERS:
+        return []
+    scan = _Scan(path)
+    scan.visit(ast.parse(source, filename=path))
+    return scan.calls
+
+
+def _sources() -> list[Path]:
+    files = [file for top in SCANNED for file in sorted((ROOT / top).rglob("*.py"))]
+    return [file for file in files if not file.relative_to(ROOT).as_posix().startswith(SKIPPED_DIRS)]
+
+
+def test_only_the_actions_record_audit_events() -> None:
+    # Given the project's source
+    # When every file is scanned
+    found = [
+        call
+        for file in _sources()
+        for call in records_outside_writers(file.relative_to(ROOT).as_posix(), file.read_text(encoding="utf-8"))
+    ]
+    # Then audit.record is called by the writers only
+    assert not found, "audit events composed outside the actions:\n" + "\n".join(map(str, found))
+
+
+def test_the_writers_exist() -> None:
+    # A renamed writer would leave a stale entry, and its calls unscanned under the new name.
+    scanned = {file.relative_to(ROOT).as_posix() for file in _sources()}
+    assert set(WRITERS) <= scanned
+
+
+PLANTED = """
+import scheduler.audit
+import scheduler.audit as trail
+from scheduler import audit
+from scheduler import audit as au
+from scheduler.audit import record
+from scheduler.audit import record as note
+
+
+def save_model(request, obj):
+    audit.record(audit.user_actor(request.user), "update", obj)
+    au.record(audit.CLI, "create", obj)
+    trail.record(audit.CLI, "create", obj)
+    scheduler.audit.record(audit.CLI, "create", obj)
+    record(audit.CLI, "delete", obj)
+    note(audit.CLI, "delete", obj)
+
+
+def fine(log, recorder):
+    log.record("x")
+    recorder.record(audit.snapshot(None))
+    audit.snapshot(None)
+"""
+
+
+def test_the_scan_catches_planted_records() -> None:
+    # Given an adapter that composes audit events itself, each way the module can be reached
+    # When it is scanned
+    found = records_outside_writers("scheduler/admin.py", PLANTED)
+    # Then each call is reported, and nothing else
+    assert [call.line for call in found] == [11, 12, 13, 14, 15, 16]
+
+
+def test_a_writer_may_record() -> None:
+    # Given the same source as one of the writers
+    # When it is scanned
+    # Then nothing is reported
+    assert records_outside_writers("scheduler/operations.py", PLANTED) == []
