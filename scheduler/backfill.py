@@ -24,7 +24,7 @@ from celery import current_app
 
 from scheduler import executions, outbox, timing
 from scheduler.conf import settings
-from scheduler.exceptions import BackfillRefused, BackfillTooLarge, BrokerUnavailable, ScheduleInvalid
+from scheduler.exceptions import BackfillRefused, BackfillTooLarge, BrokerUnavailable, ScheduleInvalid, first_line
 from scheduler.models import Execution, Schedule
 
 if TYPE_CHECKING:
@@ -206,7 +206,7 @@ def backfill(
             try:
                 published += len(outbox.publish(app, rows, now=now + timedelta(seconds=time.monotonic() - started)))
             except BrokerUnavailable as exc:
-                broker_error = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+                broker_error = first_line(exc)
         if progress and done // PROGRESS_EVERY > index // PROGRESS_EVERY:
             progress(done, len(missing))
         if rate and not broker_error and done < len(missing):

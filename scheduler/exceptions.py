@@ -109,3 +109,12 @@ class MessageRefused(SchedulerError):
         #: What the message itself carried.
         self.message_task = message_task
         self.message_task_id = message_task_id
+
+
+def first_line(exc: BaseException) -> str:
+    """Return the first line of ``exc``'s message, or its type's name when it has none.
+
+    What an operator is shown of a broker's or a database's error: their
+    messages can run to many lines (a traceback from the server, a hint).
+    """
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[0]

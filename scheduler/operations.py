@@ -20,7 +20,7 @@ from django.core.exceptions import ValidationError
 from django.db import transaction
 
 from scheduler import audit, broker, executions, leases, outbox, schedules, shards, task_policy
-from scheduler.exceptions import BrokerUnavailable, SchedulerError, TaskRefused
+from scheduler.exceptions import BrokerUnavailable, SchedulerError, TaskRefused, first_line
 from scheduler.models import ApiToken, Execution, Schedule
 from scheduler.tenancy import Scope
 
@@ -271,7 +271,7 @@ def _publish(app: Celery, result: ActionResult) -> None:
     try:
         outbox.publish(app, [row], now=leases.db_now())
     except BrokerUnavailable as exc:
-        result.broker_error = _first_line(exc)  # the row stays pending; the beat leader sends it
+        result.broker_error = first_line(exc)  # the row stays pending; the beat leader sends it
     execution.refresh_from_db()
 
 
@@ -280,8 +280,4 @@ def _revoke(app: Celery, task_id: str, result: ActionResult) -> None:
         # One attempt: kombu's own retry loop would hold an operator for seconds.
         broker.revoke(app, task_id, once=True)
     except BrokerUnavailable as exc:
-        result.broker_error = _first_line(exc)
-
-
-def _first_line(exc: BaseException) -> str:
-    return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        result.broker_error = first_line(exc)

@@ -28,7 +28,7 @@ from django.db import DatabaseError
 from django.db.models import Model
 from django.utils.dateparse import parse_datetime
 
-from scheduler.exceptions import BrokerUnavailable
+from scheduler.exceptions import BrokerUnavailable, first_line
 from scheduler.models.schedule import EARLIEST, LATEST, Schedule
 
 #: ``30d``, ``12h``, ``90m``, ``45s``, ``2w`` (a number and one unit).
@@ -114,9 +114,9 @@ class SchedulerCommand(BaseCommand):
         except ValidationError as exc:
             raise CommandError(one_line(validation_message(exc))) from None
         except DatabaseError as exc:
-            raise CommandError(f"database error: {_first_line(exc)}") from None
+            raise CommandError(f"database error: {first_line(exc)}") from None
         except BrokerUnavailable as exc:
-            raise CommandError(f"broker unreachable: {_first_line(exc)}") from None
+            raise CommandError(f"broker unreachable: {first_line(exc)}") from None
 
     def emit(self, data: Any, *, as_json: bool, text: str | list[str] = "") -> None:
         """Print ``data`` as JSON, or ``text`` (a string or lines) for humans."""
@@ -176,7 +176,7 @@ def parse_iso(value: str, *, name: str = "date") -> datetime:
     except (ValueError, OverflowError) as exc:
         # Say why a well-shaped value is wrong (``day is out of range for month``);
         # for other text the reason would only repeat the value.
-        reason = "" if "isoformat" in str(exc) else f" ({_first_line(exc)})"
+        reason = "" if "isoformat" in str(exc) else f" ({first_line(exc)})"
         raise CommandError(
             f"{name} {value!r} is not an ISO-8601 date or time{reason}, e.g. 2026-03-29T02:30:00Z"
         ) from None
@@ -249,10 +249,6 @@ def positive_number(value: str) -> float:
 
 def _argument_error(message: str) -> Exception:
     return argparse.ArgumentTypeError(message)
-
-
-def _first_line(exc: BaseException) -> str:
-    return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
 
 
 def model_fields(instance: Model) -> dict[str, Any]:
