@@ -14,14 +14,11 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
-from pathlib import Path
 from typing import Any
 
-from bench.common import ROOT, django_env, insert_generated, migrate, table, write_results
+from bench.common import insert_generated, migrated_services, run_child, table, write_results
 
 GOAL_SECONDS = 1.0
 
@@ -150,14 +147,10 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps({"loading": loading, "pages": _measure(args.repeat)}), flush=True)
         return 0
 
-    from tests.services import postgres_cluster
-
-    with tempfile.TemporaryDirectory(prefix="bench-") as tmp, postgres_cluster() as pg_url:
-        env = django_env(pg_url, "redis://127.0.0.1:1/0", Path(tmp))  # the admin never touches the broker
+    with migrated_services(broker=False, debug=True) as (env, _):  # the admin never touches the broker
         env["ALLOWED_HOSTS"] = "testserver"
-        migrate(env)
         print(f"loading {args.schedules:,} schedules and {args.executions:,} executions into PostgreSQL...", flush=True)
-        child = subprocess.run(
+        result = run_child(
             [
                 sys.executable,
                 "-m",
@@ -167,13 +160,8 @@ def main(argv: list[str] | None = None) -> int:
                 f"--executions={args.executions}",
                 f"--repeat={args.repeat}",
             ],
-            cwd=ROOT,
-            env=env,
-            stdout=subprocess.PIPE,
-            text=True,
-            check=True,
+            env,
         )
-    result = json.loads(child.stdout.strip().splitlines()[-1])
     rows = [[p["page"], p["status"], p["queries"], p["median_seconds"], p["max_seconds"]] for p in result["pages"]]
     print()
     print(table(["page", "status", "queries", "median s", "max s"], rows))
@@ -185,7 +173,7 @@ def main(argv: list[str] | None = None) -> int:
         f"goal: every page well under {GOAL_SECONDS:.0f}s; slowest median {slowest:.3f}s -> "
         f"{'met' if slowest < GOAL_SECONDS and all(p['status'] == 200 for p in result['pages']) else 'NOT met'}"
     )
-    path = write_results(
+    write_results(
         "admin_scale",
         {
             "schedules": args.schedules,
@@ -196,7 +184,6 @@ def main(argv: list[str] | None = None) -> int:
             **result,
         },
     )
-    print(f"wrote {path.relative_to(ROOT)}")
     return 0
 
 

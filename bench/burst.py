@@ -57,7 +57,6 @@ import re
 import shutil
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -66,12 +65,12 @@ from urllib.parse import urlparse
 from bench.common import (
     ROOT,
     cpu_seconds,
-    django_env,
     execute_sql,
     insert_generated,
     log_to_file,
-    migrate,
+    migrated_services,
     peak_rss_mib,
+    run_child,
     stop_process,
     table,
     write_results,
@@ -502,13 +501,9 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(result), flush=True)
         return 0
 
-    from tests.services import postgres_cluster, redis_server
-
     started = time.monotonic()
-    with tempfile.TemporaryDirectory(prefix="bench-") as tmp, redis_server() as redis_url, postgres_cluster() as pg_url:
-        env = django_env(pg_url, redis_url, Path(tmp), debug=False)
-        migrate(env)
-        child = subprocess.run(
+    with migrated_services() as (env, tmp):
+        result = run_child(
             [
                 sys.executable,
                 "-m",
@@ -523,13 +518,8 @@ def main(argv: list[str] | None = None) -> int:
                 f"--logs={tmp}",
                 *(["--profile"] if args.profile else []),
             ],
-            cwd=ROOT,
-            env=env,
-            stdout=subprocess.PIPE,
-            text=True,
-            check=True,
+            env,
         )
-    result = json.loads(child.stdout.strip().splitlines()[-1])
 
     limit = min(result["ceilings"]["redis"]["per_second"], result["ceilings"]["insert"]["per_second"])
     rows = []
@@ -607,7 +597,7 @@ def main(argv: list[str] | None = None) -> int:
             )
         )
     print(f"\nran in {time.monotonic() - started:.0f}s")
-    path = write_results(
+    write_results(
         "burst",
         {
             "database": "PostgreSQL (benchmark cluster, fsync off)",
@@ -618,7 +608,6 @@ def main(argv: list[str] | None = None) -> int:
             **result,
         },
     )
-    print(f"wrote {path.relative_to(ROOT)}")
     return 0
 
 

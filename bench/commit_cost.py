@@ -28,7 +28,6 @@ import io
 import json
 import os
 import pstats
-import subprocess
 import sys
 import tempfile
 import time
@@ -36,7 +35,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from bench.common import ROOT, django_env, migrate, table, write_results
+from bench.common import ROOT, django_env, migrate, run_child, table, write_results
 
 KINDS = ("interval", "one-off", "max_runs")
 HOTSPOTS = 12
@@ -161,15 +160,7 @@ def main(argv: list[str] | None = None) -> int:
                 f"--schedules={args.schedules}",
                 f"--kinds={','.join(kinds)}",
             ]
-            child = subprocess.run(
-                command + (["--profile"] if args.profile else []),
-                cwd=ROOT,
-                env=env,
-                stdout=subprocess.PIPE,
-                text=True,
-                check=True,
-            )
-            results.append(json.loads(child.stdout.strip().splitlines()[-1]))
+            results.append(run_child(command + (["--profile"] if args.profile else []), env))
 
     rows = []
     for result in results:
@@ -192,8 +183,7 @@ def main(argv: list[str] | None = None) -> int:
     # The machine may be shared: the load beside the figures says how much to trust them.
     load = [round(value, 2) for value in os.getloadavg()]
     print(f"load average (1, 5, 15 min): {load[0]}, {load[1]}, {load[2]}")
-    path = write_results("commit_cost", {"load_average": load, "results": results})
-    print(f"wrote {path.relative_to(ROOT)}")
+    write_results("commit_cost", {"load_average": load, "results": results})
     return 0
 
 

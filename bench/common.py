@@ -9,7 +9,8 @@ import platform
 import signal
 import subprocess
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -62,6 +63,37 @@ def django_env(database_url: str, redis_url: str, var_dir: Path, *, debug: bool 
 
 def migrate(env: dict[str, str], python: str | Path = sys.executable) -> None:
     subprocess.run([str(python), "manage.py", "migrate", "--noinput", "-v", "0"], cwd=ROOT, env=env, check=True)
+
+
+@contextmanager
+def migrated_services(*, broker: bool = True, debug: bool = False) -> Iterator[tuple[dict[str, str], Path]]:
+    """Start the benchmark's own PostgreSQL (and Redis, with ``broker``), migrated; stop them afterwards.
+
+    Yields the environment of a child process using them (see ``django_env``)
+    and a scratch folder for its logs. Without ``broker`` the URL given is one
+    nothing answers on, for a benchmark that must never publish.
+    """
+    import tempfile
+    from contextlib import ExitStack
+
+    from tests.services import postgres_cluster, redis_server
+
+    with ExitStack() as stack:
+        scratch = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="bench-")))
+        redis_url = stack.enter_context(redis_server()) if broker else "redis://127.0.0.1:1/0"
+        env = django_env(stack.enter_context(postgres_cluster()), redis_url, scratch, debug=debug)
+        migrate(env)
+        yield env, scratch
+
+
+def run_child(command: Sequence[str], env: dict[str, str]) -> Any:
+    """Run a benchmark's measuring child (``python -m bench.<name> --child ...``) and return its result.
+
+    The child prints its progress to stderr and its result as JSON on the
+    last line of stdout; a child that fails raises ``CalledProcessError``.
+    """
+    child = subprocess.run(command, cwd=ROOT, env=env, stdout=subprocess.PIPE, text=True, check=True)
+    return json.loads(child.stdout.strip().splitlines()[-1])
 
 
 def peers_python() -> Path:
@@ -209,7 +241,7 @@ def _numeric(text: str) -> bool:
 
 
 def write_results(name: str, payload: dict[str, Any]) -> Path:
-    """Write ``bench/results/<name>.json`` with the machine and time of the run."""
+    """Write ``bench/results/<name>.json`` with the machine and time of the run, and say where."""
     RESULTS_DIR.mkdir(parents=True, exist_ok=True)
     path = RESULTS_DIR / f"{name}.json"
     document = {
@@ -219,4 +251,5 @@ def write_results(name: str, payload: dict[str, Any]) -> Path:
         **payload,
     }
     path.write_text(json.dumps(document, indent=2) + "\n")
+    print(f"wrote {path.relative_to(ROOT)}")
     return path

@@ -30,13 +30,21 @@ import json
 import os
 import subprocess
 import sys
-import tempfile
 import time
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from bench.common import ROOT, django_env, execute_sql, insert_generated, migrate, stop_process, table, write_results
+from bench.common import (
+    ROOT,
+    execute_sql,
+    insert_generated,
+    migrated_services,
+    run_child,
+    stop_process,
+    table,
+    write_results,
+)
 
 WORKERS = 2
 POLL_SECONDS = 0.05
@@ -217,13 +225,9 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(_child(args.tasks, args.concurrency, args.timeout, Path(args.logs)), default=str), flush=True)
         return 0
 
-    from tests.services import postgres_cluster, redis_server
-
     started = time.monotonic()
-    with tempfile.TemporaryDirectory(prefix="bench-") as tmp, redis_server() as redis_url, postgres_cluster() as pg_url:
-        env = django_env(pg_url, redis_url, Path(tmp), debug=False)
-        migrate(env)
-        child = subprocess.run(
+    with migrated_services() as (env, tmp):
+        result = run_child(
             [
                 sys.executable,
                 "-m",
@@ -234,13 +238,8 @@ def main(argv: list[str] | None = None) -> int:
                 f"--timeout={args.timeout}",
                 f"--logs={tmp}",
             ],
-            cwd=ROOT,
-            env=env,
-            stdout=subprocess.PIPE,
-            text=True,
-            check=True,
+            env,
         )
-    result = json.loads(child.stdout.strip().splitlines()[-1])
     runs = result["runs"]
     print()
     print(
@@ -265,7 +264,7 @@ def main(argv: list[str] | None = None) -> int:
             f"({WORKERS} workers x {args.concurrency} process(es); duplicates: {ours['duplicates']})"
         )
     print(f"ran in {time.monotonic() - started:.0f}s")
-    path = write_results(
+    write_results(
         "end_to_end",
         {
             "database": "PostgreSQL (benchmark cluster, fsync off)",
@@ -275,7 +274,6 @@ def main(argv: list[str] | None = None) -> int:
             **result,
         },
     )
-    print(f"wrote {path.relative_to(ROOT)}")
     return 0
 
 

@@ -155,11 +155,11 @@ def main(argv: list[str] | None = None) -> int:
             print(f"[{n}/{len(chosen)}] {point.name} {action}: {verdict} ({result['scenario_seconds']}s)", flush=True)
             _save(args.database, results, time.monotonic() - started, explore)
     elapsed = time.monotonic() - started
-    path = _save(args.database, results, elapsed, explore)
+    _save(args.database, results, elapsed, explore)
     print()
     print(table(explore.HEADERS, [explore.row(result) for result in results]))
     passed = sum(1 for result in results if result["passed"])
-    print(f"\n{passed}/{len(results)} scenarios passed on {args.database} in {elapsed / 60:.1f} min; wrote {path}")
+    print(f"\n{passed}/{len(results)} scenarios passed on {args.database} in {elapsed / 60:.1f} min")
     return 0
 
 

@@ -54,7 +54,6 @@ import random
 import re
 import signal
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -63,7 +62,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from bench.common import RESULTS_DIR, ROOT, django_env, migrate, peers_python, table, write_results
+from bench.common import RESULTS_DIR, django_env, migrate, peers_python, run_child, table, write_results
 from tests.processes import CeleryProcess, beat_argv
 
 SIGNALS = {"SIGKILL": signal.SIGKILL, "SIGTERM": signal.SIGTERM}
@@ -491,15 +490,9 @@ def main(argv: list[str] | None = None) -> int:
             url = pg_url if database == "postgresql" else f"sqlite:///{var_dir / 'bench.sqlite3'}"
             env = django_env(url or "", redis_url, var_dir)
             migrate(env)
-            child = subprocess.run(
-                [sys.executable, "-m", "bench.failover", "--child", f"--kills={args.kills}", f"--logs={tmp}"],
-                cwd=ROOT,
-                env=env,
-                stdout=subprocess.PIPE,
-                text=True,
-                check=True,
+            results += run_child(
+                [sys.executable, "-m", "bench.failover", "--child", f"--kills={args.kills}", f"--logs={tmp}"], env
             )
-            results += json.loads(child.stdout.strip().splitlines()[-1])
         if celery is not None:
             peer_redis = redis_url.rsplit("/", 1)[0] + "/1"
             results += _measure_redbeat(celery, peer_redis, tmp, args.kills, args.default_lock_kills)
@@ -559,7 +552,7 @@ def main(argv: list[str] | None = None) -> int:
                 + (f" (lock timeout {r['lock_timeout_seconds']:.0f}s)" if r.get("lock_timeout_seconds") else "")
             )
     print(f"\ntook {elapsed / 60:.1f} min")
-    path = write_results(
+    write_results(
         "failover",
         {
             "settings": {
@@ -585,7 +578,6 @@ def main(argv: list[str] | None = None) -> int:
             "results": results,
         },
     )
-    print(f"wrote {path.relative_to(ROOT)}")
     return 0
 
 

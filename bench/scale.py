@@ -55,7 +55,6 @@ import re
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from collections import defaultdict
 from datetime import datetime, timezone
@@ -65,14 +64,15 @@ from typing import Any
 from bench.common import (
     ROOT,
     cpu_seconds,
-    django_env,
     execute_sql,
     insert_generated,
     log_to_file,
     migrate,
+    migrated_services,
     peak_rss_mib,
     peers_python,
     percentile,
+    run_child,
     stop_process,
     table,
     write_results,
@@ -427,42 +427,35 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(result), flush=True)
         return 0
 
-    from tests.services import postgres_cluster, redis_server
-
     kinds = {"ours": Path(sys.executable)}
     if not args.skip_peers:
         kinds["peer"] = peers_python()
     results = []
     started = time.monotonic()
-    with tempfile.TemporaryDirectory(prefix="bench-") as tmp, redis_server() as redis_url, postgres_cluster() as pg_url:
-        env = django_env(pg_url, redis_url, Path(tmp), debug=False)
-        migrate(env)
+    with migrated_services() as (env, tmp):
         if "peer" in kinds:
             migrate({**env, "DJANGO_SETTINGS_MODULE": "bench.peer_settings"}, kinds["peer"])
         for size in sizes:
             for kind, python in kinds.items():
                 _log(f"{LABELS[kind]}: {size:,} schedules, {DUE_PER_SECOND} due every second...")
-                child = subprocess.run(
-                    [
-                        str(python),
-                        "-m",
-                        "bench.scale",
-                        f"--child={kind}",
-                        f"--sizes={size}",
-                        f"--window={args.window}",
-                        f"--cap={args.cap}",
-                        f"--logs={tmp}",
-                    ],
-                    cwd=ROOT,
-                    env={
-                        **env,
-                        "DJANGO_SETTINGS_MODULE": "project.settings" if kind == "ours" else "bench.peer_settings",
-                    },
-                    stdout=subprocess.PIPE,
-                    text=True,
-                    check=True,
+                results.append(
+                    run_child(
+                        [
+                            str(python),
+                            "-m",
+                            "bench.scale",
+                            f"--child={kind}",
+                            f"--sizes={size}",
+                            f"--window={args.window}",
+                            f"--cap={args.cap}",
+                            f"--logs={tmp}",
+                        ],
+                        {
+                            **env,
+                            "DJANGO_SETTINGS_MODULE": "project.settings" if kind == "ours" else "bench.peer_settings",
+                        },
+                    )
                 )
-                results.append(json.loads(child.stdout.strip().splitlines()[-1]))
 
     print()
     print(
@@ -494,7 +487,7 @@ def main(argv: list[str] | None = None) -> int:
             f"p99 {verdict['p99_ms_at_largest']:.0f} ms -> {'met' if verdict['met'] else 'NOT met'}"
         )
     print(f"ran in {time.monotonic() - started:.0f}s")
-    path = write_results(
+    write_results(
         "scale",
         {
             "database": "PostgreSQL (benchmark cluster, fsync off)",
@@ -507,7 +500,6 @@ def main(argv: list[str] | None = None) -> int:
             "results": results,
         },
     )
-    print(f"wrote {path.relative_to(ROOT)}")
     return 0
 
 

@@ -25,15 +25,12 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
 from importlib import import_module
-from pathlib import Path
 from typing import Any
 
-from bench.common import ROOT, django_env, insert_generated, migrate, table, write_results
+from bench.common import insert_generated, migrated_services, run_child, table, write_results
 
 GOAL_SECONDS = 0.2
 #: Executions still in flight (pending, queued, running), the newest ones.
@@ -157,15 +154,11 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps({"loading": loading, **_measure(args.repeat)}), flush=True)
         return 0
 
-    from tests.services import postgres_cluster
-
     load_before = os.getloadavg()
-    with tempfile.TemporaryDirectory(prefix="bench-") as tmp, postgres_cluster() as pg_url:
-        env = django_env(pg_url, "redis://127.0.0.1:1/0", Path(tmp))  # a scrape never touches the broker
+    with migrated_services(broker=False, debug=True) as (env, _):  # a scrape never touches the broker
         env["ALLOWED_HOSTS"] = "testserver"
-        migrate(env)
         print(f"loading {args.schedules:,} schedules and {args.executions:,} executions into PostgreSQL...", flush=True)
-        child = subprocess.run(
+        result = run_child(
             [
                 sys.executable,
                 "-m",
@@ -175,14 +168,9 @@ def main(argv: list[str] | None = None) -> int:
                 f"--executions={args.executions}",
                 f"--repeat={args.repeat}",
             ],
-            cwd=ROOT,
-            env=env,
-            stdout=subprocess.PIPE,
-            text=True,
-            check=True,
+            env,
         )
     load_after = os.getloadavg()
-    result = json.loads(child.stdout.strip().splitlines()[-1])
     rows = [[f"{q['seconds'] * 1000:.1f}", q["sql"][:110]] for q in result["slowest_scrape_queries"]]
     print()
     print(table(["ms", "query (slowest scrape)"], rows))
@@ -195,7 +183,7 @@ def main(argv: list[str] | None = None) -> int:
         f"scrape median {result['median_seconds'] * 1000:.1f} ms, max {result['max_seconds'] * 1000:.1f} ms; "
         f"goal under {GOAL_SECONDS * 1000:.0f} ms -> {'met' if met else 'NOT met'}"
     )
-    path = write_results(
+    write_results(
         "scrape",
         {
             "schedules": args.schedules,
@@ -207,7 +195,6 @@ def main(argv: list[str] | None = None) -> int:
             **result,
         },
     )
-    print(f"wrote {path.relative_to(ROOT)}")
     return 0
 
 

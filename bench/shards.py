@@ -53,7 +53,6 @@ import random
 import re
 import signal
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
@@ -62,7 +61,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from bench.common import ROOT, cpu_seconds, django_env, migrate, percentile, table, write_results
+from bench.common import cpu_seconds, django_env, migrate, percentile, run_child, table, write_results
 from tests.processes import CeleryProcess, beat_argv, wait_until
 
 SIGNALS = {"SIGKILL": signal.SIGKILL, "SIGTERM": signal.SIGTERM}
@@ -548,7 +547,7 @@ def main(argv: list[str] | None = None) -> int:
             url = pg_url if database == "postgresql" else f"sqlite:///{var_dir / 'bench.sqlite3'}"
             env = {**django_env(url or "", redis_url, var_dir, debug=False), "SCHEDULER_SHARDS": str(args.shards)}
             migrate(env)
-            child = subprocess.run(
+            results += run_child(
                 [
                     sys.executable,
                     "-m",
@@ -561,13 +560,8 @@ def main(argv: list[str] | None = None) -> int:
                     f"--kills={args.kills}",
                     f"--logs={tmp}",
                 ],
-                cwd=ROOT,
-                env=env,
-                stdout=subprocess.PIPE,
-                text=True,
-                check=True,
+                env,
             )
-            results += json.loads(child.stdout.strip().splitlines()[-1])
     elapsed = time.monotonic() - started
     load = {"before": load_before, "after": os.getloadavg()}
 
@@ -577,7 +571,7 @@ def main(argv: list[str] | None = None) -> int:
         " on 2 cores more replicas spread the work, they do not speed it up"
     )
     print(f"\ntook {elapsed / 60:.1f} min")
-    path = write_results(
+    write_results(
         "shards",
         {
             "settings": {
@@ -595,7 +589,6 @@ def main(argv: list[str] | None = None) -> int:
             "results": results,
         },
     )
-    print(f"wrote {path.relative_to(ROOT)}")
     return 0
 
 

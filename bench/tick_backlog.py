@@ -24,14 +24,20 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-from bench.common import ROOT, django_env, execute_sql, insert_generated, log_to_file, migrate, table, write_results
+from bench.common import (
+    execute_sql,
+    insert_generated,
+    log_to_file,
+    migrated_services,
+    run_child,
+    table,
+    write_results,
+)
 
 DEPTHS = (("1 hour", 3600), ("1 day", 86_400), ("30 days", 30 * 86_400))
 #: Largest ratio of a first-pass measure (CPU, statements, longest transaction) between the deepest
@@ -139,21 +145,12 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(_child(args.schedules, Path(args.logs))), flush=True)
         return 0
 
-    from tests.services import postgres_cluster, redis_server
-
     started = time.monotonic()
-    with tempfile.TemporaryDirectory(prefix="bench-") as tmp, redis_server() as redis_url, postgres_cluster() as pg_url:
-        env = django_env(pg_url, redis_url, Path(tmp), debug=False)
-        migrate(env)
-        child = subprocess.run(
+    with migrated_services() as (env, tmp):
+        result = run_child(
             [sys.executable, "-m", "bench.tick_backlog", "--child", f"--schedules={args.schedules}", f"--logs={tmp}"],
-            cwd=ROOT,
-            env=env,
-            stdout=subprocess.PIPE,
-            text=True,
-            check=True,
+            env,
         )
-    result = json.loads(child.stdout.strip().splitlines()[-1])
 
     rows = []
     for run in result["runs"]:
@@ -202,7 +199,7 @@ def main(argv: list[str] | None = None) -> int:
         f"-> {'flat' if flat else 'NOT flat'} (none more than {FLAT_RATIO}x)"
     )
     print(f"\nran in {time.monotonic() - started:.0f}s")
-    path = write_results(
+    write_results(
         "tick_backlog",
         {
             "database": "PostgreSQL (benchmark cluster, fsync off)",
@@ -211,7 +208,6 @@ def main(argv: list[str] | None = None) -> int:
             **result,
         },
     )
-    print(f"wrote {path.relative_to(ROOT)}")
     return 0
 
 

@@ -142,8 +142,8 @@ def main() -> None:
     print(
         table(["tracing", "tick span µs", "traced wrapper µs", "per message µs", f"tick of {args.executions} µs"], rows)
     )
-    path = write_results("tracing_overhead", {"executions_per_tick": args.executions, "results": results})
-    print(f"\nwritten {path.relative_to(ROOT)}")
+    print()
+    write_results("tracing_overhead", {"executions_per_tick": args.executions, "results": results})
 
 
 if __name__ == "__main__":

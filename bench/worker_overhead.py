@@ -39,7 +39,17 @@ from pathlib import Path
 from typing import Any
 
 from bench import profiling
-from bench.common import ROOT, cpu_seconds, django_env, execute_sql, migrate, stop_process, table, write_results
+from bench.common import (
+    ROOT,
+    cpu_seconds,
+    django_env,
+    execute_sql,
+    migrate,
+    run_child,
+    stop_process,
+    table,
+    write_results,
+)
 
 KINDS = ("plain", "guarded", "guarded ad-hoc")
 WORKER_NAME = "bench-worker"
@@ -271,8 +281,7 @@ def main(argv: list[str] | None = None) -> int:
             ]
             if args.profile:
                 command.append(f"--profile-dir={Path(tmp) / database / 'profile'}")
-            child = subprocess.run(command, cwd=ROOT, env=env, stdout=subprocess.PIPE, text=True, check=True)
-            results.append(json.loads(child.stdout.strip().splitlines()[-1]))
+            results.append(run_child(command, env))
 
     rows, summary = [], []
     for result in results:
@@ -309,8 +318,7 @@ def main(argv: list[str] | None = None) -> int:
     }
     if args.profile:
         payload["profile"] = _profile_summary(results)
-    path = write_results("worker_overhead_profile" if args.profile else "worker_overhead", payload)
-    print(f"wrote {path.relative_to(ROOT)}")
+    write_results("worker_overhead_profile" if args.profile else "worker_overhead", payload)
     return 0
 
 
