@@ -13,7 +13,7 @@ import pytest
 import redis
 from django.db import connection
 
-from scheduler import leases
+from scheduler import leases, schedules
 from scheduler.models import Execution, Schedule
 from tests import tasks as test_tasks
 from tests.processes import CeleryProcess, wait_until
@@ -25,15 +25,15 @@ Start = Callable[..., CeleryProcess]
 
 
 def make_schedules(count: int, *, every: int = 1) -> list[Schedule]:
-    schedules = []
+    created = []
     for index in range(count):
         schedule = Schedule(
             name=f"every-{every}s-{index}", task="tests.record", interval=every, kwargs={"label": f"s{index}"}
         )
         schedule.full_clean()
         schedules.save(schedule)
-        schedules.append(schedule)
-    return schedules
+        created.append(schedule)
+    return created
 
 
 def leader_process(processes: list[CeleryProcess], timeout: float = 20.0) -> CeleryProcess:

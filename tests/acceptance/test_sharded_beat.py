@@ -16,7 +16,7 @@ import pytest
 import redis
 from django.db.models import Count, Max, Min
 
-from scheduler import leases, shards
+from scheduler import leases, schedules, shards
 from scheduler.models import Execution, Lease, Schedule
 from tests.acceptance.test_beat_replicas import Start, assert_every_slot_once
 from tests.processes import CeleryProcess, wait_until
@@ -42,12 +42,12 @@ BALANCE = 0.20
 
 def make_schedules(count: int) -> list[Schedule]:
     """``count`` every-second schedules, spread over the shards by their ids."""
-    schedules = []
+    created = []
     for index in range(count):
         schedule = Schedule(name=f"every-1s-{index}", task="tests.record", interval=1, kwargs={"label": f"s{index}"})
         schedules.save(schedule)
-        schedules.append(schedule)
-    return schedules
+        created.append(schedule)
+    return created
 
 
 def instance_pid(instance_id: str) -> int:
