@@ -50,6 +50,7 @@ import os
 import re
 import signal
 import subprocess
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -220,7 +221,11 @@ def _freeze(seconds: float) -> None:
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
-    os.kill(pid, signal.SIGSTOP)
+    # Sent to this thread, not to the process: a process-directed SIGSTOP is taken by whichever thread
+    # the kernel picks (often the main one), and until that thread stops the others this one runs on
+    # past the failpoint (into its next transaction, which a frozen SQLite writer then holds). A stop
+    # signal to one thread still stops every thread of the process, this one before it returns.
+    signal.pthread_kill(threading.get_ident(), signal.SIGSTOP)
 
 
 def _error(name: str) -> Exception:

@@ -177,6 +177,34 @@ def test_freeze__stops_the_whole_process_then_lets_it_go_on() -> None:
     assert float(lines[2]) >= 1.4  # the counting thread froze too: not a sleep of one thread
 
 
+def test_freeze__the_calling_thread_goes_no_further_than_the_failpoint_before_it_stops() -> None:
+    # Given a process whose main thread sleeps (a body) while another thread hits the failpoint (the renewer):
+    # a stop signal sent to the process may be taken by the main thread, and the calling thread, let run on
+    # until that one stops it, would be frozen past the failpoint (in the next transaction, holding its locks).
+    seconds = 0.05
+    code = (
+        "import threading, time\n"
+        "from scheduler.failpoints import failpoint\n"
+        "spans = []\n"
+        "def hit():\n"
+        "    for _ in range(15):\n"
+        "        started = time.monotonic()\n"
+        "        failpoint('worker.renew')\n"
+        "        spans.append((started, time.monotonic()))\n"
+        "thread = threading.Thread(target=hit)\n"
+        "thread.start()\n"
+        "while thread.is_alive():\n"
+        "    time.sleep(0.01)\n"
+        # Only the hits before any freeze's helper sends its late second SIGCONT (1 s on), which ends a freeze early.
+        "print([round(end - started, 3) for started, end in spans if end < spans[0][0] + 1])\n"
+    )
+    child = run_child(code, f"worker.renew=freeze {seconds}")
+    assert child.returncode == 0, child.stderr
+    spans = json.loads(child.stdout.splitlines()[-1])
+    assert spans
+    assert min(spans) >= seconds, spans  # every hit returned only after the freeze
+
+
 def _state(pid: int) -> str:
     try:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
