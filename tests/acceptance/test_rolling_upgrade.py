@@ -157,7 +157,7 @@ from scheduler.models import Schedule
 for index in range({SCHEDULES}):
     schedule = Schedule(name=f"upgrade-{{index:02d}}", task="tests.record", interval=1, kwargs={{"label": f"upgrade-{{index:02d}}"}})
     schedule.full_clean()
-    schedules.save(schedule)
+    schedule.save()
 """
 
 
