@@ -34,7 +34,6 @@ ALLOWED: dict[tuple[str, str], str] = {
     # The fast path's multi-row insert writes the rows the owner built
     # (``executions.insert`` calls it); it is generic over models and never
     # decides what a row holds. It is moving to scheduler/fastpath/.
-    ("scheduler/bulk_insert.py", "Execution"): "fast-path bulk insert, called by executions.insert",
     ("scheduler/fastpath/bulk_insert.py", "Execution"): "fast-path bulk insert, called by executions.insert",
 }
 #: Never scanned: migrations write through the historical models, at deploy time only.
