@@ -33,7 +33,7 @@ TABLES = {f"scheduler_{model.lower()}": model for model in OWNERS}
 ALLOWED: dict[tuple[str, str], str] = {
     # The fast path's multi-row insert writes the rows the owner built
     # (``executions.insert`` calls it); it is generic over models and never
-    # decides what a row holds. It is moving to scheduler/fastpath/.
+    # decides what a row holds.
     ("scheduler/fastpath/bulk_insert.py", "Execution"): "fast-path bulk insert, called by executions.insert",
 }
 #: Never scanned: migrations write through the historical models, at deploy time only.
