@@ -28,6 +28,7 @@ from django_celery_beat.models import IntervalSchedule, PeriodicTask
 from scheduler import audit, executions, leases, prune, tasks
 from scheduler.models import ApiToken, AuditEvent, Execution, OperatorProfile, Schedule
 from scheduler.permissions import OPERATOR_GROUP, VIEWER_GROUP, ensure_groups
+from tests.admin_forms import schedule_form
 from tests.integration.api_support import make_execution, make_schedule, token_client
 
 pytestmark = pytest.mark.django_db
@@ -82,28 +83,6 @@ def superuser_client(username: str = "root") -> Client:
     client = Client()
     client.force_login(User.objects.create_superuser(username, f"{username}@example.invalid", "pw"))
     return client
-
-
-def schedule_form(**fields: Any) -> dict[str, Any]:
-    """The admin's schedule form, filled in: an every-minute schedule of ``scheduler.echo``."""
-    return {
-        "name": "from-admin",
-        "task": "scheduler.echo",
-        "interval": "60",
-        "args": "[]",
-        "kwargs": "{}",
-        "timezone": "UTC",
-        "overlap": "allow",
-        "catchup_window": "300",
-        "misfire": "run_all",
-        "jitter": "0",
-        "dst_gap": "shift",
-        "dst_fold": "first",
-        "max_retries": "0",
-        "retry_backoff": "1",
-        "enabled": "on",
-        **fields,
-    }
 
 
 def past_range() -> tuple[str, str]:
@@ -168,10 +147,15 @@ def test_every_admin_write__leaves_exactly_one_event(redis_client: object) -> No
     trail = Trail()
 
     # When / Then: add, change
-    assert admin.post(f"{ADMIN}/schedule/add/", schedule_form()).status_code == 302
+    assert admin.post(f"{ADMIN}/schedule/add/", schedule_form(name="from-admin")).status_code == 302
     trail.one("create", "scheduler.schedule", "user")
     schedule = Schedule.objects.get(name="from-admin")
-    assert admin.post(f"{ADMIN}/schedule/{schedule.pk}/change/", schedule_form(description="edited")).status_code == 302
+    assert (
+        admin.post(
+            f"{ADMIN}/schedule/{schedule.pk}/change/", schedule_form(name="from-admin", description="edited")
+        ).status_code
+        == 302
+    )
     assert trail.one("update", "scheduler.schedule").changes["description"] == ["", "edited"]
     # each list action
     for action in ("pause", "resume", "disable", "enable", "run_now"):
@@ -558,7 +542,7 @@ WRITES: dict[str, Callable[[World], Any]] = {
     "api cancel": _api("post", "executions/{queued}/cancel/"),
     "api reconcile": _api("post", "reconcile/", {"dry_run": False, "repair": True}),
     "api delete": _api("delete", "schedules/{schedule}/"),
-    "admin add": _admin(f"{ADMIN}/schedule/add/", schedule_form()),
+    "admin add": _admin(f"{ADMIN}/schedule/add/", schedule_form(name="from-admin")),
     "admin action": _admin(f"{ADMIN}/schedule/", {"action": "disable", "_selected_action": "{schedule}"}),
     "admin button": _admin(f"{ADMIN}/schedule/{{schedule}}/act/pause/"),
     "admin backfill": _admin(
