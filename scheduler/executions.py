@@ -433,9 +433,19 @@ def lost_error(attempt: int) -> str:
     return f"Worker lost during attempt {attempt}"
 
 
+def connection_lost_error(attempt: int) -> str:
+    """Return the ``attempt_errors`` error of ``attempt``, whose body the database server cut off, run again."""
+    return f"Database connection lost during attempt {attempt}"
+
+
+def _is_loss(entry: dict[str, Any]) -> bool:
+    attempt = entry.get("attempt", 0)
+    return entry.get("error") in (lost_error(attempt), connection_lost_error(attempt))
+
+
 def error_retries(attempt_errors: list[dict[str, Any]] | None) -> int:
     """Return how many of the attempts in ``attempt_errors`` raised an error and were retried (not lost ones)."""
-    return sum(1 for entry in attempt_errors or () if entry.get("error") != lost_error(entry.get("attempt", 0)))
+    return sum(1 for entry in attempt_errors or () if not _is_loss(entry))
 
 
 def lost_attempts(attempt: int, attempt_errors: list[dict[str, Any]] | None) -> int:
@@ -459,6 +469,11 @@ def lost_retries_left(lost: int, max_retries: int) -> bool:
     on still ends.
     """
     return lost <= max_retries + settings.LOST_RETRIES
+
+
+def loss_retries_left(held: Claim) -> bool:
+    """Return whether the attempt ``held`` runs, lost (its database connection cut), may be run again."""
+    return lost_retries_left(held.attempt - held.error_retries, held.max_retries)
 
 
 @tracing.traced("scheduler.claim", tracing.claiming_attributes, tracing.claimed_attributes)

@@ -85,6 +85,8 @@ RESULT_SUMMARY_MAX_CHARS = 10_000
 #: A message that finds its retry due within this long waits for it rather than being refused:
 #: the worker's clock, which timed the message, may run a little ahead of the database's.
 EARLY_RETRY_WAIT_SECONDS = 2.0  # seconds
+#: A body cut off from its database runs again this long after: time for a restarting server to answer.
+CONNECTION_LOST_RETRY_SECONDS = 1.0  # seconds
 
 
 class _RetryNotSent(Reject):
@@ -352,6 +354,16 @@ class ExecutionTask(Task):
             )
             raise SoftTimeLimitExceeded(reason) from exc
         except Exception as exc:
+            if _connection_lost(exc) and executions.loss_retries_left(claim):
+                error = executions.connection_lost_error(claim.attempt)
+                logger.warning(
+                    "execution %s attempt %s: %s (%s); running it again",
+                    *_token(claim),
+                    error,
+                    _error_text(exc),
+                    extra={"action": "connection_lost", "execution_id": claim.execution_id},
+                )
+                raise self._retry_after_error(claim, exc, CONNECTION_LOST_RETRY_SECONDS, error=error) from exc
             if executions.retries_left(claim):
                 delay = policies.retry_delay(
                     claim.attempt,
@@ -405,8 +417,11 @@ class ExecutionTask(Task):
                 _renewer.hold(claim, since=since, timeout=getattr(self.request, _REQUEST_ATTR).timeout)
             raise
 
-    def _retry_after_error(self, claim: Claim, exc: Exception, delay: float) -> Retry:
+    def _retry_after_error(self, claim: Claim, exc: Exception, delay: float, *, error: str | None = None) -> Retry:
         """Retry the attempt ``claim`` runs, whose body raised ``exc``, in ``delay`` seconds (the guard's own retry).
+
+        ``error`` is the attempt's recorded error, when not ``exc``'s own text
+        (a loss, which does not count against ``max_retries``).
 
         The row is ``retrying`` before Celery sends anything, so whatever
         happens to the message the attempt has ended: a message that could
@@ -414,23 +429,26 @@ class ExecutionTask(Task):
         time, for the leader to send (``reconcile``), never ``running``
         without a body.
         """
-        self._mark_retrying(claim, exc, delay)
+        self._mark_retrying(claim, exc, delay, error=error)
         try:
             failpoint("worker.retry.send")
-            return super().retry(exc=exc, countdown=delay, max_retries=claim.max_retries)
+            # Celery's own count would refuse a loss's retry past max_retries: the row counts them (above).
+            return super().retry(exc=exc, countdown=delay, max_retries=self.request.retries + 1)
         except Retry:
             raise
         except Exception as refused:
             raise _not_sent(claim, refused) from refused
 
-    def _mark_retrying(self, claim: Claim, exc: BaseException | None, delay: float) -> None:
+    def _mark_retrying(
+        self, claim: Claim, exc: BaseException | None, delay: float, *, error: str | None = None
+    ) -> None:
         """End the attempt ``claim`` runs as ``retrying``, due in ``delay`` seconds; ``Ignore`` if the claim moved on."""
         _renewer.drop(claim)  # the attempt ends here (see __call__)
         marked = _reconnecting(
             executions.retry,
             claim,
             delay_seconds=delay,
-            error=_error_text(exc) if exc else "",
+            error=error if error is not None else _error_text(exc) if exc else "",
             traceback_text="".join(traceback.format_exception(exc)) if exc else "",
         )
         if not marked:
@@ -463,6 +481,35 @@ def _reconnecting(write: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         logger.warning("database connection lost during %s; reconnecting once", write.__name__)
         connection.close()
         return write(*args, **kwargs)
+
+
+#: SQLSTATEs of a session the server ended: class 08 (connection exception) and these.
+_SESSION_ENDED_STATES = ("57P01", "57P02", "57P03", "57P05", "25P03")  # shutdowns, idle timeouts
+
+
+def _connection_lost(exc: BaseException) -> bool:
+    """Return whether ``exc`` came from the server dropping this process's database connection.
+
+    A body cut off from its database (``pg_terminate_backend``, a server
+    restart, an idle timeout, a cut network) did not fail: its open
+    transaction, a fenced block's too, rolled back, so it is run again as a
+    lost attempt. A database error on a session that goes on (a constraint,
+    a deadlock, a statement timeout) is the task's own.
+    """
+    errors: list[BaseException] = []
+    cause: BaseException | None = exc
+    while cause is not None and cause not in errors:
+        errors.append(cause)
+        cause = cause.__cause__ or cause.__context__
+    for error in errors:
+        state = getattr(error, "sqlstate", None) or getattr(error, "pgcode", None)
+        if isinstance(state, str) and (state.startswith("08") or state in _SESSION_ENDED_STATES):
+            return True
+    if not any(isinstance(error, (InterfaceError, OperationalError)) for error in errors):
+        return False
+    # The client noticed first ("server closed the connection unexpectedly"): no SQLSTATE, a closed connection.
+    raw = connection.connection
+    return raw is None or bool(getattr(raw, "closed", False))
 
 
 def _token(claim: Claim) -> tuple[int, int]:

@@ -1,4 +1,8 @@
-"""A worker keeps its database connection across tasks, and replaces one the server dropped."""
+"""A worker keeps its database connection across tasks, and replaces one the server dropped.
+
+A body the server cut off from its database did not fail: it is run again
+as a lost attempt, which does not count against ``max_retries``.
+"""
 
 from __future__ import annotations
 
@@ -6,14 +10,27 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
+import redis
 from django.db import connection
 
 import scheduler
 from scheduler.models import Execution
+from tests import tasks as test_tasks
+from tests.acceptance.test_fenced_and_checkpoint import fenced_events
+from tests.acceptance.test_worker_guard import wait_final, worker_pid
 from tests.processes import CeleryProcess, wait_until
 from tests.tasks import connection_uses
 
 pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def end_other_sessions() -> None:
+    """End every other session on the test database, as a server restart or ``pg_terminate_backend`` would."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+            " WHERE datname = current_database() AND pid <> pg_backend_pid()"
+        )
 
 
 def run(task: Any) -> Execution:
@@ -40,12 +57,28 @@ def test_worker_connection__kept_across_tasks_and_replaced_when_dropped(
 
     if connection.vendor == "postgresql":
         # When the server drops the worker's connections between two tasks
-        with connection.cursor() as cursor:
-            cursor.execute(
-                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
-                " WHERE datname = current_database() AND pid <> pg_backend_pid()"
-            )
+        end_other_sessions()
         # Then the next task runs on a new connection, and is recorded
         done = run(connection_uses)
         assert (done.status, done.result) == (Execution.Status.SUCCEEDED, 1)
         assert "Traceback" not in worker.log(), worker.log()[-3000:]
+
+
+@pytest.mark.skipif(connection.vendor != "postgresql", reason="PostgreSQL only: a SQLite file has no server to end a session")
+def test_fenced_body_cut_off_from_its_database__runs_again_and_invoices_once(
+    side_effect_table: None, celery_processes: Callable[..., CeleryProcess], redis_client: redis.Redis
+) -> None:
+    worker = celery_processes("worker", "w1", concurrency=1)
+    worker.wait_for_log(r"ready\.")
+    # Given attempt 1 inside its fenced block, its INSERT done, with no retries of its own
+    execution = scheduler.submit("tests.fenced_invoice", kwargs={"hold": "inside"}, max_retries=0)
+    assert wait_until(lambda: fenced_events(redis_client, "holding", 1), timeout=20), worker.log()[-3000:]
+    # When the server ends its sessions, then the body goes on to commit
+    end_other_sessions()
+    redis_client.set(test_tasks.GO_KEY, "1")
+    # Then its block rolled back, and attempt 2 runs and commits the one invoice
+    done = wait_final(execution, timeout=30)
+    assert fenced_events(redis_client, "session ended", 1), worker.log()[-3000:]
+    assert (done.status, done.attempt) == (Execution.Status.SUCCEEDED, 2), (done.error, worker.log()[-3000:])
+    assert test_tasks.side_effects() == [(execution.pk, 2, worker_pid(execution))]
+    assert [entry["error"] for entry in done.attempt_errors] == ["Database connection lost during attempt 1"]
