@@ -64,7 +64,9 @@ def test_worker_connection__kept_across_tasks_and_replaced_when_dropped(
         assert "Traceback" not in worker.log(), worker.log()[-3000:]
 
 
-@pytest.mark.skipif(connection.vendor != "postgresql", reason="PostgreSQL only: a SQLite file has no server to end a session")
+@pytest.mark.skipif(
+    connection.vendor != "postgresql", reason="PostgreSQL only: a SQLite file has no server to end a session"
+)
 def test_fenced_body_cut_off_from_its_database__runs_again_and_invoices_once(
     side_effect_table: None, celery_processes: Callable[..., CeleryProcess], redis_client: redis.Redis
 ) -> None:
