@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -22,7 +23,8 @@ _DIRECTORY_MARKERS = {"integration": "integration", "acceptance": "acceptance", 
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:
-    """Refuse to run when the database is not the one tests.suite asked for."""
+    """Refuse to run when the database is not the one tests.suite asked for; leave the tests' own session unbounded."""
+    _no_idle_bound_on_the_test_thread()
     # tests.suite sets the label; if DATABASE_URL got lost on the way (a
     # wrapper script, a stray .env), the "PostgreSQL run" would quietly test
     # SQLite and pass. Fail the whole session instead.
@@ -33,6 +35,29 @@ def pytest_sessionstart(session: pytest.Session) -> None:
             f"{connection.vendor} ({settings.DATABASES['default']['ENGINE']}); "
             "is DATABASE_URL set for this run?"
         )
+
+
+def _no_idle_bound_on_the_test_thread() -> None:
+    """Keep ``session_limits``' idle-in-transaction bound off the session the tests run on, and on every other.
+
+    A test that is not ``transaction=True`` runs inside one transaction, and
+    its Python between two statements (building 20,000 rows on a loaded
+    machine) may take longer than the bound: the server would end the
+    session under it. The processes the tests start, and the threads a test
+    starts, keep the bound.
+    """
+    from django.db.backends.signals import connection_created
+
+    from scheduler.session_limits import bound_idle_transactions
+
+    uid = "scheduler.session_limits.idle_transactions"
+
+    def bound_off_the_test_thread(sender: object, connection: object, **kwargs: object) -> None:
+        if threading.current_thread() is not threading.main_thread():
+            bound_idle_transactions(sender, connection, **kwargs)
+
+    connection_created.disconnect(dispatch_uid=uid)
+    connection_created.connect(bound_off_the_test_thread, dispatch_uid=uid, weak=False)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
