@@ -416,6 +416,24 @@ def test_chaos_soak__every_slot_once_nothing_run_twice_nothing_lost(
                 old.kill_group(signal.SIGKILL)
                 crashed[f"{kind} (stuck in shutdown)"] += 1
 
+    def supervise(victim: CeleryProcess | None = None) -> None:
+        """Act as the supervisor (systemd, Kubernetes, compose's restart policy), to the end of the test.
+
+        Start again whatever is not running, whether a fault (``victim``) or
+        a crash stopped it: kombu's Redis transport crashes a worker whose
+        broker vanished (docs/testing.md), after the run's last fault too.
+        """
+        nonlocal restarts
+        for group, kind in ((beats, "beat"), (workers, "worker")):
+            for index, process in enumerate(group):
+                if process.alive():
+                    continue
+                if process is not victim:
+                    crashed[kind] += 1
+                process.stop(timeout=1)
+                restarts += 1
+                group[index] = start(kind, f"{kind}-restart-{restarts}")
+
     pending_faults: list[str] = []
     deadline = time.monotonic() + DURATION
     # At least DURATION, and at least until every nemesis hit once.
@@ -517,18 +535,8 @@ def test_chaos_soak__every_slot_once_nothing_run_twice_nothing_lost(
         timeline.append(f"{leases.db_now():%H:%M:%S} {fault} {victim.name if victim else target}")
         if victim is not None:
             assert wait_until(lambda v=victim: not v.alive(), timeout=20), f"{victim.name} did not stop"
-        # Act as the supervisor (systemd, Kubernetes, compose's restart policy):
-        # start again whatever is not running, whether a fault or a crash stopped it.
         time.sleep(0.5)
-        for group, kind in ((beats, "beat"), (workers, "worker")):
-            for index, process in enumerate(group):
-                if process.alive():
-                    continue
-                if process is not victim:
-                    crashed[kind] += 1
-                process.stop(timeout=1)
-                restarts += 1
-                group[index] = start(kind, f"{kind}-restart-{restarts}")
+        supervise(victim)
     ended_at = leases.db_now()
 
     # Every slot up to the end is owed, and a fault may just have hit the
@@ -542,6 +550,7 @@ def test_chaos_soak__every_slot_once_nothing_run_twice_nothing_lost(
     while (
         Execution.objects.exclude(status__in=Execution.FINAL_STATUSES).exists() and time.monotonic() < settle_deadline
     ):
+        supervise()
         subprocess.run(
             [sys.executable, "manage.py", "reconcile"],
             cwd=ROOT,
