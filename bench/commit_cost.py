@@ -46,12 +46,12 @@ HOTSPOTS = 12
 
 def _load(kind: str, count: int) -> None:
     """Insert ``count`` schedules of ``kind``, all due one second ago (database clock)."""
-    from scheduler import leases
+    from scheduler import dbclock
     from scheduler.models import Execution, Schedule
 
     Execution.objects.all().delete()
     Schedule.objects.all().delete()
-    due = leases.db_now() - timedelta(seconds=1)
+    due = dbclock.now() - timedelta(seconds=1)
     # Interval slots are start_at + k * interval: starting at ``due`` makes ``due`` a slot.
     timing: dict[str, Any] = {"run_at": due} if kind == "one-off" else {"interval": 3600, "start_at": due}
     if kind == "max_runs":

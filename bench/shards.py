@@ -62,6 +62,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import cpu_seconds, django_env, migrate, percentile, run_child, table, write_results
+from scheduler import dbclock
 from tests.processes import CeleryProcess, beat_argv, wait_until
 
 SIGNALS = {"SIGKILL": signal.SIGKILL, "SIGTERM": signal.SIGTERM}
@@ -137,10 +138,10 @@ class Replicas:
 
 def _holders(count: int) -> dict[str, tuple[str, int]]:
     """{shard lease name: (holder, token)} of the shards held unexpired now (database clock)."""
-    from scheduler import leases, shards
+    from scheduler import shards
     from scheduler.models import Lease
 
-    now = leases.db_now()
+    now = dbclock.now()
     rows = Lease.objects.filter(name__in=shards.lease_names(count), expires_at__gt=now).exclude(holder="")
     return {row.name: (row.holder, row.token) for row in rows}
 
@@ -167,10 +168,9 @@ def _wait_balanced(count: int, replicas: Replicas, what: str) -> dict[str, tuple
 
 def _db_offset() -> float:
     """Database clock minus this machine's clock, in seconds (the query's midpoint)."""
-    from scheduler import leases
 
     before = time.time()
-    db_now = leases.db_now()
+    db_now = dbclock.now()
     return db_now.timestamp() - (before + time.time()) / 2
 
 
@@ -195,10 +195,9 @@ def _caught_up(first_id: int) -> bool:
     """Whether the start's catch-up is dispatched: no schedule of the run due longer ago than ``CAUGHT_UP_SECONDS``."""
     from datetime import timedelta
 
-    from scheduler import leases
     from scheduler.models import Schedule
 
-    behind = leases.db_now() - timedelta(seconds=CAUGHT_UP_SECONDS)
+    behind = dbclock.now() - timedelta(seconds=CAUGHT_UP_SECONDS)
     return not Schedule.objects.filter(pk__gte=first_id, enabled=True, next_run_at__lt=behind).exists()
 
 
@@ -206,14 +205,13 @@ def _steady(count: int, replicas: Replicas, seconds: float, first_id: int) -> di
     """Balance and CPU per execution over a window of ``seconds`` with no change among the replicas."""
     from django.db.models import Count
 
-    from scheduler import leases
     from scheduler.models import Execution
 
     before = _holders(count)
     cpu0 = {process.pid: cpu_seconds(process.pid) for process in replicas.live}
-    started = leases.db_now()
+    started = dbclock.now()
     time.sleep(seconds)
-    ended = leases.db_now()
+    ended = dbclock.now()
     cpu = {pid: cpu_seconds(pid) - used for pid, used in cpu0.items()}
     after = _holders(count)
     wait_until(

@@ -94,14 +94,14 @@ def _pass(lease: Any) -> dict[str, Any]:
 
 
 def _depth(label: str, seconds_behind: int, count: int) -> dict[str, Any]:
-    from scheduler import leases
+    from scheduler import dbclock, leases
     from scheduler.models import Schedule
 
     _load(count, seconds_behind)
     lease = leases.acquire("beat", "bench", ttl=60)
     assert lease is not None
     passes = [_pass(lease)]
-    while Schedule.objects.due(now=leases.db_now()).exists() and len(passes) < 1000:
+    while Schedule.objects.due(now=dbclock.now()).exists() and len(passes) < 1000:
         passes.append(_pass(lease))
     missed = sum(Schedule.objects.values_list("total_missed", flat=True))
     return {

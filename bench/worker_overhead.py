@@ -139,7 +139,7 @@ def _run_kind(app: Any, destination: list[str], kind: str, tasks: int, round_num
     from django.db import connection
     from django_celery_results.models import TaskResult
 
-    from scheduler import executions, leases, outbox
+    from scheduler import dbclock, executions, outbox
     from scheduler.models import Execution
 
     queue = f"bench.{round_number}.{kind.replace(' ', '-')}"
@@ -151,14 +151,14 @@ def _run_kind(app: Any, destination: list[str], kind: str, tasks: int, round_num
                 idempotency_key=f"bench:{uuid.uuid4()}",
                 task="bench.noop",
                 queue=queue,
-                scheduled_for=leases.db_now(),
+                scheduled_for=dbclock.now(),
                 celery_task_id=str(uuid.uuid4()),
             )
             for _ in range(tasks)
         )
         if connection.vendor != "postgresql":  # bulk_create returns ids on PostgreSQL only
             rows = list(Execution.objects.all())
-        outbox.publish(app, [executions.message_row(r) for r in rows], now=leases.db_now())
+        outbox.publish(app, [executions.message_row(r) for r in rows], now=dbclock.now())
     else:
         name = "bench.noop_plain" if kind == "plain" else "bench.noop"
         with app.producer_or_acquire() as producer:

@@ -40,6 +40,7 @@ from scheduler import (
     backfill,
     clock,
     cluster,
+    dbclock,
     leases,
     metrics,
     operations,
@@ -366,11 +367,11 @@ class ScheduleForm(forms.ModelForm):
             except TaskRefused as exc:
                 self.add_error("task" if "task" in self.fields else None, str(exc))
         if cleaned.get("run_at_now"):
-            cleaned["run_at"] = leases.db_now()
+            cleaned["run_at"] = dbclock.now()
         elif cleaned.get("run_at") is not None and "run_at" in self.changed_data:
             try:
                 operations.ensure_run_at_ahead(
-                    cleaned["run_at"], now=leases.db_now(), hint="Give a future time, or tick “Run it now”."
+                    cleaned["run_at"], now=dbclock.now(), hint="Give a future time, or tick “Run it now”."
                 )
             except operations.RunAtInPast as exc:
                 self.add_error("run_at", str(exc))
@@ -625,7 +626,7 @@ class ScheduleAdmin(TenantScoped, ActionsNeedPermission, admin.ModelAdmin):
             raise PermissionDenied(f"You may not {action.replace('_', ' ')} this schedule.")
         if action not in ("run_now", "pause", "resume", "enable", "disable"):
             raise Http404(f"No action {action!r}.")
-        now = leases.db_now()
+        now = dbclock.now()
         if action == "run_now":
             self._run_one_now(request, schedule)
             return redirect("admin:scheduler_schedule_change", schedule.pk)
@@ -703,7 +704,7 @@ class ScheduleAdmin(TenantScoped, ActionsNeedPermission, admin.ModelAdmin):
                         schedule,
                         start=start,
                         end=end,
-                        now=leases.db_now(),
+                        now=dbclock.now(),
                         dry_run=not confirm,
                         app=app,
                         on_start=op.start,
@@ -752,7 +753,7 @@ class ScheduleAdmin(TenantScoped, ActionsNeedPermission, admin.ModelAdmin):
             obj,
             actor=audit.user_actor(request.user),
             fields=form.changed_data if change else None,
-            now=leases.db_now(),
+            now=dbclock.now(),
         )
 
     def delete_model(self, request: HttpRequest, obj: Schedule) -> None:
@@ -818,7 +819,7 @@ class ScheduleAdmin(TenantScoped, ActionsNeedPermission, admin.ModelAdmin):
         self._each(
             request,
             queryset,
-            lambda s, actor: operations.set_schedule_enabled(s, True, actor=actor, now=leases.db_now()),
+            lambda s, actor: operations.set_schedule_enabled(s, True, actor=actor, now=dbclock.now()),
             "enabled",
             runs=True,
         )
@@ -828,7 +829,7 @@ class ScheduleAdmin(TenantScoped, ActionsNeedPermission, admin.ModelAdmin):
         self._each(
             request,
             queryset,
-            lambda s, actor: operations.set_schedule_enabled(s, False, actor=actor, now=leases.db_now()),
+            lambda s, actor: operations.set_schedule_enabled(s, False, actor=actor, now=dbclock.now()),
             "disabled",
         )
 
@@ -838,7 +839,7 @@ class ScheduleAdmin(TenantScoped, ActionsNeedPermission, admin.ModelAdmin):
         self._each(
             request,
             queryset,
-            lambda s, actor: operations.pause_schedule(s, reason, actor=actor, now=leases.db_now()),
+            lambda s, actor: operations.pause_schedule(s, reason, actor=actor, now=dbclock.now()),
             "paused",
         )
 
@@ -847,7 +848,7 @@ class ScheduleAdmin(TenantScoped, ActionsNeedPermission, admin.ModelAdmin):
         self._each(
             request,
             queryset,
-            lambda s, actor: operations.resume_schedule(s, actor=actor, now=leases.db_now()),
+            lambda s, actor: operations.resume_schedule(s, actor=actor, now=dbclock.now()),
             "resumed",
             runs=True,
         )

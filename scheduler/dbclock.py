@@ -14,6 +14,13 @@ from django.db import connection
 from django.utils.dateparse import parse_datetime
 
 
+def now() -> datetime:
+    """Return the database server's clock."""
+    with connection.cursor() as cursor:
+        cursor.execute(f"SELECT {now_sql()}", [])
+        return as_datetime(cursor.fetchone()[0])
+
+
 def now_sql() -> str:
     """SQL for "now" on the database clock."""
     if connection.vendor == "postgresql":

@@ -19,7 +19,7 @@ from datetime import datetime, timedelta
 from django.db import DatabaseError, connection, transaction
 from django.db.models import Count, Q
 
-from scheduler import executions, leases, policies, schedules, session_limits, tracing
+from scheduler import dbclock, executions, leases, policies, schedules, session_limits, tracing
 from scheduler.conf import settings
 from scheduler.exceptions import InFlightLocked, ScheduleInvalid
 from scheduler.failpoints import failpoint
@@ -155,7 +155,7 @@ def dispatch_due(fence: Fence, *, batch_size: int | None = None) -> DispatchRepo
     a schedule is written only while it is still in one of them.
     """
     batch_size = batch_size or settings.DISPATCH_BATCH_SIZE
-    now = leases.db_now()
+    now = dbclock.now()
     shards = fence if isinstance(fence, Mapping) else None
     planned, more = _plan(now=now, batch_size=batch_size, shards=shards)
     report = DispatchReport(db_now=now, more=more)

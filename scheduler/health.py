@@ -30,7 +30,7 @@ from django.http import HttpRequest, JsonResponse
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET
 
-from scheduler import cluster, leases
+from scheduler import cluster, dbclock
 from scheduler.celery_app import celery_app
 from scheduler.conf import settings
 from scheduler.metrics_token import token_required
@@ -106,7 +106,7 @@ def _check_shards(view: cluster.ShardView, limit: float) -> Check:
 
 def overdue_schedules() -> tuple[list[str], int]:
     """Return the names of up to ``OVERDUE_NAMES`` overdue schedules, most overdue first, and how many (capped)."""
-    overdue = Schedule.objects.overdue(now=leases.db_now())
+    overdue = Schedule.objects.overdue(now=dbclock.now())
     names = list(overdue.order_by("overdue_at", "id").values_list("name", flat=True)[:OVERDUE_NAMES])
     return names, len(names) if len(names) < OVERDUE_NAMES else overdue.values("pk")[:OVERDUE_COUNT_CAP].count()
 

@@ -306,10 +306,3 @@ def current(name: str) -> LeaseState:
         dbclock.as_datetime(expires_at),
         dbclock.as_datetime(db_now),
     )
-
-
-def db_now() -> datetime:
-    """Return the database server's clock."""
-    with connection.cursor() as cursor:
-        cursor.execute(f"SELECT {dbclock.now_sql()}", [])
-        return dbclock.as_datetime(cursor.fetchone()[0])

@@ -37,7 +37,7 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector, CollectorRegistry
 
-from scheduler import cluster, executions, leases, shards
+from scheduler import cluster, dbclock, executions, leases, shards
 from scheduler.conf import settings
 from scheduler.fastpath.guard import PATHS as FASTPATH_PATHS
 from scheduler.metrics_token import token_required
@@ -111,7 +111,7 @@ class DatabaseCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         _fold_tallies()
-        now = leases.db_now()
+        now = dbclock.now()
         view = cluster.shard_view() if shards.is_sharded() else None
         members = _members(view, now=now)
         counts = tally.execution_counts()

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 from django.core.exceptions import ValidationError
 from django.db import transaction
 
-from scheduler import audit, broker, executions, leases, outbox, schedules, shards, task_policy
+from scheduler import audit, broker, dbclock, executions, outbox, schedules, shards, task_policy
 from scheduler.exceptions import BrokerUnavailable, SchedulerError, TaskRefused, first_line
 from scheduler.models import ApiToken, Execution, Schedule
 from scheduler.tenancy import Scope
@@ -179,7 +179,7 @@ def run_now(schedule: Schedule, *, app: Celery, scope: Scope, actor: audit.Actor
     """Record an execution of ``schedule`` for now, outside its timing, audited; send it after commit."""
     ensure_task(app, schedule.task, tenant=schedule.tenant, scope=scope)
     with transaction.atomic():
-        result = _record_and_send(executions.run_now_for(schedule, now=leases.db_now()), app=app)
+        result = _record_and_send(executions.run_now_for(schedule, now=dbclock.now()), app=app)
         audit.record(actor, "run_now", schedule, changes={"execution": [None, result.execution.pk]})
     return result
 
@@ -197,7 +197,7 @@ def retry_execution(execution: Execution, *, app: Celery, scope: Scope, actor: a
     ensure_retryable(execution)
     ensure_task(app, execution.task, tenant=execution.tenant, scope=scope)
     with transaction.atomic():
-        result = _record_and_send(executions.retry_for(execution, now=leases.db_now()), app=app)
+        result = _record_and_send(executions.retry_for(execution, now=dbclock.now()), app=app)
         audit.record(actor, "retry", execution, changes={"retried_by": [None, result.execution.pk]})
     return result
 
@@ -222,7 +222,7 @@ def cancel_execution(execution: Execution, *, app: Celery, actor: audit.Actor) -
     ensure_cancellable(execution)
     before = audit.snapshot(execution)
     with transaction.atomic():
-        cancelled = executions.cancel(execution.pk, reason=CANCEL_ERROR, now=leases.db_now())
+        cancelled = executions.cancel(execution.pk, reason=CANCEL_ERROR, now=dbclock.now())
         execution.refresh_from_db()
         if not cancelled:
             raise ActionRefused(f"Execution {execution.pk} became {execution.status} meanwhile; not cancelled.")
@@ -250,7 +250,7 @@ def revoke_token(token: ApiToken, *, actor: audit.Actor) -> None:
     """Revoke ``token`` now (the database clock), audited; the caller has locked its row."""
     before = audit.snapshot(token)
     with transaction.atomic():
-        token.revoked_at = leases.db_now()
+        token.revoked_at = dbclock.now()
         token.save(update_fields=["revoked_at"])
         audit.record(actor, "revoke", token, before=before, tenant=token.tenant)
 
@@ -269,7 +269,7 @@ def _publish(app: Celery, result: ActionResult) -> None:
     execution = result.execution
     row = executions.message_row(execution)
     try:
-        outbox.publish(app, [row], now=leases.db_now())
+        outbox.publish(app, [row], now=dbclock.now())
     except BrokerUnavailable as exc:
         result.broker_error = first_line(exc)  # the row stays pending; the beat leader sends it
     execution.refresh_from_db()

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from django.db import connection, transaction
 
-from scheduler import broker, executions, leases
+from scheduler import broker, dbclock, executions
 from scheduler.conf import settings
 from scheduler.failpoints import failpoint
 from scheduler.fastpath import publisher
@@ -90,7 +90,7 @@ def publish_pending(app: Celery, *, limit: int | None = None) -> int:
                 failpoint("publish.holding_batch")
                 if sender is None:  # no broker connection for a pass with nothing to send
                     sender = stack.enter_context(publisher.connect(app))
-                now = leases.db_now()
+                now = dbclock.now()
                 failpoint("publish.send")
                 sender.send(batch, now=now)
                 failpoint("publish.before_mark_queued")

@@ -31,7 +31,7 @@ from django.db import models, router, transaction
 from django.db.models import Case, CharField, DateTimeField, F, Q, TextField, Value, When
 from django.db.models.functions import Cast, Concat, Now
 
-from scheduler import leases, limits, overdue, shards
+from scheduler import dbclock, limits, overdue, shards
 from scheduler.models import Execution, Schedule
 from scheduler.models.schedule import DEADLINE_FIELDS, OWED_FIELDS
 
@@ -56,7 +56,7 @@ def save(schedule: Schedule, *, now: datetime | None = None, fields: Iterable[st
     """
     if schedule.enabled and schedule.disabled_reason:
         schedule.disabled_reason = ""  # enabled again by hand
-    now = now or leases.db_now()
+    now = now or dbclock.now()
     if schedule._state.adding:
         _insert(schedule, now=now)
     else:

@@ -30,7 +30,7 @@ from datetime import timedelta
 
 from django.db import DatabaseError, connection
 
-from scheduler import leases, liveness, shards
+from scheduler import dbclock, leases, liveness, shards
 from scheduler.conf import settings
 from scheduler.models import Instance, Lease
 
@@ -39,7 +39,7 @@ logger = logging.getLogger(__name__)
 
 def live_beats() -> set[str]:
     """Beat replicas alive now: heartbeat within the lease TTL and, on PostgreSQL, instance lock held."""
-    since = leases.db_now() - timedelta(seconds=settings.LEASE_TTL_SECONDS)
+    since = dbclock.now() - timedelta(seconds=settings.LEASE_TTL_SECONDS)
     recent = set(
         Instance.objects.filter(role=Instance.Role.BEAT, last_seen__gt=since).values_list("instance_id", flat=True)
     )

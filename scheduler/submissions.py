@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, cast
 from celery import current_app
 from django.db import transaction
 
-from scheduler import executions, leases, limits, outbox, task_policy
+from scheduler import dbclock, executions, limits, outbox, task_policy
 from scheduler.exceptions import BrokerUnavailable, SubmissionInvalid
 from scheduler.models import Execution
 
@@ -92,7 +92,7 @@ def submit(
     if not isinstance(tenant, str) or len(tenant) > TENANT_MAX:
         raise SubmissionInvalid(f"tenant must be text of at most {TENANT_MAX} characters, got {tenant!r}.")
 
-    now = leases.db_now()
+    now = dbclock.now()
     execution = Execution(
         idempotency_key=idempotency_key or executions.submit_key(),
         trigger=Execution.Trigger.SUBMIT,

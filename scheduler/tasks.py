@@ -12,7 +12,7 @@ from typing import Any
 
 from celery import shared_task
 
-from scheduler import audit, leases, prune
+from scheduler import audit, dbclock, prune
 from scheduler.conf import settings
 from scheduler.exceptions import PruneRefused
 from scheduler.worker import ExecutionTask
@@ -48,7 +48,7 @@ def prune_executions(older_than_days: int | None = None, keep_last: int | None =
         maximum=MAX_PRUNE_DAYS,
     )
     keep = _count(settings.PRUNE_KEEP_LAST if keep_last is None else keep_last, name="keep_last", minimum=0)
-    cutoff = leases.db_now() - timedelta(days=days)
+    cutoff = dbclock.now() - timedelta(days=days)
     wanted = {"older_than": cutoff, "keep_last": keep}
     with audit.operation(audit.SYSTEM, "prune", object_type="scheduler.execution", changes=wanted) as op:
         report = prune.prune_executions(older_than=cutoff, keep_last=keep)

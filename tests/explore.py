@@ -72,7 +72,7 @@ import redis
 from django.db import connection
 from django.test.utils import override_settings
 
-from scheduler import failpoints, leases, schedules, shards
+from scheduler import dbclock, failpoints, leases, schedules, shards
 from scheduler.models import Execution, Instance, Lease, Schedule
 from tests import invariants
 from tests import tasks as test_tasks
@@ -272,7 +272,7 @@ def run(point: Point, action: str, *, env: dict[str, str], workdir: Path) -> dic
         if not wait_until(lambda: _all_held(lease_names), timeout=30):
             raise AssertionError(f"no replica held {lease_names}; log tail:\n{cluster.beats[0].log()[-3000:]}")
         with override_settings(SCHEDULER_SHARDS=SHARDS if point.sharded else 1):
-            created_at = leases.db_now()
+            created_at = dbclock.now()
             schedules = _create_schedules(point, now=created_at)
         _watch(cluster, lease_log, lease_names, seconds=WARMUP_SECONDS)
         precondition = _precondition(point, cluster, broker, schedules, lease_log, lease_names)
@@ -285,7 +285,7 @@ def run(point: Point, action: str, *, env: dict[str, str], workdir: Path) -> dic
         if fired:
             fault_end = fired["at"] + (FAULT_SECONDS if action in ("freeze", "delay") else 0)
             _watch(cluster, lease_log, lease_names, seconds=max(0.0, fault_end + OBSERVE_SECONDS - time.time()))
-        ended_at = leases.db_now()
+        ended_at = dbclock.now()
         # Every slot up to the end is owed: let the beat commit them before turning the schedules off.
         committed = wait_until(
             lambda: (

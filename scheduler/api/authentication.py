@@ -14,7 +14,7 @@ from django.db.models import Q
 from rest_framework import authentication, exceptions
 from rest_framework.request import Request
 
-from scheduler import audit, leases
+from scheduler import audit, dbclock
 from scheduler.models import ApiToken, AuditEvent
 from scheduler.models.api_token import hash_token
 from scheduler.permissions import OPERATOR_GROUP, VIEWER_GROUP
@@ -59,7 +59,7 @@ class BearerTokenAuthentication(authentication.BaseAuthentication):
         except UnicodeDecodeError:
             raise exceptions.AuthenticationFailed("Invalid token.") from None
         token = ApiToken.objects.filter(token_hash=hash_token(raw)).first()
-        now = leases.db_now()
+        now = dbclock.now()
         if token is None or not token.is_usable(now=now):
             raise exceptions.AuthenticationFailed("Invalid, expired or revoked token.")
         # At most one write per token a minute: a read must not queue behind

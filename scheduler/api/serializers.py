@@ -16,7 +16,7 @@ from django.db import IntegrityError, models
 from rest_framework import ISO_8601, serializers
 from rest_framework.settings import api_settings
 
-from scheduler import leases, operations, overdue
+from scheduler import dbclock, operations, overdue
 from scheduler.api.authentication import caller
 from scheduler.backfill import DEFAULT_LIMIT
 from scheduler.celery_app import celery_app
@@ -140,7 +140,7 @@ class ScheduleSerializer(ApiModelSerializer):
 
     def get_overdue(self, schedule: Schedule) -> bool:
         # One database-clock reading per response, shared by a list's rows.
-        now = self.context.setdefault("db_now", leases.db_now())
+        now = self.context.setdefault("db_now", dbclock.now())
         return overdue.is_overdue(schedule, now=now)
 
     def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
@@ -166,7 +166,7 @@ class ScheduleSerializer(ApiModelSerializer):
             if "run_at" in schedule.changed_fields() or (self.instance is None and schedule.run_at):
                 operations.ensure_run_at_ahead(
                     schedule.run_at,
-                    now=leases.db_now(),
+                    now=dbclock.now(),
                     hint="Give a future time; to run the task once now, use the run-now action.",
                 )
         except DjangoValidationError as exc:
@@ -185,7 +185,7 @@ class ScheduleSerializer(ApiModelSerializer):
     def _save(self) -> Schedule:
         schedule = self.candidate
         try:
-            operations.save_schedule(schedule, actor=caller(self.context["request"]).actor, now=leases.db_now())
+            operations.save_schedule(schedule, actor=caller(self.context["request"]).actor, now=dbclock.now())
         except IntegrityError:
             # Another request took the name between the check and the write: the
             # unique constraint decides, with the validation's own message.

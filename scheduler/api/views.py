@@ -30,7 +30,7 @@ from rest_framework.response import Response
 from rest_framework.serializers import BaseSerializer
 from rest_framework.views import APIView
 
-from scheduler import audit, backfill, cluster, leases, operations, reconcile, task_policy
+from scheduler import audit, backfill, cluster, dbclock, operations, reconcile, task_policy
 from scheduler.api import serializers as s
 from scheduler.api.authentication import caller
 from scheduler.api.filters import AuditEventFilter, ExecutionFilter, ScheduleFilter
@@ -177,7 +177,7 @@ class ScheduleViewSet(
             schedule = self._locked()
             if runs:
                 ensure_task_allowed(request, schedule.task, tenant=schedule.tenant)
-            change(schedule, caller(request).actor, leases.db_now())
+            change(schedule, caller(request).actor, dbclock.now())
         return Response(self.get_serializer(schedule).data, headers={"ETag": etag(schedule)})
 
     @extend_schema(request=s.PauseSerializer, responses=s.ScheduleSerializer)
@@ -240,7 +240,7 @@ class ScheduleViewSet(
         params = s.NextQuerySerializer(data=request.query_params)
         params.is_valid(raise_exception=True)
         zone = ZoneInfo(schedule.timezone)
-        times = schedule.next_fire_times(params.validated_data["n"], after=leases.db_now())
+        times = schedule.next_fire_times(params.validated_data["n"], after=dbclock.now())
         note = (
             ""
             if schedule.enabled and not schedule.is_paused
@@ -269,7 +269,7 @@ class ScheduleViewSet(
                     schedule,
                     start=options["start"],
                     end=options["end"],
-                    now=leases.db_now(),
+                    now=dbclock.now(),
                     dry_run=options["dry_run"],
                     limit=options["limit"],
                     app=celery_app(),
@@ -340,7 +340,7 @@ class ClusterView(OwnPolicies, APIView):
     permission_classes = (HasRole,)
 
     def get(self, request: Request) -> Response:
-        now = leases.db_now()
+        now = dbclock.now()
         rows = list(Lease.objects.order_by("name"))
         for lease in rows:
             expires_at = lease.expires_at
@@ -379,7 +379,7 @@ class ReconcileView(OwnPolicies, APIView):
         with audit.operation(
             caller(request).actor, "reconcile", object_type="reconcile", changes={"repair": repair}, start=not dry_run
         ) as op:
-            report = reconcile.reconcile(now=leases.db_now(), dry_run=dry_run, repair=repair, app=celery_app())
+            report = reconcile.reconcile(now=dbclock.now(), dry_run=dry_run, repair=repair, app=celery_app())
             op.done(report.outcome)
         return Response(s.ReconcileReportSerializer({**report.as_dict(), "summary": report.summary()}).data)
 
@@ -394,7 +394,7 @@ class StatsView(OwnPolicies, APIView):
         params = s.StatsQuerySerializer(data=request.query_params)
         params.is_valid(raise_exception=True)
         options = params.validated_data
-        now = leases.db_now()
+        now = dbclock.now()
         until = options.get("until") or now
         since = options.get("since") or until - DEFAULT_WINDOW
         executions = scoped(Execution.objects.all(), request)

@@ -18,7 +18,7 @@ from datetime import datetime
 import pytest
 import requests
 
-from scheduler import leases, schedules
+from scheduler import dbclock, schedules
 from scheduler.models import ApiToken, Schedule
 from tests.processes import ROOT, wait_until
 from tests.services import free_port
@@ -61,7 +61,7 @@ def host_api(process_env: dict[str, str]) -> Iterator[str]:
 def _schedule(name: str) -> Schedule:
     schedule = Schedule(name=name, task="scheduler.echo", interval=60)
     schedule.full_clean()
-    schedules.save(schedule, now=leases.db_now())
+    schedules.save(schedule, now=dbclock.now())
     return schedule
 
 

@@ -25,7 +25,7 @@ import redis
 from django_celery_results.models import TaskResult
 
 from project.celery import app
-from scheduler import executions, leases, liveness, outbox, policies, schedules
+from scheduler import dbclock, executions, leases, liveness, outbox, policies, schedules
 from scheduler.fastpath import publisher
 from scheduler.models import Execution, Schedule
 from tests import tasks as test_tasks
@@ -49,7 +49,7 @@ def pending(schedule: Schedule, slot: datetime, *, now: datetime) -> Execution:
 def test_batched_messages__run_on_a_plain_worker_with_header_queue_priority_limits_and_eta(
     celery_processes: Start, redis_client: redis.Redis
 ) -> None:
-    now = leases.db_now().replace(microsecond=0)
+    now = dbclock.now().replace(microsecond=0)
     # Given many pending executions on one queue, with a priority ...
     plain = schedules.create(name="plain", task="tests.record", interval=3600, queue=QUEUE, priority=3)
     rows = [pending(plain, now - timedelta(seconds=n), now=now) for n in range(ROWS)]
@@ -111,7 +111,7 @@ def lease_held_elsewhere(db_vendor: str) -> Iterator[None]:
 
 
 def _pending_rows(count: int) -> list[int]:
-    now = leases.db_now()
+    now = dbclock.now()
     # Disabled: a leader commits nothing more for it, only these rows wait.
     schedule = schedules.create(name="many", task="tests.record", interval=3600, enabled=False)
     rows = [pending(schedule, now - timedelta(seconds=n), now=now) for n in range(count)]

@@ -25,7 +25,7 @@ from collections.abc import Callable
 
 import pytest
 
-from scheduler import broker, leases
+from scheduler import broker, dbclock, leases
 from scheduler.models import Execution
 from tests.acceptance.test_broker_restart import OwnBroker, own_broker  # noqa: F401 -- the fixture
 from tests.processes import CeleryProcess, wait_until
@@ -42,7 +42,7 @@ COUNT = 5
 
 def record(label: str, count: int = COUNT) -> list[int]:
     """Record ``count`` pending executions of ``tests.record``; the leader sends them (outbox)."""
-    now = leases.db_now()
+    now = dbclock.now()
     rows = [
         Execution(
             idempotency_key=f"{label}:{index}",
@@ -121,7 +121,7 @@ def test_broker_restarted_while_a_reconcile_pass_is_stuck__the_broker_check_stil
 ) -> None:
     # Given an execution whose worker vanished (its claim ran out), and a leader
     # whose reconcile pass stalls for ten minutes right after marking it lost
-    now = leases.db_now()
+    now = dbclock.now()
     vanished = Execution.objects.create(
         idempotency_key="vanished",
         task="tests.record",

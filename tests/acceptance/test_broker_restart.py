@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 import redis
 
-from scheduler import broker, leases
+from scheduler import broker, dbclock
 from scheduler.models import Execution
 from tests import tasks as test_tasks
 from tests.processes import CeleryProcess, wait_until
@@ -42,7 +42,7 @@ def _pings(url: str) -> bool:
 
 def _record_pending(count: int, *, seconds: float) -> list[int]:
     """Record ``count`` pending executions of ``tests.record``; the leader sends them (outbox)."""
-    now = leases.db_now()
+    now = dbclock.now()
     rows = [
         Execution(
             idempotency_key=f"broker-restart:{index}",
@@ -167,7 +167,7 @@ def own_broker(process_env: dict[str, str]) -> Iterator[OwnBroker]:
 def _record_one(key: str, **fields: Any) -> Execution:
     """Record one pending execution; the leader sends it (the test's own app talks to another broker)."""
     return Execution.objects.create(
-        idempotency_key=key, scheduled_for=leases.db_now(), celery_task_id=str(uuid.uuid4()), **fields
+        idempotency_key=key, scheduled_for=dbclock.now(), celery_task_id=str(uuid.uuid4()), **fields
     )
 
 

@@ -8,7 +8,7 @@ from datetime import timedelta
 import pytest
 from django_celery_results.models import TaskResult
 
-from scheduler import leases, schedules
+from scheduler import dbclock, schedules
 from scheduler.builtin_schedules import BACKEND_CLEANUP, PRUNE_EXECUTIONS
 from scheduler.models import Execution, Schedule
 from tests.processes import CeleryProcess, wait_until
@@ -22,7 +22,7 @@ BUILTINS = (PRUNE_EXECUTIONS, BACKEND_CLEANUP)
 
 def _old_history() -> None:
     """A (disabled) schedule with executions 40-44 days old and one from yesterday; an old ad-hoc one."""
-    now = leases.db_now()
+    now = dbclock.now()
     schedule = schedules.create(name="history", task="scheduler.echo", interval=3600, enabled=False)
     for key, days, owner in [
         *((f"old-{n}", 40 + n, schedule) for n in range(5)),
@@ -53,7 +53,7 @@ def test_builtins__created_by_the_beat_kept_across_restarts_and_they_clean_up(ce
     _old_history()
     for task_id in ("expired", "fresh"):
         TaskResult.objects.create(task_id=task_id, status="SUCCESS")
-    TaskResult.objects.filter(task_id="expired").update(date_done=leases.db_now() - timedelta(days=7))
+    TaskResult.objects.filter(task_id="expired").update(date_done=dbclock.now() - timedelta(days=7))
     celery_processes("worker", "w1", prune_keep_last=2).wait_for_log(r"ready\.", timeout=30)
 
     # When a beat starts, the built-ins appear, daily

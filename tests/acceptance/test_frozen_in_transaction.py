@@ -35,7 +35,7 @@ import pytest
 import redis
 from django.db import connection
 
-from scheduler import leases, schedules
+from scheduler import dbclock, leases, schedules
 from scheduler.models import Execution, Schedule
 from tests import tasks as test_tasks
 from tests.processes import CeleryProcess, wait_until
@@ -114,7 +114,7 @@ def test_pool_child_frozen_holding_locks__others_fire_on_time_no_failover_and_it
         now = leases.current("beat")
         assert (now.holder, now.token) == (state.holder, state.token) and now.is_held
         # And the ticker fired every slot meanwhile, each within 2 x TTL of its time
-        since, db_now = Execution.objects.get(pk=execution.pk).created_at, leases.db_now()
+        since, db_now = Execution.objects.get(pk=execution.pk).created_at, dbclock.now()
         ticks = list(
             Execution.objects.filter(schedule__name="ticker", scheduled_for__gte=since)
             .order_by("scheduled_for")

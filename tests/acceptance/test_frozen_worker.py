@@ -22,7 +22,7 @@ import redis
 
 import scheduler
 from project.celery import app
-from scheduler import executions, leases, reconcile
+from scheduler import dbclock, executions, reconcile
 from scheduler.models import Execution
 from tests import tasks as test_tasks
 from tests.processes import CeleryProcess, wait_until, worker_argv
@@ -83,7 +83,7 @@ def test_frozen_body__stops_on_resume_and_the_successors_outcome_is_recorded(
     os.kill(frozen, signal.SIGSTOP)
     try:
         assert wait_until(lambda: Execution.objects.claimable().filter(pk=execution.pk).exists(), timeout=10)
-        report = reconcile.reconcile(now=leases.db_now(), app=app)
+        report = reconcile.reconcile(now=dbclock.now(), app=app)
         assert [change.kind for change in report.changes if change.execution_id == execution.pk] == ["lost_retrying"]
         successor = running_steps(redis_client, execution, 2)
         assert pool_child(successor) != frozen
@@ -122,7 +122,7 @@ def test_cancelled_body__stops_without_the_revoke_and_records_nothing(
     # When an operator cancels it, and no revoke reaches the worker (as when
     # duplicate messages share a task id): only the claim tells the body
     cancelled_at = time.time()
-    assert executions.cancel(execution.pk, reason="Cancelled by an operator", now=leases.db_now())
+    assert executions.cancel(execution.pk, reason="Cancelled by an operator", now=dbclock.now())
     # Then the body stops within a renew interval and a second: its child exits
     assert wait_until(lambda: gone(child), timeout=10), worker.log()[-3000:]
     deadline = cancelled_at + SHORT_CLAIM["claim_renew_seconds"] + STOP_WITHIN_SECONDS
@@ -148,7 +148,7 @@ def test_cancelled_body_in_a_threads_pool__gets_claim_lost_at_its_next_step(
         running_steps(redis_client, execution, 1)
         # When an operator cancels it (no revoke)
         cancelled_at = time.time()
-        assert executions.cancel(execution.pk, reason="Cancelled by an operator", now=leases.db_now())
+        assert executions.cancel(execution.pk, reason="Cancelled by an operator", now=dbclock.now())
         # Then ClaimLost is raised in the body's thread and ends it; the worker lives on
         worker.wait_for_log(r"ClaimLost", timeout=10)
         deadline = cancelled_at + SHORT_CLAIM["claim_renew_seconds"] + STOP_WITHIN_SECONDS

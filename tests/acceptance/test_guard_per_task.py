@@ -16,7 +16,7 @@ import pytest
 import redis
 
 import scheduler
-from scheduler import executions, leases, outbox
+from scheduler import dbclock, executions, outbox
 from scheduler.celery_app import celery_app
 from scheduler.executions import ad_hoc_key
 from scheduler.models import Execution
@@ -101,10 +101,10 @@ def test_process_wide_guard__a_task_opts_out(
         idempotency_key="before-opt-out",
         task="tests.guard.opted_out",
         kwargs={"label": "f"},
-        scheduled_for=leases.db_now(),
+        scheduled_for=dbclock.now(),
         celery_task_id=str(uuid.uuid4()),
     )
-    outbox.publish(celery_app(), [executions.message_row(execution)], now=leases.db_now())
+    outbox.publish(celery_app(), [executions.message_row(execution)], now=dbclock.now())
 
     # Then: the body does not run, and the execution fails naming why (it is never re-sent to run unrecorded)
     assert wait_until(lambda: _status("before-opt-out") == "failed", timeout=30), (

@@ -22,7 +22,7 @@ from celery import signature
 from django.test import Client
 
 from project.celery import app
-from scheduler import executions, leases, outbox, schedules
+from scheduler import dbclock, executions, outbox, schedules
 from scheduler.models import Execution, Schedule
 from tests import tasks as test_tasks
 from tests.processes import CeleryProcess, wait_until
@@ -38,8 +38,8 @@ def queued_for_tenant_b() -> Execution:
     """Record one slot of tenant B's schedule and mark it sent; its message is still on its way."""
     schedule = Schedule(name="b-report", task="tests.record", kwargs={"label": "b"}, interval=3600, tenant="b")
     schedule.full_clean()
-    schedules.save(schedule, now=leases.db_now())
-    now = leases.db_now()
+    schedules.save(schedule, now=dbclock.now())
+    now = dbclock.now()
     [row] = executions.record_slots(schedule, [(now, Execution.Status.PENDING)], now=now)
     assert executions.mark_queued([row["id"]], now=now) == 1
     execution = Execution.objects.get(pk=row["id"])
@@ -71,7 +71,7 @@ def wait_final(execution: Execution, *, timeout: float = 30.0) -> Execution:
 
 
 def publish_as_the_beat_does(execution: Execution) -> None:
-    outbox.publish(app, [executions.message_row(execution)], now=leases.db_now())
+    outbox.publish(app, [executions.message_row(execution)], now=dbclock.now())
 
 
 def test_messages_not_sent_for_the_execution__refused_then_its_own_runs_once(

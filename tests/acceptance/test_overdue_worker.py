@@ -14,7 +14,7 @@ from django.contrib.auth import get_user_model
 from django.core.management import call_command
 from django.test import Client
 
-from scheduler import leases, schedules
+from scheduler import dbclock, schedules
 from scheduler.models import Execution, Schedule
 from tests.processes import CeleryProcess, wait_until
 
@@ -32,13 +32,13 @@ def make(name: str, **fields: Any) -> Schedule:
 
 
 def overdue_names() -> set[str]:
-    return set(Schedule.objects.overdue(now=leases.db_now()).values_list("name", flat=True))
+    return set(Schedule.objects.overdue(now=dbclock.now()).values_list("name", flat=True))
 
 
 def test_overdue__task_that_starts_failing_is_overdue_after_two_intervals(celery_processes: Start) -> None:
     # Given a schedule every 2 s that succeeds, and two that fail and would be long overdue, one paused, one disabled
     flips = make("flips", task="tests.record", interval=2)
-    an_hour_ago = leases.db_now() - timedelta(hours=1)
+    an_hour_ago = dbclock.now() - timedelta(hours=1)
     schedules.pause(
         make("paused-failing", task="tests.fail", interval=1, now=an_hour_ago), "maintenance", now=an_hour_ago
     )
@@ -64,7 +64,7 @@ def test_overdue__task_that_starts_failing_is_overdue_after_two_intervals(celery
     flips.refresh_from_db()
     assert flips.last_success_at is not None and flips.last_status == Execution.Status.FAILED
     assert flips.overdue_at == flips.last_success_at + timedelta(seconds=4)
-    assert leases.db_now() >= flips.last_success_at + timedelta(seconds=4)
+    assert dbclock.now() >= flips.last_success_at + timedelta(seconds=4)
     # And the paused and disabled ones never were
     assert all(names <= {"flips"} for names in seen)
 

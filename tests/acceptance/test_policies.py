@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import redis
 
-from scheduler import leases, schedules
+from scheduler import dbclock, leases, schedules
 from scheduler.models import Execution, Schedule
 from tests import tasks as test_tasks
 from tests.processes import CeleryProcess, wait_until
@@ -159,7 +159,7 @@ def test_downtime__misfire_policies_and_catchup_window_exactly(celery_processes:
 
 
 def test_one_off_max_runs_and_jitter(celery_processes: Start) -> None:
-    now = leases.db_now()
+    now = dbclock.now()
     one_off = make("one-off", run_at=now + timedelta(seconds=3))
     limited = make("three-times", interval=1, max_runs=3)
     jittered = make("jittered", interval=2, jitter=2)
@@ -224,7 +224,7 @@ def test_dst__real_beat_fires_once_per_intended_local_time_across_both_changes(
         Schedule.objects.filter(pk=target.pk).update(next_run_at=first, enabled=True)
         return target
 
-    now = leases.db_now()
+    now = dbclock.now()
     # Spring: 02:00 CET -> 03:00 CEST at 01:00 UTC. Autumn: 03:00 CEST -> 02:00 CET at 01:00 UTC.
     spring_day, autumn_day = latest_change(3, before=now), latest_change(10, before=now)
     hours = lambda day, h, m=0: day + timedelta(hours=h, minutes=m)  # noqa: E731 -- a local shorthand

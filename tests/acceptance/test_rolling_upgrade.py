@@ -37,7 +37,7 @@ import pytest
 import redis
 from django.db import connection
 
-from scheduler import leases
+from scheduler import dbclock, leases
 from scheduler.conf import Defaults
 from scheduler.models import Execution, Schedule
 from tests import invariants, processes
@@ -251,7 +251,7 @@ def test_rolling_upgrade_from_an_older_release__no_slot_doubled_or_lost_and_lead
         timeout=START_SECONDS,
     ), "the older release's replicas did not run the schedules"
     leadership = Leadership()
-    running_since = leases.db_now()
+    running_since = dbclock.now()
     step("older release running")
 
     # When this release's migrations run under them
@@ -300,7 +300,7 @@ def test_rolling_upgrade_from_an_older_release__no_slot_doubled_or_lost_and_lead
     # execution, every execution succeeded within the bound, each body ran
     # once under its claim, and no on-time schedule stalled
     settle_window(schedules)
-    ended = leases.db_now()
+    ended = dbclock.now()
     open_rows = Execution.objects.filter(scheduled_for__lte=ended).exclude(status__in=Execution.FINAL_STATUSES)
     waited = time.monotonic()
     settled = wait_until(lambda: not open_rows.exists(), timeout=FINAL_SECONDS, interval=0.2)

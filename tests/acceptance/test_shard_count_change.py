@@ -18,7 +18,7 @@ import pytest
 import redis
 from django.db.models import Max
 
-from scheduler import leases, shards
+from scheduler import dbclock, leases, shards
 from scheduler.models import Execution, Instance, Schedule
 from tests.acceptance.test_beat_replicas import Start
 from tests.acceptance.test_sharded_beat import holders, instance_pid, make_schedules
@@ -86,7 +86,7 @@ def assert_on_time(schedules: list[Schedule], *, since: datetime) -> None:
 
 def settle_window(schedules: list[Schedule]) -> None:
     """Wait until every slot up to now is committed, so stopping the replicas cuts no slot short."""
-    ended = leases.db_now()
+    ended = dbclock.now()
     assert wait_until(
         lambda: not Schedule.objects.filter(pk__in=[s.pk for s in schedules], next_run_at__lt=ended).exists(),
         timeout=3 * BOUND,
@@ -105,7 +105,7 @@ def test_rolling_restart_with_another_shard_count__every_shard_stays_owned(
     assert wait_until(lambda: all_held_by(4, [a, b]), timeout=START_SECONDS, interval=0.1), (
         f"never settled: {holders(16)}"
     )
-    started = leases.db_now()
+    started = dbclock.now()
 
     # When b is restarted with SCHEDULER_SHARDS = 8, as a rolling change would,
     # until the two replica ids are ones for which each replica's own count
@@ -169,7 +169,7 @@ def test_set_while_the_replicas_run__4_to_8_to_2_to_1_to_4__no_gap_and_one_fence
     assert wait_until(lambda: all_held_by(4, [a, b]), timeout=START_SECONDS, interval=0.1), (
         f"never settled: {holders(16)}"
     )
-    started = leases.db_now()
+    started = dbclock.now()
     time.sleep(2)
 
     # When the count is changed with the command, one step after the other, while both run

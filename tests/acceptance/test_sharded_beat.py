@@ -16,7 +16,7 @@ import pytest
 import redis
 from django.db.models import Count, Max, Min
 
-from scheduler import leases, schedules, shards
+from scheduler import dbclock, schedules, shards
 from scheduler.models import Execution, Lease, Schedule
 from tests.acceptance.test_beat_replicas import Start, assert_every_slot_once
 from tests.processes import CeleryProcess, wait_until
@@ -56,7 +56,7 @@ def instance_pid(instance_id: str) -> int:
 
 def holders(count: int) -> dict[str, tuple[str, int]]:
     """{shard lease name: (holder, token)} for the shards held unexpired right now."""
-    now = leases.db_now()
+    now = dbclock.now()
     rows = Lease.objects.filter(name__in=shards.lease_names(count), expires_at__gt=now).exclude(holder="")
     return {row.name: (row.holder, row.token) for row in rows}
 
@@ -100,9 +100,9 @@ def test_steady_state__every_slot_once_spread_evenly_no_shard_changes_hands(
     )
 
     # When they run for the whole window
-    before, started = holders(size.shards), leases.db_now()
+    before, started = holders(size.shards), dbclock.now()
     time.sleep(size.seconds)
-    ended = leases.db_now()
+    ended = dbclock.now()
     # (every slot of the window committed before the owners are read again
     # and the replicas stopped: a stopped replica's shards pass to others)
     assert wait_until(lambda: not Schedule.objects.filter(next_run_at__lt=ended).exists(), timeout=30, interval=0.1), (

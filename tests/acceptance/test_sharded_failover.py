@@ -23,7 +23,7 @@ import redis
 from django.db import connection
 from django.db.models import Count, Max, Min
 
-from scheduler import leases, shards
+from scheduler import dbclock, leases, shards
 from scheduler.conf import Defaults
 from scheduler.models import Execution, Schedule
 from tests.acceptance.test_beat_replicas import Start, assert_every_slot_once
@@ -165,7 +165,7 @@ def test_join_and_leave__no_duplicate_no_gap_balanced_after_each_change(
     victim = beats[2]
     victims_shards = held_by(size.shards, victim)
     assert victims_shards, f"{victim.name} held no shard to take over"
-    killed_at = leases.db_now()
+    killed_at = dbclock.now()
     victim.send(signal.SIGKILL)
     bound = KILL_TAKEOVER_SECONDS[db_vendor]
     assert wait_until(lambda: taken_from(size.shards, victims_shards, victim), timeout=bound + 10, interval=0.02), (
@@ -182,7 +182,7 @@ def test_join_and_leave__no_duplicate_no_gap_balanced_after_each_change(
     assert wait_until(lambda: balanced(size.shards, live), timeout=REBALANCE_SECONDS, interval=0.1), (
         f"{victim.name} SIGKILLed: not back within 20 % in {REBALANCE_SECONDS}s: {loads(size.shards)}"
     )
-    settled = leases.db_now()
+    settled = dbclock.now()
     # The survivors fire every schedule again, the killed one's included
     assert wait_until(
         lambda: (
@@ -250,7 +250,7 @@ def test_freeze__taken_after_ttl_old_tokens_fenced_and_rejoins(
 
     # When one is frozen past the TTL
     frozen_past_ttl(frozen, db_vendor)
-    frozen_at = leases.db_now()
+    frozen_at = dbclock.now()
     old = held_by(size.shards, frozen)
     assert old, f"{frozen.name} held no shard when frozen"
     expiry = {name: leases.current(name).expires_at for name in old}
@@ -280,7 +280,7 @@ def test_freeze__taken_after_ttl_old_tokens_fenced_and_rejoins(
         f"the resumed replica did not rejoin within {REBALANCE_SECONDS}s: {loads(size.shards)}; "
         f"its log tail:\n{frozen.log()[-3000:]}"
     )
-    rejoined = leases.db_now()
+    rejoined = dbclock.now()
     assert wait_until(
         lambda: (
             Execution.objects.filter(scheduled_for__gt=rejoined).values("schedule").distinct().count() == len(schedules)

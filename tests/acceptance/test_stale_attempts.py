@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 import scheduler
-from scheduler import executions, leases
+from scheduler import dbclock, executions
 from scheduler.models import Execution
 from tests import tasks  # noqa: F401 -- registers the tasks submit() checks
 from tests.processes import CeleryProcess, wait_until
@@ -69,7 +69,7 @@ def test_old_attempt_hard_time_limit__does_not_touch_the_successor(celery_proces
     # timeout lasts until its hard limit, so here A's claim is cut short, as a
     # worker configured with a shorter grace than A's would see it), and then
     # A's hard limit strikes
-    Execution.objects.filter(pk=execution.pk).update(lease_expires_at=leases.db_now() - timedelta(seconds=5))
+    Execution.objects.filter(pk=execution.pk).update(lease_expires_at=dbclock.now() - timedelta(seconds=5))
     successor = taken_over(execution)
     worker_a.wait_for_log(r"Hard time limit \(4\.0s\) exceeded")
     # Then B's row keeps B's claim: not timed out, not finished

@@ -19,7 +19,7 @@ from datetime import timedelta
 
 import pytest
 
-from scheduler import leases, schedules
+from scheduler import dbclock, leases, schedules
 from scheduler.models import Execution, Schedule
 from tests.acceptance.test_broker_restart import OwnBroker, own_broker  # noqa: F401 -- the fixture
 from tests.processes import CeleryProcess, wait_until
@@ -55,14 +55,14 @@ def test_broker_frozen__the_leader_keeps_its_lease_commits_on_time_and_sends_onc
     # When the broker is frozen for three lease TTLs
     assert own_broker.process is not None
     own_broker.process.send_signal(signal.SIGSTOP)
-    frozen_at = leases.db_now()
+    frozen_at = dbclock.now()
     try:
         time.sleep(FROZEN_SECONDS)
         # Then the leader kept its lease all along: same holder and token, still held
         now = leases.current("beat")
         assert now.is_held and (now.holder, now.token) == (state.holder, state.token), (state, now)
         # And it went on committing every slot, each within 2 x TTL of its time
-        db_now = leases.db_now()
+        db_now = dbclock.now()
         ticks = list(
             Execution.objects.filter(schedule=ticker, scheduled_for__gte=frozen_at)
             .order_by("scheduled_for")

@@ -10,7 +10,7 @@ import redis
 
 import scheduler
 from project.celery import app
-from scheduler import audit, executions, leases, operations, outbox, schedules
+from scheduler import audit, dbclock, executions, operations, outbox, schedules
 from scheduler.models import Execution, Schedule
 from scheduler.tenancy import EVERY_TENANT
 from tests import tasks as test_tasks
@@ -25,7 +25,7 @@ UNKNOWN = "tests.nobody_registers_this"
 
 
 def _publish(execution: Execution) -> None:
-    outbox.publish(app, [executions.message_row(execution)], now=leases.db_now())
+    outbox.publish(app, [executions.message_row(execution)], now=dbclock.now())
 
 
 def _waiting_unknown(
@@ -36,7 +36,7 @@ def _waiting_unknown(
         idempotency_key=key,
         schedule=schedule,
         task=UNKNOWN,
-        scheduled_for=leases.db_now(),
+        scheduled_for=dbclock.now(),
         status=status,
         celery_task_id=f"celery-{key}",
     )
@@ -45,7 +45,7 @@ def _waiting_unknown(
 def test_unknown_task__failed_with_the_reason_and_counted_on_its_schedule(celery_processes: Start) -> None:
     # Given a schedule whose task no worker registers (saved without form validation), pausing after one failure
     schedule = schedules.create(name="ghost", task=UNKNOWN, interval=3600, pause_after_failures=1)
-    fire = executions.execution_for(schedule, leases.db_now(), status=Execution.Status.PENDING, now=leases.db_now())
+    fire = executions.execution_for(schedule, dbclock.now(), status=Execution.Status.PENDING, now=dbclock.now())
     fire.save(force_insert=True)
     # And an ad-hoc execution of the same task, and one already finished (a late duplicate message)
     ad_hoc = _waiting_unknown("ad-hoc-ghost")
@@ -83,7 +83,7 @@ def test_malformed_message__rejected_and_its_execution_failed_with_the_reason(ce
     execution = Execution.objects.create(
         idempotency_key="malformed",
         task="tests.record",
-        scheduled_for=leases.db_now(),
+        scheduled_for=dbclock.now(),
         status=Execution.Status.QUEUED,
         celery_task_id="malformed-1",
     )

@@ -14,7 +14,7 @@ from django.db import close_old_connections, connection
 
 import scheduler
 from project.celery import app
-from scheduler import executions, leases, outbox, schedules
+from scheduler import dbclock, executions, outbox, schedules
 from scheduler.models import Execution, Instance, Schedule
 from tests import tasks as test_tasks
 from tests.processes import CeleryProcess, wait_until
@@ -41,7 +41,7 @@ def publish_again(execution: Execution, *, queue: str | None = None) -> None:
     row = executions.message_row(execution)
     if queue is not None:
         row["queue"] = queue
-    outbox.publish(app, [row], now=leases.db_now())
+    outbox.publish(app, [row], now=dbclock.now())
 
 
 def worker_pid(execution: Execution) -> int:

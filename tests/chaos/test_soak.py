@@ -78,7 +78,7 @@ import pytest
 import redis
 from django.db import connection
 
-from scheduler import dispatch, failpoints, leases, schedules, shards
+from scheduler import dbclock, dispatch, failpoints, leases, schedules, shards
 from scheduler.models import Execution, Schedule
 from tests import invariants
 from tests import tasks as test_tasks
@@ -346,7 +346,7 @@ def test_chaos_soak__every_slot_once_nothing_run_twice_nothing_lost(
     # The run starts when the schedules are created (database clock), a leader
     # in place: from then on every slot is owed (misfire run_all, in the
     # catch-up window), and every every-second schedule is committed on time.
-    started_at = leases.db_now()
+    started_at = dbclock.now()
     every_second = [
         Schedule(name=f"tick-{n:02d}", task="tests.record", interval=1, kwargs={"label": f"tick-{n:02d}"})
         for n in range(30)
@@ -532,12 +532,12 @@ def test_chaos_soak__every_slot_once_nothing_run_twice_nothing_lost(
             assert all(process.returncode == 0 for process in both), outputs
             commands.append(" | ".join(output.strip().replace("\n", "; ")[-200:] for output in outputs))
         injected[fault] += 1
-        timeline.append(f"{leases.db_now():%H:%M:%S} {fault} {victim.name if victim else target}")
+        timeline.append(f"{dbclock.now():%H:%M:%S} {fault} {victim.name if victim else target}")
         if victim is not None:
             assert wait_until(lambda v=victim: not v.alive(), timeout=20), f"{victim.name} did not stop"
         time.sleep(0.5)
         supervise(victim)
-    ended_at = leases.db_now()
+    ended_at = dbclock.now()
 
     # Every slot up to the end is owed, and a fault may just have hit the
     # leader: let the beat send them before dispatching stops.
@@ -706,7 +706,7 @@ def _a_failing_body_starts(failing_ids: list[int]) -> int | None:
                 schedule_id__in=failing_ids,
                 status=Execution.Status.RUNNING,
                 attempt=1,
-                started_at__gte=leases.db_now() - timedelta(seconds=0.3),
+                started_at__gte=dbclock.now() - timedelta(seconds=0.3),
             )
             .values_list("pk", flat=True)
             .first()
@@ -749,7 +749,7 @@ def _freeze_a_long_body(workers: list[CeleryProcess], long_ids: list[int]) -> tu
             schedule_id__in=long_ids,
             timeout=None,
             status=Execution.Status.RUNNING,
-            started_at__gte=leases.db_now() - timedelta(seconds=1),
+            started_at__gte=dbclock.now() - timedelta(seconds=1),
         )
         for execution in recent:
             pid = _pool_child(execution.worker, workers)

@@ -8,7 +8,7 @@ from typing import Any
 from django.test import Client
 
 import tests.tasks
-from scheduler import leases, schedules
+from scheduler import dbclock, schedules
 from scheduler.models import ApiToken, AuditEvent, Execution, OperatorProfile, Schedule
 
 TENANT_A = "tenant-a"
@@ -35,12 +35,12 @@ def make_schedule(name: str, *, tenant: str = "", **fields: Any) -> Schedule:
         name=name, task=TENANT_TASK if tenant else "scheduler.echo", interval=60, tenant=tenant, **fields
     )
     schedule.full_clean()
-    schedules.save(schedule, now=leases.db_now())
+    schedules.save(schedule, now=dbclock.now())
     return schedule
 
 
 def make_execution(schedule: Schedule, key: str, status: str) -> Execution:
-    now = leases.db_now()
+    now = dbclock.now()
     return Execution.objects.create(
         idempotency_key=key,
         schedule=schedule,

@@ -9,7 +9,7 @@ from django.contrib.auth import get_user_model
 from django.db.models.functions import Now
 from django.test import Client
 
-from scheduler import leases, schedules
+from scheduler import dbclock, leases, schedules
 from scheduler.models import Execution, Instance, Lease, Schedule
 
 pytestmark = pytest.mark.django_db
@@ -37,7 +37,7 @@ def made() -> dict[str, Schedule]:
     for schedule in made.values():
         schedule.full_clean()
         schedules.save(schedule)
-    Schedule.objects.filter(pk=made["interval"].pk).update(last_status=Status.FAILED, last_run_at=leases.db_now())
+    Schedule.objects.filter(pk=made["interval"].pk).update(last_status=Status.FAILED, last_run_at=dbclock.now())
     return made
 
 
@@ -95,7 +95,7 @@ def test_schedule_change__next_fire_times_and_last_executions(staff: Client, mad
             schedule=schedule,
             task=schedule.task,
             status=Status.SUCCEEDED,
-            scheduled_for=leases.db_now() - timedelta(minutes=n),
+            scheduled_for=dbclock.now() - timedelta(minutes=n),
             error="boom" if n == 0 else "",
         )
     page = staff.get(f"/admin/scheduler/schedule/{schedule.pk}/change/").content.decode()
@@ -137,7 +137,7 @@ def test_schedule_actions__enable_and_resume(staff: Client, made: dict[str, Sche
 
 @pytest.fixture
 def executions(made: dict[str, Schedule]) -> list[Execution]:
-    now = leases.db_now()
+    now = dbclock.now()
     return [
         Execution.objects.create(
             idempotency_key="ok",
@@ -174,7 +174,7 @@ def executions(made: dict[str, Schedule]) -> list[Execution]:
 def test_execution_list__filters(
     staff: Client, executions: list[Execution], made: dict[str, Schedule], query: str, expected: list[str]
 ) -> None:
-    today = leases.db_now().date().isoformat()
+    today = dbclock.now().date().isoformat()
     response = staff.get("/admin/scheduler/execution/?" + query.format(schedule=made["interval"].pk, today=today))
     assert response.status_code == 200
     assert sorted(e.idempotency_key for e in response.context["cl"].result_list) == expected
@@ -216,7 +216,7 @@ def test_cluster_page__warns_when_no_leader_renewed_in_time(staff: Client) -> No
     assert "No beat replica holds the lease" in staff.get("/admin/scheduler/lease/").content.decode()
     handle = leases.acquire("beat", "host-1-abc", ttl=60)
     assert handle is not None
-    Lease.objects.filter(name="beat").update(renewed_at=leases.db_now() - timedelta(seconds=30))
+    Lease.objects.filter(name="beat").update(renewed_at=dbclock.now() - timedelta(seconds=30))
     page = staff.get("/admin/scheduler/lease/").content.decode()
     assert 'id="leader-warning"' in page and "may be stuck" in page
 
@@ -247,7 +247,7 @@ def test_execution_actions__retry_finished_and_cancel_running(
         idempotency_key="run",
         task="scheduler.echo",
         status=Status.RUNNING,
-        scheduled_for=leases.db_now(),
+        scheduled_for=dbclock.now(),
         celery_task_id="t-run",
     )
     staff.post("/admin/scheduler/execution/", {"action": "retry", "_selected_action": [finished.pk]})
@@ -266,7 +266,7 @@ def test_execution_actions__retry_finished_and_cancel_running(
 def test_backfill_form__preview_then_confirm(staff: Client, redis_url: str) -> None:
     schedule = schedules.create(name="hourly", task="scheduler.echo", interval=3600)
     url = f"/admin/scheduler/schedule/{schedule.pk}/backfill/"
-    now = leases.db_now()
+    now = dbclock.now()
     start = (now - timedelta(hours=5, minutes=1)).strftime("%Y-%m-%d %H:%M:%S")  # 5 h long: 5 hourly slots
     end = (now - timedelta(minutes=1)).strftime("%Y-%m-%d %H:%M:%S")
     assert "Backfill a range" in staff.get(f"/admin/scheduler/schedule/{schedule.pk}/change/").content.decode()

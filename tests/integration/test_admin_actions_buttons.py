@@ -12,7 +12,7 @@ from django.db import connection
 from django.test import Client
 from django.test.utils import CaptureQueriesContext
 
-from scheduler import leases, schedules
+from scheduler import dbclock, schedules
 from scheduler.models import Execution, Schedule
 from scheduler.permissions import OPERATOR_GROUP, VIEWER_GROUP
 from tests.integration.api_support import bind
@@ -163,7 +163,7 @@ def test_buttons__need_the_csrf_token() -> None:
 
 def _execution(key: str, status: str, **fields: object) -> Execution:
     return Execution.objects.create(
-        idempotency_key=key, task="scheduler.echo", status=status, scheduled_for=leases.db_now(), **fields
+        idempotency_key=key, task="scheduler.echo", status=status, scheduled_for=dbclock.now(), **fields
     )
 
 
@@ -215,7 +215,7 @@ def test_execution_buttons__a_viewer_gets_403(action: str) -> None:
 
 def test_execution_list__seconds_zone_lag_queue_wait_and_trigger(staff: Client, schedule: Schedule) -> None:
     # Given an execution sent 1.5 s after its slot, claimed 0.25 s later, run for 2 s
-    slot = leases.db_now().replace(microsecond=0) - timedelta(minutes=1)
+    slot = dbclock.now().replace(microsecond=0) - timedelta(minutes=1)
     Execution.objects.create(
         idempotency_key="k",
         schedule=schedule,
@@ -237,7 +237,7 @@ def test_execution_list__seconds_zone_lag_queue_wait_and_trigger(staff: Client, 
 
 
 def test_execution_change__times_with_seconds_and_every_attempt_error(staff: Client) -> None:
-    finished = leases.db_now().replace(microsecond=0)
+    finished = dbclock.now().replace(microsecond=0)
     failed = _execution(
         "bad",
         Status.FAILED,
@@ -252,7 +252,7 @@ def test_execution_change__times_with_seconds_and_every_attempt_error(staff: Cli
 
 
 def test_schedule_page__times_with_seconds_and_a_link_to_its_executions(staff: Client, schedule: Schedule) -> None:
-    slot = leases.db_now().replace(microsecond=0)
+    slot = dbclock.now().replace(microsecond=0)
     Execution.objects.create(idempotency_key="k", schedule=schedule, task="scheduler.echo", scheduled_for=slot)
     Schedule.objects.filter(pk=schedule.pk).update(last_run_at=slot)
     page = staff.get(f"/admin/scheduler/schedule/{schedule.pk}/change/").content.decode()
@@ -292,7 +292,7 @@ def test_execution_search__key_prefix(staff: Client, term: str, expected: list[s
 
 def test_execution_search__a_key_prefix_is_an_index_scan(staff: Client) -> None:
     # Given 200 schedules' worth of slots, with statistics
-    now = leases.db_now()
+    now = dbclock.now()
     Execution.objects.bulk_create(
         Execution(
             idempotency_key=f"schedule:{n % 200}:{now - timedelta(minutes=n)}",
@@ -388,7 +388,7 @@ def test_schedule_form__a_one_off_in_the_past_is_refused(staff: Client) -> None:
 
 
 def test_schedule_form__run_it_now_sets_the_one_off_to_now(staff: Client) -> None:
-    before = leases.db_now()
+    before = dbclock.now()
     assert _add(staff, run_at_0="2020-01-01", run_at_1="00:00:00", run_at_now="on") == "saved (302)"
     created = Schedule.objects.get()
     assert created.run_at is not None and created.run_at >= before - timedelta(seconds=1)

@@ -19,7 +19,7 @@ from django.template.loader import get_template
 from django.test import Client, override_settings
 from django_celery_results.models import TaskResult
 
-from scheduler import leases, schedules
+from scheduler import dbclock, leases, schedules
 from scheduler.models import Execution, Schedule
 
 pytestmark = pytest.mark.django_db
@@ -40,12 +40,12 @@ def staff() -> Iterator[Client]:
 def _app_pages() -> list[str]:
     schedule = Schedule(name="nightly", task="scheduler.echo", interval=60)
     schedule.full_clean()
-    schedules.save(schedule, now=leases.db_now())
+    schedules.save(schedule, now=dbclock.now())
     execution = Execution.objects.create(
         idempotency_key="k1",
         schedule=schedule,
         task=schedule.task,
-        scheduled_for=leases.db_now(),
+        scheduled_for=dbclock.now(),
         celery_task_id="c1",
     )
     result = TaskResult.objects.create(task_id="c1", status="SUCCESS")

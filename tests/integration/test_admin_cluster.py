@@ -10,7 +10,7 @@ from django.contrib.auth import get_user_model
 from django.template import Context, Template
 from django.test import Client, RequestFactory
 
-from scheduler import leases
+from scheduler import dbclock, leases
 from scheduler.models import Instance, Lease
 
 pytestmark = pytest.mark.django_db
@@ -25,7 +25,7 @@ def staff() -> Client:
 
 def instance(instance_id: str, *, role: str = "beat", age: float, is_leader: bool = False) -> Instance:
     """An instance whose last heartbeat was ``age`` seconds ago on the database clock."""
-    seen = leases.db_now() - timedelta(seconds=age)
+    seen = dbclock.now() - timedelta(seconds=age)
     return Instance.objects.create(
         instance_id=instance_id, role=role, hostname="h", pid=1, started_at=seen, last_seen=seen, is_leader=is_leader
     )
@@ -66,7 +66,7 @@ def test_cluster_page__after_crashes_only_the_lease_holder_leads_and_silent_beat
 def test_cluster_page__no_lease_holder__no_row_leads_and_the_banner_shows(staff: Client) -> None:
     # Given beats that wrote is_leader=True, and a lease that expired (every beat is dead)
     after_two_kills()
-    Lease.objects.filter(name="beat").update(expires_at=leases.db_now() - timedelta(seconds=1))
+    Lease.objects.filter(name="beat").update(expires_at=dbclock.now() - timedelta(seconds=1))
     # When the cluster page is shown
     page = staff.get("/admin/scheduler/lease/").content.decode()
     # Then nobody leads, and the warning says so
@@ -114,7 +114,7 @@ def test_admin_login_page__no_warning_for_anonymous_visitors(client: Client) -> 
 def test_leader_warning__one_query(django_assert_num_queries: object) -> None:
     # Given a lease row (expired) and a staff request
     assert leases.acquire("beat", "host-1-abc", ttl=10) is not None
-    Lease.objects.filter(name="beat").update(expires_at=leases.db_now() - timedelta(seconds=1))
+    Lease.objects.filter(name="beat").update(expires_at=dbclock.now() - timedelta(seconds=1))
     request = RequestFactory().get("/admin/")
     request.user = get_user_model().objects.create_superuser("root", "root@example.invalid", "pw")
     template = Template("{% load scheduler_admin %}{% leader_problem as problem %}{{ problem }}")

@@ -9,7 +9,7 @@ import pytest
 from django.core.management import call_command
 from django.core.management.base import CommandError
 
-from scheduler import leases
+from scheduler import dbclock
 from scheduler.models import Instance
 
 pytestmark = pytest.mark.django_db
@@ -18,7 +18,7 @@ HOST = "worker-host"
 
 
 def _instance(role: str, *, seconds_ago: float, host: str = HOST) -> Instance:
-    seen = leases.db_now() - timedelta(seconds=seconds_ago)
+    seen = dbclock.now() - timedelta(seconds=seconds_ago)
     return Instance.objects.create(
         instance_id=f"{role}@{host}-{int(seconds_ago)}",
         role=role,

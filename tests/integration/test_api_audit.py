@@ -13,7 +13,7 @@ from django.core.cache import cache
 from django.core.management import call_command
 from django.test import Client
 
-from scheduler import leases, tasks
+from scheduler import dbclock, tasks
 from scheduler.models import AuditEvent, Execution, OperatorProfile, Schedule
 from scheduler.permissions import OPERATOR_GROUP
 from tests.integration.api_support import TENANT_A, TENANT_B, TENANT_TASK, make_execution, make_schedule, token_client
@@ -171,7 +171,7 @@ def test_audit__pruned_with_the_executions() -> None:
     call_command("schedules", "disable", "pruned", stdout=io.StringIO())
     call_command("schedules", "enable", "pruned", stdout=io.StringIO())
     old, new = events()
-    AuditEvent.objects.filter(pk=old.pk).update(created_at=leases.db_now() - timedelta(days=31))
+    AuditEvent.objects.filter(pk=old.pk).update(created_at=dbclock.now() - timedelta(days=31))
 
     # When: the daily prune runs
     result = tasks.prune_executions(older_than_days=30)

@@ -13,7 +13,7 @@ from django.core.exceptions import ValidationError
 from django.test import Client, override_settings
 
 from project.celery import app
-from scheduler import leases, operations, submissions
+from scheduler import dbclock, operations, submissions
 from scheduler.exceptions import SubmissionInvalid
 from scheduler.models import Execution, OperatorProfile, Schedule
 from scheduler.permissions import OPERATOR_GROUP, VIEWER_GROUP
@@ -84,7 +84,7 @@ def test_schedule_create__duplicate_name_and_past_one_off(operator: Client) -> N
     )
     assert response.status_code == 400
     assert response.json() == {"name": ["Schedule with this Name already exists."]}
-    past = (leases.db_now() - timedelta(hours=1)).isoformat()
+    past = (dbclock.now() - timedelta(hours=1)).isoformat()
     response = operator.post(
         "/api/v1/schedules/",
         {"name": "once", "task": "scheduler.echo", "run_at": past},
@@ -106,7 +106,7 @@ def test_schedule_update__a_new_timing_replaces_the_old_one(operator: Client) ->
 def test_schedule_backfill__preview_then_confirm(operator: Client, redis_client: object) -> None:
     # Given: a schedule firing every minute, and a past half hour
     schedule = make_schedule("filled")
-    now = leases.db_now().replace(second=0, microsecond=0)
+    now = dbclock.now().replace(second=0, microsecond=0)
     span = {"start": (now - timedelta(minutes=40)).isoformat(), "end": (now - timedelta(minutes=31)).isoformat()}
 
     # When: previewed (the default); Then: the slots, nothing recorded

@@ -17,7 +17,7 @@ import pytest
 from django.core.cache import cache
 from django.test import Client
 
-from scheduler import audit, leases
+from scheduler import audit, dbclock
 from scheduler.models import Execution
 from tests.integration.api_support import (
     TENANT_A,
@@ -131,7 +131,7 @@ def world() -> dict[str, Any]:
 
 def _body(endpoint: Endpoint) -> dict[str, Any] | None:
     if endpoint.body == "BACKFILL":
-        now = leases.db_now()
+        now = dbclock.now()
         return {"start": (now - timedelta(hours=1)).isoformat(), "end": (now - timedelta(minutes=30)).isoformat()}
     return endpoint.body
 

@@ -25,7 +25,7 @@ from django.db.models import Max
 from django.test import Client
 from django_celery_beat.models import IntervalSchedule, PeriodicTask
 
-from scheduler import audit, executions, leases, prune, tasks
+from scheduler import audit, dbclock, executions, prune, tasks
 from scheduler.models import ApiToken, AuditEvent, Execution, OperatorProfile, Schedule
 from scheduler.permissions import OPERATOR_GROUP, VIEWER_GROUP, ensure_groups
 from tests.admin_forms import schedule_form
@@ -87,7 +87,7 @@ def superuser_client(username: str = "root") -> Client:
 
 def past_range() -> tuple[str, str]:
     """Five minutes ending a minute ago, in ISO-8601."""
-    now = leases.db_now()
+    now = dbclock.now()
     return (now - timedelta(minutes=6)).isoformat(), (now - timedelta(minutes=1)).isoformat()
 
 
@@ -274,9 +274,9 @@ def test_the_daily_prune__records_its_counts_and_never_deletes_its_own_event() -
     # Given: an old finished execution and an old audit event
     schedule = make_schedule("pruned")
     old = make_execution(schedule, "k-old", Status.SUCCEEDED)
-    Execution.objects.filter(pk=old.pk).update(finished_at=leases.db_now() - timedelta(days=40))
+    Execution.objects.filter(pk=old.pk).update(finished_at=dbclock.now() - timedelta(days=40))
     stale = audit.record(audit.CLI, "disable", schedule)
-    AuditEvent.objects.filter(pk=stale.pk).update(created_at=leases.db_now() - timedelta(days=40))
+    AuditEvent.objects.filter(pk=stale.pk).update(created_at=dbclock.now() - timedelta(days=40))
     trail = Trail()
 
     # When: the daily prune runs
@@ -289,7 +289,7 @@ def test_the_daily_prune__records_its_counts_and_never_deletes_its_own_event() -
     assert (event.changes["deleted"], event.changes["audit_events_deleted"]) == (1, 1)
     assert not AuditEvent.objects.filter(pk=stale.pk).exists()
     # And even a cutoff later than the event itself leaves it
-    assert prune.prune_audit_events(older_than=leases.db_now() + timedelta(days=1), keep=[event.pk]) >= 0
+    assert prune.prune_audit_events(older_than=dbclock.now() + timedelta(days=1), keep=[event.pk]) >= 0
     assert AuditEvent.objects.filter(pk=event.pk).exists()
 
 

@@ -14,7 +14,7 @@ import redis
 
 from project.celery import app
 from scheduler import backfill as backfill_module
-from scheduler import executions, leases, schedules
+from scheduler import dbclock, executions, schedules
 from scheduler.backfill import backfill
 from scheduler.exceptions import BackfillRefused
 from scheduler.models import Execution, Schedule
@@ -50,7 +50,7 @@ def test_backfill__records_and_sends_the_slots_without_an_execution(redis_client
     target = hourly(
         args=[1], kwargs={"a": 2}, queue="reports", tenant="acme", timeout=30, max_retries=2, retry_backoff=5
     )
-    now = leases.db_now()
+    now = dbclock.now()
     start, end, slots = five_hours(now)
     ran = Execution.objects.create(
         idempotency_key=executions.key(target, slots[2]),
@@ -85,7 +85,7 @@ def test_backfill__records_and_sends_the_slots_without_an_execution(redis_client
 def test_backfill__second_run_of_the_same_range_creates_nothing(redis_client: redis.Redis) -> None:
     # Given a range backfilled once
     target = hourly()
-    now = leases.db_now()
+    now = dbclock.now()
     start, end, _ = five_hours(now)
     backfill(target, start=start, end=end, now=now, app=app)
     redis_client.flushdb()
@@ -101,7 +101,7 @@ def test_backfill__second_run_of_the_same_range_creates_nothing(redis_client: re
 
 def test_backfill__dry_run_lists_the_slots_and_writes_nothing(redis_client: redis.Redis) -> None:
     target = hourly()
-    now = leases.db_now()
+    now = dbclock.now()
     start, end, slots = five_hours(now)
     ran = Execution.objects.create(
         idempotency_key=executions.key(target, slots[0]),
@@ -131,7 +131,7 @@ def test_backfill__rate_paces_batches_and_progress_is_reported(
     monkeypatch.setattr(backfill_module, "PROGRESS_EVERY", 2)
     progress: list[tuple[int, int]] = []
     target = hourly()
-    now = leases.db_now()
+    now = dbclock.now()
     start, end, _ = five_hours(now)
 
     # When five slots are backfilled
@@ -157,7 +157,7 @@ def test_backfill__bad_range_refused_and_nothing_written(
     bounds: Callable[[datetime, datetime], tuple[datetime, datetime]], limit: int, message: str
 ) -> None:
     target = hourly()
-    now = leases.db_now()
+    now = dbclock.now()
     start, end = bounds(five_hours(now)[1], now)
 
     with pytest.raises(BackfillRefused, match=message):

@@ -8,7 +8,7 @@ import pytest
 from django.db.models import F, Max
 from django.db.models.functions import Coalesce
 
-from scheduler import leases, schedules
+from scheduler import dbclock, leases, schedules
 from scheduler.conf import settings
 from scheduler.models import Execution, Schedule
 from tests.processes import wait_until
@@ -20,7 +20,7 @@ BACKLOG = 600
 
 def test_backlog__a_day_behind_drains_while_an_every_second_probe_stays_on_time(celery_processes) -> None:
     # Given 600 minute crons whose next slot is 24 hours ago, and an every-second probe
-    day_ago = leases.db_now().replace(second=0, microsecond=0) - timedelta(hours=24)
+    day_ago = dbclock.now().replace(second=0, microsecond=0) - timedelta(hours=24)
     Schedule.objects.bulk_create(
         [
             Schedule(name=f"behind-{n}", task="scheduler.echo", cron="* * * * *", queue="backlog", next_run_at=day_ago)
@@ -39,14 +39,14 @@ def test_backlog__a_day_behind_drains_while_an_every_second_probe_stays_on_time(
 
     # When it works through the backlog
     def drained() -> bool:
-        now = leases.db_now()
+        now = dbclock.now()
         return not Schedule.objects.filter(name__startswith="behind-", next_run_at__lte=now).exists()
 
     # Then within a minute every schedule has moved past now
     assert wait_until(drained, timeout=60, interval=0.5), Schedule.objects.filter(
-        name__startswith="behind-", next_run_at__lte=leases.db_now()
+        name__startswith="behind-", next_run_at__lte=dbclock.now()
     ).count()
-    drained_at = leases.db_now()
+    drained_at = dbclock.now()
     assert wait_until(
         lambda: Execution.objects.filter(schedule=probe, scheduled_for__gt=drained_at + timedelta(seconds=3)).exists(),
         timeout=15,

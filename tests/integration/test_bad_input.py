@@ -26,7 +26,7 @@ from hypothesis import strategies as st
 
 import scheduler
 from project.celery import app
-from scheduler import leases, schedules
+from scheduler import dbclock, schedules
 from scheduler.backfill import backfill
 from scheduler.management.base import SchedulerCommand
 from scheduler.models import Execution, Instance, Lease, Schedule
@@ -296,7 +296,7 @@ def test_admin_backfill__broker_down_records_pending_and_says_so(
     staff: Client, nightly: Schedule, broker_down: None, redis_client: redis.Redis
 ) -> None:
     # Given a schedule with 3 past hourly slots in range, and no broker at the configured address
-    now = leases.db_now()
+    now = dbclock.now()
     start = (now - timedelta(hours=3, minutes=1)).strftime("%Y-%m-%d %H:%M:%S")
     end = (now - timedelta(minutes=1)).strftime("%Y-%m-%d %H:%M:%S")
     # When the backfill is confirmed
@@ -314,7 +314,7 @@ def test_admin_backfill__broker_down_records_pending_and_says_so(
 
 def test_backfill__broker_down_under_a_rate_stops_after_the_failed_batch(nightly: Schedule, broker_down: None) -> None:
     # Given 4 past slots, and a rate of 1 per second (one slot per batch)
-    now = leases.db_now()
+    now = dbclock.now()
     start, end = now - timedelta(hours=4, minutes=1), now - timedelta(minutes=1)
     # When the broker is unreachable
     report = backfill(nightly, start=start, end=end, now=now, rate=1, app=app)
@@ -327,7 +327,7 @@ def test_backfill__broker_down_under_a_rate_stops_after_the_failed_batch(nightly
 def test_backfill_command__broker_down_under_a_rate_exits_1_saying_what_is_left(
     nightly: Schedule, broker_down: None
 ) -> None:
-    now = leases.db_now()
+    now = dbclock.now()
     start = (now - timedelta(hours=2, minutes=1)).isoformat()
     end = (now - timedelta(minutes=1)).isoformat()
     code, out, err = manage("backfill", "nightly", "--start", start, "--end", end, "--rate", "1")
@@ -340,7 +340,7 @@ def test_backfill_command__broker_down_under_a_rate_exits_1_saying_what_is_left(
 
 
 def test_backfill_command__broker_down_records_pending_and_exits_0(nightly: Schedule, broker_down: None) -> None:
-    now = leases.db_now()
+    now = dbclock.now()
     start = (now - timedelta(hours=2, minutes=1)).isoformat()
     end = (now - timedelta(minutes=1)).isoformat()
     code, out, err = manage("backfill", "nightly", "--start", start, "--end", end)
@@ -469,7 +469,7 @@ def seeded(nightly: Schedule, redis_client: redis.Redis, settings: Any, tmp_path
         idempotency_key="seed",
         schedule=nightly,
         task="scheduler.echo",
-        scheduled_for=leases.db_now(),
+        scheduled_for=dbclock.now(),
         status=Status.FAILED,
     )
 

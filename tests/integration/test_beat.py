@@ -10,7 +10,7 @@ from django.db import connection, connections
 from django.test.utils import CaptureQueriesContext
 
 from project.celery import app
-from scheduler import dispatch, leases, liveness, schedules, signals
+from scheduler import dbclock, dispatch, leases, liveness, schedules, signals
 from scheduler.beat import LeaderScheduler
 from scheduler.models import Execution, Instance, Schedule
 from scheduler.settings_schedules import sync_beat_schedule
@@ -20,7 +20,7 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 def _load_schedules(total: int, *, due: int) -> list[int]:
     """Insert ``total`` every-minute schedules far from due; return the ids of the first ``due``."""
-    far = leases.db_now() + timedelta(hours=1)
+    far = dbclock.now() + timedelta(hours=1)
     Schedule.objects.bulk_create(
         [Schedule(name=f"s{i}", task="scheduler.echo", interval=60, next_run_at=far) for i in range(total)],
         batch_size=2000,
@@ -30,7 +30,7 @@ def _load_schedules(total: int, *, due: int) -> list[int]:
 
 def _make_due(ids: list[int]) -> None:
     """Point the schedules at their latest slot (a whole minute), so exactly one slot is due."""
-    now = leases.db_now()
+    now = dbclock.now()
     Schedule.objects.filter(id__in=ids).update(next_run_at=now.replace(second=0, microsecond=0))
 
 
@@ -85,7 +85,7 @@ def test_leadership__signals_heartbeat_and_fenced_dispatch(redis_url: str) -> No
         # When another instance takes the lease over and a schedule comes due
         leases.acquire("beat", "usurper", ttl=10, force=True)
         schedules.create(name="due", task="scheduler.echo", interval=60)
-        Schedule.objects.update(next_run_at=leases.db_now().replace(second=0, microsecond=0))
+        Schedule.objects.update(next_run_at=dbclock.now().replace(second=0, microsecond=0))
         scheduler.leadership._last_renew = time.monotonic()  # type: ignore[attr-defined]  # it does not renew first: only the fence can stop it
         scheduler.tick()
 
@@ -112,7 +112,7 @@ def test_dispatch__a_broken_schedule_is_paused_and_the_others_still_fire() -> No
     # Given two due schedules, one of whose zone no longer exists
     good = schedules.create(name="good", task="scheduler.echo", interval=60)
     bad = schedules.create(name="bad", task="scheduler.echo", interval=60)
-    minute = leases.db_now().replace(second=0, microsecond=0)
+    minute = dbclock.now().replace(second=0, microsecond=0)
     Schedule.objects.update(next_run_at=minute)
     Schedule.objects.filter(pk=bad.pk).update(timezone="Gone/Away")
     lease = leases.acquire("beat", "me", ttl=10)

@@ -12,7 +12,7 @@ import redis
 from celery import Celery
 
 from project.celery import app
-from scheduler import broker, dispatch, executions, leases, schedules
+from scheduler import broker, dbclock, dispatch, executions, leases, schedules
 from scheduler.exceptions import BrokerUnavailable
 from scheduler.fastpath import publisher
 from scheduler.models import Execution, Schedule
@@ -25,7 +25,7 @@ Status = Execution.Status
 
 
 def execution(key: str, **fields: Any) -> Execution:
-    fields.setdefault("scheduled_for", leases.db_now() - timedelta(hours=1))
+    fields.setdefault("scheduled_for", dbclock.now() - timedelta(hours=1))
     return Execution.objects.create(
         idempotency_key=key, task="scheduler.echo", celery_task_id=f"celery-{key}", **fields
     )
@@ -49,7 +49,7 @@ def confirmed_broker(now: datetime) -> None:
 def test_broker_restarted__waiting_executions_sent_again_once(redis_client: redis.Redis) -> None:
     # Given a broker that lost its data (the suite's Redis, emptied), an
     # execution queued before, a retry due in 5 minutes, and one running
-    now = leases.db_now()
+    now = dbclock.now()
     queued = execution("queued", status=Status.QUEUED, enqueued_at=now - timedelta(seconds=30))
     retry_due = now + timedelta(minutes=5)
     retrying = execution("retrying", status=Status.RETRYING, attempt=2, max_retries=3, enqueued_at=retry_due)
@@ -77,7 +77,7 @@ def test_broker_restarted__waiting_executions_sent_again_once(redis_client: redi
 
 def test_broker_kept_its_messages__long_queue_not_sent_again(redis_client: redis.Redis) -> None:
     # Given a broker the leader has looked at, and a long queue waiting on it
-    now = leases.db_now()
+    now = dbclock.now()
     confirmed_broker(now)
     waiting = [execution(f"q{index}", status=Status.QUEUED, enqueued_at=now) for index in range(50)]
 
@@ -93,7 +93,7 @@ def test_broker_kept_its_messages__long_queue_not_sent_again(redis_client: redis
 def test_broker_flushed_after_a_check__queued_before_sent_again_queued_after_not(redis_client: redis.Redis) -> None:
     # Given a confirmed broker that then loses its data, with one execution
     # queued before the leader notices and one sent to the new broker after
-    now = leases.db_now()
+    now = dbclock.now()
     confirmed_broker(now)
     before = execution("before", status=Status.QUEUED, enqueued_at=now + timedelta(seconds=1))
     redis_client.flushdb()
@@ -114,7 +114,7 @@ def test_broker_restarted__a_plain_celery_call_its_worker_recorded_but_never_cla
 ) -> None:
     # Given a confirmed broker, and a plain Celery call (``.delay()``) that a
     # worker recorded as its ad-hoc execution, then died before claiming
-    now = leases.db_now()
+    now = dbclock.now()
     confirmed_broker(now)
     key = executions.record_ad_hoc(
         "plain-1", task="scheduler.echo", args=[1], kwargs={}, queue="", timeout=None, now=now
@@ -123,7 +123,7 @@ def test_broker_restarted__a_plain_celery_call_its_worker_recorded_but_never_cla
 
     # When the broker loses its data (the message with it) and the leader checks it
     redis_client.flushdb()
-    report = resend_after_broker_restart(now=leases.db_now() + timedelta(seconds=5), app=app)
+    report = resend_after_broker_restart(now=dbclock.now() + timedelta(seconds=5), app=app)
 
     # Then the execution is sent again: it is queued since the worker recorded it
     assert recorded.status == Status.QUEUED and recorded.enqueued_at is not None
@@ -133,7 +133,7 @@ def test_broker_restarted__a_plain_celery_call_its_worker_recorded_but_never_cla
 
 def test_broker_unreachable__reported_and_nothing_changes() -> None:
     # Given a queued execution and a broker nobody listens on
-    now = leases.db_now()
+    now = dbclock.now()
     queued = execution("queued", status=Status.QUEUED, enqueued_at=now - timedelta(minutes=1))
     down = Celery("down", broker="redis://127.0.0.1:9/0", set_as_current=False)
 
@@ -179,7 +179,7 @@ def test_broker_edge__a_broker_nobody_listens_on__broker_unavailable_caused_by_t
 
 def test_lost__retried_after_the_backoff_not_at_once(redis_client: redis.Redis) -> None:
     # Given a running execution with a 60 s backoff whose worker stopped renewing its claim
-    now = leases.db_now()
+    now = dbclock.now()
     lost = execution("lost", status=Status.RUNNING, worker="dead-host:1", max_retries=1, retry_backoff=60)
     Execution.objects.filter(pk=lost.pk).update(
         started_at=now - timedelta(minutes=5), lease_expires_at=now - timedelta(seconds=1)
@@ -201,7 +201,7 @@ def test_lost__counts_as_in_flight_for_the_overlap_policies() -> None:
     target.full_clean()
     schedules.save(target)
     execution("earlier", schedule=target, status=Status.LOST)
-    now = leases.db_now()
+    now = dbclock.now()
     Schedule.objects.filter(pk=target.pk).update(next_run_at=now - timedelta(seconds=now.timestamp() % 10))
     lease = leases.acquire("beat", "test-leader", ttl=60)
     assert lease is not None
@@ -218,7 +218,7 @@ def test_unclaimed__waiting_behind_other_messages__sent_again_only_once_its_queu
     redis_client: redis.Redis,
 ) -> None:
     # Given an execution queued five minutes ago and never claimed, with another message ahead of it in its queue
-    now = leases.db_now()
+    now = dbclock.now()
     stale = execution("stale", status=Status.QUEUED, enqueued_at=now - timedelta(minutes=5))
     redis_client.lpush("celery", json.dumps({"headers": {Execution.MESSAGE_HEADER: 0}}))
 
@@ -244,7 +244,7 @@ def test_unclaimed__a_message_jitter_delays__waits_from_its_start_not_its_slot(r
     jittered = Schedule(name="jittered", task="scheduler.echo", interval=7200, jitter=3600)
     jittered.full_clean()
     schedules.save(jittered)
-    now = leases.db_now()
+    now = dbclock.now()
     slot = now - timedelta(minutes=1)
     while publisher.start_at({"schedule_id": jittered.pk, "scheduled_for": slot, "jitter": 3600}) < now + timedelta(
         minutes=5

@@ -17,7 +17,7 @@ from django.test import Client
 from django_celery_results.models import TaskResult
 
 from project.celery import app
-from scheduler import builtin_schedules, leases, schedules, task_policy, tasks
+from scheduler import builtin_schedules, dbclock, schedules, task_policy, tasks
 from scheduler.beat import LeaderScheduler
 from scheduler.builtin_schedules import BACKEND_CLEANUP, PRUNE_EXECUTIONS, ensure_builtin_schedules
 from scheduler.exceptions import PruneRefused
@@ -226,7 +226,7 @@ def test_admin__edits_a_builtin_like_any_schedule() -> None:
 def _execution(
     key: str, *, age_days: float, schedule: Schedule | None = None, status: str = Status.SUCCEEDED
 ) -> Execution:
-    now = leases.db_now()
+    now = dbclock.now()
     return Execution.objects.create(
         idempotency_key=key,
         schedule=schedule,
@@ -308,7 +308,7 @@ def test_backend_cleanup__registered_and_deletes_expired_results() -> None:
     assert task_policy.is_task_registered("scheduler.prune_executions", app=app)
     for task_id in ("old", "new"):
         TaskResult.objects.create(task_id=task_id, status="SUCCESS")
-    TaskResult.objects.filter(task_id="old").update(date_done=leases.db_now() - timedelta(days=7))
+    TaskResult.objects.filter(task_id="old").update(date_done=dbclock.now() - timedelta(days=7))
     # When Celery's cleanup task runs
     app.tasks["celery.backend_cleanup"].run()
     # Then only the expired one is gone

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from django.test import Client
 
-from scheduler import executions, leases
+from scheduler import dbclock, executions
 from scheduler.exceptions import MessageRefused
 from scheduler.models import Execution
 
@@ -30,11 +30,11 @@ def recorded(state: str = Status.QUEUED, *, key: str = "b") -> Execution:
         idempotency_key=key,
         task=TASK,
         tenant="b",
-        scheduled_for=leases.db_now(),
+        scheduled_for=dbclock.now(),
         celery_task_id=str(uuid.uuid4()),
         status=Status.RUNNING if expired else state,
         worker="b@host:1" if expired else "",
-        lease_expires_at=leases.db_now() - timedelta(seconds=5) if expired else None,
+        lease_expires_at=dbclock.now() - timedelta(seconds=5) if expired else None,
     )
     return execution
 
@@ -127,13 +127,13 @@ def test_claim__a_message_for_an_unknown_execution_claims_nothing() -> None:
 def test_claim_by_key__a_plain_celery_call_claims_its_own_row_and_refuses_another_task_under_its_id() -> None:
     # Given a plain Celery call recorded as an ad-hoc execution keyed by its task id
     task_id = str(uuid.uuid4())
-    key = executions.record_ad_hoc(task_id, task=TASK, args=[], kwargs={}, queue="", timeout=None, now=leases.db_now())
+    key = executions.record_ad_hoc(task_id, task=TASK, args=[], kwargs={}, queue="", timeout=None, now=dbclock.now())
     execution = Execution.objects.get(idempotency_key=key)
     before = row_state(execution.pk)
     # When a message of another task arrives under the same task id (recording its own row changes nothing)
     assert (
         executions.record_ad_hoc(
-            task_id, task="tests.steps", args=[], kwargs={}, queue="", timeout=None, now=leases.db_now()
+            task_id, task="tests.steps", args=[], kwargs={}, queue="", timeout=None, now=dbclock.now()
         )
         == key
     )

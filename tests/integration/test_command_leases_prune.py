@@ -14,7 +14,7 @@ from django.db import connection
 from django.db.models.functions import Now
 from django.test.utils import CaptureQueriesContext
 
-from scheduler import leases, schedules
+from scheduler import dbclock, leases, schedules
 from scheduler.models import Execution, Instance, Lease, Schedule
 from scheduler.prune import prune_executions
 from tests import processes
@@ -61,7 +61,7 @@ def test_leases__shows_holder_token_expiry_and_heartbeats() -> None:
 @pytest.mark.django_db
 def test_leases__after_crashes_only_the_holder_leads_and_silent_beats_are_stale() -> None:
     # Given three beats that each wrote is_leader=True; two were killed long ago, the third holds the lease
-    now = leases.db_now()
+    now = dbclock.now()
     for instance_id, age in (("host-1-dead", 416), ("host-2-dead", 325), ("host-3-live", 1.7)):
         seen = now - timedelta(seconds=age)
         Instance.objects.create(
@@ -88,7 +88,7 @@ def test_leases__after_crashes_only_the_holder_leads_and_silent_beats_are_stale(
     assert re.search(r"host-1-dead  last seen 41\d\.\ds ago, STALE \(no heartbeat for over 10s\)", text), text
 
     # When the lease expires too (every beat is dead), Then nobody leads
-    Lease.objects.filter(name="beat").update(expires_at=leases.db_now() - timedelta(seconds=1))
+    Lease.objects.filter(name="beat").update(expires_at=dbclock.now() - timedelta(seconds=1))
     assert not [row for row in json.loads(run("leases", "--json"))["instances"] if row["is_leader"]]
     assert " leader " not in run("leases")
 
@@ -96,14 +96,14 @@ def test_leases__after_crashes_only_the_holder_leads_and_silent_beats_are_stale(
 @pytest.mark.django_db
 def test_leases__expired_lease_reads_not_held() -> None:
     assert leases.acquire("beat", "gone-1-aaa", ttl=10) is not None
-    Lease.objects.filter(name="beat").update(expires_at=leases.db_now() - timedelta(seconds=5))
+    Lease.objects.filter(name="beat").update(expires_at=dbclock.now() - timedelta(seconds=5))
     assert "NOT HELD" in run("leases")
 
 
 def _execution(
     key: str, *, status: str, age_days: float, schedule: Schedule | None = None, slot_age: float | None = None
 ) -> Execution:
-    now = leases.db_now()
+    now = dbclock.now()
     return Execution.objects.create(
         idempotency_key=key,
         schedule=schedule,
@@ -190,7 +190,7 @@ def test_prune__holds_schedule_rows_only_while_the_server_works(history: Schedul
     rerun.save(update_fields=["retry_of"])
     # When a prune deletes them
     with CaptureQueriesContext(connection) as queries:
-        report = prune_executions(older_than=leases.db_now() - timedelta(days=30))
+        report = prune_executions(older_than=dbclock.now() - timedelta(days=30))
     # Then no statement loaded the rows it deleted into this process: with the
     # schedule rows locked, client-side work per row (Django's delete collector
     # reads every row to null retry_of) leaves the transaction idle, stalling

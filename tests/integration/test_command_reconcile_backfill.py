@@ -10,7 +10,7 @@ from zoneinfo import ZoneInfo
 import pytest
 import redis
 
-from scheduler import leases, schedules
+from scheduler import dbclock, schedules
 from scheduler.models import Execution, Instance, Schedule
 from tests.integration.command_support import refused, run
 
@@ -28,7 +28,7 @@ HOUR = timedelta(hours=1)
 
 
 def lost_execution_and_stale_instance() -> Execution:
-    now = leases.db_now()
+    now = dbclock.now()
     lost = Execution.objects.create(
         idempotency_key="lost",
         task="scheduler.echo",
@@ -102,7 +102,7 @@ def hourly() -> Schedule:
 
 
 def last_hour() -> datetime:
-    return leases.db_now().replace(minute=0, second=0, microsecond=0)
+    return dbclock.now().replace(minute=0, second=0, microsecond=0)
 
 
 def iso(moment: datetime) -> str:

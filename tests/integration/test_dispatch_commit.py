@@ -8,7 +8,7 @@ import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
-from scheduler import dispatch, leases, schedules
+from scheduler import dbclock, dispatch, leases, schedules
 from scheduler.models import Execution, Schedule
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -32,7 +32,7 @@ def schedule_updates(queries: CaptureQueriesContext) -> list[str]:
 
 def test_commit__one_offs_due_together_turn_off_in_one_update(lease: leases.LeaseHandle) -> None:
     # Given 30 one-offs due at the same instant
-    run_at = leases.db_now() - timedelta(seconds=1)
+    run_at = dbclock.now() - timedelta(seconds=1)
     targets = [schedule(f"once-{number}", run_at=run_at) for number in range(30)]
 
     # When the leader dispatches them
@@ -56,7 +56,7 @@ def test_commit__different_outcomes_in_one_pass_each_get_their_own_write(lease: 
     # Given, due in the same pass: an interval schedule, one with max_runs=1,
     # two one-offs at different instants, one that missed slots and one whose
     # time zone no longer exists
-    now = leases.db_now()
+    now = dbclock.now()
     start = now - timedelta(seconds=2)
     hourly = schedule("hourly", interval=3600, start_at=start)
     last_run = schedule("last-run", interval=3600, start_at=start, max_runs=1)

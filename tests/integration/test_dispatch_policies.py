@@ -8,7 +8,7 @@ from datetime import datetime, timedelta
 import pytest
 import redis
 
-from scheduler import dispatch, leases, outbox, schedules
+from scheduler import dbclock, dispatch, leases, outbox, schedules
 from scheduler.models import Execution, Schedule
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -32,7 +32,7 @@ def due_at(target: Schedule, slot: datetime) -> None:
 
 def last_slot(every: int = 10) -> datetime:
     """The latest interval slot at or before the database clock."""
-    now = leases.db_now()
+    now = dbclock.now()
     return now - timedelta(seconds=now.timestamp() % every)
 
 
@@ -45,7 +45,7 @@ def in_flight(target: Schedule, status: str = Status.RUNNING) -> Execution:
         idempotency_key=f"earlier:{target.pk}:{status}",
         schedule=target,
         task=target.task,
-        scheduled_for=leases.db_now() - timedelta(minutes=5),
+        scheduled_for=dbclock.now() - timedelta(minutes=5),
         status=status,
         celery_task_id=f"celery-{status}",
     )
@@ -127,7 +127,7 @@ def test_max_runs__disables_itself_after_its_last_run(lease: leases.LeaseHandle)
 
 
 def test_one_off__runs_once_then_disabled(lease: leases.LeaseHandle) -> None:
-    run_at = leases.db_now() - timedelta(seconds=1)
+    run_at = dbclock.now() - timedelta(seconds=1)
     target = schedule("once", run_at=run_at)
     assert target.next_run_at == run_at
     dispatch.dispatch_due(lease)
@@ -170,7 +170,7 @@ def test_pause_and_resume__keep_history_and_owe_nothing_for_the_pause(lease: lea
     # While paused nothing is due
     assert dispatch.dispatch_due(lease).schedules == 0
     # When resumed, it continues from the next slot after now: no burst, no missed rows
-    before = leases.db_now()
+    before = dbclock.now()
     schedules.resume(target)
     target.refresh_from_db()
     assert target.next_run_at > before - timedelta(seconds=1)

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 import time_machine
 
-from scheduler import executions, leases
+from scheduler import dbclock, executions
 from scheduler.executions import Claim
 from scheduler.models import Execution
 
@@ -23,7 +23,7 @@ WATCHED = ("status", "attempt", "worker", "lease_expires_at", "finished_at", "er
 def row(status: str = Status.QUEUED, *, key: str = "e", **fields: Any) -> Execution:
     fields.setdefault("celery_task_id", f"celery-{key}")
     return Execution.objects.create(
-        idempotency_key=key, task="scheduler.echo", scheduled_for=leases.db_now(), status=status, **fields
+        idempotency_key=key, task="scheduler.echo", scheduled_for=dbclock.now(), status=status, **fields
     )
 
 
@@ -33,7 +33,7 @@ def state(execution_id: int) -> dict[str, Any]:
 
 def expire_claim(execution_id: int) -> None:
     """Make the running row's claim run out, as a holder that froze past it would."""
-    Execution.objects.filter(pk=execution_id).update(lease_expires_at=leases.db_now() - timedelta(seconds=5))
+    Execution.objects.filter(pk=execution_id).update(lease_expires_at=dbclock.now() - timedelta(seconds=5))
 
 
 def claimed(execution_id: int, worker: str) -> Claim:
@@ -86,12 +86,12 @@ def test_finished_execution__refuses_claim_cancel_queue_fail_and_retry(final: st
         )
         is None
     )
-    assert not executions.cancel(execution.pk, reason="no", now=leases.db_now())
-    assert executions.mark_queued([execution.pk], now=leases.db_now()) == 0
+    assert not executions.cancel(execution.pk, reason="no", now=dbclock.now())
+    assert executions.mark_queued([execution.pk], now=dbclock.now()) == 0
     assert not executions.fail_unrun(
         execution.pk, task=execution.task, celery_task_id=execution.celery_task_id, reason="no"
     )
-    assert not executions.retry_lost(execution.pk, due=leases.db_now())
+    assert not executions.retry_lost(execution.pk, due=dbclock.now())
     assert not executions.fail_lost(execution, reason="no")
     # Then nothing changed
     assert state(execution.pk) == before
@@ -104,8 +104,8 @@ def test_running_execution__not_failed_as_unrun_nor_retried_as_lost() -> None:
     assert not executions.fail_unrun(
         execution.pk, task=execution.task, celery_task_id=execution.celery_task_id, reason="refused"
     )
-    assert not executions.retry_lost(execution.pk, due=leases.db_now())
-    assert executions.mark_queued([execution.pk], now=leases.db_now()) == 0
+    assert not executions.retry_lost(execution.pk, due=dbclock.now())
+    assert executions.mark_queued([execution.pk], now=dbclock.now()) == 0
     assert state(execution.pk) == before
 
 
@@ -129,7 +129,7 @@ def test_attempt__grows_once_for_each_new_holder_and_never_for_the_same_one() ->
     # When its holder is lost and reconcile retries it: attempt 4
     expire_claim(execution.pk)
     assert executions.mark_lost([execution.pk]) == 1
-    assert executions.retry_lost(execution.pk, due=leases.db_now())
+    assert executions.retry_lost(execution.pk, due=dbclock.now())
     assert claimed(execution.pk, "b@host:2").attempt == 4
 
 
@@ -183,7 +183,7 @@ def test_fenced_write__by_the_current_claim_applies(write: str) -> None:
 def test_fenced_write__after_an_operator_cancelled_changes_nothing() -> None:
     execution = row()
     held = claimed(execution.pk, "a@host:1")
-    assert executions.cancel(execution.pk, reason="operator", now=leases.db_now())
+    assert executions.cancel(execution.pk, reason="operator", now=dbclock.now())
     before = state(execution.pk)
     assert not executions.finish(held, status=Status.SUCCEEDED)
     assert not executions.renew([held], seconds=600)
@@ -207,7 +207,7 @@ def test_renew__extends_only_the_claims_still_held() -> None:
     renewed = executions.renew([stale, other], seconds=600)
     # Then only the one A still holds was renewed
     assert renewed == {other}
-    assert state(other.execution_id)["lease_expires_at"] > leases.db_now() + timedelta(seconds=500)
+    assert state(other.execution_id)["lease_expires_at"] > dbclock.now() + timedelta(seconds=500)
 
 
 def test_moved_on__names_the_claims_lost_and_not_those_their_holder_ended() -> None:
@@ -219,7 +219,7 @@ def test_moved_on__names_the_claims_lost_and_not_those_their_holder_ended() -> N
     # Then only the superseded one moved on
     assert executions.moved_on([stale, other, done]) == {stale}
     # And so does a claim an operator cancelled
-    executions.cancel(current.execution_id, reason="operator", now=leases.db_now())
+    executions.cancel(current.execution_id, reason="operator", now=dbclock.now())
     assert executions.moved_on([current]) == {current}
 
 
@@ -258,7 +258,7 @@ def test_renew__never_shortens_a_claim_to_the_hard_time_limit(settings: Any) -> 
     plain = claimed(row(key="plain").pk, "a@host:1")
     expire_claim(plain.execution_id)
     assert executions.renew([plain], seconds=3) == {plain}
-    assert leases.db_now() < state(plain.execution_id)["lease_expires_at"] < leases.db_now() + timedelta(seconds=4)
+    assert dbclock.now() < state(plain.execution_id)["lease_expires_at"] < dbclock.now() + timedelta(seconds=4)
 
 
 # --- settings: "lease" is the beat's, a worker holds a claim ---------------------------------
@@ -304,7 +304,7 @@ def test_retrying__claimable_only_once_its_retry_is_due() -> None:
     assert not Execution.objects.claimable().filter(pk=execution.pk).exists()
     assert 25 < executions.retry_due_in(execution_id=execution.pk) <= 30
     # When the retry is due (database clock)
-    Execution.objects.filter(pk=execution.pk).update(enqueued_at=leases.db_now() - timedelta(milliseconds=1))
+    Execution.objects.filter(pk=execution.pk).update(enqueued_at=dbclock.now() - timedelta(milliseconds=1))
     # Then a message claims it, as attempt 2
     assert executions.retry_due_in(execution_id=execution.pk) is None
     assert claimed(execution.pk, "b@host:2").attempt == 2
@@ -314,13 +314,13 @@ def test_retrying__claimable_only_once_its_retry_is_due() -> None:
 
 RECORD: dict[str, Callable[[], object]] = {
     "insert": lambda: executions.insert(
-        [Execution(idempotency_key="e", task="scheduler.echo", scheduled_for=leases.db_now(), celery_task_id="c")]
+        [Execution(idempotency_key="e", task="scheduler.echo", scheduled_for=dbclock.now(), celery_task_id="c")]
     ),
     "record_one": lambda: executions.record_one(
-        Execution(idempotency_key="e", task="scheduler.echo", scheduled_for=leases.db_now(), celery_task_id="c")
+        Execution(idempotency_key="e", task="scheduler.echo", scheduled_for=dbclock.now(), celery_task_id="c")
     ),
     "record_ad_hoc": lambda: executions.record_ad_hoc(
-        "c", task="scheduler.echo", args=[], kwargs={}, queue="", timeout=None, now=leases.db_now()
+        "c", task="scheduler.echo", args=[], kwargs={}, queue="", timeout=None, now=dbclock.now()
     ),
 }
 
@@ -328,10 +328,10 @@ RECORD: dict[str, Callable[[], object]] = {
 @pytest.mark.parametrize("path", sorted(RECORD))
 def test_created_at__the_database_clock_whatever_the_local_one(path: str) -> None:
     # Given a process whose clock runs a day ahead of the database's
-    before = leases.db_now()
+    before = dbclock.now()
     with time_machine.travel(before + timedelta(days=1), tick=True):
         # When an execution is recorded by that path
         RECORD[path]()
-    after = leases.db_now()
+    after = dbclock.now()
     # Then it was created at the database's time, as every later move of it is
     assert before <= Execution.objects.get(idempotency_key__in=["e", "celery:c"]).created_at <= after

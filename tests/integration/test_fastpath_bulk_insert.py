@@ -16,7 +16,7 @@ from django.db import IntegrityError, connection, models
 from django.db.models import Value
 from django.db.models.functions import Upper
 
-from scheduler import executions, leases, schedules
+from scheduler import dbclock, executions, schedules
 from scheduler.fastpath import bulk_insert
 from scheduler.fastpath.guard import FastPath
 from scheduler.models import Execution, Schedule, tally
@@ -92,13 +92,13 @@ def test_insert__writes_every_column_as_bulk_create_wrote_it(fast_path: FastPath
     # Given rows of every kind, built twice
     source = schedule(args=["a", 1], kwargs={"k": [1, 2]}, queue="q", priority=3, timeout=60, tenant="acme")
     earlier = Execution.objects.create(idempotency_key="earlier", task="scheduler.echo", scheduled_for=AT)
-    before = leases.db_now()
+    before = dbclock.now()
     with time_machine.travel(AT + timedelta(seconds=5), tick=False):  # this process's clock, far from the database's
         # When one copy goes through bulk_create and the other through insert
         Execution.objects.bulk_create(varied_rows("a:", source, earlier), ignore_conflicts=True)
         inserted = varied_rows("b:", source, earlier)
         executions.insert(inserted)
-    after = leases.db_now()
+    after = dbclock.now()
 
     # Then the database holds the same values, column by column, in the same representation
     expected, got = stored("a:"), stored("b:")

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from django.db.models.sql.compiler import SQLUpdateCompiler
 
-from scheduler import executions, leases
+from scheduler import dbclock, executions
 from scheduler.executions import Claim
 from scheduler.fastpath import prepared
 from scheduler.fastpath.guard import FastPath
@@ -41,7 +41,7 @@ COMPARED = [
 
 
 def queued(*keys: str) -> None:
-    now = leases.db_now()
+    now = dbclock.now()
     for key in keys:
         Execution.objects.create(
             idempotency_key=key, task="scheduler.echo", scheduled_for=now, celery_task_id="celery-1"
@@ -78,7 +78,7 @@ def test_finish__by_a_superseded_attempt_writes_nothing() -> None:
     # Given an execution taken over by attempt 2 after attempt 1's claim ran out
     queued("e")
     stale = claimed("e")
-    Execution.objects.filter(idempotency_key="e").update(lease_expires_at=leases.db_now() - timedelta(seconds=5))
+    Execution.objects.filter(idempotency_key="e").update(lease_expires_at=dbclock.now() - timedelta(seconds=5))
     current = claimed("e")
     # When attempt 1 records its outcome and its result
     finished = executions.finish(stale, status=Status.SUCCEEDED, result="stale")
@@ -106,7 +106,7 @@ def test_claim__follows_a_changed_claim_length(settings: Any) -> None:
 
 def test_record_ad_hoc__writes_the_row_insert_writes_once() -> None:
     # Given a plain Celery call recorded by the worker, and the same row inserted by executions.insert
-    now = leases.db_now()
+    now = dbclock.now()
     call = {"task": "scheduler.echo", "args": (1, "a"), "kwargs": {"k": [1]}, "queue": "q", "timeout": 30, "now": now}
     key = executions.record_ad_hoc("celery-1", **call)
     executions.insert(
@@ -133,7 +133,7 @@ def test_record_ad_hoc__writes_the_row_insert_writes_once() -> None:
     recorded = Execution.objects.get(idempotency_key=key)
     assert recorded.created_at is not None
     # and queued since then, on the database's clock (a queued row says since when it waits)
-    assert now <= recorded.enqueued_at <= leases.db_now()
+    assert now <= recorded.enqueued_at <= dbclock.now()
 
 
 def test_compiler_changed__self_check_compiles_per_call(

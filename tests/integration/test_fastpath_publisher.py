@@ -16,7 +16,7 @@ from celery.app.amqp import AMQP
 from kombu import Connection, Producer
 
 from project.celery import app
-from scheduler import executions, leases, outbox, policies, schedules
+from scheduler import dbclock, executions, outbox, policies, schedules
 from scheduler.fastpath import publisher
 from scheduler.fastpath.guard import FastPath
 from scheduler.models import Execution
@@ -38,7 +38,7 @@ PRIORITY_SEP = "\x06\x16"
 
 def _rows() -> list[dict[str, Any]]:
     """Pending rows covering every option a message carries: queue, priority, time limit, jitter ETA, arguments."""
-    now = leases.db_now()
+    now = dbclock.now()
     plain = schedules.create(name="plain", task="tests.record", interval=60, args=[1, "two"], kwargs={"k": [3]})
     routed = schedules.create(name="routed", task="tests.record", interval=60, queue="other", priority=7, timeout=5)
     jittered = schedules.create(name="jittered", task="tests.record", interval=60, jitter=86_400)
@@ -65,7 +65,7 @@ def _messages(client: redis.Redis) -> dict[str, list[dict[str, Any]]]:
 def test_fast_path__messages_equal_send_tasks(redis_client: redis.Redis, fast_path: FastPath) -> None:
     # Given pending rows with every option, and one database time for both sends
     rows = _rows()
-    now = leases.db_now()
+    now = dbclock.now()
     # When the fast path sends them, and then send_task sends them
     with publisher.connect(app) as sender:
         assert sender.fast
@@ -101,7 +101,7 @@ def test_memory_broker__send_task_path_and_the_messages_arrive() -> None:
     # When they are published through it
     with publisher.connect(memory) as sender:
         assert not sender.fast  # not Redis: send_task
-    sent = outbox.publish(memory, rows, now=leases.db_now())
+    sent = outbox.publish(memory, rows, now=dbclock.now())
     # Then every row is sent and queued, and each message is in its queue with its execution id
     assert sorted(sent) == sorted(row["id"] for row in rows)
     assert not Execution.objects.exclude(status=Execution.Status.QUEUED).exists()
@@ -136,7 +136,7 @@ def test_publish_signals__sent_on_the_fast_path_when_something_listens(redis_cli
     try:
         rows = _rows()
         # When the fast path sends rows
-        outbox.publish(app, rows, now=leases.db_now())
+        outbox.publish(app, rows, now=dbclock.now())
     finally:
         signals.before_task_publish.disconnect(before)
         signals.after_task_publish.disconnect(after)
@@ -179,8 +179,8 @@ def test_celery_internal_gone__sends_by_send_task_one_warning_one_count(
     rows = _rows()
     first, second = rows[:2], rows[2:]
     # When two passes publish the rows
-    assert sorted(outbox.publish(app, first, now=leases.db_now())) == sorted(row["id"] for row in first)
-    assert sorted(outbox.publish(app, second, now=leases.db_now())) == sorted(row["id"] for row in second)
+    assert sorted(outbox.publish(app, first, now=dbclock.now())) == sorted(row["id"] for row in first)
+    assert sorted(outbox.publish(app, second, now=dbclock.now())) == sorted(row["id"] for row in second)
     # Then every message is published by send_task and consumed from its queue, every row queued
     assert fast_path.fallen
     assert _consumed() == _expected(rows)
@@ -203,7 +203,7 @@ def test_kombu_message_changed__self_check_sends_by_send_task(
     monkeypatch.setattr(Producer, "publish", publish)
     rows = _rows()
     # When a pass publishes the rows
-    outbox.publish(app, rows, now=leases.db_now())
+    outbox.publish(app, rows, now=dbclock.now())
     # Then the self-check found the difference before anything was sent: every message is send_task's
     assert fast_path.fallen
     messages = [m for found in _messages(redis_client).values() for m in found]

@@ -18,7 +18,7 @@ from celery import shared_task
 from django.db import connection, transaction
 
 import scheduler
-from scheduler import executions, leases, schedules
+from scheduler import dbclock, executions, schedules
 from scheduler.exceptions import CheckpointInvalid, ClaimLost, FenceRefused, NotInTask
 from scheduler.models import Execution
 from scheduler.running import CHECKPOINT_MAX_BYTES
@@ -48,7 +48,7 @@ def queued(**fields: Any) -> Execution:
         idempotency_key=key,
         task="tests.integration.body",
         celery_task_id=key,
-        scheduled_for=leases.db_now(),
+        scheduled_for=dbclock.now(),
         status=Status.QUEUED,
         **fields,
     )
@@ -72,7 +72,7 @@ def invoice() -> None:
 def take_over() -> None:
     """Let another worker claim the running execution as the next attempt, as after a freeze past the claim."""
     running = scheduler.current_execution()
-    Execution.objects.filter(pk=running.pk).update(lease_expires_at=leases.db_now() - timedelta(seconds=5))
+    Execution.objects.filter(pk=running.pk).update(lease_expires_at=dbclock.now() - timedelta(seconds=5))
     successor = executions.claim(
         worker=SUCCESSOR, task=running.task, celery_task_id=running.celery_task_id, execution_id=running.pk
     )

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from django.db import connection
 
-from scheduler import dispatch, leases, schedules
+from scheduler import dbclock, dispatch, leases, schedules
 from scheduler.exceptions import LeaseLost
 from scheduler.models import Execution, Schedule
 from tests.processes import wait_until
@@ -66,7 +66,7 @@ class HeldLeader:
 @pytest.fixture
 def due_schedule() -> Schedule:
     schedule = schedules.create(name="every-second", task="scheduler.echo", interval=1)
-    Schedule.objects.filter(pk=schedule.pk).update(next_run_at=leases.db_now().replace(microsecond=0))
+    Schedule.objects.filter(pk=schedule.pk).update(next_run_at=dbclock.now().replace(microsecond=0))
     return Schedule.objects.get(pk=schedule.pk)
 
 

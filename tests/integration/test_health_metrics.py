@@ -18,7 +18,7 @@ import pytest
 from django.db.models.functions import Now
 from django.test import Client
 
-from scheduler import leases, schedules
+from scheduler import dbclock, leases, schedules
 from scheduler.conf import settings as scheduler_settings
 from scheduler.models import Execution, Instance, Lease, Schedule
 from tests import processes
@@ -71,7 +71,7 @@ def test_leaderz__leader_not_renewed_within_twice_the_renew_interval_is_503(
 ) -> None:
     # Given a lease still valid but not renewed for longer than 2x the renew interval
     Lease.objects.filter(name=leader.name).update(
-        renewed_at=leases.db_now() - timedelta(seconds=2 * scheduler_settings.LEASE_RENEW_SECONDS + 1)
+        renewed_at=dbclock.now() - timedelta(seconds=2 * scheduler_settings.LEASE_RENEW_SECONDS + 1)
     )
     response = client.get("/leaderz")
     body = response.json()
@@ -206,7 +206,7 @@ def test_metrics__names_present_and_values_follow_executions(client: Client, lea
     assert 'scheduler_executions_total{status="succeeded",task="scheduler.echo",trigger="scheduled"}' not in before
 
     # When executions are recorded, sent and finished, a schedule is due and a worker beats
-    now = leases.db_now()
+    now = dbclock.now()
     for n, lag in enumerate((0.02, 0.3, 4.0)):
         Execution.objects.create(
             idempotency_key=f"m{n}",
@@ -235,7 +235,7 @@ def test_metrics__names_present_and_values_follow_executions(client: Client, lea
 
 def test_metrics__after_crashes_only_the_lease_holder_leads_and_silent_instances_are_stale(client: Client) -> None:
     # Given three beats that each wrote is_leader=True; two were killed long ago, the third holds the lease
-    now = leases.db_now()
+    now = dbclock.now()
     for instance_id, age in (("host-1-dead", 416), ("host-2-dead", 325), ("host-3-live", 1.7)):
         seen = now - timedelta(seconds=age)
         Instance.objects.create(
@@ -253,7 +253,7 @@ def test_metrics__after_crashes_only_the_lease_holder_leads_and_silent_instances
     assert _value(text, f'{age}{{instance="host-3-live",role="beat",stale="false"}}') < 10
 
     # When the lease expires too (no beat left), Then nobody leads
-    Lease.objects.filter(name=scheduler_settings.LEASE_NAME).update(expires_at=leases.db_now() - timedelta(seconds=1))
+    Lease.objects.filter(name=scheduler_settings.LEASE_NAME).update(expires_at=dbclock.now() - timedelta(seconds=1))
     text = _metrics(client)
     assert _value(text, 'scheduler_instances{leader="true",role="beat"}') == 0
     assert _value(text, 'scheduler_instances{leader="false",role="beat"}') == 1

@@ -18,7 +18,7 @@ from django.core.cache import cache
 from django.test import Client
 from django_celery_results.models import TaskResult
 
-from scheduler import leases, schedules
+from scheduler import dbclock, schedules
 from scheduler.models import ApiToken, Execution, OperatorProfile, Schedule
 from scheduler.permissions import OPERATOR_GROUP, VIEWER_GROUP
 from tests.integration.api_support import TENANT_TASK, bind, make_execution, tables, token_client
@@ -38,7 +38,7 @@ def _fresh_throttle() -> None:
 
 def _schedule(name: str, tenant: str, task: str = TENANT_TASK) -> Schedule:
     schedule = Schedule(name=name, task=task, interval=60, tenant=tenant)
-    schedules.save(schedule, now=leases.db_now())
+    schedules.save(schedule, now=dbclock.now())
     return schedule
 
 
@@ -49,9 +49,9 @@ def world() -> dict[str, Any]:
     housekeeping = _schedule("housekeeping", ACME, task="scheduler.prune_executions")
     housekeeping_off = _schedule("housekeeping-off", ACME, task="scheduler.prune_executions")
     housekeeping_off.enabled = False
-    schedules.save(housekeeping_off, now=leases.db_now())
+    schedules.save(housekeeping_off, now=dbclock.now())
     housekeeping_paused = _schedule("housekeeping-paused", ACME, task="scheduler.prune_executions")
-    schedules.pause(housekeeping_paused, "by the deployer", now=leases.db_now())
+    schedules.pause(housekeeping_paused, "by the deployer", now=dbclock.now())
     rows = {
         "acme": acme,
         "globex": globex,
@@ -149,7 +149,7 @@ def test_api__a_tenant_operator_cannot_run_a_reserved_task_its_tenant_holds(
     world: dict[str, Any], acme_token: Client, label: str, method: str, path: str, body: Any
 ) -> None:
     # Given: the deployer put a housekeeping schedule in acme (trusted), with a finished execution
-    now = leases.db_now()
+    now = dbclock.now()
     if body == "BACKFILL":
         body = {"start": (now - timedelta(minutes=10)).isoformat(), "end": now.isoformat(), "dry_run": False}
     before = tables()
@@ -286,7 +286,7 @@ def test_admin__suggestions_hide_reserved_tasks_from_a_tenant(acme_staff: Client
 def test_admin__actions_refuse_a_reserved_task(
     world: dict[str, Any], acme_staff: Client, path: str, data: dict[str, str]
 ) -> None:
-    now = leases.db_now()
+    now = dbclock.now()
     ids = {key: row.pk for key, row in world.items()}
     stamps = {
         "START": (now - timedelta(minutes=10)).strftime("%Y-%m-%d %H:%M:%S"),

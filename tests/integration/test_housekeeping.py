@@ -12,7 +12,7 @@ import redis
 from django.db import connection, connections
 
 from project.celery import app
-from scheduler import broker, leases, schedules
+from scheduler import broker, dbclock, leases, schedules
 from scheduler.beat import LeaderScheduler
 from scheduler.models import Execution, Schedule
 
@@ -67,7 +67,7 @@ def due_now(name: str) -> Schedule:
     target = Schedule(name=name, task="scheduler.echo", interval=1)
     target.full_clean()
     schedules.save(target)
-    Schedule.objects.filter(pk=target.pk).update(next_run_at=leases.db_now().replace(microsecond=0))
+    Schedule.objects.filter(pk=target.pk).update(next_run_at=dbclock.now().replace(microsecond=0))
     return target
 
 
@@ -147,7 +147,7 @@ def test_reconcile__a_failing_pass_is_logged_and_the_next_one_runs(
     leader.housekeeping.reconciler.join(timeout=30)
     target.refresh_from_db()
     assert target.next_run_at is not None
-    assert target.next_run_at > leases.db_now() - timedelta(minutes=1)
+    assert target.next_run_at > dbclock.now() - timedelta(minutes=1)
 
 
 def test_broker_check__first_under_a_lease_on_the_tick_then_on_its_own_thread_every_interval(

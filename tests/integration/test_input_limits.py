@@ -19,7 +19,7 @@ from django.test.client import RequestFactory
 from rest_framework.request import Request
 
 import scheduler
-from scheduler import leases, limits, schedules
+from scheduler import dbclock, limits, schedules
 from scheduler.api.parsers import BoundedJSONParser, RequestTooLarge
 from scheduler.exceptions import SubmissionInvalid
 from scheduler.models import Execution, Schedule
@@ -394,13 +394,13 @@ def test_pause__a_reason_over_its_cap_is_refused_everywhere(operator: Client, st
 def hourly() -> Schedule:
     schedule = Schedule(name="hourly", task="scheduler.echo", interval=3600)
     schedule.full_clean()
-    schedules.save(schedule, now=leases.db_now())
+    schedules.save(schedule, now=dbclock.now())
     return schedule
 
 
 def fifteen_slots() -> tuple[str, str]:
     """Return (start, end) in ISO-8601 of a past range holding 15 slots of an hourly schedule."""
-    now = leases.db_now()
+    now = dbclock.now()
     end = now.replace(minute=0, second=0, microsecond=0) - HOUR
     return (end - 14 * HOUR).isoformat(), end.isoformat()
 

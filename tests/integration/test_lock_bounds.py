@@ -29,7 +29,7 @@ from typing import Any
 import pytest
 from django.db import Error, connection, transaction
 
-from scheduler import dispatch, executions, leases, outbox, schedules, session_limits
+from scheduler import dbclock, dispatch, executions, leases, outbox, schedules, session_limits
 from scheduler.executions import Claim
 from scheduler.models import Execution, Schedule
 
@@ -87,7 +87,7 @@ def schedule(name: str, **fields: Any) -> Schedule:
     created.full_clean()
     schedules.save(created)
     # Due now: the slot of its grid (the epoch + k * 60 s) that just passed.
-    Schedule.objects.filter(pk=created.pk).update(next_run_at=leases.db_now().replace(second=0, microsecond=0))
+    Schedule.objects.filter(pk=created.pk).update(next_run_at=dbclock.now().replace(second=0, microsecond=0))
     return Schedule.objects.get(pk=created.pk)
 
 
@@ -95,7 +95,7 @@ def running(of: Schedule | None = None, *, key: str = "e") -> Claim:
     execution = Execution.objects.create(
         idempotency_key=key,
         task="scheduler.echo",
-        scheduled_for=leases.db_now(),
+        scheduled_for=dbclock.now(),
         status=Status.QUEUED,
         celery_task_id=f"celery-{key}",
         schedule=of,
@@ -207,7 +207,7 @@ def test_leader__cancel_previous_in_flight_row_in_a_publishers_batch__left_at_on
     pending = Execution.objects.create(
         idempotency_key="in-batch",
         task="scheduler.echo",
-        scheduled_for=leases.db_now(),
+        scheduled_for=dbclock.now(),
         celery_task_id="celery-batch",
         schedule=previous,
     )
@@ -237,7 +237,7 @@ def test_leader__a_lock_nobody_names_in_advance__waits_a_bounded_time_and_commit
     schedule("other")
     slot = blocked.next_run_at
     insert = lambda: executions.insert(  # noqa: E731
-        [executions.execution_for(blocked, slot, status=Status.PENDING, now=leases.db_now())]
+        [executions.execution_for(blocked, slot, status=Status.PENDING, now=dbclock.now())]
     )
     with held_by_another(insert):
         # When the leader dispatches
@@ -261,7 +261,7 @@ def test_leader__rows_locked_everywhere__the_pass_ends_within_its_wait_budget(le
     # Given forty due schedules whose slots all sit in another open transaction
     targets = [schedule(f"s{number}") for number in range(40)]
     rows = [
-        executions.execution_for(target, target.next_run_at, status=Status.PENDING, now=leases.db_now())
+        executions.execution_for(target, target.next_run_at, status=Status.PENDING, now=dbclock.now())
         for target in targets
     ]
     with held_by_another(lambda: executions.insert(rows)):
@@ -280,7 +280,7 @@ def test_leader__rows_locked_everywhere__the_pass_ends_within_its_wait_budget(le
 def test_mark_lost__a_locked_row__passed_over_not_waited_for() -> None:
     # Given a running execution whose claim ran out, its row held by its frozen body's open transaction
     claim = running()
-    Execution.objects.filter(pk=claim.execution_id).update(lease_expires_at=leases.db_now() - timedelta(seconds=5))
+    Execution.objects.filter(pk=claim.execution_id).update(lease_expires_at=dbclock.now() - timedelta(seconds=5))
     with held_by_another(lambda: Execution.objects.filter(pk=claim.execution_id).update(checkpoint={"done": 1})):
         # When reconcile marks expired claims lost
         started = time.monotonic()
@@ -331,4 +331,4 @@ def test_renew__the_row_its_own_body_holds__counts_as_held_without_waiting() -> 
         assert seconds < 1.0 and held == {other}
         assert executions.moved_on([body]) == set()
     # And the checkpoint renewed the claim with it
-    assert Execution.objects.get(pk=body.execution_id).lease_expires_at > leases.db_now() + timedelta(seconds=20)
+    assert Execution.objects.get(pk=body.execution_id).lease_expires_at > dbclock.now() + timedelta(seconds=20)

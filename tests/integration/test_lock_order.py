@@ -23,7 +23,7 @@ import pytest
 from django.db import connection, transaction
 from django.test import Client
 
-from scheduler import dispatch, executions, leases, schedules
+from scheduler import dbclock, dispatch, executions, leases, schedules
 from scheduler.executions import Claim
 from scheduler.models import Execution, Schedule
 from tests.integration.test_metrics_counters import scrape, total
@@ -124,7 +124,7 @@ def test_final_inserts_whose_rows_meet_the_tallies_in_opposite_orders__no_deadlo
     # statement's rows reach every tally of both tasks, in opposite orders
     alpha = schedules.create(name="alpha", task="tests.alpha", interval=60)
     beta = schedules.create(name="beta", task="tests.beta", interval=60)
-    now = leases.db_now()
+    now = dbclock.now()
     rounds, per_task = 25, 40
     barrier = threading.Barrier(2, timeout=BOUND)
     errors: list[BaseException] = []
@@ -181,7 +181,7 @@ def test_schedule_delete__locks_the_schedule_before_its_executions() -> None:
     # its transaction has locked the schedule row (schedule first, then the
     # execution: the documented lock order) and is about to write the execution
     target = schedules.create(name="doomed", task="scheduler.echo", interval=60)
-    now = leases.db_now()
+    now = dbclock.now()
     execution = executions.execution_for(target, now, status=Status.PENDING, now=now)
     execution.save()
     claimed = executions.claim(
@@ -224,7 +224,7 @@ def test_schedule_delete__locks_the_schedule_before_its_executions() -> None:
 def test_schedule_queryset_delete__locks_the_schedules_before_their_executions() -> None:
     # Given two schedules with running executions, and a worker finishing one of them
     # (schedule row locked, execution about to be written)
-    now = leases.db_now()
+    now = dbclock.now()
     targets, claims = [], []
     for name in ("doomed-1", "doomed-2"):
         target = schedules.create(name=name, task="scheduler.echo", interval=60)

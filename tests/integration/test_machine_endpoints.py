@@ -11,7 +11,7 @@ from django.core.checks import run_checks
 from django.test import Client
 
 import tests.tasks  # noqa: F401 -- registers tests.record with the Celery app
-from scheduler import checks, leases, schedules
+from scheduler import checks, dbclock, schedules
 from scheduler.conf import settings as scheduler_settings
 from scheduler.models import Schedule
 
@@ -27,8 +27,8 @@ def overdue() -> Schedule:
     """A schedule of tenant "acme" that has not succeeded for an hour: both endpoints name it."""
     schedule = Schedule(name="acme-payroll", task="tests.record", interval=60, tenant="acme")
     schedule.full_clean()
-    schedules.save(schedule, now=leases.db_now() - timedelta(hours=1))
-    Schedule.objects.filter(pk=schedule.pk).update(last_success_at=leases.db_now() - timedelta(hours=1))
+    schedules.save(schedule, now=dbclock.now() - timedelta(hours=1))
+    Schedule.objects.filter(pk=schedule.pk).update(last_success_at=dbclock.now() - timedelta(hours=1))
     return schedule
 
 
@@ -109,7 +109,7 @@ def test_deploy_check__warns_when_debug_is_off_and_no_token_is_set(settings: Any
 def test_metrics__per_schedule_series_carry_the_tenant() -> None:
     # Given schedules of two tenants, with the same name (names are unique per tenant), and one
     # bound to no tenant, each with a success
-    now = leases.db_now()
+    now = dbclock.now()
     named = (("payroll", "acme"), ("payroll", "globex"), ("cleanup", ""))
     for name, tenant in named:
         schedules.create(name=name, task="tests.record", interval=60, tenant=tenant)

@@ -16,7 +16,7 @@ from django.db.models.functions import Now
 from django.test import Client
 
 import tests.tasks  # noqa: F401 -- registers tests.record with the Celery app
-from scheduler import backfill, executions, leases, prune, schedules
+from scheduler import backfill, dbclock, executions, leases, prune, schedules
 from scheduler.conf import settings as scheduler_settings
 from scheduler.models import Execution, Lease, Schedule, tally
 from scheduler.models.tally import TallyIncrement
@@ -50,7 +50,7 @@ def running(schedule: Schedule | None = None, key: str = "k", task: str = "tests
             idempotency_key=key,
             task=task,
             schedule=schedule,
-            scheduled_for=leases.db_now(),
+            scheduled_for=dbclock.now(),
             status=Status.PENDING,
             celery_task_id=f"c-{key}",
         )
@@ -63,7 +63,7 @@ def running(schedule: Schedule | None = None, key: str = "k", task: str = "tests
 def test_executions_total__each_final_move_counts_once_whatever_the_path() -> None:
     # Given a schedule and nothing counted yet
     schedule = schedules.create(name="s", task="tests.record", interval=60)
-    now = leases.db_now()
+    now = dbclock.now()
     # When executions end through each path: finish, cancel in bulk, inserted final (twice), lost then failed
     assert executions.finish(running(schedule, "a"), status=Status.SUCCEEDED)
     assert not executions.finish(executions.Claim(execution_id=0, attempt=1), status=Status.SUCCEEDED)
@@ -100,7 +100,7 @@ def test_executions_total__only_increase_across_a_prune_and_a_web_restart(redis_
     first = counters(_scrape_process(redis_url))
     assert total(first, "succeeded") == 3 and total(first, "failed") == 1
     # When every execution is pruned, one more succeeds, and another web process answers the next scrape
-    deleted = prune.prune_executions(older_than=leases.db_now() + timedelta(days=1)).deleted
+    deleted = prune.prune_executions(older_than=dbclock.now() + timedelta(days=1)).deleted
     assert deleted == 4 and not Execution.objects.exists()
     assert executions.finish(running(schedule, "g"), status=Status.SUCCEEDED)
     second = counters(_scrape_process(redis_url))
@@ -134,7 +134,7 @@ def _fetch(port: int) -> str | None:
 def test_dispatch_lag__twenty_backfilled_slots_leave_the_histogram_unchanged(client: Client, redis_url: str) -> None:
     # Given scheduled slots sent lately, with lags of 0.02 s, 0.3 s and 4 s
     schedule = schedules.create(name="s", task="tests.record", interval=60)
-    now = leases.db_now()
+    now = dbclock.now()
     for n, lag in enumerate((0.02, 0.3, 4.0)):
         slot = now - timedelta(seconds=30 + n)
         execution = executions.execution_for(schedule, slot, status=Status.PENDING, now=now)
@@ -159,7 +159,7 @@ def test_task_duration__histogram_of_run_time_per_task(client: Client) -> None:
     # Given two runs of 2 s and one of 40 s, finished
     for key, seconds in (("a", 2), ("b", 2), ("c", 40)):
         held = running(key=key)
-        Execution.objects.filter(pk=held.execution_id).update(started_at=leases.db_now() - timedelta(seconds=seconds))
+        Execution.objects.filter(pk=held.execution_id).update(started_at=dbclock.now() - timedelta(seconds=seconds))
         assert executions.finish(held, status=Status.SUCCEEDED)
     samples = scrape(client)
     bucket = 'scheduler_task_duration_seconds_bucket{{le="{}",task="tests.record"}}'
@@ -178,7 +178,7 @@ def test_task_duration__histogram_of_run_time_per_task(client: Client) -> None:
 def test_executions_current_and_leader_present(client: Client) -> None:
     # Given nobody holds the lease, and executions pending, queued and running on two queues
     assert scrape(client)[f'scheduler_leader_present{{lease="{scheduler_settings.LEASE_NAME}"}}'] == 0
-    now = leases.db_now()
+    now = dbclock.now()
     for n, (status, queue) in enumerate(
         [(Status.PENDING, ""), (Status.QUEUED, "reports"), (Status.QUEUED, "reports"), (Status.SUCCEEDED, "reports")]
     ):
@@ -204,7 +204,7 @@ def test_executions_current_and_leader_present(client: Client) -> None:
 def test_executions_total__never_decreases_while_folds_and_final_moves_run_at_once() -> None:
     # Given a schedule, and a folder, a writer of final rows and a reader, each on its own connection
     schedule = schedules.create(name="s", task="tests.record", interval=60)
-    now = leases.db_now()
+    now = dbclock.now()
     stop = threading.Event()
     errors: list[BaseException] = []
     seen: list[int] = []
@@ -267,7 +267,7 @@ def test_executions_total__never_decreases_while_folds_and_final_moves_run_at_on
 def test_migration_0019__counts_survive_both_directions() -> None:
     # Given one missed execution folded into the totals and one still an increment
     schedule = schedules.create(name="s", task="tests.record", interval=60)
-    now = leases.db_now()
+    now = dbclock.now()
 
     def miss(minutes: int) -> None:
         executions.insert(

@@ -16,7 +16,7 @@ import yaml
 from django.db.models.functions import Now
 from django.test import Client
 
-from scheduler import leases, schedules
+from scheduler import dbclock, leases, schedules
 from scheduler.conf import settings as scheduler_settings
 from scheduler.models import Execution, Instance, Schedule
 from tests.processes import ROOT
@@ -161,7 +161,7 @@ def test_dashboard_and_rules__every_query_names_a_metric_that_metrics_exports(cl
     # a finished execution (counters, duration), a queued one (current, oldest age), a sent
     # scheduled slot (lag) and a schedule with a last success
     assert leases.acquire(scheduler_settings.LEASE_NAME, "host-1-abc", ttl=10) is not None
-    now = leases.db_now()
+    now = dbclock.now()
     Instance.objects.create(instance_id="w-1", role="worker", hostname="h", pid=1, started_at=Now(), last_seen=Now())
     Execution.objects.create(
         idempotency_key="done",

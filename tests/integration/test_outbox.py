@@ -11,7 +11,7 @@ from celery import Celery
 from kombu.exceptions import OperationalError
 
 from project.celery import app
-from scheduler import executions, leases, outbox, schedules
+from scheduler import dbclock, executions, outbox, schedules
 from scheduler.exceptions import BrokerUnavailable
 from scheduler.models import Execution, Schedule
 from tests import tasks as test_tasks  # noqa: F401  (registers tests.record with the app)
@@ -33,7 +33,7 @@ def down() -> Iterator[Celery]:
 
 
 def pending(schedule: Schedule, count: int) -> list[Execution]:
-    now = leases.db_now()
+    now = dbclock.now()
     rows = [
         executions.execution_for(schedule, now - timedelta(seconds=n), status=Status.PENDING, now=now)
         for n in range(count)
@@ -95,7 +95,7 @@ def test_publish__broker_nobody_listens_on__broker_unavailable_and_nothing_marke
     rows = executions.message_rows(Execution.objects.all())
     # When they are published
     with pytest.raises(BrokerUnavailable) as raised:
-        outbox.publish(down, rows, now=leases.db_now())
+        outbox.publish(down, rows, now=dbclock.now())
     # Then the cause is the driver's error, and nothing claims to be sent
     assert isinstance(raised.value.__cause__, (OperationalError, OSError))
     assert not Execution.objects.filter(status=Status.QUEUED).exists()

@@ -13,7 +13,7 @@ from django.core.management import call_command
 from django.test import Client
 
 import tests.tasks  # noqa: F401 -- registers tests.record with the Celery app
-from scheduler import executions, leases, schedules
+from scheduler import dbclock, executions, schedules
 from scheduler.models import Execution, Schedule
 from tests.integration.api_support import token_client
 
@@ -40,7 +40,7 @@ def succeed(schedule: Schedule, key: str) -> None:
             idempotency_key=key,
             task=schedule.task,
             schedule=schedule,
-            scheduled_for=leases.db_now(),
+            scheduled_for=dbclock.now(),
             celery_task_id=key,
         )
     )
@@ -91,19 +91,19 @@ def test_resume__gives_a_full_window_from_the_next_slot() -> None:
 
 def test_success__moves_the_deadline_one_window_past_the_success() -> None:
     # Given a schedule long overdue (created an hour ago, never succeeded)
-    schedule = make("s", now=leases.db_now() - timedelta(hours=1))
-    assert Schedule.objects.overdue(now=leases.db_now()).filter(pk=schedule.pk).exists()
+    schedule = make("s", now=dbclock.now() - timedelta(hours=1))
+    assert Schedule.objects.overdue(now=dbclock.now()).filter(pk=schedule.pk).exists()
     # When a run succeeds
     succeed(schedule, "a")
     # Then its last success is stamped and the deadline is 2 intervals later; it is no longer overdue
     schedule.refresh_from_db()
     assert schedule.last_success_at is not None
     assert schedule.overdue_at == schedule.last_success_at + timedelta(seconds=120)
-    assert not Schedule.objects.overdue(now=leases.db_now()).exists()
+    assert not Schedule.objects.overdue(now=dbclock.now()).exists()
 
 
 def test_failure__leaves_the_deadline_where_the_last_success_put_it() -> None:
-    schedule = make("s", now=leases.db_now())
+    schedule = make("s", now=dbclock.now())
     succeed(schedule, "a")
     schedule.refresh_from_db()
     deadline = schedule.overdue_at
@@ -112,7 +112,7 @@ def test_failure__leaves_the_deadline_where_the_last_success_put_it() -> None:
             idempotency_key="b",
             task=schedule.task,
             schedule=schedule,
-            scheduled_for=leases.db_now(),
+            scheduled_for=dbclock.now(),
             celery_task_id="b",
         )
     )
@@ -126,12 +126,12 @@ def test_failure__leaves_the_deadline_where_the_last_success_put_it() -> None:
 @pytest.fixture
 def late() -> dict[str, Schedule]:
     """One overdue schedule, the same overdue but paused or disabled, and one on time."""
-    an_hour_ago = leases.db_now() - timedelta(hours=1)
+    an_hour_ago = dbclock.now() - timedelta(hours=1)
     made = {
         "late": make("late", now=an_hour_ago),
         "paused": make("paused-late", now=an_hour_ago),
         "off": make("off-late", now=an_hour_ago),
-        "fine": make("fine", now=leases.db_now()),
+        "fine": make("fine", now=dbclock.now()),
     }
     schedules.pause(made["paused"], "maintenance", now=an_hour_ago)
     made["off"].enabled = False
@@ -208,7 +208,7 @@ def test_overdue_count__stops_at_the_cap(monkeypatch: pytest.MonkeyPatch) -> Non
     from scheduler import metrics
 
     for name in ("a", "b", "c"):
-        make(name, now=leases.db_now() - timedelta(hours=1))
+        make(name, now=dbclock.now() - timedelta(hours=1))
     monkeypatch.setattr(metrics, "COUNT_CAP", 2)
     # Then the scrape counts two: a bounded scan, whatever the backlog
     text = Client().get("/metrics").content.decode()

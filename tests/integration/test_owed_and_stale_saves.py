@@ -22,7 +22,7 @@ from django.http import HttpRequest
 from django.test import RequestFactory
 
 from project.celery import app
-from scheduler import dispatch, executions, leases, operations, schedules, timing
+from scheduler import dbclock, dispatch, executions, leases, operations, schedules, timing
 from scheduler.beat import LeaderScheduler
 from scheduler.conf import settings as scheduler_settings
 from scheduler.exceptions import ScheduleWriteRefused
@@ -76,8 +76,8 @@ def test_audit__slots_inside_a_pause__not_owed_after_resume(redis_client: redis.
     # Given an every-second schedule with a long catch-up window, paused, while slots pass
     target = make("paused", interval=1, catchup_window=600)
     command("schedules", "pause", "paused", "--reason", "vendor outage")
-    paused_at = leases.db_now()
-    assert wait_until(lambda: leases.db_now() > paused_at + timedelta(seconds=2.5), timeout=10)
+    paused_at = dbclock.now()
+    assert wait_until(lambda: dbclock.now() > paused_at + timedelta(seconds=2.5), timeout=10)
 
     # When it is resumed and reconcile repairs what it finds missing
     command("schedules", "resume", "paused")
@@ -92,7 +92,7 @@ def test_audit__slots_inside_a_pause__not_owed_after_resume(redis_client: redis.
 def test_audit__cron_edited__past_slots_of_the_new_expression_not_owed(redis_client: redis.Redis) -> None:
     # Given a daily schedule created two hours ago with a one-hour catch-up window
     target = make("edited", cron="0 3 * * *", catchup_window=3600)
-    two_hours_ago = leases.db_now() - timedelta(hours=2)
+    two_hours_ago = dbclock.now() - timedelta(hours=2)
     Schedule.objects.filter(pk=target.pk).update(created_at=two_hours_ago, owed_since=two_hours_ago)
 
     # When its cron becomes every minute, and reconcile repairs what it finds missing
@@ -108,7 +108,7 @@ def test_audit__cron_edited__past_slots_of_the_new_expression_not_owed(redis_cli
 def test_audit__catchup_window_longer_than_retention__pruned_slots_not_run_again(redis_client: redis.Redis) -> None:
     # Given a daily schedule 40 days old with a 45-day catch-up window, whose executions
     # older than the retention (30 days by default) were pruned and the newer ones kept
-    now = leases.db_now()
+    now = dbclock.now()
     start = (now - timedelta(days=40)).replace(microsecond=0)
     target = make("daily", interval=86400, start_at=start, catchup_window=45 * 86400)
     Schedule.objects.filter(pk=target.pk).update(created_at=start, owed_since=start)
@@ -134,7 +134,7 @@ def test_audit__catchup_window_longer_than_retention__pruned_slots_not_run_again
 
 def test_audit__more_schedules_than_one_pass__every_one_audited_over_successive_passes() -> None:
     # Given 2,500 minutely schedules, each with 3 slots in its window that have no execution
-    now = leases.db_now()
+    now = dbclock.now()
     last = now.replace(second=0, microsecond=0)
     hour_ago = now - timedelta(hours=1)
     Schedule.objects.bulk_create(
@@ -170,7 +170,7 @@ def test_audit__more_schedules_than_one_pass__every_one_audited_over_successive_
 
 
 def behind(**fields: Any) -> Schedule:
-    start = leases.db_now().replace(microsecond=0) - timedelta(seconds=1205)
+    start = dbclock.now().replace(microsecond=0) - timedelta(seconds=1205)
     target = make("stale", interval=600, start_at=start, catchup_window=300, overlap="cancel_previous", **fields)
     Schedule.objects.filter(pk=target.pk).update(next_run_at=start)
     return target
@@ -189,7 +189,7 @@ def worker_finishes_a_run(target: Schedule, status: str) -> None:
         task=target.task,
         status=Status.RUNNING,
         scheduled_for=slot_t(target) - timedelta(hours=1),
-        started_at=leases.db_now(),
+        started_at=dbclock.now(),
     )
     error = "boom" if status != Status.SUCCEEDED else ""
     assert executions.finish(executions.Claim.of(earlier), status=status, error=error)
@@ -247,24 +247,24 @@ def command_update(pk: int) -> Callable[[], None]:
     def write() -> None:
         schedule.description = "edited"
         operations.validate_schedule(schedule, app=app, scope=EVERY_TENANT)
-        schedules.save(schedule, now=leases.db_now())
+        schedules.save(schedule, now=dbclock.now())
 
     return write
 
 
 def command_enable(pk: int) -> Callable[[], None]:
     schedule = loaded(pk)
-    return lambda: schedules.set_enabled(schedule, True, now=leases.db_now())
+    return lambda: schedules.set_enabled(schedule, True, now=dbclock.now())
 
 
 def command_pause(pk: int) -> Callable[[], None]:
     schedule = loaded(pk)
-    return lambda: schedules.pause(schedule, "maintenance", now=leases.db_now())
+    return lambda: schedules.pause(schedule, "maintenance", now=dbclock.now())
 
 
 def command_resume(pk: int) -> Callable[[], None]:
     schedule = loaded(pk)
-    return lambda: schedules.resume(schedule, now=leases.db_now())
+    return lambda: schedules.resume(schedule, now=dbclock.now())
 
 
 def admin_form(pk: int) -> Callable[[], None]:

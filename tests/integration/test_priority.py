@@ -11,7 +11,7 @@ import redis
 
 import scheduler
 from project.celery import app
-from scheduler import audit, executions, leases, operations, outbox, schedules
+from scheduler import audit, dbclock, executions, operations, outbox, schedules
 from scheduler.exceptions import SubmissionInvalid
 from scheduler.models import Execution
 from scheduler.tenancy import EVERY_TENANT
@@ -53,14 +53,14 @@ def test_submit__priority_stored_and_sent(
 
 def test_execution_for__copies_the_schedule_priority() -> None:
     schedule = schedules.create(name="p", task="tests.record", interval=60, priority=3)
-    now = leases.db_now()
+    now = dbclock.now()
     assert executions.execution_for(schedule, now, status=Execution.Status.PENDING, now=now).priority == 3
 
 
 def test_pending_row_sent_by_the_leader__with_its_priority(redis_client: redis.Redis) -> None:
     # Given a pending execution of a schedule with priority 6 (the beat's fires are built this way)
     schedule = schedules.create(name="p", task="tests.record", interval=60, priority=6)
-    now = leases.db_now()
+    now = dbclock.now()
     pending = executions.execution_for(schedule, now, status=Execution.Status.PENDING, now=now)
     pending.save(force_insert=True)
     # When the leader publishes pending rows
@@ -78,7 +78,7 @@ def test_retry__carries_the_priority(
         task="tests.record",
         status=Execution.Status.FAILED,
         priority=9,
-        scheduled_for=leases.db_now(),
+        scheduled_for=dbclock.now(),
     )
     # When an operator retries it
     with django_capture_on_commit_callbacks(execute=True):

@@ -10,7 +10,7 @@ import pytest
 from django.contrib.auth import get_user_model
 from django.test import Client
 
-from scheduler import leases
+from scheduler import dbclock
 from scheduler.models import Execution
 
 pytestmark = pytest.mark.django_db
@@ -20,7 +20,7 @@ def _execution(
     key: str, *, queue: str, waited: float, status: str = Execution.Status.QUEUED, **fields: Any
 ) -> Execution:
     """Record an execution created and due ``waited`` seconds ago (database clock)."""
-    then = leases.db_now() - timedelta(seconds=waited)
+    then = dbclock.now() - timedelta(seconds=waited)
     execution = Execution.objects.create(
         idempotency_key=key, task="tests.record", queue=queue, status=status, scheduled_for=then, **fields
     )
@@ -31,7 +31,7 @@ def _execution(
 @pytest.fixture
 def backlog() -> None:
     # An orphan queue with a 40-minute-old execution (just re-sent by reconcile, so enqueued_at is fresh)
-    now = leases.db_now()
+    now = dbclock.now()
     _execution("orphan-old", queue="orphan", waited=2400, enqueued_at=now)
     _execution("orphan-new", queue="orphan", waited=30, enqueued_at=now)
     # The default queue, 10 seconds behind; a 2-hour countdown not due yet; and a finished old one

@@ -13,7 +13,7 @@ from celery import Celery
 from django.db import connection
 
 from project.celery import app
-from scheduler import executions, leases, schedules
+from scheduler import dbclock, executions, schedules
 from scheduler.beat import LeaderScheduler
 from scheduler.conf import settings as scheduler_settings
 from scheduler.models import Execution, Instance, Schedule
@@ -42,7 +42,7 @@ def schedule(name: str, **fields: Any) -> Schedule:
 
 
 def execution(key: str, target: Schedule | None = None, **fields: Any) -> Execution:
-    fields.setdefault("scheduled_for", leases.db_now() - timedelta(hours=1))
+    fields.setdefault("scheduled_for", dbclock.now() - timedelta(hours=1))
     fields.setdefault("celery_task_id", f"celery-{key}")
     return Execution.objects.create(idempotency_key=key, schedule=target, task="scheduler.echo", **fields)
 
@@ -54,7 +54,7 @@ def backdate(row: Execution | Instance | Schedule, **fields: Any) -> None:
 
 def running_with_expired_lease(key: str, target: Schedule | None = None, **fields: Any) -> Execution:
     row = execution(key, target, status=Status.RUNNING, worker="dead-host:1", **fields)
-    now = leases.db_now()
+    now = dbclock.now()
     backdate(row, started_at=now - timedelta(minutes=5), lease_expires_at=now - timedelta(seconds=1))
     return row
 
@@ -80,10 +80,10 @@ def test_lost__attempts_left__retrying_next_attempt_and_sent(redis_client: redis
     # Given a running execution whose worker stopped renewing its lease, with a retry left
     lost = running_with_expired_lease("lost", max_retries=1)
     alive = execution("alive", status=Status.RUNNING)
-    backdate(alive, lease_expires_at=leases.db_now() + timedelta(seconds=30))
+    backdate(alive, lease_expires_at=dbclock.now() + timedelta(seconds=30))
 
     # When reconciled
-    report = reconcile(now=leases.db_now(), app=app)
+    report = reconcile(now=dbclock.now(), app=app)
 
     # Then it is retried as attempt 2 and sent; the one still renewing is untouched
     lost.refresh_from_db()
@@ -103,7 +103,7 @@ def test_lost__worker_lost_is_run_again_beyond_max_retries_up_to_lost_retries(
     lost = running_with_expired_lease("lost", max_retries=0, attempt=attempt)
 
     # When reconciled
-    report = reconcile(now=leases.db_now(), app=app)
+    report = reconcile(now=dbclock.now(), app=app)
 
     # Then it runs again until it has lost three workers, then fails with the reason
     assert kinds(report) == [(kind, lost.pk)]
@@ -115,7 +115,7 @@ def test_lost__no_attempts_left__failed_and_counted_on_its_schedule() -> None:
     lost = running_with_expired_lease("lost", target, max_retries=1, attempt=2)
 
     # When reconciled
-    report = reconcile(now=leases.db_now(), app=app)
+    report = reconcile(now=dbclock.now(), app=app)
 
     # Then it failed with the reason, and the schedule counted the failure like a worker would
     lost.refresh_from_db()
@@ -132,7 +132,7 @@ def test_lost__no_attempts_left__failed_and_counted_on_its_schedule() -> None:
 
 def test_pending__older_than_threshold__sent_and_queued(redis_client: redis.Redis) -> None:
     # Given pending executions: one old, one fresh, one old but held by overlap=buffer_one
-    now = leases.db_now()
+    now = dbclock.now()
     old = execution("old", status=Status.PENDING)
     fresh = execution("fresh", status=Status.PENDING)
     held = execution("held", status=Status.PENDING, held=True)
@@ -151,7 +151,7 @@ def test_pending__older_than_threshold__sent_and_queued(redis_client: redis.Redi
 
 def test_queued__never_claimed__sent_again_once_per_threshold(redis_client: redis.Redis) -> None:
     # Given a queued execution sent 20 minutes ago and never claimed, and one sent just now
-    now = leases.db_now()
+    now = dbclock.now()
     stale = execution("stale", status=Status.QUEUED, enqueued_at=now - timedelta(minutes=20))
     recent = execution("recent", status=Status.QUEUED, enqueued_at=now)
 
@@ -172,11 +172,11 @@ def test_queued__a_plain_celery_call_recorded_but_never_claimed__sent_again(redi
     # Given a plain Celery call (``.delay()``) that a worker recorded as its
     # ad-hoc execution and then died before claiming (the message was lost with it)
     key = executions.record_ad_hoc(
-        "plain-1", task="scheduler.echo", args=[], kwargs={}, queue="", timeout=None, now=leases.db_now()
+        "plain-1", task="scheduler.echo", args=[], kwargs={}, queue="", timeout=None, now=dbclock.now()
     )
     recorded = Execution.objects.get(idempotency_key=key)
-    backdate(recorded, scheduled_for=leases.db_now() - timedelta(hours=1))
-    later = leases.db_now() + timedelta(seconds=scheduler_settings.RECONCILE_QUEUED_AFTER_SECONDS + 1)
+    backdate(recorded, scheduled_for=dbclock.now() - timedelta(hours=1))
+    later = dbclock.now() + timedelta(seconds=scheduler_settings.RECONCILE_QUEUED_AFTER_SECONDS + 1)
 
     # When reconciled once it has waited past the threshold
     report = reconcile(now=later, app=app)
@@ -189,7 +189,7 @@ def test_queued__a_plain_celery_call_recorded_but_never_claimed__sent_again(redi
 def test_queued__without_enqueued_at__sent_again_by_when_it_was_recorded(redis_client: redis.Redis) -> None:
     # Given a queued execution recorded 20 minutes ago without enqueued_at (as
     # plain Celery calls were), and one recorded just now
-    now = leases.db_now()
+    now = dbclock.now()
     old = execution("old", status=Status.QUEUED)
     backdate(old, created_at=now - timedelta(minutes=20))
     execution("new", status=Status.QUEUED)
@@ -205,7 +205,7 @@ def test_queued__without_enqueued_at__sent_again_by_when_it_was_recorded(redis_c
 
 def test_send__broker_unreachable__reported_and_rows_left_waiting() -> None:
     # Given an old pending execution and a broker nobody listens on
-    now = leases.db_now()
+    now = dbclock.now()
     old = execution("old", status=Status.PENDING)
     backdate(old, created_at=now - timedelta(minutes=5))
     down = Celery("down", broker="redis://127.0.0.1:9/0", set_as_current=False)
@@ -227,7 +227,7 @@ def test_send__broker_unreachable__reported_and_rows_left_waiting() -> None:
 
 def test_next_run_at__unset_or_not_a_slot__recomputed_and_due_ones_left_alone() -> None:
     # Given three minutely schedules: next_run_at unset, off the minute, and due (a past slot)
-    now = leases.db_now()
+    now = dbclock.now()
     unset, off, due = (schedule(name) for name in ("unset", "off", "due"))
     backdate(unset, next_run_at=None)
     backdate(off, next_run_at=last_slot(now) + timedelta(seconds=7))
@@ -245,7 +245,7 @@ def test_next_run_at__unset_or_not_a_slot__recomputed_and_due_ones_left_alone() 
 
 def test_instances__silent_too_long__removed() -> None:
     # Given a worker last seen two hours ago and a beat seen just now
-    now = leases.db_now()
+    now = dbclock.now()
     common = dict(hostname="h", pid=1, started_at=now - timedelta(hours=3))
     stale = Instance.objects.create(instance_id="h-1-old", role="worker", last_seen=now - timedelta(hours=2), **common)
     Instance.objects.create(instance_id="h-2-new", role="beat", last_seen=now, **common)
@@ -274,7 +274,7 @@ def audited(now: datetime, **fields: Any) -> tuple[Schedule, list[datetime]]:
 
 def test_audit__slot_without_execution__reported_and_nothing_written() -> None:
     # Given a schedule whose slots in its window all have executions but one
-    now = leases.db_now()
+    now = dbclock.now()
     target, slots = audited(now)
     for slot in (slots[0], slots[2]):
         execution(executions.key(target, slot), target, scheduled_for=slot, status=Status.SUCCEEDED)
@@ -300,7 +300,7 @@ def test_audit__repair__records_missing_slots_by_misfire_policy(
     redis_client: redis.Redis, misfire: str, expected: list[str]
 ) -> None:
     # Given a schedule none of whose 3 slots in its window has an execution
-    now = leases.db_now()
+    now = dbclock.now()
     target, slots = audited(now, misfire=misfire)
 
     # When reconciled with repair, twice
@@ -321,7 +321,7 @@ def test_audit__repair__records_missing_slots_by_misfire_policy(
 
 def test_audit__slots_before_owed_since_or_from_next_run_at_on__not_owed() -> None:
     # Given a minutely schedule owing slots from 90 s before its last slot, which is due but not fired yet
-    now = leases.db_now()
+    now = dbclock.now()
     target = schedule("new", catchup_window=600)
     last = last_slot(now)
     backdate(target, created_at=last - timedelta(seconds=90), owed_since=last - timedelta(seconds=90), next_run_at=last)
@@ -340,7 +340,7 @@ def test_audit__slots_before_owed_since_or_from_next_run_at_on__not_owed() -> No
 
 def test_dry_run__reports_every_step_and_changes_nothing(redis_client: redis.Redis) -> None:
     # Given something for every step to do
-    now = leases.db_now()
+    now = dbclock.now()
     target, _ = audited(now)
     retry = running_with_expired_lease("retry", max_retries=1)
     fail = running_with_expired_lease("fail", target)
@@ -380,7 +380,7 @@ def snapshot() -> tuple[list[dict[str, Any]], ...]:
 def test_two_passes_at_once__each_change_made_once(redis_client: redis.Redis) -> None:
     # Given many lost executions (some with a retry left), a schedule with missing slots,
     # an old pending execution and stale instances
-    now = leases.db_now()
+    now = dbclock.now()
     target, slots = audited(now)
     retrying = [running_with_expired_lease(f"r{i}", max_retries=1) for i in range(20)]
     failing = [running_with_expired_lease(f"f{i}", target) for i in range(20)]

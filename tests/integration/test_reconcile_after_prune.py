@@ -20,7 +20,7 @@ from django.core.management import call_command
 
 import scheduler.reconcile as reconcile_module
 from project.celery import app
-from scheduler import executions, leases, prune, schedules, tasks, timing
+from scheduler import dbclock, executions, prune, schedules, tasks, timing
 from scheduler.models import Execution, Schedule
 from scheduler.reconcile import reconcile
 
@@ -52,7 +52,7 @@ def with_history(name: str, *, interval: int, count: int, gap: slice) -> tuple[S
     The slot after the last one is due (its ``next_run_at``), so later slots
     are the beat's, not the audit's. Return the schedule and its gap's slots.
     """
-    now = leases.db_now()
+    now = dbclock.now()
     last = datetime.fromtimestamp(int(now.timestamp()) // interval * interval, tz=timezone.utc)
     start = last - timedelta(seconds=interval * count)
     target = Schedule(
@@ -162,12 +162,12 @@ def test_prune_commits_between_the_audits_reads__its_slots_not_reported(
     read_keys = reconcile_module._present_keys
 
     def prune_first(keys: list[str]) -> set[str]:
-        prune.prune_executions(older_than=leases.db_now() - timedelta(seconds=300))
+        prune.prune_executions(older_than=dbclock.now() - timedelta(seconds=300))
         return read_keys(keys)
 
     # When a prune commits after the audit read the schedule, before it reads the executions
     monkeypatch.setattr(reconcile_module, "_present_keys", prune_first)
-    report = reconcile(now=leases.db_now(), app=app)
+    report = reconcile(now=dbclock.now(), app=app)
 
     # Then the slots it pruned are not reported, the ones that never ran are
     assert [(change.kind, change.detail) for change in report.changes] == [
@@ -184,12 +184,12 @@ def test_prune_commits_before_a_repair_records__nothing_up_to_its_mark_recorded(
     plan = reconcile_module._misfire_plan
 
     def prune_first(*args: Any, **kwargs: Any) -> list[tuple[datetime, str]]:
-        prune.prune_executions(older_than=leases.db_now() - timedelta(seconds=300))
+        prune.prune_executions(older_than=dbclock.now() - timedelta(seconds=300))
         return plan(*args, **kwargs)
 
     # When the audit found the gap missing, and a prune of the runs before 300 s ago commits before the repair records it
     monkeypatch.setattr(reconcile_module, "_misfire_plan", prune_first)
-    report = reconcile(now=leases.db_now(), repair=True, app=app)
+    report = reconcile(now=dbclock.now(), repair=True, app=app)
 
     # Then the gap, now before the prune's mark, is not owed: nothing is recorded or sent
     assert report.changes == ()

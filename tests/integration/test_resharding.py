@@ -10,7 +10,7 @@ import pytest
 from django.db import connections, transaction
 
 from project.celery import app
-from scheduler import leases, liveness, resharding, schedules, shard_keeper, shards
+from scheduler import dbclock, leases, liveness, resharding, schedules, shard_keeper, shards
 from scheduler.beat import LeaderScheduler
 from scheduler.exceptions import LeaseLost
 from scheduler.leadership import OneLease
@@ -24,7 +24,7 @@ pytestmark = pytest.mark.django_db(transaction=True)
 def _due_schedules(count: int) -> list[Schedule]:
     """``count`` every-minute schedules with a slot due now."""
     created = [schedules.create(name=f"s{n}", task="scheduler.echo", interval=60) for n in range(count)]
-    Schedule.objects.update(next_run_at=leases.db_now().replace(second=0, microsecond=0))
+    Schedule.objects.update(next_run_at=dbclock.now().replace(second=0, microsecond=0))
     return created
 
 
@@ -167,7 +167,7 @@ def test_beat__one_lease_to_shards_and_back_on_its_next_tick(settings: Any, redi
 def _make_due(schedules: list[Schedule]) -> None:
     """Point the schedules at their latest slot again (its execution deleted), so exactly one slot is due."""
     Schedule.objects.filter(pk__in=[s.pk for s in schedules]).update(
-        next_run_at=leases.db_now().replace(second=0, microsecond=0)
+        next_run_at=dbclock.now().replace(second=0, microsecond=0)
     )
 
 

@@ -6,7 +6,7 @@ from datetime import datetime, timedelta
 
 import pytest
 
-from scheduler import dispatch, executions, leases, schedules
+from scheduler import dbclock, dispatch, executions, leases, schedules
 from scheduler.models import Execution, Schedule
 from scheduler.prune import prune_executions
 from scheduler.tenancy import EVERY_TENANT
@@ -27,7 +27,7 @@ def schedule(name: str, **fields: object) -> Schedule:
 
 def last_slot(every: int) -> datetime:
     """The latest interval slot at or before the database clock."""
-    now = leases.db_now()
+    now = dbclock.now()
     return now - timedelta(seconds=now.timestamp() % every)
 
 
@@ -37,7 +37,7 @@ def statuses(target: Schedule) -> list[str]:
 
 def wait_until_due(target: Schedule) -> None:
     target.refresh_from_db()
-    assert wait_until(lambda: leases.db_now() >= target.next_run_at, timeout=5)
+    assert wait_until(lambda: dbclock.now() >= target.next_run_at, timeout=5)
 
 
 def test_one_off__run_now_first_does_not_use_up_its_slot(lease: leases.LeaseHandle, redis_url: str) -> None:
@@ -45,7 +45,7 @@ def test_one_off__run_now_first_does_not_use_up_its_slot(lease: leases.LeaseHand
     from scheduler import audit, operations
 
     # Given a one-off that is due, run by hand once to try it out
-    run_at = leases.db_now() - timedelta(seconds=1)
+    run_at = dbclock.now() - timedelta(seconds=1)
     target = schedule("once", run_at=run_at)
     operations.run_now(target, app=app, scope=EVERY_TENANT, actor=audit.CLI)
 
@@ -105,10 +105,10 @@ def test_max_runs__pruning_does_not_reset_the_count(lease: leases.LeaseHandle) -
     target = schedule("s", interval=1, max_runs=2)
     Schedule.objects.filter(pk=target.pk).update(next_run_at=last_slot(1))
     assert len(dispatch.dispatch_due(lease).fired) == 1
-    Execution.objects.filter(schedule=target).update(status=Status.SUCCEEDED, finished_at=leases.db_now())
+    Execution.objects.filter(schedule=target).update(status=Status.SUCCEEDED, finished_at=dbclock.now())
 
     # When its executions are pruned and the next slot fires
-    assert prune_executions(older_than=leases.db_now() + timedelta(seconds=1)).deleted == 1
+    assert prune_executions(older_than=dbclock.now() + timedelta(seconds=1)).deleted == 1
     wait_until_due(target)
     report = dispatch.dispatch_due(lease)
 
@@ -123,7 +123,7 @@ def test_max_runs__a_slot_that_already_has_an_execution_is_not_counted(lease: le
     slot = last_slot(86400)
     target = schedule("s", interval=86400, max_runs=1, catchup_window=2 * 86400)
     Schedule.objects.filter(pk=target.pk).update(next_run_at=slot)
-    executions.record_slots(target, [(slot, Status.PENDING)], now=leases.db_now(), trigger=Execution.Trigger.BACKFILL)
+    executions.record_slots(target, [(slot, Status.PENDING)], now=dbclock.now(), trigger=Execution.Trigger.BACKFILL)
 
     # When the leader dispatches that slot, its insert ignored by the unique key
     report = dispatch.dispatch_due(lease)
@@ -141,7 +141,7 @@ def test_missed__a_slot_that_already_has_an_execution_is_not_counted_missed_agai
     latest = last_slot(60)
     target = schedule("s", interval=60, catchup_window=60)
     Schedule.objects.filter(pk=target.pk).update(next_run_at=latest - timedelta(minutes=5))
-    executions.record_slots(target, [(latest - timedelta(minutes=5), Status.MISSED)], now=leases.db_now())
+    executions.record_slots(target, [(latest - timedelta(minutes=5), Status.MISSED)], now=dbclock.now())
 
     # When the leader dispatches them
     report = dispatch.dispatch_due(lease)

@@ -19,7 +19,7 @@ from django.template import Context, Template
 from django.test import Client, RequestFactory
 from prometheus_client.parser import text_string_to_metric_families
 
-from scheduler import checks, leases, liveness, schedules, shards
+from scheduler import checks, dbclock, leases, liveness, schedules, shards
 from scheduler.conf import settings as scheduler_settings
 from scheduler.models import Instance, Lease, Schedule
 from tests.integration.command_support import refused, run
@@ -37,7 +37,7 @@ def sharded(settings: Any) -> None:
 
 def beat(instance_id: str, *, age: float = 1.0) -> Instance:
     """A beat replica whose last heartbeat was ``age`` seconds ago on the database clock."""
-    seen = leases.db_now() - timedelta(seconds=age)
+    seen = dbclock.now() - timedelta(seconds=age)
     return Instance.objects.create(
         instance_id=instance_id, role="beat", hostname="h", pid=1, started_at=seen, last_seen=seen
     )
@@ -89,7 +89,7 @@ def test_leases__sharded__one_line_per_shard_the_replicas_and_the_shard_not_held
 
 
 def test_leases__sharded__an_expired_shard_reads_not_held(three_replicas: None) -> None:
-    Lease.objects.filter(name="beat:1").update(expires_at=leases.db_now() - timedelta(seconds=1))
+    Lease.objects.filter(name="beat:1").update(expires_at=dbclock.now() - timedelta(seconds=1))
     data = json.loads(run("leases", "--json"))
     assert data["not_held"] == ["beat:1", "beat:3"]
     assert data["replicas"]["host-b"] == {"count": 0, "shards": []}
@@ -297,7 +297,7 @@ def test_leaderz__sharded__503_naming_shards_without_an_owner_that_renewed_and_r
 ) -> None:
     # Given shard 3 never taken, and shard 1's holder silent for longer than twice the renew interval
     limit = 2 * scheduler_settings.LEASE_RENEW_SECONDS
-    Lease.objects.filter(name="beat:1").update(renewed_at=leases.db_now() - timedelta(seconds=limit + 1))
+    Lease.objects.filter(name="beat:1").update(renewed_at=dbclock.now() - timedelta(seconds=limit + 1))
     # When probed
     response = client.get("/leaderz")
     # Then 503, naming both shards
@@ -383,7 +383,7 @@ def test_metrics__stranded_schedules_counted(client: Client, settings: Any) -> N
 def test_metrics__unsharded__leftover_shard_leases_are_no_leader_series(client: Client) -> None:
     # Given the count back at 1, shard leases left from before, and the beat's lease held
     hold("host-a", 0, 1)
-    Lease.objects.filter(name="beat:1").update(expires_at=leases.db_now() - timedelta(seconds=1))
+    Lease.objects.filter(name="beat:1").update(expires_at=dbclock.now() - timedelta(seconds=1))
     assert leases.acquire("beat", "host-a", ttl=10) is not None
     samples = scrape(client)
     # Then only the beat's lease reports presence (a leftover shard would alert for ever), and no shard series

@@ -10,7 +10,7 @@ import pytest
 
 import scheduler
 from project.celery import app
-from scheduler import leases
+from scheduler import dbclock
 from scheduler.exceptions import SubmissionInvalid
 from scheduler.models import Execution
 
@@ -75,7 +75,7 @@ def test_submit__same_key_returns_the_existing_execution_and_sends_nothing(
 
 
 def test_submit__countdown_schedules_it_later() -> None:
-    before = leases.db_now()
+    before = dbclock.now()
     execution = scheduler.submit("scheduler.echo", countdown=60)
     assert execution.scheduled_for >= before + timedelta(seconds=60)
 

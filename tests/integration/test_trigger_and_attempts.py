@@ -12,7 +12,18 @@ from django.core.management import call_command
 from django.core.management.base import CommandError
 
 from project.celery import app
-from scheduler import audit, backfill, dispatch, executions, leases, operations, reconcile, schedules, submissions
+from scheduler import (
+    audit,
+    backfill,
+    dbclock,
+    dispatch,
+    executions,
+    leases,
+    operations,
+    reconcile,
+    schedules,
+    submissions,
+)
 from scheduler.executions import Claim
 from scheduler.models import Execution, Schedule
 from scheduler.tenancy import EVERY_TENANT
@@ -26,7 +37,7 @@ Trigger = Execution.Trigger
 def _schedule(name: str = "often", **fields: object) -> Schedule:
     fields.setdefault("interval", 60)
     schedule = Schedule(name=name, task="scheduler.echo", **fields)
-    schedules.save(schedule, now=leases.db_now())
+    schedules.save(schedule, now=dbclock.now())
     return schedule
 
 
@@ -44,7 +55,7 @@ def _claim(execution_id: int, worker: str = "w@host:1") -> Claim:
 def test_trigger__a_slot_the_beat_fires_is_scheduled() -> None:
     # Given a due schedule
     schedule = _schedule()
-    Schedule.objects.filter(pk=schedule.pk).update(next_run_at=leases.db_now().replace(second=0, microsecond=0))
+    Schedule.objects.filter(pk=schedule.pk).update(next_run_at=dbclock.now().replace(second=0, microsecond=0))
     lease = leases.acquire("beat", "me", ttl=10)
     assert lease is not None
     # When
@@ -61,7 +72,7 @@ def test_trigger__run_now_retry_backfill_submit_and_a_plain_celery_call(redis_ur
     retry = operations.retry_execution(
         Execution.objects.get(pk=manual.pk), app=app, scope=EVERY_TENANT, actor=audit.CLI
     ).execution
-    now = leases.db_now()
+    now = dbclock.now()
     backfill.backfill(
         schedule, start=now - timedelta(hours=2, minutes=1), end=now - timedelta(minutes=1), now=now, app=app
     )
@@ -81,7 +92,7 @@ def test_trigger__run_now_retry_backfill_submit_and_a_plain_celery_call(redis_ur
 
 def test_trigger__slots_reconcile_repairs_stay_scheduled() -> None:
     # Given a schedule that owes its last slots (the leader was down)
-    now = leases.db_now()
+    now = dbclock.now()
     schedule = _schedule(interval=60)
     Schedule.objects.filter(pk=schedule.pk).update(
         owed_since=now - timedelta(minutes=3), next_run_at=now + timedelta(hours=1)
@@ -101,7 +112,7 @@ def test_attempt_errors__each_retried_attempt_and_the_last_are_listed() -> None:
     execution = Execution.objects.create(
         idempotency_key="k",
         task="scheduler.echo",
-        scheduled_for=leases.db_now(),
+        scheduled_for=dbclock.now(),
         status=Status.QUEUED,
         max_retries=2,
         celery_task_id="c",
@@ -134,13 +145,13 @@ def test_attempt_errors__a_stale_holder_appends_nothing() -> None:
     execution = Execution.objects.create(
         idempotency_key="k",
         task="scheduler.echo",
-        scheduled_for=leases.db_now(),
+        scheduled_for=dbclock.now(),
         status=Status.QUEUED,
         max_retries=3,
         celery_task_id="c",
     )
     stale = _claim(execution.pk, "a@host:1")
-    Execution.objects.filter(pk=execution.pk).update(lease_expires_at=leases.db_now() - timedelta(seconds=5))
+    Execution.objects.filter(pk=execution.pk).update(lease_expires_at=dbclock.now() - timedelta(seconds=5))
     _claim(execution.pk, "b@host:2")
     assert not executions.retry(stale, delay_seconds=0, error="late")
     execution.refresh_from_db()
@@ -150,10 +161,10 @@ def test_attempt_errors__a_stale_holder_appends_nothing() -> None:
 def test_attempt_errors__a_lost_attempt_retried_is_listed() -> None:
     # Given a lost attempt 1
     execution = Execution.objects.create(
-        idempotency_key="k", task="scheduler.echo", scheduled_for=leases.db_now(), status=Status.LOST, max_retries=1
+        idempotency_key="k", task="scheduler.echo", scheduled_for=dbclock.now(), status=Status.LOST, max_retries=1
     )
     # When reconcile retries it
-    assert executions.retry_lost(execution.pk, due=leases.db_now())
+    assert executions.retry_lost(execution.pk, due=dbclock.now())
     # Then
     execution.refresh_from_db()
     assert (execution.status, execution.attempt) == (Status.RETRYING, 2)
@@ -169,7 +180,7 @@ def _one_retry(settings: Any) -> Execution:
     return Execution.objects.create(
         idempotency_key="k",
         task="scheduler.echo",
-        scheduled_for=leases.db_now(),
+        scheduled_for=dbclock.now(),
         status=Status.QUEUED,
         max_retries=1,
         celery_task_id="c",
@@ -178,16 +189,16 @@ def _one_retry(settings: Any) -> Execution:
 
 def _lose(held: Claim) -> None:
     """Let the claim ``held`` run out, as a worker that died would."""
-    Execution.objects.filter(pk=held.execution_id).update(lease_expires_at=leases.db_now() - timedelta(seconds=5))
+    Execution.objects.filter(pk=held.execution_id).update(lease_expires_at=dbclock.now() - timedelta(seconds=5))
 
 
 def test_retries__an_attempt_lost_before_uses_none_of_the_tasks_retries(settings: Any) -> None:
     # Given attempt 1 lost with its worker and run again by reconcile
     execution = _one_retry(settings)
     _lose(_claim(execution.pk))
-    report = reconcile.reconcile(now=leases.db_now(), app=app)
+    report = reconcile.reconcile(now=dbclock.now(), app=app)
     assert [change.kind for change in report.changes] == ["lost_retrying"]
-    Execution.objects.filter(pk=execution.pk).update(enqueued_at=leases.db_now())  # its backoff is over
+    Execution.objects.filter(pk=execution.pk).update(enqueued_at=dbclock.now())  # its backoff is over
     # When attempt 2 raises an error
     second = _claim(execution.pk)
     # Then the task's one retry is still there
@@ -203,7 +214,7 @@ def test_retries__an_error_retried_before_does_not_count_as_a_lost_attempt(setti
     assert executions.retry(_claim(execution.pk), delay_seconds=0, error="RuntimeError: boom")
     _lose(_claim(execution.pk))
     # When reconcile finds it
-    report = reconcile.reconcile(now=leases.db_now(), app=app)
+    report = reconcile.reconcile(now=dbclock.now(), app=app)
     # Then it runs again: one lost attempt, one allowed
     assert [(change.kind, change.detail) for change in report.changes] == [
         ("lost_retrying", "Worker lost during attempt 2; retrying as attempt 3")
@@ -235,7 +246,7 @@ def test_retries__a_claim_taken_over_counts_as_a_lost_attempt_and_not_as_an_erro
 def test_enqueued_at__kept_when_a_worker_claimed_before_the_sender_marked_it(build: str) -> None:
     # Given a run-now (or an operator's retry) that an idle worker claimed as soon as the message arrived
     schedule = _schedule()
-    now = leases.db_now()
+    now = dbclock.now()
     if build == "run_now":
         execution = executions.run_now_for(schedule, now=now)
     else:
@@ -246,7 +257,7 @@ def test_enqueued_at__kept_when_a_worker_claimed_before_the_sender_marked_it(bui
     executions.record_one(execution)
     _claim(execution.pk)
     # When the sender gets to mark what it sent
-    assert executions.mark_queued([execution.pk], now=leases.db_now()) == 0
+    assert executions.mark_queued([execution.pk], now=dbclock.now()) == 0
     # Then it still says when it was sent, and the claim is untouched
     execution.refresh_from_db()
     assert (execution.status, execution.enqueued_at) == (Status.RUNNING, now)
@@ -271,10 +282,10 @@ def test_one_off__create_with_a_past_time_is_refused() -> None:
 
 
 def test_one_off__create_with_run_now_runs_at_once() -> None:
-    before = leases.db_now()
+    before = dbclock.now()
     printed = json.loads(_schedules("create", "once", "--task", "scheduler.echo", "--run-now", "--json"))
     schedule = Schedule.objects.get(name="once")
-    assert schedule.run_at is not None and before <= schedule.run_at <= leases.db_now()
+    assert schedule.run_at is not None and before <= schedule.run_at <= dbclock.now()
     assert schedule.next_run_at == schedule.run_at and printed["schedule"]["run_at"]
 
 
@@ -284,23 +295,23 @@ def test_one_off__run_now_and_at_together_are_refused() -> None:
 
 
 def test_one_off__update_to_a_past_time_is_refused_and_changes_nothing() -> None:
-    schedule = _schedule("once", interval=None, run_at=leases.db_now() + timedelta(days=1))
+    schedule = _schedule("once", interval=None, run_at=dbclock.now() + timedelta(days=1))
     with pytest.raises(CommandError, match="is in the past.*schedules run-now once"):
         _schedules("update", "once", "--at", "2020-01-01T00:00:00Z")
     assert Schedule.objects.get(pk=schedule.pk).run_at == schedule.run_at
 
 
 def test_one_off__its_description_may_change_after_its_time_passed() -> None:
-    schedule = _schedule("once", interval=None, run_at=leases.db_now() + timedelta(days=1))
-    Schedule.objects.filter(pk=schedule.pk).update(run_at=leases.db_now() - timedelta(days=1))
+    schedule = _schedule("once", interval=None, run_at=dbclock.now() + timedelta(days=1))
+    Schedule.objects.filter(pk=schedule.pk).update(run_at=dbclock.now() - timedelta(days=1))
     _schedules("update", "once", "--description", "ran yesterday")
     assert Schedule.objects.get(pk=schedule.pk).description == "ran yesterday"
 
 
 def test_one_off__a_missed_slot_says_missed_not_dispatched() -> None:
     # Given a one-off whose time is past its catch-up window (written before the refusal existed)
-    schedule = _schedule("once", interval=None, run_at=leases.db_now() + timedelta(days=1), catchup_window=60)
-    past = leases.db_now() - timedelta(hours=1)
+    schedule = _schedule("once", interval=None, run_at=dbclock.now() + timedelta(days=1), catchup_window=60)
+    past = dbclock.now() - timedelta(hours=1)
     Schedule.objects.filter(pk=schedule.pk).update(run_at=past, next_run_at=past)
     lease = leases.acquire("beat", "me", ttl=10)
     assert lease is not None

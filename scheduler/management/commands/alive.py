@@ -8,7 +8,7 @@ from typing import Any
 
 from django.core.management.base import CommandError, CommandParser
 
-from scheduler import leases
+from scheduler import dbclock
 from scheduler.management.base import SchedulerCommand, positive_number
 from scheduler.models import Instance
 
@@ -40,7 +40,7 @@ examples:
         parser.add_argument("--hostname", default=socket.gethostname(), help="default: this host")
 
     def handle(self, *args: Any, role: str, within: float, hostname: str, **options: Any) -> None:
-        now = leases.db_now()
+        now = dbclock.now()
         latest = Instance.objects.filter(role=role, hostname=hostname).order_by("-last_seen").first()
         if latest is None or latest.last_seen < now - timedelta(seconds=within):
             raise CommandError(self._why(role, hostname, within, latest, now=now))

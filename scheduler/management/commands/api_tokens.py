@@ -7,7 +7,7 @@ from typing import Any, cast
 from django.core.management.base import CommandError, CommandParser
 from django.db import transaction
 
-from scheduler import audit, leases, operations
+from scheduler import audit, dbclock, operations
 from scheduler.management.base import SchedulerCommand, parse_duration, text_table, text_value
 from scheduler.models import ApiToken
 
@@ -64,7 +64,7 @@ examples:
         if not tenant and not all_tenants:
             # A token bound to nothing would see nothing: refuse it rather than guess a scope.
             raise CommandError("give --tenant T or --all-tenants: a token is bound to one tenant or to every tenant")
-        now = leases.db_now()
+        now = dbclock.now()
         expires_at = None
         if expires is not None:
             age = parse_duration(expires, name="--expires")
@@ -97,7 +97,7 @@ examples:
         )
 
     def _list(self, *, json: bool, **options: Any) -> None:
-        now = leases.db_now()
+        now = dbclock.now()
         tokens = list(ApiToken.objects.order_by("name"))
         rows = [
             {

@@ -8,7 +8,7 @@ from zoneinfo import ZoneInfo
 
 from django.core.management.base import CommandError, CommandParser
 
-from scheduler import audit, leases
+from scheduler import audit, dbclock
 from scheduler.backfill import DEFAULT_LIMIT, BackfillReport, backfill
 from scheduler.exceptions import BackfillRefused, BackfillTooLarge
 from scheduler.management.base import (
@@ -79,7 +79,7 @@ examples:
                     schedule,
                     start=start,
                     end=end,
-                    now=leases.db_now(),
+                    now=dbclock.now(),
                     dry_run=options["dry_run"],
                     limit=limit,
                     max_slots=max_slots,

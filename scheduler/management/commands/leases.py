@@ -12,7 +12,7 @@ from typing import Any
 
 from django.core.management.base import CommandError, CommandParser
 
-from scheduler import cluster, leases, shards
+from scheduler import cluster, dbclock, leases, shards
 from scheduler.checks import check_shards
 from scheduler.management.base import SchedulerCommand
 from scheduler.models import Lease
@@ -43,7 +43,7 @@ examples:
             return
         names = list(Lease.objects.order_by("name").values_list("name", flat=True))
         states = [leases.current(name) for name in names]
-        db_now = states[0].db_now if states else leases.db_now()
+        db_now = states[0].db_now if states else dbclock.now()
         members = cluster.members(leaders={state.holder for state in states if state.is_held}, now=db_now)
         lease_rows = _lease_rows(states, members, db_now=db_now)
         instance_rows = _instance_rows(members, db_now=db_now)

@@ -6,7 +6,7 @@ from typing import Any
 
 from django.core.management.base import CommandError, CommandParser
 
-from scheduler import audit, leases
+from scheduler import audit, dbclock
 from scheduler.management.base import SchedulerCommand, non_negative_int, parse_duration
 from scheduler.models import Execution
 from scheduler.prune import prune_executions
@@ -49,7 +49,7 @@ examples:
         age = parse_duration(options["older_than"], name="--older-than")
         if not age:
             raise CommandError("--older-than must be longer than 0")
-        cutoff = leases.db_now() - age
+        cutoff = dbclock.now() - age
         dry_run = options["dry_run"]
         # Committed before the first batch, completed with the count after: a crash part-way leaves it "started".
         # Audit events are not pruned here: the daily task keeps them as long as SCHEDULER_PRUNE_OLDER_THAN_DAYS.

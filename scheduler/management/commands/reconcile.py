@@ -6,7 +6,7 @@ from typing import Any
 
 from django.core.management.base import CommandError, CommandParser
 
-from scheduler import audit, leases
+from scheduler import audit, dbclock
 from scheduler.management.base import SchedulerCommand
 from scheduler.reconcile import Change, reconcile
 
@@ -54,7 +54,7 @@ examples:
         with audit.operation(
             audit.CLI, "reconcile", object_type="reconcile", changes={"repair": repair}, start=not dry_run
         ) as op:
-            report = reconcile(now=leases.db_now(), dry_run=dry_run, repair=repair)
+            report = reconcile(now=dbclock.now(), dry_run=dry_run, repair=repair)
             op.done(report.outcome)
         lines = [_line(change) for change in report.changes]
         lines.append(("dry run, nothing changed: " if report.dry_run else "reconcile: ") + report.summary())

@@ -12,7 +12,7 @@ from zoneinfo import ZoneInfo
 from django.core.management.base import CommandError, CommandParser
 from django.db import transaction
 
-from scheduler import audit, clock, leases, limits, operations
+from scheduler import audit, clock, dbclock, limits, operations
 from scheduler.celery_app import celery_app
 from scheduler.exceptions import SchedulerError
 from scheduler.management.base import (
@@ -183,7 +183,7 @@ Run "manage.py schedules ACTION --help" for the options of each action."""
     # --- reading ---------------------------------------------------------------------
 
     def _list(self, *, json: bool, overdue: bool, **options: Any) -> None:
-        now = leases.db_now()  # the clock the finish path stamps successes with
+        now = dbclock.now()  # the clock the finish path stamps successes with
         schedules = list(Schedule.objects.overdue(now=now) if overdue else Schedule.objects.all())
         late = {s.pk for s in schedules if is_overdue(s, now=now)}
         rows = [
@@ -240,7 +240,7 @@ Run "manage.py schedules ACTION --help" for the options of each action."""
 
     def _create(self, name: str, *, json: bool, dry_run: bool, disabled: bool, run_now: bool, **options: Any) -> None:
         changes = _changes(options)
-        now = leases.db_now()
+        now = dbclock.now()
         if run_now:
             changes.update(cron="", interval=None, run_at=now)
         schedule = Schedule(name=name, enabled=not disabled, **changes)
@@ -251,7 +251,7 @@ Run "manage.py schedules ACTION --help" for the options of each action."""
         if dry_run:
             schedule.next_run_at = schedule.compute_next_run_at(now=clock.now())
         else:
-            operations.save_schedule(schedule, actor=audit.CLI, now=leases.db_now())
+            operations.save_schedule(schedule, actor=audit.CLI, now=dbclock.now())
         self._report(schedule, "Would create" if dry_run else "Created", json=json, dry_run=dry_run)
 
     def _update(self, name: str, *, json: bool, dry_run: bool, **options: Any) -> None:
@@ -265,11 +265,11 @@ Run "manage.py schedules ACTION --help" for the options of each action."""
         if "run_at" in schedule.changed_fields():
             operations.ensure_run_at_ahead(
                 schedule.run_at,
-                now=leases.db_now(),
+                now=dbclock.now(),
                 hint=f"Give a future time; to run the task once now, use: schedules run-now {name}",
             )
         with _rolled_back_if(dry_run):
-            operations.save_schedule(schedule, actor=audit.CLI, now=leases.db_now())
+            operations.save_schedule(schedule, actor=audit.CLI, now=dbclock.now())
         self._report(schedule, "Would update" if dry_run else "Updated", json=json, dry_run=dry_run)
 
     def _enable(self, name: str, **options: Any) -> None:
@@ -289,7 +289,7 @@ Run "manage.py schedules ACTION --help" for the options of each action."""
     ) -> None:
         schedule = _get(name)
         with _rolled_back_if(dry_run):
-            change(schedule, actor=audit.CLI, now=leases.db_now())
+            change(schedule, actor=audit.CLI, now=dbclock.now())
         self._report(schedule, f"Would {verb}" if dry_run else f"{verb.capitalize()}d", json=json, dry_run=dry_run)
 
     def _delete(self, name: str, *, json: bool, dry_run: bool, **options: Any) -> None:
