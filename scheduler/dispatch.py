@@ -93,7 +93,7 @@ def _in_flight(schedules: list[Schedule]) -> dict[int, tuple[int, int]]:
     if not ids:
         return {}
     rows = (
-        Execution.objects.filter(schedule_id__in=ids, status__in=Execution.ACTIVE_STATUSES)
+        Execution.objects.filter(schedule_id__in=ids, status__in=Execution.IN_FLIGHT_STATUSES)
         .values("schedule_id")
         .annotate(total=Count("id"), held=Count("id", filter=Q(held=True)))
     )

@@ -374,7 +374,7 @@ def mark_resent(execution_id: int, *, was_enqueued_at: datetime | None, now: dat
 def release_buffered() -> int:
     """Let ``buffer_one`` rows go once their schedule has nothing else in flight; return how many."""
     others_in_flight = Execution.objects.filter(
-        schedule_id=OuterRef("schedule_id"), status__in=Execution.ACTIVE_STATUSES, held=False
+        schedule_id=OuterRef("schedule_id"), status__in=Execution.IN_FLIGHT_STATUSES, held=False
     )
     return (
         Execution.objects.filter(held=True, status=Status.PENDING).exclude(Exists(others_in_flight)).update(held=False)
@@ -961,7 +961,7 @@ def cancel_in_flight(schedule_ids: list[int], *, reason: str, now: datetime) -> 
     """
     if not schedule_ids:
         return []
-    in_flight = Execution.objects.filter(schedule_id__in=schedule_ids, status__in=Execution.ACTIVE_STATUSES)
+    in_flight = Execution.objects.filter(schedule_id__in=schedule_ids, status__in=Execution.IN_FLIGHT_STATUSES)
     with transaction.atomic():
         mine = set(in_flight.select_for_update(skip_locked=True, no_key=True).values_list("pk", flat=True))
         rows = list(in_flight.values_list("pk", "schedule_id", "celery_task_id"))
@@ -973,8 +973,8 @@ def cancel_in_flight(schedule_ids: list[int], *, reason: str, now: datetime) -> 
 
 
 def _cancel(rows: QuerySet[Execution], *, reason: str, now: datetime) -> int:
-    active = rows.filter(status__in=Execution.ACTIVE_STATUSES)
-    return _move(active, Status.CANCELLED, held=False, finished_at=now, lease_expires_at=None, error=reason)
+    in_flight = rows.filter(status__in=Execution.IN_FLIGHT_STATUSES)
+    return _move(in_flight, Status.CANCELLED, held=False, finished_at=now, lease_expires_at=None, error=reason)
 
 
 # --- outcomes and run counters ----------------------------------------------------------

@@ -211,7 +211,7 @@ class DatabaseCollector(Collector):
             'Executions waiting to be sent (pending), sent and unclaimed (queued) or running, by queue ("": default routing).',
             labels=["status", "queue"],
         )
-        # An index-only count over the partial index ``execution_current`` (active rows only).
+        # An index-only count over the partial index ``execution_current`` (rows in a current status only).
         rows = (
             Execution.objects.filter(status__in=CURRENT_STATUSES)
             .values_list("status", "queue")

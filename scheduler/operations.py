@@ -30,7 +30,7 @@ if TYPE_CHECKING:
 #: Executions an operator may run again: finished ones, and ones whose worker died.
 RETRYABLE_STATUSES = Execution.FINAL_STATUSES | {Execution.Status.LOST}
 #: Executions an operator may cancel: not finished yet (a lost one is reconcile's to retry or fail).
-CANCELLABLE_STATUSES = Execution.ACTIVE_STATUSES - {Execution.Status.LOST}
+CANCELLABLE_STATUSES = Execution.IN_FLIGHT_STATUSES - {Execution.Status.LOST}
 CANCEL_ERROR = "Cancelled by an operator"
 #: A one-off time this little behind the database clock still counts as "now": it runs.
 RUN_AT_GRACE = timedelta(seconds=10)

@@ -86,7 +86,7 @@ class Execution(models.Model):
     #: States in which an execution of a schedule counts as in flight for the
     #: overlap policies. ``lost`` does too: reconcile is about to retry it, and
     #: its worker may only have lost touch, so its body may still be running.
-    ACTIVE_STATUSES = frozenset({Status.PENDING, Status.QUEUED, Status.RUNNING, Status.RETRYING, Status.LOST})
+    IN_FLIGHT_STATUSES = frozenset({Status.PENDING, Status.QUEUED, Status.RUNNING, Status.RETRYING, Status.LOST})
 
     #: States of an execution no worker has claimed yet.
     WAITING_STATUSES = frozenset({Status.PENDING, Status.QUEUED, Status.RETRYING})

@@ -42,7 +42,7 @@ def _old_history() -> None:
 def _finished(name: str) -> list[str]:
     return list(
         Execution.objects.filter(schedule__name=name)
-        .exclude(status__in=Execution.ACTIVE_STATUSES)
+        .exclude(status__in=Execution.IN_FLIGHT_STATUSES)
         .values_list("status", flat=True)
     )
 

@@ -39,7 +39,7 @@ def settled(target: Schedule, timeout: float = 20) -> list[Execution]:
     """Stop the schedule, wait until none of its executions is in flight; return them all."""
     Schedule.objects.filter(pk=target.pk).update(enabled=False, next_run_at=None)
     done = wait_until(
-        lambda: not Execution.objects.filter(schedule=target, status__in=Execution.ACTIVE_STATUSES).exists(),
+        lambda: not Execution.objects.filter(schedule=target, status__in=Execution.IN_FLIGHT_STATUSES).exists(),
         timeout=timeout,
     )
     assert done, [(e.scheduled_for, e.status) for e in rows(target)]

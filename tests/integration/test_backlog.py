@@ -62,8 +62,8 @@ def test_backlog__a_day_behind_drains_while_an_every_second_probe_stays_on_time(
     # ... the worker claimed and ran every probe execution: no claim timed out
     Schedule.objects.filter(pk=probe.pk).update(enabled=False, next_run_at=None)
     probe_rows = Execution.objects.filter(schedule=probe)
-    assert wait_until(lambda: not probe_rows.filter(status__in=Execution.ACTIVE_STATUSES).exists(), timeout=60), list(
-        probe_rows.exclude(status=Execution.Status.SUCCEEDED).values_list("status", flat=True)
+    assert wait_until(lambda: not probe_rows.filter(status__in=Execution.IN_FLIGHT_STATUSES).exists(), timeout=60), (
+        list(probe_rows.exclude(status=Execution.Status.SUCCEEDED).values_list("status", flat=True))
     )
     assert set(probe_rows.values_list("status", flat=True)) == {Execution.Status.SUCCEEDED}
     log = worker.log()

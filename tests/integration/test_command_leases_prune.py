@@ -110,7 +110,7 @@ def _execution(
         task="scheduler.echo",
         status=status,
         scheduled_for=now - timedelta(days=slot_age if slot_age is not None else age_days),
-        finished_at=None if status in Execution.ACTIVE_STATUSES else now - timedelta(days=age_days),
+        finished_at=None if status in Execution.IN_FLIGHT_STATUSES else now - timedelta(days=age_days),
     )
 
 
