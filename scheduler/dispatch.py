@@ -88,16 +88,16 @@ class DispatchReport:
 
 
 def _in_flight(schedules: list[Schedule]) -> dict[int, tuple[int, int]]:
-    """Return {schedule id: (executions in flight, of which held)} for non-``allow`` schedules."""
+    """Return {schedule id: (executions in flight, of which buffered)} for non-``allow`` schedules."""
     ids = [s.pk for s in schedules if s.overlap != Schedule.Overlap.ALLOW]
     if not ids:
         return {}
     rows = (
         Execution.objects.filter(schedule_id__in=ids, status__in=Execution.IN_FLIGHT_STATUSES)
         .values("schedule_id")
-        .annotate(total=Count("id"), held=Count("id", filter=Q(held=True)))
+        .annotate(total=Count("id"), buffered_count=Count("id", filter=Q(buffered=True)))
     )
-    return {row["schedule_id"]: (row["total"], row["held"]) for row in rows}
+    return {row["schedule_id"]: (row["total"], row["buffered_count"]) for row in rows}
 
 
 def _completion_reason(
@@ -142,7 +142,7 @@ def dispatch_due(fence: Fence, *, batch_size: int | None = None) -> DispatchRepo
     in transactions of at most ``COMMIT_ROWS`` rows, each of which first
     locks the lease row and checks that ``lease`` still holds it (raising
     ``LeaseLost`` otherwise, and then that transaction writes nothing), and
-    writes a schedule only if its ``next_run_at`` and ``slots_sent`` are
+    writes a schedule only if its ``next_run_at`` and ``slots_committed`` are
     still what it was planned from; one that moved meanwhile (an operator's
     edit) is left for the next pass. Conflicting idempotency keys are
     ignored, so a slot that already has an execution is never recorded
@@ -288,7 +288,7 @@ def _plan_one(schedule: Schedule, *, now: datetime) -> _Planned:
             now=now,
             catchup_window=schedule.catchup_window,
             misfire=schedule.misfire,
-            runs_so_far=schedule.slots_sent,
+            runs_so_far=schedule.slots_committed,
         )
     except ScheduleInvalid as exc:
         return _Planned(schedule, None, str(exc))
@@ -338,7 +338,7 @@ def _commit(
         )
         failpoint("dispatch.commit.after_fence")
         planned_from = {
-            item.schedule.pk: (item.schedule.next_run_at, item.schedule.slots_sent, item.schedule.shard)
+            item.schedule.pk: (item.schedule.next_run_at, item.schedule.slots_committed, item.schedule.shard)
             for item in chunk
         }
         # Locks the rows until commit (SQLite's write lock covers it there);
@@ -348,7 +348,7 @@ def _commit(
             Schedule.objects.active()
             .filter(pk__in=planned_from)
             .select_for_update(skip_locked=True)
-            .values_list("pk", "next_run_at", "slots_sent", "shard")
+            .values_list("pk", "next_run_at", "slots_committed", "shard")
         )
         report.locked += len(planned_from) - len(found)  # (or turned off meanwhile)
         unchanged = {pk for pk, *state in found if planned_from[pk] == tuple(state)}
@@ -374,9 +374,9 @@ def _commit(
                     schedule.pk
                 )
                 continue
-            flying, held = in_flight.get(schedule.pk, (0, 0))
-            wanted = policies.plan_overlap(schedule.overlap, plan.run, in_flight=flying, buffered=held)
-            overlap, used_up = policies.cap_runs(wanted, max_runs=schedule.max_runs, sent=schedule.slots_sent)
+            flying, waiting_buffered = in_flight.get(schedule.pk, (0, 0))
+            wanted = policies.plan_overlap(schedule.overlap, plan.run, in_flight=flying, buffered=waiting_buffered)
+            overlap, used_up = policies.cap_runs(wanted, max_runs=schedule.max_runs, committed=schedule.slots_committed)
             if overlap.cancel_in_flight:
                 to_cancel.append(schedule.pk)
             lease = lease_for(schedule.shard)
@@ -393,7 +393,7 @@ def _commit(
             rows += [build(slot, status=Execution.Status.SKIPPED) for slot in overlap.skipped]
             rows += [build(slot, status=Execution.Status.PENDING) for slot in overlap.run]
             if overlap.buffered is not None:
-                rows.append(build(overlap.buffered, status=Execution.Status.PENDING, held=True))
+                rows.append(build(overlap.buffered, status=Execution.Status.PENDING, buffered=True))
             recording.append(_Recording(schedule, plan, wanted, overlap, used_up, slice(first, len(rows))))
         report.schedules += len(due)
         report.cancelled_task_ids += executions.cancel_in_flight(to_cancel, reason=CANCEL_PREVIOUS_ERROR, now=now)
@@ -424,7 +424,7 @@ class _Recording:
     def write(self, stored: list[Execution] | None, report: DispatchReport) -> schedules.Advance:
         """Count what the insert stored of this schedule's rows (``None``: all of them); return its write.
 
-        ``slots_sent`` and ``total_missed`` grow by the rows stored, never by
+        ``slots_committed`` and ``total_missed`` grow by the rows stored, never by
         a slot whose key the insert found taken: that slot was not sent (or
         missed) by the beat, so it does not count towards ``max_runs`` either.
         """
@@ -437,8 +437,8 @@ class _Recording:
         else:
             missed = [row.scheduled_for for row in stored if row.status == Execution.Status.MISSED]
             skipped = [row.scheduled_for for row in stored if row.status == Execution.Status.SKIPPED]
-            run = [row.scheduled_for for row in stored if row.status == Execution.Status.PENDING and not row.held]
-            buffered = next((row.scheduled_for for row in stored if row.held), None)
+            run = [row.scheduled_for for row in stored if row.status == Execution.Status.PENDING and not row.buffered]
+            buffered = next((row.scheduled_for for row in stored if row.buffered), None)
         report.fired += [(schedule.name, slot) for slot in run]
         report.missed += len(missed)
         report.missed_not_recorded += plan.missed_not_recorded
@@ -468,7 +468,7 @@ class _Recording:
         if next_run_at is None:
             disabled_reason = _completion_reason(
                 schedule,
-                runs_used=schedule.slots_sent + sent_now,
+                runs_used=schedule.slots_committed + sent_now,
                 sent=sent_now > 0,
                 skipped=bool(skipped),
                 taken=sent_now < meant,

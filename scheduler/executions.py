@@ -110,7 +110,7 @@ def execution_for(
     token: int | None = None,
     lease_name: str = "",
     dispatcher: str = "",
-    held: bool = False,
+    buffered: bool = False,
     trigger: str = Execution.Trigger.SCHEDULED,
 ) -> Execution:
     """Return an unsaved Execution of ``schedule`` for ``slot``.
@@ -129,7 +129,7 @@ def execution_for(
         **_copied(schedule),
         scheduled_for=slot,
         status=status,
-        held=held,
+        buffered=buffered,
         lease_token=token,
         lease_name=lease_name,
         dispatcher=dispatcher,
@@ -350,7 +350,7 @@ def pending_rows(*, limit: int, locked: bool = False) -> list[dict[str, Any]]:
     the same rows first both send them (the worker claims each once); the
     beat publishes from its leader alone there.
     """
-    rows = Execution.objects.filter(status=Status.PENDING, held=False)
+    rows = Execution.objects.filter(status=Status.PENDING, buffered=False)
     if locked:
         rows = rows.select_for_update(skip_locked=True, of=("self",))
     values = rows.order_by("created_at", "id").values(*MESSAGE_FIELDS, "schedule_id", jitter=F("schedule__jitter"))
@@ -374,10 +374,12 @@ def mark_resent(execution_id: int, *, was_enqueued_at: datetime | None, now: dat
 def release_buffered() -> int:
     """Let ``buffer_one`` rows go once their schedule has nothing else in flight; return how many."""
     others_in_flight = Execution.objects.filter(
-        schedule_id=OuterRef("schedule_id"), status__in=Execution.IN_FLIGHT_STATUSES, held=False
+        schedule_id=OuterRef("schedule_id"), status__in=Execution.IN_FLIGHT_STATUSES, buffered=False
     )
     return (
-        Execution.objects.filter(held=True, status=Status.PENDING).exclude(Exists(others_in_flight)).update(held=False)
+        Execution.objects.filter(buffered=True, status=Status.PENDING)
+        .exclude(Exists(others_in_flight))
+        .update(buffered=False)
     )
 
 
@@ -535,7 +537,7 @@ def _claim_sql(using: str, by_id: bool, claim_seconds: float) -> tuple[str, list
         worker=Param("worker", _field("worker")),
         started_at=Now(),
         finished_at=None,
-        lease_expires_at=_db_now_plus(claim_seconds),
+        claim_expires_at=_db_now_plus(claim_seconds),
         attempt=Case(
             When(status=Status.RUNNING, then=_NEXT_ATTEMPT), default=F("attempt"), output_field=PositiveIntegerField()
         ),
@@ -599,7 +601,7 @@ def _hold_to_time_limit(held: Claim, timeout: int) -> None:
     """
     seconds = timeout + settings.TIMEOUT_GRACE_SECONDS
     if seconds > settings.CLAIM_SECONDS:
-        held.rows().update(lease_expires_at=_db_now_plus(seconds))
+        held.rows().update(claim_expires_at=_db_now_plus(seconds))
 
 
 def held_by(*, worker: str, execution_id: int | None = None, key: str = "") -> Claim | None:
@@ -649,7 +651,7 @@ def renew(claims: Iterable[Claim], *, seconds: float, bodies: Mapping[Claim, int
             .values_list("pk", "attempt")
         )
         if free:
-            Execution.objects.filter(pk__in=[pk for pk, _ in free]).update(lease_expires_at=_extended(seconds))
+            Execution.objects.filter(pk__in=[pk for pk, _ in free]).update(claim_expires_at=_extended(seconds))
     held = {claim for claim in claims if (claim.execution_id, claim.attempt) in free}
     locked = {claim: pid for claim, pid in (bodies or {}).items() if claim in claims and claim not in held}
     if locked and transaction.get_connection().vendor == "postgresql":
@@ -679,10 +681,10 @@ def _held_by_their_bodies(bodies: Mapping[Claim, int]) -> set[Claim]:
 
 
 def _extended(seconds: float) -> Case:
-    """``lease_expires_at`` moved to the database clock plus ``seconds``, unless it is later already."""
+    """``claim_expires_at`` moved to the database clock plus ``seconds``, unless it is later already."""
     renewed = _db_now_plus(seconds)
     return Case(
-        When(lease_expires_at__gt=renewed, then=F("lease_expires_at")), default=renewed, output_field=DateTimeField()
+        When(claim_expires_at__gt=renewed, then=F("claim_expires_at")), default=renewed, output_field=DateTimeField()
     )
 
 
@@ -718,7 +720,7 @@ def _matching(claims: Iterable[Claim]) -> QuerySet[Execution]:
 
 def release(held: Claim) -> bool:
     """Expire ``held`` at once (its process is gone), so the execution may be claimed again now."""
-    return bool(held.rows().update(lease_expires_at=_db_now_plus(-1)))
+    return bool(held.rows().update(claim_expires_at=_db_now_plus(-1)))
 
 
 @tracing.traced("scheduler.finish", tracing.claim_attributes)
@@ -779,7 +781,7 @@ def save_checkpoint(held: Claim, data: Any) -> bool:
     transaction, whose lock on the row the renewer then leaves alone
     (``renew``), the renewal commits with it.
     """
-    return bool(held.rows().update(checkpoint=data, lease_expires_at=_extended(settings.CLAIM_SECONDS)))
+    return bool(held.rows().update(checkpoint=data, claim_expires_at=_extended(settings.CLAIM_SECONDS)))
 
 
 def fail_exhausted(held: Claim) -> str | None:
@@ -820,7 +822,7 @@ def retry(held: Claim, *, delay_seconds: float, error: str = "", traceback_text:
             held.rows(),
             Status.RETRYING,
             attempt=_NEXT_ATTEMPT,
-            lease_expires_at=None,
+            claim_expires_at=None,
             enqueued_at=_db_now_plus(delay_seconds),
             error=error,
             traceback=traceback_text,
@@ -860,7 +862,7 @@ def undo_retry(held: Claim) -> bool:
     if entries and entries[-1].get("attempt") == held.attempt:
         entries.pop()
     expires = _db_now_plus(settings.CLAIM_SECONDS)
-    return bool(_move(waiting, Status.RUNNING, attempt=held.attempt, lease_expires_at=expires, attempt_errors=entries))
+    return bool(_move(waiting, Status.RUNNING, attempt=held.attempt, claim_expires_at=expires, attempt_errors=entries))
 
 
 # --- recovery, refusal and cancellation ---------------------------------------------------------
@@ -874,10 +876,10 @@ def mark_lost(ids: Iterable[int]) -> int:
     inside a transaction holds it until the server ends its session); the
     next pass looks at it again.
     """
-    expired = Execution.objects.filter(id__in=list(ids), status=Status.RUNNING, lease_expires_at__lt=Now())
+    expired = Execution.objects.filter(id__in=list(ids), status=Status.RUNNING, claim_expires_at__lt=Now())
     with transaction.atomic():
         free = list(expired.select_for_update(skip_locked=True, no_key=True).values_list("pk", flat=True))
-        return _move(expired.filter(pk__in=free), Status.LOST, lease_expires_at=None)
+        return _move(expired.filter(pk__in=free), Status.LOST, claim_expires_at=None)
 
 
 def retry_lost(execution_id: int, *, due: datetime) -> bool:
@@ -974,7 +976,7 @@ def cancel_in_flight(schedule_ids: list[int], *, reason: str, now: datetime) -> 
 
 def _cancel(rows: QuerySet[Execution], *, reason: str, now: datetime) -> int:
     in_flight = rows.filter(status__in=Execution.IN_FLIGHT_STATUSES)
-    return _move(in_flight, Status.CANCELLED, held=False, finished_at=now, lease_expires_at=None, error=reason)
+    return _move(in_flight, Status.CANCELLED, buffered=False, finished_at=now, claim_expires_at=None, error=reason)
 
 
 # --- outcomes and run counters ----------------------------------------------------------
@@ -1003,7 +1005,7 @@ def _record_outcome(
 
 
 #: What a final status writes besides the status (``result``, ``error`` and ``traceback`` come with it).
-_FINISHED = {"finished_at": Now(), "lease_expires_at": None}
+_FINISHED = {"finished_at": Now(), "claim_expires_at": None}
 
 
 def _finish_rows(rows: QuerySet[Execution], status: str, result: Any, error: str, traceback_text: str) -> int:

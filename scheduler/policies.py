@@ -164,17 +164,17 @@ def plan_overlap(policy: str, slots: Sequence[datetime], *, in_flight: int, buff
     raise ValueError(f"Unknown overlap policy: {policy!r}")
 
 
-def cap_runs(plan: OverlapPlan, *, max_runs: int | None, sent: int) -> tuple[OverlapPlan, bool]:
-    """Keep what fits in ``max_runs`` after ``sent`` runs; return it and whether the runs are used up.
+def cap_runs(plan: OverlapPlan, *, max_runs: int | None, committed: int) -> tuple[OverlapPlan, bool]:
+    """Keep what fits in ``max_runs`` after ``committed`` runs; return it and whether the runs are used up.
 
     Applied after the misfire and overlap policies. A slot counts when it is
-    recorded to run (sent now, or held by ``buffer_one``); a skipped or
+    recorded to run (sent now, or buffered by ``buffer_one``); a skipped or
     missed one never does. The schedule ends with its last run: slots after
     that one are dropped, not recorded.
     """
     if max_runs is None:
         return plan, False
-    left = max(max_runs - sent, 0)
+    left = max(max_runs - committed, 0)
     counted = [*plan.run, *([plan.buffered] if plan.buffered is not None else [])]
     if len(counted) < left:
         return plan, False

@@ -62,7 +62,7 @@ def prune_executions(
     ``keep_last`` keeps the newest N executions of each schedule whatever
     their age, so a schedule never loses its whole history; executions
     without a schedule (ad-hoc) are pruned by age only. Only Execution rows
-    are deleted: a schedule's counters (``total_runs``, ``slots_sent``,
+    are deleted: a schedule's counters (``total_runs``, ``slots_committed``,
     ``total_missed``) are kept on the schedule, so what it has used of its
     ``max_runs`` or one-off never changes with a prune. A prune that
     deletes nothing moves no schedule's ``pruned_through``.

@@ -172,7 +172,7 @@ def _recover_lost(*, now: datetime, dry_run: bool) -> tuple[list[Change], list[i
     failure counts on the schedule as a worker-recorded one does (circuit
     breaker included).
     """
-    expired = Execution.objects.filter(status=Status.RUNNING, lease_expires_at__lt=Now())
+    expired = Execution.objects.filter(status=Status.RUNNING, claim_expires_at__lt=Now())
     if dry_run:
         lost = Execution.objects.filter(Q(status=Status.LOST) | Q(pk__in=expired.values("pk")))
     else:
@@ -230,7 +230,7 @@ def _fail_lost(execution: Execution, reason: str) -> bool:
 def _old_pending(*, now: datetime) -> list[Change]:
     """Return a change per ``pending`` execution nobody sent in time (sent at the end of the pass)."""
     cutoff = now - timedelta(seconds=settings.RECONCILE_PENDING_AFTER_SECONDS)
-    old = Execution.objects.filter(status=Status.PENDING, held=False, created_at__lt=cutoff).order_by(
+    old = Execution.objects.filter(status=Status.PENDING, buffered=False, created_at__lt=cutoff).order_by(
         "created_at", "id"
     )
     return [
@@ -326,7 +326,7 @@ def resend_unclaimed(*, now: datetime, app: Celery | None = None) -> ReconcileRe
 def _send(app: Celery, ids: Sequence[int | None], *, now: datetime) -> tuple[set[int], str]:
     """Send the executions ``ids`` that still wait for a worker; return the ids sent and any broker error."""
     sent: set[int] = set()
-    waiting = Execution.objects.filter(status__in=[Status.PENDING, Status.QUEUED, Status.RETRYING], held=False)
+    waiting = Execution.objects.filter(status__in=[Status.PENDING, Status.QUEUED, Status.RETRYING], buffered=False)
     for index in range(0, len(ids), BATCH_SIZE):
         rows = _at_due_time(executions.message_rows(waiting.filter(id__in=ids[index : index + BATCH_SIZE])))
         try:

@@ -5,7 +5,7 @@ fails on a write anywhere else), so what a write guarantees is stated once,
 here:
 
 - Another process changes a saved schedule all the time (the leader moves
-  ``next_run_at`` and ``slots_sent``, workers count runs), so an edit writes
+  ``next_run_at`` and ``slots_committed``, workers count runs), so an edit writes
   only the fields that changed since the object was loaded, and counters
   only ever move by ``F()`` expressions: nothing read earlier is written back.
 - An edit of the timing, the state or ``alert_after`` recomputes
@@ -137,7 +137,7 @@ class Advance:
     """What one dispatch commit writes to a due schedule; schedules with equal writes share one UPDATE."""
 
     next_run_at: datetime | None
-    #: Slots sent now: ``slots_sent`` moves by F(), so a concurrent increment is never lost.
+    #: Slots sent now: ``slots_committed`` moves by F(), so a concurrent increment is never lost.
     sent: int = 0
     #: Slots missed now, added to ``total_missed`` the same way.
     missed: int = 0
@@ -147,7 +147,7 @@ class Advance:
     paused_reason: str | None = None
 
     def fields(self) -> dict[str, Any]:
-        fields: dict[str, Any] = {"next_run_at": self.next_run_at, "slots_sent": F("slots_sent") + self.sent}
+        fields: dict[str, Any] = {"next_run_at": self.next_run_at, "slots_committed": F("slots_committed") + self.sent}
         if self.missed:
             fields["total_missed"] = F("total_missed") + self.missed
         if self.disabled_reason is not None:
@@ -261,11 +261,11 @@ def _insert(schedule: Schedule, *, now: datetime) -> None:
 def _follow_timing_change(schedule: Schedule, changed: set[str], *, now: datetime) -> set[str]:
     """Recompute ``next_run_at`` and the overdue deadline (and move ``owed_since``); return the fields written."""
     locked = Schedule.objects.select_for_update().filter(pk=schedule.pk)
-    fresh = locked.values_list("slots_sent", "last_success_at").first()
+    fresh = locked.values_list("slots_committed", "last_success_at").first()
     if fresh is not None:
-        if "slots_sent" not in changed:
-            schedule.slots_sent = fresh[0]
-            schedule.mark_saved({"slots_sent"})
+        if "slots_committed" not in changed:
+            schedule.slots_committed = fresh[0]
+            schedule.mark_saved({"slots_committed"})
         schedule.last_success_at = fresh[1]
         schedule.mark_saved({"last_success_at"})
     schedule.next_run_at = schedule.compute_next_run_at(now=now)

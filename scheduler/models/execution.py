@@ -35,7 +35,7 @@ class ExecutionQuerySet(models.QuerySet):
         """
         waiting = Q(status__in=(Execution.Status.PENDING, Execution.Status.QUEUED))
         due = Q(status=Execution.Status.RETRYING) & (Q(enqueued_at__isnull=True) | Q(enqueued_at__lte=_now_as_stored()))
-        abandoned = Q(status=Execution.Status.RUNNING, lease_expires_at__lt=Now())
+        abandoned = Q(status=Execution.Status.RUNNING, claim_expires_at__lt=Now())
         return self.filter(waiting | due | abandoned)
 
     def retry_not_due(self) -> ExecutionQuerySet:
@@ -49,7 +49,7 @@ class Execution(models.Model):
         PENDING = "pending", "pending"
         #: Sent to the broker, not yet claimed by a worker.
         QUEUED = "queued", "queued"
-        #: Claimed by a worker, which renews its claim (``lease_expires_at``) while it runs.
+        #: Claimed by a worker, which renews its claim (``claim_expires_at``) while it runs.
         RUNNING = "running", "running"
         #: Finished without error.
         SUCCEEDED = "succeeded", "succeeded"
@@ -162,8 +162,9 @@ class Execution(models.Model):
     retry_backoff = models.PositiveIntegerField(default=1)
     celery_task_id = models.CharField(max_length=255, blank=True, default="", db_index=True)
     #: Buffered by ``overlap=buffer_one``: kept ``pending`` and not sent until
-    #: the schedule has nothing else in flight.
-    held = models.BooleanField(default=False)
+    #: the schedule has nothing else in flight. (Columns keep their first
+    #: names, see migration 0021.)
+    buffered = models.BooleanField(default=False, db_column="held")
     #: Hostname / instance id of the worker that claimed it.
     worker = models.CharField(max_length=255, blank=True, default="")
     #: Fencing token of the beat lease this execution was committed under.
@@ -172,9 +173,8 @@ class Execution(models.Model):
     lease_name = models.CharField(max_length=100, blank=True, default="")
     #: Instance id of the beat replica that committed it.
     dispatcher = models.CharField(max_length=255, blank=True, default="")
-    #: When the worker's claim on it runs out unless renewed (the column keeps
-    #: its historical name; "lease" otherwise means the beat's leadership).
-    lease_expires_at = models.DateTimeField(null=True, blank=True)
+    #: When the worker's claim on it runs out unless renewed.
+    claim_expires_at = models.DateTimeField(null=True, blank=True, db_column="lease_expires_at")
     enqueued_at = models.DateTimeField(null=True, blank=True)
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
@@ -198,7 +198,7 @@ class Execution(models.Model):
             models.Index(fields=["-scheduled_for", "-id"], name="execution_recent"),
             models.Index(fields=["status", "created_at"], name="execution_status_created"),
             # The leader looks for buffered rows every tick; there are few.
-            models.Index(fields=["schedule"], name="execution_held", condition=Q(held=True)),
+            models.Index(fields=["schedule"], name="execution_buffered", condition=Q(buffered=True)),
             # The admin's trigger filter on a large table.
             models.Index(fields=["trigger", "-scheduled_for"], name="execution_trigger"),
             # Oldest queued execution per queue (metrics, the cluster page's warning).

@@ -223,7 +223,7 @@ class Schedule(models.Model):
     #: Slots the beat committed to run (not missed, skipped, run-now, retry or
     #: backfill rows); ``max_runs`` and one-off completion count these. Only
     #: the dispatch transaction changes it, with an ``F()`` update.
-    slots_sent = models.PositiveIntegerField(default=0, editable=False)
+    slots_committed = models.PositiveIntegerField(default=0, editable=False, db_column="slots_sent")
     #: Slots before this instant are not owed: reconcile's audit starts here.
     #: Moved forward on resume, re-enable and timing edits.
     owed_since = models.DateTimeField(null=True, blank=True, editable=False)
@@ -325,7 +325,7 @@ class Schedule(models.Model):
 
     def next_slot_after(self, after: datetime) -> datetime | None:
         """Return this schedule's first slot strictly after ``after`` (``max_runs`` counts the slots sent)."""
-        return timing.next_slot(self.timing, after=after, runs_so_far=self.slots_sent)
+        return timing.next_slot(self.timing, after=after, runs_so_far=self.slots_committed)
 
     def compute_next_run_at(self, *, now: datetime) -> datetime | None:
         """Return the slot the beat should fire next, seen from ``now``.
@@ -336,7 +336,7 @@ class Schedule(models.Model):
         if not self.enabled or self.is_paused:
             return None
         if self.run_at is not None:
-            return self.run_at if self.slots_sent == 0 else None
+            return self.run_at if self.slots_committed == 0 else None
         return self.next_slot_after(now)
 
     def next_fire_times(self, count: int, *, after: datetime) -> list[datetime]:
@@ -347,7 +347,7 @@ class Schedule(models.Model):
         slot = self.next_slot_after(after)
         while slot is not None and len(times) < count:
             times.append(slot)
-            slot = timing.next_slot(self.timing, after=slot, runs_so_far=self.slots_sent + len(times))
+            slot = timing.next_slot(self.timing, after=slot, runs_so_far=self.slots_committed + len(times))
         return times
 
     def _stored(self) -> dict[str, Any]:

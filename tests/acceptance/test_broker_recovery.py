@@ -130,7 +130,7 @@ def test_broker_restarted_while_a_reconcile_pass_is_stuck__the_broker_check_stil
         status=Status.RUNNING,
         attempt=1,
         started_at=now,
-        lease_expires_at=now,
+        claim_expires_at=now,
     )
     beat = celery_processes(
         "beat",

@@ -71,7 +71,7 @@ def test_fenced_invoice__frozen_attempt_and_its_successor__invoiced_once(
     try:
         assert test_tasks.side_effects() == []  # A's INSERT, if any, is not committed
         assert wait_until(lambda: Execution.objects.claimable().filter(pk=execution.pk).exists(), timeout=10), (
-            Execution.objects.filter(pk=execution.pk).values("status", "attempt", "lease_expires_at").get()
+            Execution.objects.filter(pk=execution.pk).values("status", "attempt", "claim_expires_at").get()
         )
         # And the execution is delivered to worker B, which runs it as attempt 2
         publish_again(execution, queue="b")

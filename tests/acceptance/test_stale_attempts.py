@@ -32,7 +32,7 @@ Start = Callable[..., CeleryProcess]
 EXPIRING = {"claim_seconds": 1, "claim_renew_seconds": 600}
 SUCCESSOR = "b@elsewhere:4242"
 #: Columns B's claim consists of.
-CLAIM_STATE = ("status", "attempt", "worker", "lease_expires_at", "finished_at", "error")
+CLAIM_STATE = ("status", "attempt", "worker", "claim_expires_at", "finished_at", "error")
 
 
 def running_on(execution: Execution, worker: CeleryProcess) -> Execution:
@@ -69,7 +69,7 @@ def test_old_attempt_hard_time_limit__does_not_touch_the_successor(celery_proces
     # timeout lasts until its hard limit, so here A's claim is cut short, as a
     # worker configured with a shorter grace than A's would see it), and then
     # A's hard limit strikes
-    Execution.objects.filter(pk=execution.pk).update(lease_expires_at=dbclock.now() - timedelta(seconds=5))
+    Execution.objects.filter(pk=execution.pk).update(claim_expires_at=dbclock.now() - timedelta(seconds=5))
     successor = taken_over(execution)
     worker_a.wait_for_log(r"Hard time limit \(4\.0s\) exceeded")
     # Then B's row keeps B's claim: not timed out, not finished

@@ -65,7 +65,7 @@ def test_unknown_task__failed_with_the_reason_and_counted_on_its_schedule(celery
     for execution in (fire, ad_hoc):
         execution.refresh_from_db()
         assert f"no worker has task '{UNKNOWN}' registered" in execution.error
-        assert execution.finished_at is not None and execution.lease_expires_at is None
+        assert execution.finished_at is not None and execution.claim_expires_at is None
     # And the schedule counted the failure and tripped its circuit breaker
     schedule.refresh_from_db()
     assert (schedule.consecutive_failures, schedule.total_runs, schedule.last_status) == (1, 1, "failed")

@@ -163,8 +163,8 @@ def test_worker_killed_mid_task__claimable_after_its_claim_expires_and_never_con
     execution = scheduler.submit("tests.record", kwargs={"label": "long", "seconds": 6}, queue="a", max_retries=1)
     assert wait_until(lambda: test_tasks.events(redis_client), timeout=20), worker_a.log()[-3000:]
     # The running execution's claim is renewed in the background
-    first_expiry = Execution.objects.get(pk=execution.pk).lease_expires_at
-    assert wait_until(lambda: Execution.objects.get(pk=execution.pk).lease_expires_at > first_expiry, timeout=5)
+    first_expiry = Execution.objects.get(pk=execution.pk).claim_expires_at
+    assert wait_until(lambda: Execution.objects.get(pk=execution.pk).claim_expires_at > first_expiry, timeout=5)
 
     # When A is killed outright and the execution is re-sent to B at once
     pid_a = worker_pid(execution)

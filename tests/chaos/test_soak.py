@@ -598,7 +598,7 @@ def test_chaos_soak__every_slot_once_nothing_run_twice_nothing_lost(
             "worker": e.worker,
             "celery_task_id": e.celery_task_id,
             "started_at": _iso(e.started_at),
-            "claim_expires_at": _iso(e.lease_expires_at),
+            "claim_expires_at": _iso(e.claim_expires_at),
         }
         for e in executions
         if e.status != Execution.Status.SUCCEEDED and e.pk not in overlapped_by_policy

@@ -182,7 +182,7 @@ def test_lost__retried_after_the_backoff_not_at_once(redis_client: redis.Redis) 
     now = dbclock.now()
     lost = execution("lost", status=Status.RUNNING, worker="dead-host:1", max_retries=1, retry_backoff=60)
     Execution.objects.filter(pk=lost.pk).update(
-        started_at=now - timedelta(minutes=5), lease_expires_at=now - timedelta(seconds=1)
+        started_at=now - timedelta(minutes=5), claim_expires_at=now - timedelta(seconds=1)
     )
 
     # When reconciled

@@ -292,13 +292,15 @@ def test_prune_task__bad_arguments_refused_and_nothing_deleted(history: Schedule
 
 def test_prune__never_changes_what_a_schedule_counts(history: Schedule) -> None:
     # Given a schedule whose counters say what it has used
-    Schedule.objects.filter(pk=history.pk).update(total_runs=6, slots_sent=6, total_missed=3)
-    before = Schedule.objects.filter(pk=history.pk).values("total_runs", "slots_sent", "total_missed").get()
+    Schedule.objects.filter(pk=history.pk).update(total_runs=6, slots_committed=6, total_missed=3)
+    before = Schedule.objects.filter(pk=history.pk).values("total_runs", "slots_committed", "total_missed").get()
     # When its old executions are pruned
     tasks.prune_executions.run(older_than_days=2, keep_last=0)
     # Then the rows are gone but the counts stay
     assert not Execution.objects.filter(idempotency_key__startswith="old-").exists()
-    assert Schedule.objects.filter(pk=history.pk).values("total_runs", "slots_sent", "total_missed").get() == before
+    assert (
+        Schedule.objects.filter(pk=history.pk).values("total_runs", "slots_committed", "total_missed").get() == before
+    )
 
 
 @pytest.mark.django_db

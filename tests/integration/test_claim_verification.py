@@ -34,7 +34,7 @@ def recorded(state: str = Status.QUEUED, *, key: str = "b") -> Execution:
         celery_task_id=str(uuid.uuid4()),
         status=Status.RUNNING if expired else state,
         worker="b@host:1" if expired else "",
-        lease_expires_at=dbclock.now() - timedelta(seconds=5) if expired else None,
+        claim_expires_at=dbclock.now() - timedelta(seconds=5) if expired else None,
     )
     return execution
 

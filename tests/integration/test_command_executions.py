@@ -263,13 +263,13 @@ def test_retry__a_task_that_is_no_longer_registered_is_refused() -> None:
 @pytest.mark.parametrize("status", [Status.PENDING, Status.QUEUED, Status.RUNNING, Status.RETRYING])
 def test_cancel__an_unfinished_execution_is_recorded_cancelled(status: str) -> None:
     # Given
-    execution = make(status, held=status == Status.PENDING)
-    Execution.objects.filter(pk=execution.pk).update(lease_expires_at=T0)
+    execution = make(status, buffered=status == Status.PENDING)
+    Execution.objects.filter(pk=execution.pk).update(claim_expires_at=T0)
     # When
     out = executions("cancel", str(execution.pk))
     # Then
     execution.refresh_from_db()
-    assert (execution.status, execution.error, execution.lease_expires_at, execution.held) == (
+    assert (execution.status, execution.error, execution.claim_expires_at, execution.held) == (
         Status.CANCELLED,
         "Cancelled by an operator",
         None,

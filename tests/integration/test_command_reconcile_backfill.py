@@ -35,7 +35,7 @@ def lost_execution_and_stale_instance() -> Execution:
         scheduled_for=now - HOUR,
         status=Status.RUNNING,
         started_at=now - HOUR,
-        lease_expires_at=now - timedelta(seconds=1),
+        claim_expires_at=now - timedelta(seconds=1),
     )
     Instance.objects.create(
         instance_id="gone-1", role="worker", hostname="h", pid=1, started_at=now, last_seen=now - timedelta(days=1)

@@ -43,7 +43,7 @@ def test_commit__one_offs_due_together_turn_off_in_one_update(lease: leases.Leas
     reason = f"One-off: its slot at {run_at.isoformat()} has been dispatched"
     assert sorted(report.completed) == sorted((target.name, reason) for target in targets)
     rows = Schedule.objects.filter(pk__in=[target.pk for target in targets])
-    assert set(rows.values_list("enabled", "next_run_at", "slots_sent", "disabled_reason")) == {
+    assert set(rows.values_list("enabled", "next_run_at", "slots_committed", "disabled_reason")) == {
         (False, None, 1, reason)
     }
     assert Execution.objects.filter(status=Status.PENDING, schedule__in=targets).count() == 30
@@ -74,7 +74,7 @@ def test_commit__different_outcomes_in_one_pass_each_get_their_own_write(lease: 
     # Then each schedule got its own outcome
     for target in (hourly, last_run, early, late, behind, broken):
         target.refresh_from_db()
-    assert (hourly.enabled, hourly.next_run_at, hourly.slots_sent) == (True, start + timedelta(hours=1), 1)
+    assert (hourly.enabled, hourly.next_run_at, hourly.slots_committed) == (True, start + timedelta(hours=1), 1)
     assert (last_run.enabled, last_run.next_run_at, last_run.disabled_reason) == (
         False,
         None,
@@ -82,9 +82,9 @@ def test_commit__different_outcomes_in_one_pass_each_get_their_own_write(lease: 
     )
     assert early.disabled_reason == f"One-off: its slot at {early.run_at.isoformat()} has been dispatched"
     assert late.disabled_reason == f"One-off: its slot at {late.run_at.isoformat()} has been dispatched"
-    assert (early.enabled, late.enabled, early.slots_sent, late.slots_sent) == (False, False, 1, 1)
+    assert (early.enabled, late.enabled, early.slots_committed, late.slots_committed) == (False, False, 1, 1)
     assert behind.enabled and behind.next_run_at > now - timedelta(seconds=60)
     assert behind.total_missed == report.missed + report.missed_not_recorded > 0
     assert behind.disabled_reason == "" and hourly.total_missed == 0
-    assert broken.paused_reason.startswith("Invalid timing:") and broken.enabled and broken.slots_sent == 0
+    assert broken.paused_reason.startswith("Invalid timing:") and broken.enabled and broken.slots_committed == 0
     assert not Execution.objects.filter(schedule=broken).exists()

@@ -72,7 +72,7 @@ def test_overlap__due_slot_while_one_runs(
     # Then the policy decided
     assert statuses(target) == expected
     assert report.cancelled_task_ids == cancelled
-    held = Execution.objects.filter(schedule=target, held=True).count()
+    held = Execution.objects.filter(schedule=target, buffered=True).count()
     assert held == (1 if policy == "buffer_one" else 0)
 
 
@@ -114,7 +114,7 @@ def test_cancelled_execution__cannot_be_claimed(lease: leases.LeaseHandle) -> No
 def test_max_runs__disables_itself_after_its_last_run(lease: leases.LeaseHandle) -> None:
     # Given a schedule allowed 3 runs whose beat already sent 2
     target = schedule("s", max_runs=3)
-    Schedule.objects.filter(pk=target.pk).update(slots_sent=2)
+    Schedule.objects.filter(pk=target.pk).update(slots_committed=2)
     due_at(target, last_slot())
     # When its next slot fires
     report = dispatch.dispatch_due(lease)

@@ -17,7 +17,7 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 Status = Execution.Status
 #: Columns a stale holder must never change on its successor's row.
-WATCHED = ("status", "attempt", "worker", "lease_expires_at", "finished_at", "error", "result", "enqueued_at")
+WATCHED = ("status", "attempt", "worker", "claim_expires_at", "finished_at", "error", "result", "enqueued_at")
 
 
 def row(status: str = Status.QUEUED, *, key: str = "e", **fields: Any) -> Execution:
@@ -33,7 +33,7 @@ def state(execution_id: int) -> dict[str, Any]:
 
 def expire_claim(execution_id: int) -> None:
     """Make the running row's claim run out, as a holder that froze past it would."""
-    Execution.objects.filter(pk=execution_id).update(lease_expires_at=dbclock.now() - timedelta(seconds=5))
+    Execution.objects.filter(pk=execution_id).update(claim_expires_at=dbclock.now() - timedelta(seconds=5))
 
 
 def claimed(execution_id: int, worker: str) -> Claim:
@@ -207,7 +207,7 @@ def test_renew__extends_only_the_claims_still_held() -> None:
     renewed = executions.renew([stale, other], seconds=600)
     # Then only the one A still holds was renewed
     assert renewed == {other}
-    assert state(other.execution_id)["lease_expires_at"] > dbclock.now() + timedelta(seconds=500)
+    assert state(other.execution_id)["claim_expires_at"] > dbclock.now() + timedelta(seconds=500)
 
 
 def test_moved_on__names_the_claims_lost_and_not_those_their_holder_ended() -> None:
@@ -227,8 +227,8 @@ def test_moved_on__names_the_claims_lost_and_not_those_their_holder_ended() -> N
 
 
 def claim_length(execution_id: int) -> timedelta:
-    values = Execution.objects.filter(pk=execution_id).values("started_at", "lease_expires_at").get()
-    return values["lease_expires_at"] - values["started_at"]
+    values = Execution.objects.filter(pk=execution_id).values("started_at", "claim_expires_at").get()
+    return values["claim_expires_at"] - values["started_at"]
 
 
 @pytest.mark.parametrize(("timeout", "seconds"), [(None, 30), (5, 30), (100, 110)])
@@ -258,7 +258,7 @@ def test_renew__never_shortens_a_claim_to_the_hard_time_limit(settings: Any) -> 
     plain = claimed(row(key="plain").pk, "a@host:1")
     expire_claim(plain.execution_id)
     assert executions.renew([plain], seconds=3) == {plain}
-    assert dbclock.now() < state(plain.execution_id)["lease_expires_at"] < dbclock.now() + timedelta(seconds=4)
+    assert dbclock.now() < state(plain.execution_id)["claim_expires_at"] < dbclock.now() + timedelta(seconds=4)
 
 
 # --- settings: "lease" is the beat's, a worker holds a claim ---------------------------------

@@ -45,7 +45,7 @@ def varied_rows(prefix: str, source: Schedule, earlier: Execution) -> list[Execu
         build(source, AT, status=Status.PENDING, now=AT, token=2**40),
         build(source, AT - timedelta(hours=1), status=Status.MISSED, now=AT, token=3),
         build(source, AT - timedelta(hours=2), status=Status.SKIPPED, now=AT),
-        build(source, AT + timedelta(hours=1), status=Status.PENDING, now=AT, held=True, token=7),
+        build(source, AT + timedelta(hours=1), status=Status.PENDING, now=AT, buffered=True, token=7),
         Execution(
             idempotency_key="ad-hoc",
             trigger=Execution.Trigger.SUBMIT,

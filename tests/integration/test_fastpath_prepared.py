@@ -36,7 +36,7 @@ def fast_path(monkeypatch: pytest.MonkeyPatch) -> FastPath:
 COMPARED = [
     field.attname
     for field in Execution._meta.concrete_fields
-    if field.attname not in ("id", "idempotency_key", "created_at", "started_at", "finished_at", "lease_expires_at")
+    if field.attname not in ("id", "idempotency_key", "created_at", "started_at", "finished_at", "claim_expires_at")
 ]
 
 
@@ -78,7 +78,7 @@ def test_finish__by_a_superseded_attempt_writes_nothing() -> None:
     # Given an execution taken over by attempt 2 after attempt 1's claim ran out
     queued("e")
     stale = claimed("e")
-    Execution.objects.filter(idempotency_key="e").update(lease_expires_at=dbclock.now() - timedelta(seconds=5))
+    Execution.objects.filter(idempotency_key="e").update(claim_expires_at=dbclock.now() - timedelta(seconds=5))
     current = claimed("e")
     # When attempt 1 records its outcome and its result
     finished = executions.finish(stale, status=Status.SUCCEEDED, result="stale")
@@ -99,7 +99,7 @@ def test_claim__follows_a_changed_claim_length(settings: Any) -> None:
     # Then each claim lasts as long as the setting said when it was made
     lengths = {
         key: round((expires - started).total_seconds())
-        for key, started, expires in Execution.objects.values_list("idempotency_key", "started_at", "lease_expires_at")
+        for key, started, expires in Execution.objects.values_list("idempotency_key", "started_at", "claim_expires_at")
     }
     assert lengths == {"short": 60, "long": 3600}
 

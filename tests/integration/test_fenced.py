@@ -72,7 +72,7 @@ def invoice() -> None:
 def take_over() -> None:
     """Let another worker claim the running execution as the next attempt, as after a freeze past the claim."""
     running = scheduler.current_execution()
-    Execution.objects.filter(pk=running.pk).update(lease_expires_at=dbclock.now() - timedelta(seconds=5))
+    Execution.objects.filter(pk=running.pk).update(claim_expires_at=dbclock.now() - timedelta(seconds=5))
     successor = executions.claim(
         worker=SUCCESSOR, task=running.task, celery_task_id=running.celery_task_id, execution_id=running.pk
     )
@@ -111,7 +111,7 @@ def test_fenced__commits_the_block_with_the_outcome_counted_once(side_effect_tab
     assert side_effects() == [(execution.pk, 1, 0)]
     done = fresh(execution)
     assert (done.status, done.attempt, done.result) == (Status.SUCCEEDED, 1, "invoiced")
-    assert done.lease_expires_at is None and done.finished_at is not None
+    assert done.claim_expires_at is None and done.finished_at is not None
     schedule.refresh_from_db()
     assert (schedule.total_runs, schedule.last_status, schedule.consecutive_failures) == (1, Status.SUCCEEDED, 0)
 

@@ -280,7 +280,7 @@ def test_leader__rows_locked_everywhere__the_pass_ends_within_its_wait_budget(le
 def test_mark_lost__a_locked_row__passed_over_not_waited_for() -> None:
     # Given a running execution whose claim ran out, its row held by its frozen body's open transaction
     claim = running()
-    Execution.objects.filter(pk=claim.execution_id).update(lease_expires_at=dbclock.now() - timedelta(seconds=5))
+    Execution.objects.filter(pk=claim.execution_id).update(claim_expires_at=dbclock.now() - timedelta(seconds=5))
     with held_by_another(lambda: Execution.objects.filter(pk=claim.execution_id).update(checkpoint={"done": 1})):
         # When reconcile marks expired claims lost
         started = time.monotonic()
@@ -331,4 +331,4 @@ def test_renew__the_row_its_own_body_holds__counts_as_held_without_waiting() -> 
         assert seconds < 1.0 and held == {other}
         assert executions.moved_on([body]) == set()
     # And the checkpoint renewed the claim with it
-    assert Execution.objects.get(pk=body.execution_id).lease_expires_at > dbclock.now() + timedelta(seconds=20)
+    assert Execution.objects.get(pk=body.execution_id).claim_expires_at > dbclock.now() + timedelta(seconds=20)

@@ -72,7 +72,7 @@ def test_finishes_and_cancel_previous_ticks_at_once__no_deadlock_and_every_succe
         identity = f"w{number}@stress:{number}"
         pick = random.Random(number)
         while not stop.is_set():
-            waiting = Execution.objects.filter(status=Status.PENDING, held=False).order_by("?").first()
+            waiting = Execution.objects.filter(status=Status.PENDING, buffered=False).order_by("?").first()
             execution = waiting and executions.claim(
                 worker=identity, task=waiting.task, celery_task_id=waiting.celery_task_id, execution_id=waiting.pk
             )

@@ -74,7 +74,7 @@ def test_executions_total__each_final_move_counts_once_whatever_the_path() -> No
     executions.insert([missed])
     executions.insert([executions.execution_for(schedule, now - timedelta(hours=1), status=Status.MISSED, now=now)])
     lost = running(schedule, "d")
-    Execution.objects.filter(pk=lost.execution_id).update(lease_expires_at=now - timedelta(minutes=1))
+    Execution.objects.filter(pk=lost.execution_id).update(claim_expires_at=now - timedelta(minutes=1))
     assert executions.mark_lost([lost.execution_id]) == 1
     assert executions.fail_lost(Execution.objects.get(pk=lost.execution_id), reason="gone")
     # And a claim takeover and a retry, which are not final

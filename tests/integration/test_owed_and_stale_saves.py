@@ -41,7 +41,7 @@ RUNNING_STATE = (
     "last_status",
     "total_runs",
     "total_missed",
-    "slots_sent",
+    "slots_committed",
     "consecutive_failures",
     "last_error",
     "enabled",

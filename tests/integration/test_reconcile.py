@@ -55,7 +55,7 @@ def backdate(row: Execution | Instance | Schedule, **fields: Any) -> None:
 def running_with_expired_lease(key: str, target: Schedule | None = None, **fields: Any) -> Execution:
     row = execution(key, target, status=Status.RUNNING, worker="dead-host:1", **fields)
     now = dbclock.now()
-    backdate(row, started_at=now - timedelta(minutes=5), lease_expires_at=now - timedelta(seconds=1))
+    backdate(row, started_at=now - timedelta(minutes=5), claim_expires_at=now - timedelta(seconds=1))
     return row
 
 
@@ -80,7 +80,7 @@ def test_lost__attempts_left__retrying_next_attempt_and_sent(redis_client: redis
     # Given a running execution whose worker stopped renewing its lease, with a retry left
     lost = running_with_expired_lease("lost", max_retries=1)
     alive = execution("alive", status=Status.RUNNING)
-    backdate(alive, lease_expires_at=dbclock.now() + timedelta(seconds=30))
+    backdate(alive, claim_expires_at=dbclock.now() + timedelta(seconds=30))
 
     # When reconciled
     report = reconcile(now=dbclock.now(), app=app)
@@ -120,7 +120,7 @@ def test_lost__no_attempts_left__failed_and_counted_on_its_schedule() -> None:
     # Then it failed with the reason, and the schedule counted the failure like a worker would
     lost.refresh_from_db()
     assert (lost.status, lost.error) == (Status.FAILED, "Worker lost during attempt 2; no retries left")
-    assert lost.finished_at is not None and lost.lease_expires_at is None
+    assert lost.finished_at is not None and lost.claim_expires_at is None
     assert kinds(report) == [("lost_failed", lost.pk)]
     target.refresh_from_db()
     assert (target.total_runs, target.consecutive_failures) == (1, 1)
@@ -135,7 +135,7 @@ def test_pending__older_than_threshold__sent_and_queued(redis_client: redis.Redi
     now = dbclock.now()
     old = execution("old", status=Status.PENDING)
     fresh = execution("fresh", status=Status.PENDING)
-    held = execution("held", status=Status.PENDING, held=True)
+    held = execution("held", status=Status.PENDING, buffered=True)
     for row in (old, held):
         backdate(row, created_at=now - timedelta(minutes=5))
 

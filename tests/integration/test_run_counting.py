@@ -56,7 +56,7 @@ def test_one_off__run_now_first_does_not_use_up_its_slot(lease: leases.LeaseHand
     assert report.fired == [("once", run_at)]
     assert Execution.objects.filter(idempotency_key=executions.key(target, run_at)).exists()
     target.refresh_from_db()
-    assert (target.enabled, target.slots_sent) == (False, 1)
+    assert (target.enabled, target.slots_committed) == (False, 1)
 
 
 def test_max_runs__skipped_slots_do_not_count(lease: leases.LeaseHandle) -> None:
@@ -70,7 +70,7 @@ def test_max_runs__skipped_slots_do_not_count(lease: leases.LeaseHandle) -> None
     # Then one runs, two are skipped, and one run is left
     target.refresh_from_db()
     assert statuses(target) == [Status.PENDING, Status.SKIPPED, Status.SKIPPED]
-    assert (target.enabled, target.slots_sent) == (True, 1)
+    assert (target.enabled, target.slots_committed) == (True, 1)
     assert target.next_run_at is not None
 
     # When the first one ends and the next slot comes due
@@ -81,7 +81,7 @@ def test_max_runs__skipped_slots_do_not_count(lease: leases.LeaseHandle) -> None
     # Then that slot is its second run, and its last
     target.refresh_from_db()
     assert len(report.fired) == 1
-    assert (target.enabled, target.slots_sent, target.disabled_reason) == (False, 2, "Used all 2 runs (max_runs)")
+    assert (target.enabled, target.slots_committed, target.disabled_reason) == (False, 2, "Used all 2 runs (max_runs)")
 
 
 def test_max_runs__applied_after_the_misfire_policy(lease: leases.LeaseHandle) -> None:
@@ -97,7 +97,7 @@ def test_max_runs__applied_after_the_misfire_policy(lease: leases.LeaseHandle) -
     assert report.fired == [("s", latest)]
     assert statuses(target) == [Status.MISSED] * 4 + [Status.PENDING]
     target.refresh_from_db()
-    assert (target.enabled, target.slots_sent) == (True, 1)
+    assert (target.enabled, target.slots_committed) == (True, 1)
 
 
 def test_max_runs__pruning_does_not_reset_the_count(lease: leases.LeaseHandle) -> None:
@@ -131,7 +131,7 @@ def test_max_runs__a_slot_that_already_has_an_execution_is_not_counted(lease: le
     # Then the beat sent nothing, counts nothing, and keeps its one run for the next slot
     assert report.fired == []
     target.refresh_from_db()
-    assert (target.enabled, target.slots_sent, target.disabled_reason) == (True, 0, "")
+    assert (target.enabled, target.slots_committed, target.disabled_reason) == (True, 0, "")
     assert target.next_run_at == slot + timedelta(days=1)
     assert Execution.objects.filter(schedule=target).count() == 1
 

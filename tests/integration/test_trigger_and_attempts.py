@@ -151,7 +151,7 @@ def test_attempt_errors__a_stale_holder_appends_nothing() -> None:
         celery_task_id="c",
     )
     stale = _claim(execution.pk, "a@host:1")
-    Execution.objects.filter(pk=execution.pk).update(lease_expires_at=dbclock.now() - timedelta(seconds=5))
+    Execution.objects.filter(pk=execution.pk).update(claim_expires_at=dbclock.now() - timedelta(seconds=5))
     _claim(execution.pk, "b@host:2")
     assert not executions.retry(stale, delay_seconds=0, error="late")
     execution.refresh_from_db()
@@ -189,7 +189,7 @@ def _one_retry(settings: Any) -> Execution:
 
 def _lose(held: Claim) -> None:
     """Let the claim ``held`` run out, as a worker that died would."""
-    Execution.objects.filter(pk=held.execution_id).update(lease_expires_at=dbclock.now() - timedelta(seconds=5))
+    Execution.objects.filter(pk=held.execution_id).update(claim_expires_at=dbclock.now() - timedelta(seconds=5))
 
 
 def test_retries__an_attempt_lost_before_uses_none_of_the_tasks_retries(settings: Any) -> None:

@@ -125,28 +125,28 @@ def test_plan_due__max_runs_not_applied_before_the_misfire_policy() -> None:
 
 def test_cap_runs__skipped_slots_do_not_count() -> None:
     plan = policies.plan_overlap("skip", SLOTS, in_flight=0, buffered=0)
-    capped, used_up = cap_runs(plan, max_runs=2, sent=0)
+    capped, used_up = cap_runs(plan, max_runs=2, committed=0)
     assert (capped, used_up) == (plan, False)
 
 
 def test_cap_runs__the_last_run_ends_the_schedule_and_later_slots_are_dropped() -> None:
     plan = OverlapPlan(run=SLOTS, buffered=None, skipped=())
-    capped, used_up = cap_runs(plan, max_runs=5, sent=3)
+    capped, used_up = cap_runs(plan, max_runs=5, committed=3)
     assert (capped.run, used_up) == (SLOTS[:2], True)
     plan = policies.plan_overlap("buffer_one", SLOTS, in_flight=0, buffered=0)
-    capped, used_up = cap_runs(plan, max_runs=2, sent=1)
+    capped, used_up = cap_runs(plan, max_runs=2, committed=1)
     assert (capped.run, capped.buffered, capped.skipped, used_up) == (SLOTS[:1], None, (), True)
 
 
 def test_cap_runs__a_buffered_slot_counts() -> None:
     plan = policies.plan_overlap("buffer_one", SLOTS, in_flight=1, buffered=0)
-    capped, used_up = cap_runs(plan, max_runs=3, sent=2)
+    capped, used_up = cap_runs(plan, max_runs=3, committed=2)
     assert (capped.run, capped.buffered, capped.skipped, used_up) == ((), SLOTS[0], (), True)
 
 
 def test_cap_runs__nothing_left_sends_nothing() -> None:
     plan = policies.plan_overlap("cancel_previous", SLOTS, in_flight=1, buffered=0)
-    capped, used_up = cap_runs(plan, max_runs=2, sent=2)
+    capped, used_up = cap_runs(plan, max_runs=2, committed=2)
     assert (capped.run, capped.skipped, capped.cancel_in_flight, used_up) == ((), (), False, True)
 
 
@@ -162,7 +162,7 @@ def test_cap_runs__never_sends_more_than_max_runs(
     runs: int, max_runs: int | None, sent: int, policy: str, in_flight: int
 ) -> None:
     plan = policies.plan_overlap(policy, SLOTS[:runs], in_flight=in_flight, buffered=0)
-    capped, used_up = cap_runs(plan, max_runs=max_runs, sent=sent)
+    capped, used_up = cap_runs(plan, max_runs=max_runs, committed=sent)
     counted = len(capped.run) + (capped.buffered is not None)
     if max_runs is None:
         assert (capped, used_up) == (plan, False)
