@@ -781,7 +781,7 @@ def save_checkpoint(held: Claim, data: Any) -> bool:
     transaction, whose lock on the row the renewer then leaves alone
     (``renew``), the renewal commits with it.
     """
-    return bool(held.rows().update(checkpoint=data, claim_expires_at=_extended(settings.CLAIM_SECONDS)))
+    return bool(held.rows().update(progress=data, claim_expires_at=_extended(settings.CLAIM_SECONDS)))
 
 
 def fail_exhausted(held: Claim) -> str | None:

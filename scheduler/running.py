@@ -40,7 +40,7 @@ class RunningExecution:
     """The execution a task runs under its claim; reads fall through to the claimed row."""
 
     def __init__(self, execution: Execution, claim: Claim, *, on_succeeded: Callable[[Claim], None]) -> None:
-        #: The row as claimed (``checkpoint`` kept current by ``checkpoint()``).
+        #: The row as claimed (``progress`` kept current by ``checkpoint()``).
         self.execution = execution
         #: The fencing token every write below matches on.
         self.claim = claim
@@ -63,7 +63,7 @@ class RunningExecution:
     @property
     def last_checkpoint(self) -> Any:
         """The progress saved last by this attempt or an earlier one (``None``: nothing saved yet)."""
-        return self.execution.checkpoint
+        return self.execution.progress
 
     def checkpoint(self, data: Any) -> None:
         """Save ``data`` (JSON, at most ``CHECKPOINT_MAX_BYTES``) as this execution's progress.
@@ -95,7 +95,7 @@ class RunningExecution:
         failpoint("running.checkpoint")
         if not executions.save_checkpoint(self.claim, stored):
             raise ClaimLost(self._lost("its checkpoint was not saved"))
-        self.execution.checkpoint = stored
+        self.execution.progress = stored
 
     @contextmanager
     def fenced(self) -> Iterator[None]:

@@ -181,7 +181,7 @@ class Execution(models.Model):
     result = models.JSONField(null=True, blank=True)
     #: Progress a task saved with ``current_execution().checkpoint(data)``; the
     #: next attempt reads it to resume where the last one stopped.
-    checkpoint = models.JSONField(null=True, blank=True)
+    progress = models.JSONField(null=True, blank=True, db_column="checkpoint")
     error = models.TextField(blank=True, default="")
     #: The error of every earlier attempt, oldest first: ``[{"attempt": n, "error": "...", "at": ISO}]``.
     attempt_errors = models.JSONField(default=list, blank=True)

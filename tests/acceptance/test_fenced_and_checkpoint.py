@@ -113,11 +113,11 @@ def test_checkpointed_task__killed_mid_way__next_attempt_resumes_after_the_last_
     )
     # When its pool child is killed after it checkpointed item 3
     assert wait_until(lambda: test_tasks.events(redis_client), timeout=20), worker.log()[-3000:]
-    assert Execution.objects.get(pk=execution.pk).checkpoint == {"done": killed_after}
+    assert Execution.objects.get(pk=execution.pk).progress == {"done": killed_after}
     os.kill(worker_pid(execution), signal.SIGKILL)
     # Then the requeued message runs attempt 2, which goes on from item 4
     done = wait_final(execution, timeout=30)
-    assert (done.status, done.attempt, done.checkpoint) == ("succeeded", 2, {"done": items}), worker.log()[-3000:]
+    assert (done.status, done.attempt, done.progress) == ("succeeded", 2, {"done": items}), worker.log()[-3000:]
     logged = [json.loads(entry) for entry in redis_client.lrange(test_tasks.ITEMS_KEY, 0, -1)]
     processed = [(entry["item"], entry["attempt"]) for entry in logged]
     # Each item once: 1-3 by attempt 1, 4-6 by attempt 2

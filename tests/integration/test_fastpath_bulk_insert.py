@@ -63,7 +63,7 @@ def varied_rows(prefix: str, source: Schedule, earlier: Execution) -> list[Execu
             tenant="acme",
             worker="w@host",
             result={"value": 1},
-            checkpoint=[],
+            progress=[],
             error="boom\nline two",
             attempt_errors=[{"attempt": 1, "error": "x", "at": AT.isoformat()}],
             retry_of=earlier,

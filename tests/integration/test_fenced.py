@@ -186,7 +186,7 @@ def test_fenced__inside_an_open_transaction__refused(side_effect_table: None) ->
 
 def test_checkpoint__saved_and_read_back_by_the_attempt() -> None:
     # Given an execution an earlier attempt left progress on
-    execution = queued(checkpoint={"done": 2})
+    execution = queued(progress={"done": 2})
     seen: list[Any] = []
 
     def step() -> None:
@@ -199,7 +199,7 @@ def test_checkpoint__saved_and_read_back_by_the_attempt() -> None:
     run(execution, step)
     # Then it read the earlier one, and the row holds the new one, as JSON
     assert seen == [{"done": 2}, {"done": 3, "cursor": ["a", 1]}]
-    assert fresh(execution).checkpoint == {"done": 3, "cursor": ["a", 1]}
+    assert fresh(execution).progress == {"done": 3, "cursor": ["a", 1]}
 
 
 @pytest.mark.parametrize(
@@ -212,14 +212,14 @@ def test_checkpoint__saved_and_read_back_by_the_attempt() -> None:
     ids=["not-json", "nan", "too-large"],
 )
 def test_checkpoint__bad_data__refused_and_nothing_saved(data: Any, message: str) -> None:
-    execution = queued(checkpoint={"done": 1})
+    execution = queued(progress={"done": 1})
     with pytest.raises(CheckpointInvalid, match=message):
         run(execution, lambda: scheduler.current_execution().checkpoint(data))
-    assert fresh(execution).checkpoint == {"done": 1}
+    assert fresh(execution).progress == {"done": 1}
 
 
 def test_checkpoint__claim_moved_on__refused_and_the_successors_progress_kept() -> None:
-    execution = queued(checkpoint={"done": 1})
+    execution = queued(progress={"done": 1})
 
     def step() -> None:
         take_over()
@@ -227,7 +227,7 @@ def test_checkpoint__claim_moved_on__refused_and_the_successors_progress_kept() 
 
     with pytest.raises(ClaimLost, match=r"its checkpoint was not saved"):
         run(execution, step)
-    assert Execution.objects.filter(pk=execution.pk).values_list("checkpoint", "attempt").get() == ({"done": 1}, 2)
+    assert Execution.objects.filter(pk=execution.pk).values_list("progress", "attempt").get() == ({"done": 1}, 2)
 
 
 def test_checkpoint__after_the_task_ended__refused() -> None:
@@ -237,7 +237,7 @@ def test_checkpoint__after_the_task_ended__refused() -> None:
     # Then a checkpoint on it is refused: its claim ended with the outcome
     with pytest.raises(ClaimLost):
         kept.checkpoint({"done": 1})
-    assert fresh(execution).checkpoint is None
+    assert fresh(execution).progress is None
 
 
 @pytest.mark.parametrize("where", ["inside", "after"])
@@ -254,4 +254,4 @@ def test_checkpoint__inside_or_after_a_fenced_block__refused(side_effect_table: 
 
     with pytest.raises(FenceRefused, match=r"checkpoint\(\)"):
         run(execution, step)
-    assert fresh(execution).checkpoint is None
+    assert fresh(execution).progress is None

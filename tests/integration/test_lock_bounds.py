@@ -281,7 +281,7 @@ def test_mark_lost__a_locked_row__passed_over_not_waited_for() -> None:
     # Given a running execution whose claim ran out, its row held by its frozen body's open transaction
     claim = running()
     Execution.objects.filter(pk=claim.execution_id).update(claim_expires_at=dbclock.now() - timedelta(seconds=5))
-    with held_by_another(lambda: Execution.objects.filter(pk=claim.execution_id).update(checkpoint={"done": 1})):
+    with held_by_another(lambda: Execution.objects.filter(pk=claim.execution_id).update(progress={"done": 1})):
         # When reconcile marks expired claims lost
         started = time.monotonic()
         marked = executions.mark_lost([claim.execution_id])
