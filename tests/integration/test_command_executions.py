@@ -269,7 +269,7 @@ def test_cancel__an_unfinished_execution_is_recorded_cancelled(status: str) -> N
     out = executions("cancel", str(execution.pk))
     # Then
     execution.refresh_from_db()
-    assert (execution.status, execution.error, execution.claim_expires_at, execution.held) == (
+    assert (execution.status, execution.error, execution.claim_expires_at, execution.buffered) == (
         Status.CANCELLED,
         "Cancelled by an operator",
         None,
