@@ -8,8 +8,9 @@ from typing import Any
 from django.test import Client
 
 import tests.tasks
-from scheduler import dbclock, schedules
+from scheduler import dbclock
 from scheduler.models import ApiToken, AuditEvent, Execution, OperatorProfile, Schedule
+from tests import factories
 
 TENANT_A = "tenant-a"
 TENANT_B = "tenant-b"
@@ -31,23 +32,19 @@ def bind(user: Any, tenant: str = "") -> Any:
 
 
 def make_schedule(name: str, *, tenant: str = "", **fields: Any) -> Schedule:
-    schedule = Schedule(
-        name=name, task=TENANT_TASK if tenant else "scheduler.echo", interval=60, tenant=tenant, **fields
-    )
-    schedule.full_clean()
-    schedules.save(schedule, now=dbclock.now())
-    return schedule
+    """A schedule of ``tenant``'s (running a task a tenant may run), or of the deployer's when none is given."""
+    fields.setdefault("task", TENANT_TASK if tenant else "scheduler.echo")
+    return factories.make_schedule(name, tenant=tenant, **fields)
 
 
 def make_execution(schedule: Schedule, key: str, status: str) -> Execution:
-    now = dbclock.now()
-    return Execution.objects.create(
-        idempotency_key=key,
+    """An execution of ``schedule``, in its tenant, due five minutes ago."""
+    return factories.make_execution(
+        key,
         schedule=schedule,
-        task=schedule.task,
         tenant=schedule.tenant,
         status=status,
-        scheduled_for=now - timedelta(minutes=5),
+        scheduled_for=dbclock.now() - timedelta(minutes=5),
         celery_task_id="",
     )
 

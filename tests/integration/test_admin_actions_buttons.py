@@ -15,6 +15,7 @@ from django.test.utils import CaptureQueriesContext
 from scheduler import dbclock, schedules
 from scheduler.models import Execution, Schedule
 from scheduler.permissions import OPERATOR_GROUP, VIEWER_GROUP
+from tests.factories import make_execution, make_schedule
 from tests.integration.api_support import bind
 
 pytestmark = pytest.mark.django_db
@@ -42,10 +43,7 @@ def staff() -> Client:
 
 @pytest.fixture
 def schedule() -> Schedule:
-    made = Schedule(name="often", task="scheduler.echo", interval=5)
-    made.full_clean()
-    schedules.save(made)
-    return made
+    return make_schedule("often", interval=5)
 
 
 def _act(client: Client, schedule: Schedule, action: str, **data: str) -> object:
@@ -161,16 +159,10 @@ def test_buttons__need_the_csrf_token() -> None:
 # --- execution page buttons ------------------------------------------------------------
 
 
-def _execution(key: str, status: str, **fields: object) -> Execution:
-    return Execution.objects.create(
-        idempotency_key=key, task="scheduler.echo", status=status, scheduled_for=dbclock.now(), **fields
-    )
-
-
 @pytest.mark.django_db(transaction=True)
 def test_retry_button__a_new_execution_linked_to_the_failed_one(staff: Client, redis_url: str) -> None:
     # Given
-    failed = _execution("bad", Status.FAILED, error="boom")
+    failed = make_execution("bad", status=Status.FAILED, error="boom")
     page = staff.get(f"/admin/scheduler/execution/{failed.pk}/change/").content.decode()
     assert 'id="action-retry"' in page and 'id="action-cancel"' not in page
     # When
@@ -184,7 +176,7 @@ def test_retry_button__a_new_execution_linked_to_the_failed_one(staff: Client, r
 
 @pytest.mark.django_db(transaction=True)
 def test_cancel_button__cancels_a_running_execution(staff: Client, redis_url: str) -> None:
-    running = _execution("run", Status.RUNNING, celery_task_id="t-run")
+    running = make_execution("run", status=Status.RUNNING, celery_task_id="t-run")
     page = staff.get(f"/admin/scheduler/execution/{running.pk}/change/").content.decode()
     assert 'id="action-cancel"' in page and 'id="action-retry"' not in page
     response = staff.post(f"/admin/scheduler/execution/{running.pk}/act/cancel/", follow=True)
@@ -194,7 +186,7 @@ def test_cancel_button__cancels_a_running_execution(staff: Client, redis_url: st
 
 
 def test_cancel_button__a_finished_execution_is_refused_with_a_message(staff: Client) -> None:
-    done = _execution("done", Status.SUCCEEDED)
+    done = make_execution("done", status=Status.SUCCEEDED)
     response = staff.post(f"/admin/scheduler/execution/{done.pk}/act/cancel/", follow=True)
     assert "only pending, queued, running or retrying executions can be cancelled" in response.content.decode()
     done.refresh_from_db()
@@ -204,7 +196,7 @@ def test_cancel_button__a_finished_execution_is_refused_with_a_message(staff: Cl
 @pytest.mark.parametrize("action", ["retry", "cancel"])
 def test_execution_buttons__a_viewer_gets_403(action: str) -> None:
     viewer = _client(group=VIEWER_GROUP)
-    failed = _execution("bad", Status.FAILED)
+    failed = make_execution("bad", status=Status.FAILED)
     assert 'id="object-actions"' not in viewer.get(f"/admin/scheduler/execution/{failed.pk}/change/").content.decode()
     assert viewer.post(f"/admin/scheduler/execution/{failed.pk}/act/{action}/").status_code == 403
     assert Execution.objects.count() == 1
@@ -238,9 +230,9 @@ def test_execution_list__seconds_zone_lag_queue_wait_and_trigger(staff: Client, 
 
 def test_execution_change__times_with_seconds_and_every_attempt_error(staff: Client) -> None:
     finished = dbclock.now().replace(microsecond=0)
-    failed = _execution(
+    failed = make_execution(
         "bad",
-        Status.FAILED,
+        status=Status.FAILED,
         attempt=2,
         error="second boom",
         finished_at=finished,
@@ -266,7 +258,7 @@ def test_schedule_page__times_with_seconds_and_a_link_to_its_executions(staff: C
 @pytest.mark.parametrize("trigger", Trigger.values)
 def test_execution_list__trigger_filter(staff: Client, trigger: str) -> None:
     for value in Trigger.values:
-        _execution(f"key-{value}", Status.SUCCEEDED, trigger=value)
+        make_execution(f"key-{value}", status=Status.SUCCEEDED, trigger=value)
     response = staff.get(f"/admin/scheduler/execution/?trigger__exact={trigger}")
     assert [e.idempotency_key for e in response.context["cl"].result_list] == [f"key-{trigger}"]
 
@@ -284,8 +276,8 @@ def test_execution_list__trigger_filter(staff: Client, trigger: str) -> None:
 )
 def test_execution_search__key_prefix(staff: Client, term: str, expected: list[str]) -> None:
     for key in ("schedule:4:2026-01-01T00:00:00+00:00", "schedule:4:manual:x", "schedule:40:x", "retry:4:x"):
-        _execution(key, Status.SUCCEEDED)
-    _execution("plain-key", Status.SUCCEEDED, celery_task_id="t-1")
+        make_execution(key, status=Status.SUCCEEDED)
+    make_execution("plain-key", status=Status.SUCCEEDED, celery_task_id="t-1")
     response = staff.get("/admin/scheduler/execution/", {"q": term})
     assert sorted(e.idempotency_key for e in response.context["cl"].result_list) == expected
 

@@ -12,11 +12,12 @@ import redis
 from celery import Celery
 
 from project.celery import app
-from scheduler import broker, dbclock, dispatch, executions, leases, schedules
+from scheduler import broker, dbclock, dispatch, executions, leases
 from scheduler.exceptions import BrokerUnavailable
 from scheduler.fastpath import publisher
 from scheduler.models import Execution, Schedule
 from scheduler.reconcile import reconcile, resend_after_broker_restart, resend_unclaimed
+from tests.factories import make_execution, make_schedule
 from tests.services import free_port
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -26,9 +27,7 @@ Status = Execution.Status
 
 def execution(key: str, **fields: Any) -> Execution:
     fields.setdefault("scheduled_for", dbclock.now() - timedelta(hours=1))
-    return Execution.objects.create(
-        idempotency_key=key, task="scheduler.echo", celery_task_id=f"celery-{key}", **fields
-    )
+    return make_execution(key, celery_task_id=f"celery-{key}", **fields)
 
 
 def messages(client: redis.Redis) -> dict[int, dict[str, Any]]:
@@ -197,9 +196,7 @@ def test_lost__retried_after_the_backoff_not_at_once(redis_client: redis.Redis) 
 
 def test_lost__counts_as_in_flight_for_the_overlap_policies() -> None:
     # Given an overlap=skip schedule whose last execution is lost (reconcile is about to retry it)
-    target = Schedule(name="s", task="scheduler.echo", interval=10, overlap="skip")
-    target.full_clean()
-    schedules.save(target)
+    target = make_schedule("s", interval=10, overlap="skip")
     execution("earlier", schedule=target, status=Status.LOST)
     now = dbclock.now()
     Schedule.objects.filter(pk=target.pk).update(next_run_at=now - timedelta(seconds=now.timestamp() % 10))
@@ -241,9 +238,7 @@ def test_unclaimed__waiting_behind_other_messages__sent_again_only_once_its_queu
 def test_unclaimed__a_message_jitter_delays__waits_from_its_start_not_its_slot(redis_client: redis.Redis) -> None:
     # Given a schedule whose jitter starts a slot's message up to an hour late, and its
     # execution sent for a slot a minute ago (never claimed yet: its message starts later)
-    jittered = Schedule(name="jittered", task="scheduler.echo", interval=7200, jitter=3600)
-    jittered.full_clean()
-    schedules.save(jittered)
+    jittered = make_schedule("jittered", interval=7200, jitter=3600)
     now = dbclock.now()
     slot = now - timedelta(minutes=1)
     while publisher.start_at({"schedule_id": jittered.pk, "scheduled_for": slot, "jitter": 3600}) < now + timedelta(

@@ -22,6 +22,7 @@ from scheduler.beat import LeaderScheduler
 from scheduler.builtin_schedules import BACKEND_CLEANUP, PRUNE_EXECUTIONS, ensure_builtin_schedules
 from scheduler.exceptions import PruneRefused
 from scheduler.models import Execution, Schedule
+from tests.factories import make_execution
 from tests.processes import ROOT
 
 Status = Execution.Status
@@ -227,8 +228,8 @@ def _execution(
     key: str, *, age_days: float, schedule: Schedule | None = None, status: str = Status.SUCCEEDED
 ) -> Execution:
     now = dbclock.now()
-    return Execution.objects.create(
-        idempotency_key=key,
+    return make_execution(
+        key,
         schedule=schedule,
         task="scheduler.echo",
         status=status,

@@ -22,6 +22,7 @@ import tests.tasks  # noqa: F401 -- registers tests.record with the Celery app
 from project.celery import app
 from scheduler import audit, operations, schedules
 from scheduler.models import Execution, Schedule
+from tests.factories import make_execution
 from tests.processes import ROOT
 from tests.services import free_port
 
@@ -56,9 +57,8 @@ def database() -> list[dict[str, Any]]:
 
 def make(status: str = Status.SUCCEEDED, *, minutes: int = 0, **fields: Any) -> Execution:
     """An execution scheduled ``minutes`` after T0."""
-    fields.setdefault("task", "scheduler.echo")
-    return Execution.objects.create(
-        idempotency_key=f"test:{next(_keys)}",
+    return make_execution(
+        f"test:{next(_keys)}",
         status=status,
         scheduled_for=T0 + timedelta(minutes=minutes),
         celery_task_id=f"celery-{next(_keys)}",

@@ -18,6 +18,7 @@ from scheduler import dbclock, leases, schedules
 from scheduler.models import Execution, Instance, Lease, Schedule
 from scheduler.prune import prune_executions
 from tests import processes
+from tests.factories import make_execution
 from tests.integration.command_support import refused, run
 
 Status = Execution.Status
@@ -104,8 +105,8 @@ def _execution(
     key: str, *, status: str, age_days: float, schedule: Schedule | None = None, slot_age: float | None = None
 ) -> Execution:
     now = dbclock.now()
-    return Execution.objects.create(
-        idempotency_key=key,
+    return make_execution(
+        key,
         schedule=schedule,
         task="scheduler.echo",
         status=status,

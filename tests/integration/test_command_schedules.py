@@ -20,6 +20,7 @@ from django.core.management.base import CommandError
 import tests.tasks  # noqa: F401 -- registers tests.record with the Celery app
 from scheduler import schedules as schedule_rows
 from scheduler.models import Execution, Schedule
+from tests.factories import make_schedule
 from tests.processes import ROOT
 from tests.services import free_port
 
@@ -48,16 +49,6 @@ def refused(*argv: str) -> str:
 def database() -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """Every schedule and execution row, to prove that nothing changed."""
     return list(Schedule.objects.order_by("pk").values()), list(Execution.objects.order_by("pk").values())
-
-
-def make(name: str = "nightly", **fields: Any) -> Schedule:
-    fields.setdefault("task", "scheduler.echo")
-    if not {"cron", "run_at"} & fields.keys():
-        fields.setdefault("interval", 60)
-    schedule = Schedule(name=name, **fields)
-    schedule.full_clean()
-    schedule_rows.save(schedule)
-    return schedule
 
 
 # --- create --------------------------------------------------------------------------
@@ -157,7 +148,7 @@ def test_create__dry_run_saves_nothing() -> None:
 )
 def test_create__bad_input_is_refused_and_nothing_is_saved(options: list[str], message: str) -> None:
     # Given an existing schedule
-    make("existing")
+    make_schedule("existing")
     before = database()
     # When / Then
     assert message in refused("create", "new", "--task", "scheduler.echo", *options)
@@ -176,7 +167,7 @@ def test_create__every_problem_is_reported_on_one_line() -> None:
 
 
 def test_create__duplicate_name_is_refused() -> None:
-    make("nightly", interval=60)
+    make_schedule("nightly", interval=60)
     before = database()
     assert refused("create", "nightly", "--task", "scheduler.echo", "--every", "5") == (
         "name: Schedule with this Name already exists."
@@ -203,9 +194,9 @@ def test_create__malformed_arguments_are_refused(options: list[str], message: st
 
 def test_list__one_line_per_schedule_with_timing_and_state() -> None:
     # Given
-    make("a-cron", cron="*/5 * * * *", timezone="Europe/Berlin")
-    make("b-every", interval=30, paused_reason="vendor outage")
-    make("c-off", interval=30, enabled=False)
+    make_schedule("a-cron", cron="*/5 * * * *", timezone="Europe/Berlin")
+    make_schedule("b-every", interval=30, paused_reason="vendor outage")
+    make_schedule("c-off", interval=30, enabled=False)
     # When
     lines = schedules("list").splitlines()
     # Then
@@ -228,7 +219,7 @@ def test_list__one_line_per_schedule_with_timing_and_state() -> None:
 
 
 def test_list__json() -> None:
-    make("nightly", cron="0 2 * * *")
+    make_schedule("nightly", cron="0 2 * * *")
     [row] = json.loads(schedules("list", "--json"))
     assert row["name"] == "nightly" and row["timing"] == "cron 0 2 * * *" and row["enabled"] is True
     assert row["next_run_at"] is not None
@@ -239,7 +230,7 @@ def test_list__empty() -> None:
 
 
 def test_show__every_field() -> None:
-    schedule = make("nightly", cron="0 2 * * *", kwargs={"a": 1})
+    schedule = make_schedule("nightly", cron="0 2 * * *", kwargs={"a": 1})
     data = json.loads(schedules("show", "nightly", "--json"))
     assert data["id"] == schedule.pk and data["kwargs"] == {"a": 1} and data["cron"] == "0 2 * * *"
     assert {"overlap", "misfire", "catchup_window", "next_run_at", "total_runs", "paused_reason"} <= data.keys()
@@ -251,7 +242,7 @@ def test_show__every_field() -> None:
     "action", ["show", "update", "enable", "disable", "pause", "resume", "delete", "run-now", "next"]
 )
 def test_unknown_schedule__is_refused_in_one_line(action: str) -> None:
-    make("nightly")
+    make_schedule("nightly")
     before = database()
     extra = ["--queue", "q"] if action == "update" else []
     assert refused(action, "nightly-typo", *extra) == "No schedule named 'nightly-typo'"
@@ -260,7 +251,7 @@ def test_unknown_schedule__is_refused_in_one_line(action: str) -> None:
 
 def test_next__fire_times_in_the_zone_and_in_utc_across_spring_forward() -> None:
     # Given a Berlin schedule at 02:30, a local time that does not exist on 2026-03-29
-    make("early", cron="30 2 * * *", timezone="Europe/Berlin")
+    make_schedule("early", cron="30 2 * * *", timezone="Europe/Berlin")
     # When
     with time_machine.travel(datetime(2026, 3, 27, 12, tzinfo=timezone.utc), tick=False):
         out = schedules("next", "early", "-n", "3")
@@ -273,7 +264,7 @@ def test_next__fire_times_in_the_zone_and_in_utc_across_spring_forward() -> None
 
 
 def test_next__json_and_a_note_when_the_schedule_does_not_fire() -> None:
-    make("paused", interval=60, paused_reason="maintenance")
+    make_schedule("paused", interval=60, paused_reason="maintenance")
     with time_machine.travel(datetime(2026, 3, 27, 12, tzinfo=timezone.utc), tick=False):
         data = json.loads(schedules("next", "paused", "--json", "-n", "2"))
         text = schedules("next", "paused")
@@ -283,7 +274,7 @@ def test_next__json_and_a_note_when_the_schedule_does_not_fire() -> None:
 
 @pytest.mark.parametrize("count", ["0", "-3", "1001", "many"])
 def test_next__count_out_of_range_is_refused(count: str) -> None:
-    make("nightly")
+    make_schedule("nightly")
     assert "argument -n/--count" in refused("next", "nightly", "-n", count)
 
 
@@ -292,7 +283,7 @@ def test_next__count_out_of_range_is_refused(count: str) -> None:
 
 def test_update__only_the_given_fields_change() -> None:
     # Given
-    schedule = make("nightly", cron="0 2 * * *", queue="default", timeout=30, args=[1])
+    schedule = make_schedule("nightly", cron="0 2 * * *", queue="default", timeout=30, args=[1])
     # When
     schedules("update", "nightly", "--queue", "reports", "--args", "[2, 3]")
     # Then
@@ -301,7 +292,7 @@ def test_update__only_the_given_fields_change() -> None:
 
 
 def test_update__a_new_timing_replaces_the_old_one() -> None:
-    schedule = make("nightly", cron="0 2 * * *")
+    schedule = make_schedule("nightly", cron="0 2 * * *")
     out = schedules("update", "nightly", "--every", "900")
     schedule.refresh_from_db()
     assert (schedule.cron, schedule.interval, schedule.run_at) == ("", 900, None)
@@ -310,7 +301,7 @@ def test_update__a_new_timing_replaces_the_old_one() -> None:
 
 
 def test_update__dry_run_changes_nothing() -> None:
-    make("nightly", cron="0 2 * * *")
+    make_schedule("nightly", cron="0 2 * * *")
     before = database()
     out = schedules("update", "nightly", "--every", "900", "--dry-run")
     assert out.startswith("Would update schedule 'nightly': every 900s (UTC)")
@@ -330,7 +321,7 @@ def test_update__dry_run_changes_nothing() -> None:
     ],
 )
 def test_update__bad_input_is_refused_and_the_row_is_unchanged(options: list[str], message: str) -> None:
-    make("nightly", cron="0 2 * * *")
+    make_schedule("nightly", cron="0 2 * * *")
     before = database()
     assert message in refused("update", "nightly", *options)
     assert database() == before
@@ -340,7 +331,7 @@ def test_update__bad_input_is_refused_and_the_row_is_unchanged(options: list[str
 
 
 def test_disable_then_enable() -> None:
-    schedule = make("nightly", interval=60)
+    schedule = make_schedule("nightly", interval=60)
     assert schedules("disable", "nightly").startswith("Disabled schedule 'nightly': every 60s (UTC), disabled,")
     schedule.refresh_from_db()
     assert (schedule.enabled, schedule.next_run_at) == (False, None)
@@ -350,7 +341,7 @@ def test_disable_then_enable() -> None:
 
 
 def test_enable__clears_the_reason_it_turned_itself_off() -> None:
-    schedule = make("nightly", interval=60)
+    schedule = make_schedule("nightly", interval=60)
     Schedule.objects.filter(pk=schedule.pk).update(enabled=False, disabled_reason="Used all 3 runs (max_runs)")
     schedules("enable", "nightly")
     schedule.refresh_from_db()
@@ -359,7 +350,7 @@ def test_enable__clears_the_reason_it_turned_itself_off() -> None:
 
 def test_pause_with_a_reason_then_resume() -> None:
     # Given a schedule whose circuit breaker counted failures
-    schedule = make("nightly", interval=60)
+    schedule = make_schedule("nightly", interval=60)
     Schedule.objects.filter(pk=schedule.pk).update(consecutive_failures=4)
     # When paused
     out = schedules("pause", "nightly", "--reason", "vendor outage")
@@ -376,13 +367,13 @@ def test_pause_with_a_reason_then_resume() -> None:
 
 
 def test_pause__without_a_reason() -> None:
-    schedules("pause", make("nightly").name)
+    schedules("pause", make_schedule("nightly").name)
     assert Schedule.objects.get(name="nightly").paused_reason == "Paused"
 
 
 @pytest.mark.parametrize("action", ["disable", "pause", "delete"])
 def test_state_changes__dry_run_changes_nothing(action: str) -> None:
-    make("nightly")
+    make_schedule("nightly")
     before = database()
     assert schedules(action, "nightly", "--dry-run").startswith(f"Would {action} schedule 'nightly'")
     assert database() == before
@@ -390,7 +381,7 @@ def test_state_changes__dry_run_changes_nothing(action: str) -> None:
 
 def test_delete__executions_keep_their_history() -> None:
     # Given a schedule with an execution
-    schedule = make("nightly")
+    schedule = make_schedule("nightly")
     execution = Execution.objects.create(
         idempotency_key="k",
         schedule=schedule,
@@ -413,7 +404,7 @@ def test_delete__executions_keep_their_history() -> None:
 @pytest.mark.django_db(transaction=True)
 def test_run_now__records_an_execution_and_sends_it(redis_client: redis.Redis) -> None:
     # Given
-    schedule = make(
+    schedule = make_schedule(
         "nightly",
         task="tests.record",
         args=["x"],
@@ -451,7 +442,7 @@ def test_run_now__records_an_execution_and_sends_it(redis_client: redis.Redis) -
 
 @pytest.mark.django_db(transaction=True)
 def test_run_now__twice_makes_two_executions(redis_client: redis.Redis) -> None:
-    make("nightly")
+    make_schedule("nightly")
     first = json.loads(schedules("run-now", "nightly", "--json"))
     second = json.loads(schedules("run-now", "nightly", "--json"))
     assert first["execution"]["id"] != second["execution"]["id"]
@@ -461,14 +452,14 @@ def test_run_now__twice_makes_two_executions(redis_client: redis.Redis) -> None:
 
 
 def test_run_now__dry_run_records_nothing() -> None:
-    make("nightly")
+    make_schedule("nightly")
     assert schedules("run-now", "nightly", "--dry-run") == "Would run schedule 'nightly' now (task scheduler.echo).\n"
     assert not Execution.objects.exists()
 
 
 def test_run_now__a_task_that_is_no_longer_registered_is_refused() -> None:
     # Given a schedule whose task was removed from the code
-    schedule = make("nightly")
+    schedule = make_schedule("nightly")
     Schedule.objects.filter(pk=schedule.pk).update(task="removed.task")
     # When / Then
     assert refused("run-now", "nightly") == "Unknown task 'removed.task': no task with that name is registered."
@@ -533,7 +524,7 @@ def test_process__run_now_while_the_broker_is_down_leaves_the_execution_pending(
     manage: Callable[..., subprocess.CompletedProcess[str]],
 ) -> None:
     # Given a schedule and no broker at the configured address
-    make("nightly")
+    make_schedule("nightly")
     # When
     result = manage("schedules", "run-now", "nightly", broker=f"redis://127.0.0.1:{free_port()}/0")
     # Then the execution is recorded, pending, for the beat leader to send

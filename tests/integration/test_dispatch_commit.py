@@ -8,20 +8,13 @@ import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
-from scheduler import dbclock, dispatch, leases, schedules
+from scheduler import dbclock, dispatch, leases
 from scheduler.models import Execution, Schedule
+from tests.factories import make_schedule
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 Status = Execution.Status
-
-
-def schedule(name: str, **fields: object) -> Schedule:
-    fields.setdefault("task", "scheduler.echo")
-    created = Schedule(name=name, **fields)
-    created.full_clean()
-    schedules.save(created)
-    return created
 
 
 def schedule_updates(queries: CaptureQueriesContext) -> list[str]:
@@ -33,7 +26,7 @@ def schedule_updates(queries: CaptureQueriesContext) -> list[str]:
 def test_commit__one_offs_due_together_turn_off_in_one_update(lease: leases.LeaseHandle) -> None:
     # Given 30 one-offs due at the same instant
     run_at = dbclock.now() - timedelta(seconds=1)
-    targets = [schedule(f"once-{number}", run_at=run_at) for number in range(30)]
+    targets = [make_schedule(f"once-{number}", run_at=run_at) for number in range(30)]
 
     # When the leader dispatches them
     with CaptureQueriesContext(connection) as queries:
@@ -58,12 +51,12 @@ def test_commit__different_outcomes_in_one_pass_each_get_their_own_write(lease: 
     # time zone no longer exists
     now = dbclock.now()
     start = now - timedelta(seconds=2)
-    hourly = schedule("hourly", interval=3600, start_at=start)
-    last_run = schedule("last-run", interval=3600, start_at=start, max_runs=1)
-    early = schedule("early", run_at=now - timedelta(seconds=3))
-    late = schedule("late", run_at=now - timedelta(seconds=1))
-    behind = schedule("behind", interval=1, start_at=now - timedelta(seconds=120), catchup_window=5)
-    broken = schedule("broken", cron="0 * * * *")
+    hourly = make_schedule("hourly", interval=3600, start_at=start)
+    last_run = make_schedule("last-run", interval=3600, start_at=start, max_runs=1)
+    early = make_schedule("early", run_at=now - timedelta(seconds=3))
+    late = make_schedule("late", run_at=now - timedelta(seconds=1))
+    behind = make_schedule("behind", interval=1, start_at=now - timedelta(seconds=120), catchup_window=5)
+    broken = make_schedule("broken", cron="0 * * * *")
     Schedule.objects.filter(pk__in=[hourly.pk, last_run.pk]).update(next_run_at=start)
     Schedule.objects.filter(pk=behind.pk).update(next_run_at=now - timedelta(seconds=60))
     Schedule.objects.filter(pk=broken.pk).update(timezone="Nowhere/Gone", next_run_at=now - timedelta(seconds=1))

@@ -10,6 +10,7 @@ import redis
 
 from scheduler import dbclock, dispatch, leases, outbox, schedules
 from scheduler.models import Execution, Schedule
+from tests.factories import make_schedule
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -17,13 +18,10 @@ Status = Execution.Status
 
 
 def schedule(name: str, **fields: object) -> Schedule:
-    fields.setdefault("task", "scheduler.echo")
+    """A schedule every 10 s unless ``fields`` time it otherwise."""
     if not {"cron", "run_at"} & fields.keys():
         fields.setdefault("interval", 10)
-    created = Schedule(name=name, **fields)
-    created.full_clean()
-    schedules.save(created)
-    return created
+    return make_schedule(name, **fields)
 
 
 def due_at(target: Schedule, slot: datetime) -> None:

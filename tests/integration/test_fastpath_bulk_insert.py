@@ -20,6 +20,7 @@ from scheduler import dbclock, executions, schedules
 from scheduler.fastpath import bulk_insert
 from scheduler.fastpath.guard import FastPath
 from scheduler.models import Execution, Schedule, tally
+from tests.factories import make_schedule
 from tests.integration.fastpath_support import fallback_warnings, fallbacks_counted, fresh
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -35,7 +36,7 @@ def fast_path(monkeypatch: pytest.MonkeyPatch) -> FastPath:
 
 
 def schedule(name: str = "nightly", **fields: Any) -> Schedule:
-    return schedules.create(name=name, task="scheduler.echo", interval=3600, start_at=AT, next_run_at=AT, **fields)
+    return make_schedule(name, interval=3600, start_at=AT, next_run_at=AT, **fields)
 
 
 def varied_rows(prefix: str, source: Schedule, earlier: Execution) -> list[Execution]:

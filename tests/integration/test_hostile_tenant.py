@@ -21,6 +21,7 @@ from django_celery_results.models import TaskResult
 from scheduler import dbclock, schedules
 from scheduler.models import ApiToken, Execution, OperatorProfile, Schedule
 from scheduler.permissions import OPERATOR_GROUP, VIEWER_GROUP
+from tests.factories import make_schedule
 from tests.integration.api_support import TENANT_TASK, bind, make_execution, tables, token_client
 
 pytestmark = pytest.mark.django_db
@@ -37,9 +38,7 @@ def _fresh_throttle() -> None:
 
 
 def _schedule(name: str, tenant: str, task: str = TENANT_TASK) -> Schedule:
-    schedule = Schedule(name=name, task=task, interval=60, tenant=tenant)
-    schedules.save(schedule, now=dbclock.now())
-    return schedule
+    return make_schedule(name, task=task, tenant=tenant)
 
 
 @pytest.fixture

@@ -29,9 +29,10 @@ from typing import Any
 import pytest
 from django.db import Error, connection, transaction
 
-from scheduler import dbclock, dispatch, executions, leases, outbox, schedules, session_limits
+from scheduler import dbclock, dispatch, executions, leases, outbox, session_limits
 from scheduler.executions import Claim
 from scheduler.models import Execution, Schedule
+from tests.factories import make_schedule
 
 pytestmark = [
     pytest.mark.django_db(transaction=True),
@@ -81,11 +82,7 @@ def held_by_another(work: Callable[[], Any]) -> Iterator[dict[str, Any]]:
 
 
 def schedule(name: str, **fields: Any) -> Schedule:
-    fields.setdefault("task", "scheduler.echo")
-    fields.setdefault("interval", 60)
-    created = Schedule(name=name, **fields)
-    created.full_clean()
-    schedules.save(created)
+    created = make_schedule(name, **fields)
     # Due now: the slot of its grid (the epoch + k * 60 s) that just passed.
     Schedule.objects.filter(pk=created.pk).update(next_run_at=dbclock.now().replace(second=0, microsecond=0))
     return Schedule.objects.get(pk=created.pk)

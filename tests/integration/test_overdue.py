@@ -15,6 +15,7 @@ from django.test import Client
 import tests.tasks  # noqa: F401 -- registers tests.record with the Celery app
 from scheduler import dbclock, executions, schedules
 from scheduler.models import Execution, Schedule
+from tests.factories import make_schedule
 from tests.integration.api_support import token_client
 
 pytestmark = pytest.mark.django_db
@@ -25,12 +26,9 @@ FIRST_SLOT = datetime(2026, 3, 2, 12, 1, tzinfo=UTC)  # an every-60-s schedule s
 
 
 def make(name: str, *, now: datetime = T0, **fields: object) -> Schedule:
+    """A schedule of ``tests.record`` every 60 s unless ``fields`` say otherwise, saved at ``now`` (T0 by default)."""
     fields.setdefault("task", "tests.record")
-    fields.setdefault("interval", 60)
-    schedule = Schedule(name=name, **fields)
-    schedule.full_clean()
-    schedules.save(schedule, now=now)
-    return schedule
+    return make_schedule(name, now=now, **fields)
 
 
 def succeed(schedule: Schedule, key: str) -> None:

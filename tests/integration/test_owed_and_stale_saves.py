@@ -29,6 +29,7 @@ from scheduler.exceptions import ScheduleWriteRefused
 from scheduler.models import Execution, Schedule
 from scheduler.reconcile import AUDIT_SCHEDULES, reconcile
 from scheduler.tenancy import EVERY_TENANT
+from tests.factories import make_schedule
 from tests.processes import wait_until
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -61,20 +62,12 @@ def repair() -> dict[str, Any]:
     return json.loads(command("reconcile", "--repair", "--json"))
 
 
-def make(name: str, **fields: Any) -> Schedule:
-    fields.setdefault("task", "scheduler.echo")
-    schedule = Schedule(name=name, **fields)
-    schedule.full_clean()
-    schedules.save(schedule)
-    return schedule
-
-
 # --- item 4: owed slots ---------------------------------------------------------------------
 
 
 def test_audit__slots_inside_a_pause__not_owed_after_resume(redis_client: redis.Redis) -> None:
     # Given an every-second schedule with a long catch-up window, paused, while slots pass
-    target = make("paused", interval=1, catchup_window=600)
+    target = make_schedule("paused", interval=1, catchup_window=600)
     command("schedules", "pause", "paused", "--reason", "vendor outage")
     paused_at = dbclock.now()
     assert wait_until(lambda: dbclock.now() > paused_at + timedelta(seconds=2.5), timeout=10)
@@ -91,7 +84,7 @@ def test_audit__slots_inside_a_pause__not_owed_after_resume(redis_client: redis.
 
 def test_audit__cron_edited__past_slots_of_the_new_expression_not_owed(redis_client: redis.Redis) -> None:
     # Given a daily schedule created two hours ago with a one-hour catch-up window
-    target = make("edited", cron="0 3 * * *", catchup_window=3600)
+    target = make_schedule("edited", cron="0 3 * * *", catchup_window=3600)
     two_hours_ago = dbclock.now() - timedelta(hours=2)
     Schedule.objects.filter(pk=target.pk).update(created_at=two_hours_ago, owed_since=two_hours_ago)
 
@@ -110,7 +103,7 @@ def test_audit__catchup_window_longer_than_retention__pruned_slots_not_run_again
     # older than the retention (30 days by default) were pruned and the newer ones kept
     now = dbclock.now()
     start = (now - timedelta(days=40)).replace(microsecond=0)
-    target = make("daily", interval=86400, start_at=start, catchup_window=45 * 86400)
+    target = make_schedule("daily", interval=86400, start_at=start, catchup_window=45 * 86400)
     Schedule.objects.filter(pk=target.pk).update(created_at=start, owed_since=start)
     kept = timing.slots_between(target.timing, since=now - timedelta(days=30), until=now)
     for slot in kept:
@@ -171,7 +164,9 @@ def test_audit__more_schedules_than_one_pass__every_one_audited_over_successive_
 
 def behind(**fields: Any) -> Schedule:
     start = dbclock.now().replace(microsecond=0) - timedelta(seconds=1205)
-    target = make("stale", interval=600, start_at=start, catchup_window=300, overlap="cancel_previous", **fields)
+    target = make_schedule(
+        "stale", interval=600, start_at=start, catchup_window=300, overlap="cancel_previous", **fields
+    )
     Schedule.objects.filter(pk=target.pk).update(next_run_at=start)
     return target
 
@@ -409,7 +404,7 @@ def test_stale_save__while_a_leader_ticks__its_fire_stands(ticking_leader: Ticki
 
 def test_a_schedule_written_around_its_owner_is_refused() -> None:
     # Given a saved schedule
-    schedule = make("owned", interval=60)
+    schedule = make_schedule("owned", interval=60)
     # When code saves, creates or deletes one without scheduler.schedules
     # Then each is refused and the row is left as it was
     schedule.interval = 1

@@ -13,9 +13,10 @@ from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Group
 from django.test import Client, override_settings
 
-from scheduler import checks, schedules
+from scheduler import checks
 from scheduler.models import Schedule
 from scheduler.permissions import OPERATOR_GROUP, VIEWER_GROUP
+from tests.factories import make_schedule
 from tests.integration.api_support import bind
 from tests.processes import ROOT
 
@@ -129,9 +130,7 @@ def _member_of(group: str) -> Client:
 
 @pytest.fixture
 def schedule(db: None) -> Schedule:
-    created = Schedule(name="s", task="scheduler.echo", interval=60)
-    schedules.save(created)
-    return created
+    return make_schedule("s")
 
 
 def _change(client: Client, schedule: Schedule) -> int:

@@ -12,6 +12,7 @@ from django.test import Client
 
 from scheduler import dbclock
 from scheduler.models import Execution
+from tests.factories import make_execution
 
 pytestmark = pytest.mark.django_db
 
@@ -21,9 +22,7 @@ def _execution(
 ) -> Execution:
     """Record an execution created and due ``waited`` seconds ago (database clock)."""
     then = dbclock.now() - timedelta(seconds=waited)
-    execution = Execution.objects.create(
-        idempotency_key=key, task="tests.record", queue=queue, status=status, scheduled_for=then, **fields
-    )
+    execution = make_execution(key, task="tests.record", queue=queue, status=status, scheduled_for=then, **fields)
     Execution.objects.filter(pk=execution.pk).update(created_at=then)  # auto_now_add ignores a given value
     return execution
 

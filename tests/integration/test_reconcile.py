@@ -13,11 +13,12 @@ from celery import Celery
 from django.db import connection
 
 from project.celery import app
-from scheduler import dbclock, executions, schedules
+from scheduler import dbclock, executions
 from scheduler.beat import LeaderScheduler
 from scheduler.conf import settings as scheduler_settings
 from scheduler.models import Execution, Instance, Schedule
 from scheduler.reconcile import ReconcileReport, reconcile
+from tests.factories import make_execution, make_schedule
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -31,20 +32,10 @@ def lost_counts_against_max_retries(settings: Any) -> None:
 Status = Execution.Status
 
 
-def schedule(name: str, **fields: Any) -> Schedule:
-    fields.setdefault("task", "scheduler.echo")
-    if not {"cron", "run_at"} & fields.keys():
-        fields.setdefault("interval", 60)
-    created = Schedule(name=name, **fields)
-    created.full_clean()
-    schedules.save(created)
-    return created
-
-
 def execution(key: str, target: Schedule | None = None, **fields: Any) -> Execution:
     fields.setdefault("scheduled_for", dbclock.now() - timedelta(hours=1))
     fields.setdefault("celery_task_id", f"celery-{key}")
-    return Execution.objects.create(idempotency_key=key, schedule=target, task="scheduler.echo", **fields)
+    return make_execution(key, schedule=target, task="scheduler.echo", **fields)
 
 
 def backdate(row: Execution | Instance | Schedule, **fields: Any) -> None:
@@ -111,7 +102,7 @@ def test_lost__worker_lost_is_run_again_beyond_max_retries_up_to_lost_retries(
 
 def test_lost__no_attempts_left__failed_and_counted_on_its_schedule() -> None:
     # Given a schedule that pauses after one failure, and its lost execution on its last attempt
-    target = schedule("s", pause_after_failures=1, max_retries=1)
+    target = make_schedule("s", pause_after_failures=1, max_retries=1)
     lost = running_with_expired_lease("lost", target, max_retries=1, attempt=2)
 
     # When reconciled
@@ -228,7 +219,7 @@ def test_send__broker_unreachable__reported_and_rows_left_waiting() -> None:
 def test_next_run_at__unset_or_not_a_slot__recomputed_and_due_ones_left_alone() -> None:
     # Given three minutely schedules: next_run_at unset, off the minute, and due (a past slot)
     now = dbclock.now()
-    unset, off, due = (schedule(name) for name in ("unset", "off", "due"))
+    unset, off, due = (make_schedule(name) for name in ("unset", "off", "due"))
     backdate(unset, next_run_at=None)
     backdate(off, next_run_at=last_slot(now) + timedelta(seconds=7))
     backdate(due, next_run_at=last_slot(now) - timedelta(minutes=3))
@@ -264,7 +255,7 @@ def test_instances__silent_too_long__removed() -> None:
 
 def audited(now: datetime, **fields: Any) -> tuple[Schedule, list[datetime]]:
     """A minutely schedule created an hour ago with a 3-minute catch-up window; return it and its 3 audited slots."""
-    target = schedule("audited", catchup_window=180, **fields)
+    target = make_schedule("audited", catchup_window=180, **fields)
     last = last_slot(now)
     hour_ago = now - timedelta(hours=1)
     backdate(target, created_at=hour_ago, owed_since=hour_ago, next_run_at=last + timedelta(minutes=1))
@@ -322,7 +313,7 @@ def test_audit__repair__records_missing_slots_by_misfire_policy(
 def test_audit__slots_before_owed_since_or_from_next_run_at_on__not_owed() -> None:
     # Given a minutely schedule owing slots from 90 s before its last slot, which is due but not fired yet
     now = dbclock.now()
-    target = schedule("new", catchup_window=600)
+    target = make_schedule("new", catchup_window=600)
     last = last_slot(now)
     backdate(target, created_at=last - timedelta(seconds=90), owed_since=last - timedelta(seconds=90), next_run_at=last)
 
@@ -347,7 +338,7 @@ def test_dry_run__reports_every_step_and_changes_nothing(redis_client: redis.Red
     pending = execution("pending", status=Status.PENDING)
     backdate(pending, created_at=now - timedelta(minutes=5))
     queued = execution("queued", status=Status.QUEUED, enqueued_at=now - timedelta(hours=1))
-    unset = schedule("unset")
+    unset = make_schedule("unset")
     backdate(unset, next_run_at=None)
     Instance.objects.create(
         instance_id="gone", role="worker", hostname="h", pid=1, started_at=now, last_seen=now - timedelta(days=1)

@@ -6,23 +6,16 @@ from datetime import datetime, timedelta
 
 import pytest
 
-from scheduler import dbclock, dispatch, executions, leases, schedules
+from scheduler import dbclock, dispatch, executions, leases
 from scheduler.models import Execution, Schedule
 from scheduler.prune import prune_executions
 from scheduler.tenancy import EVERY_TENANT
+from tests.factories import make_schedule
 from tests.processes import wait_until
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 Status = Execution.Status
-
-
-def schedule(name: str, **fields: object) -> Schedule:
-    fields.setdefault("task", "scheduler.echo")
-    created = Schedule(name=name, **fields)
-    created.full_clean()
-    schedules.save(created)
-    return created
 
 
 def last_slot(every: int) -> datetime:
@@ -46,7 +39,7 @@ def test_one_off__run_now_first_does_not_use_up_its_slot(lease: leases.LeaseHand
 
     # Given a one-off that is due, run by hand once to try it out
     run_at = dbclock.now() - timedelta(seconds=1)
-    target = schedule("once", run_at=run_at)
+    target = make_schedule("once", run_at=run_at)
     operations.run_now(target, app=app, scope=EVERY_TENANT, actor=audit.CLI)
 
     # When the leader dispatches
@@ -61,7 +54,7 @@ def test_one_off__run_now_first_does_not_use_up_its_slot(lease: leases.LeaseHand
 
 def test_max_runs__skipped_slots_do_not_count(lease: leases.LeaseHandle) -> None:
     # Given max_runs=2, overlap=skip, and three every-second slots due at once
-    target = schedule("s", interval=1, max_runs=2, overlap="skip")
+    target = make_schedule("s", interval=1, max_runs=2, overlap="skip")
     Schedule.objects.filter(pk=target.pk).update(next_run_at=last_slot(1) - timedelta(seconds=2))
 
     # When the leader dispatches them
@@ -87,7 +80,7 @@ def test_max_runs__skipped_slots_do_not_count(lease: leases.LeaseHandle) -> None
 def test_max_runs__applied_after_the_misfire_policy(lease: leases.LeaseHandle) -> None:
     # Given max_runs=2, misfire=run_once, and five slots late inside the catch-up window
     latest = last_slot(10)
-    target = schedule("s", interval=10, max_runs=2, misfire="run_once")
+    target = make_schedule("s", interval=10, max_runs=2, misfire="run_once")
     Schedule.objects.filter(pk=target.pk).update(next_run_at=latest - timedelta(seconds=40))
 
     # When the leader dispatches them
@@ -102,7 +95,7 @@ def test_max_runs__applied_after_the_misfire_policy(lease: leases.LeaseHandle) -
 
 def test_max_runs__pruning_does_not_reset_the_count(lease: leases.LeaseHandle) -> None:
     # Given max_runs=2 and one slot sent, run and finished
-    target = schedule("s", interval=1, max_runs=2)
+    target = make_schedule("s", interval=1, max_runs=2)
     Schedule.objects.filter(pk=target.pk).update(next_run_at=last_slot(1))
     assert len(dispatch.dispatch_due(lease).fired) == 1
     Execution.objects.filter(schedule=target).update(status=Status.SUCCEEDED, finished_at=dbclock.now())
@@ -121,7 +114,7 @@ def test_max_runs__pruning_does_not_reset_the_count(lease: leases.LeaseHandle) -
 def test_max_runs__a_slot_that_already_has_an_execution_is_not_counted(lease: leases.LeaseHandle) -> None:
     # Given max_runs=1 and its due slot already recorded by someone else (a backfill over it)
     slot = last_slot(86400)
-    target = schedule("s", interval=86400, max_runs=1, catchup_window=2 * 86400)
+    target = make_schedule("s", interval=86400, max_runs=1, catchup_window=2 * 86400)
     Schedule.objects.filter(pk=target.pk).update(next_run_at=slot)
     executions.record_slots(target, [(slot, Status.PENDING)], now=dbclock.now(), trigger=Execution.Trigger.BACKFILL)
 
@@ -139,7 +132,7 @@ def test_max_runs__a_slot_that_already_has_an_execution_is_not_counted(lease: le
 def test_missed__a_slot_that_already_has_an_execution_is_not_counted_missed_again(lease: leases.LeaseHandle) -> None:
     # Given slots far older than the catch-up window, one of them already recorded missed (reconcile --repair)
     latest = last_slot(60)
-    target = schedule("s", interval=60, catchup_window=60)
+    target = make_schedule("s", interval=60, catchup_window=60)
     Schedule.objects.filter(pk=target.pk).update(next_run_at=latest - timedelta(minutes=5))
     executions.record_slots(target, [(latest - timedelta(minutes=5), Status.MISSED)], now=dbclock.now())
 

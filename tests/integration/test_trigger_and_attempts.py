@@ -21,24 +21,17 @@ from scheduler import (
     leases,
     operations,
     reconcile,
-    schedules,
     submissions,
 )
 from scheduler.executions import Claim
 from scheduler.models import Execution, Schedule
 from scheduler.tenancy import EVERY_TENANT
+from tests.factories import make_schedule
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 Status = Execution.Status
 Trigger = Execution.Trigger
-
-
-def _schedule(name: str = "often", **fields: object) -> Schedule:
-    fields.setdefault("interval", 60)
-    schedule = Schedule(name=name, task="scheduler.echo", **fields)
-    schedules.save(schedule, now=dbclock.now())
-    return schedule
 
 
 def _claim(execution_id: int, worker: str = "w@host:1") -> Claim:
@@ -54,7 +47,7 @@ def _claim(execution_id: int, worker: str = "w@host:1") -> Claim:
 
 def test_trigger__a_slot_the_beat_fires_is_scheduled() -> None:
     # Given a due schedule
-    schedule = _schedule()
+    schedule = make_schedule("often")
     Schedule.objects.filter(pk=schedule.pk).update(next_run_at=dbclock.now().replace(second=0, microsecond=0))
     lease = leases.acquire("beat", "me", ttl=10)
     assert lease is not None
@@ -65,7 +58,7 @@ def test_trigger__a_slot_the_beat_fires_is_scheduled() -> None:
 
 
 def test_trigger__run_now_retry_backfill_submit_and_a_plain_celery_call(redis_url: str) -> None:
-    schedule = _schedule(interval=3600)
+    schedule = make_schedule("often", interval=3600)
     # When an operator runs it now, retries that run, and backfills two past hours
     manual = operations.run_now(schedule, app=app, scope=EVERY_TENANT, actor=audit.CLI).execution
     Execution.objects.filter(pk=manual.pk).update(status=Status.SUCCEEDED)  # as its worker would have finished it
@@ -93,7 +86,7 @@ def test_trigger__run_now_retry_backfill_submit_and_a_plain_celery_call(redis_ur
 def test_trigger__slots_reconcile_repairs_stay_scheduled() -> None:
     # Given a schedule that owes its last slots (the leader was down)
     now = dbclock.now()
-    schedule = _schedule(interval=60)
+    schedule = make_schedule("often", interval=60)
     Schedule.objects.filter(pk=schedule.pk).update(
         owed_since=now - timedelta(minutes=3), next_run_at=now + timedelta(hours=1)
     )
@@ -245,7 +238,7 @@ def test_retries__a_claim_taken_over_counts_as_a_lost_attempt_and_not_as_an_erro
 @pytest.mark.parametrize("build", ["run_now", "retry"])
 def test_enqueued_at__kept_when_a_worker_claimed_before_the_sender_marked_it(build: str) -> None:
     # Given a run-now (or an operator's retry) that an idle worker claimed as soon as the message arrived
-    schedule = _schedule()
+    schedule = make_schedule("often")
     now = dbclock.now()
     if build == "run_now":
         execution = executions.run_now_for(schedule, now=now)
@@ -295,14 +288,14 @@ def test_one_off__run_now_and_at_together_are_refused() -> None:
 
 
 def test_one_off__update_to_a_past_time_is_refused_and_changes_nothing() -> None:
-    schedule = _schedule("once", interval=None, run_at=dbclock.now() + timedelta(days=1))
+    schedule = make_schedule("once", interval=None, run_at=dbclock.now() + timedelta(days=1))
     with pytest.raises(CommandError, match="is in the past.*schedules run-now once"):
         _schedules("update", "once", "--at", "2020-01-01T00:00:00Z")
     assert Schedule.objects.get(pk=schedule.pk).run_at == schedule.run_at
 
 
 def test_one_off__its_description_may_change_after_its_time_passed() -> None:
-    schedule = _schedule("once", interval=None, run_at=dbclock.now() + timedelta(days=1))
+    schedule = make_schedule("once", interval=None, run_at=dbclock.now() + timedelta(days=1))
     Schedule.objects.filter(pk=schedule.pk).update(run_at=dbclock.now() - timedelta(days=1))
     _schedules("update", "once", "--description", "ran yesterday")
     assert Schedule.objects.get(pk=schedule.pk).description == "ran yesterday"
@@ -310,7 +303,7 @@ def test_one_off__its_description_may_change_after_its_time_passed() -> None:
 
 def test_one_off__a_missed_slot_says_missed_not_dispatched() -> None:
     # Given a one-off whose time is past its catch-up window (written before the refusal existed)
-    schedule = _schedule("once", interval=None, run_at=dbclock.now() + timedelta(days=1), catchup_window=60)
+    schedule = make_schedule("once", interval=None, run_at=dbclock.now() + timedelta(days=1), catchup_window=60)
     past = dbclock.now() - timedelta(hours=1)
     Schedule.objects.filter(pk=schedule.pk).update(run_at=past, next_run_at=past)
     lease = leases.acquire("beat", "me", ttl=10)
