@@ -108,14 +108,13 @@ def test_leadership__signals_heartbeat_and_fenced_dispatch(redis_url: str) -> No
     assert not Instance.objects.filter(instance_id=scheduler.instance_id).exists()
 
 
-def test_dispatch__a_broken_schedule_is_paused_and_the_others_still_fire() -> None:
+def test_dispatch__a_broken_schedule_is_paused_and_the_others_still_fire(lease: leases.LeaseHandle) -> None:
     # Given two due schedules, one of whose zone no longer exists
     good = schedules.create(name="good", task="scheduler.echo", interval=60)
     bad = schedules.create(name="bad", task="scheduler.echo", interval=60)
     minute = dbclock.now().replace(second=0, microsecond=0)
     Schedule.objects.update(next_run_at=minute)
     Schedule.objects.filter(pk=bad.pk).update(timezone="Gone/Away")
-    lease = leases.acquire("beat", "me", ttl=10)
 
     # When the leader dispatches
     report = dispatch.dispatch_due(lease)

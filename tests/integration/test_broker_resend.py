@@ -194,14 +194,12 @@ def test_lost__retried_after_the_backoff_not_at_once(redis_client: redis.Redis) 
     assert eta(messages(redis_client)[lost.pk]) == lost.enqueued_at
 
 
-def test_lost__counts_as_in_flight_for_the_overlap_policies() -> None:
+def test_lost__counts_as_in_flight_for_the_overlap_policies(lease: leases.LeaseHandle) -> None:
     # Given an overlap=skip schedule whose last execution is lost (reconcile is about to retry it)
     target = make_schedule("s", interval=10, overlap="skip")
     execution("earlier", schedule=target, status=Status.LOST)
     now = dbclock.now()
     Schedule.objects.filter(pk=target.pk).update(next_run_at=now - timedelta(seconds=now.timestamp() % 10))
-    lease = leases.acquire("beat", "test-leader", ttl=60)
-    assert lease is not None
 
     # When its next slot comes due
     dispatch.dispatch_due(lease)

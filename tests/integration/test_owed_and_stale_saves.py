@@ -24,7 +24,6 @@ from django.test import RequestFactory
 from project.celery import app
 from scheduler import dbclock, dispatch, executions, leases, operations, schedules, timing
 from scheduler.beat import LeaderScheduler
-from scheduler.conf import settings as scheduler_settings
 from scheduler.exceptions import ScheduleWriteRefused
 from scheduler.models import Execution, Schedule
 from scheduler.reconcile import AUDIT_SCHEDULES, reconcile
@@ -296,13 +295,6 @@ ACTIVE_PATHS: dict[str, Load] = {
     "admin pause action": admin_action("pause"),
 }
 PAUSED_PATHS: dict[str, Load] = {"schedules resume": command_resume, "admin resume action": admin_action("resume")}
-
-
-@pytest.fixture
-def lease() -> leases.LeaseHandle:
-    handle = leases.acquire(scheduler_settings.LEASE_NAME, "leader", ttl=60)
-    assert handle is not None
-    return handle
 
 
 @pytest.mark.parametrize("path", ACTIVE_PATHS)

@@ -45,12 +45,10 @@ def _claim(execution_id: int, worker: str = "w@host:1") -> Claim:
 # --- trigger ---------------------------------------------------------------------------------
 
 
-def test_trigger__a_slot_the_beat_fires_is_scheduled() -> None:
+def test_trigger__a_slot_the_beat_fires_is_scheduled(lease: leases.LeaseHandle) -> None:
     # Given a due schedule
     schedule = make_schedule("often")
     Schedule.objects.filter(pk=schedule.pk).update(next_run_at=dbclock.now().replace(second=0, microsecond=0))
-    lease = leases.acquire("beat", "me", ttl=10)
-    assert lease is not None
     # When
     dispatch.dispatch_due(lease)
     # Then
@@ -301,13 +299,11 @@ def test_one_off__its_description_may_change_after_its_time_passed() -> None:
     assert Schedule.objects.get(pk=schedule.pk).description == "ran yesterday"
 
 
-def test_one_off__a_missed_slot_says_missed_not_dispatched() -> None:
+def test_one_off__a_missed_slot_says_missed_not_dispatched(lease: leases.LeaseHandle) -> None:
     # Given a one-off whose time is past its catch-up window (written before the refusal existed)
     schedule = make_schedule("once", interval=None, run_at=dbclock.now() + timedelta(days=1), catchup_window=60)
     past = dbclock.now() - timedelta(hours=1)
     Schedule.objects.filter(pk=schedule.pk).update(run_at=past, next_run_at=past)
-    lease = leases.acquire("beat", "me", ttl=10)
-    assert lease is not None
     # When the leader gets to it
     dispatch.dispatch_due(lease)
     # Then
