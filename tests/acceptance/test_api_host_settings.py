@@ -18,8 +18,8 @@ from datetime import datetime
 import pytest
 import requests
 
-from scheduler import dbclock, schedules
-from scheduler.models import ApiToken, Schedule
+from scheduler.models import ApiToken
+from tests.factories import make_schedule
 from tests.processes import ROOT, wait_until
 from tests.services import free_port
 
@@ -58,19 +58,12 @@ def host_api(process_env: dict[str, str]) -> Iterator[str]:
         server.wait(10)
 
 
-def _schedule(name: str) -> Schedule:
-    schedule = Schedule(name=name, task="scheduler.echo", interval=60)
-    schedule.full_clean()
-    schedules.save(schedule, now=dbclock.now())
-    return schedule
-
-
 def test_api__under_a_hosts_rest_framework_settings__answers_as_documented(host_api: str) -> None:
     # Given: a viewer and an operator token, and three schedules
     _, viewer = ApiToken.issue("eyes", role="viewer", all_tenants=True)
     _, operator = ApiToken.issue("hands", role="operator", all_tenants=True)
     for name in ("a", "b", "c"):
-        _schedule(name)
+        make_schedule(name)
     browser = {"Accept": "text/html,application/xhtml+xml,*/*;q=0.8"}
     as_viewer = {**browser, "Authorization": f"Bearer {viewer}"}
     as_operator = {**browser, "Authorization": f"Bearer {operator}"}

@@ -7,7 +7,6 @@ import json
 import re
 from collections.abc import Callable
 from datetime import timedelta
-from typing import Any
 
 import pytest
 from django.contrib.auth import get_user_model
@@ -16,19 +15,12 @@ from django.test import Client
 
 from scheduler import dbclock, schedules
 from scheduler.models import Execution, Schedule
+from tests.factories import make_schedule
 from tests.processes import CeleryProcess, wait_until
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 Start = Callable[..., CeleryProcess]
-
-
-def make(name: str, **fields: Any) -> Schedule:
-    now = fields.pop("now", None)
-    schedule = Schedule(name=name, **fields)
-    schedule.full_clean()
-    schedules.save(schedule, now=now)
-    return schedule
 
 
 def overdue_names() -> set[str]:
@@ -37,12 +29,12 @@ def overdue_names() -> set[str]:
 
 def test_overdue__task_that_starts_failing_is_overdue_after_two_intervals(celery_processes: Start) -> None:
     # Given a schedule every 2 s that succeeds, and two that fail and would be long overdue, one paused, one disabled
-    flips = make("flips", task="tests.record", interval=2)
+    flips = make_schedule("flips", task="tests.record", interval=2)
     an_hour_ago = dbclock.now() - timedelta(hours=1)
     schedules.pause(
-        make("paused-failing", task="tests.fail", interval=1, now=an_hour_ago), "maintenance", now=an_hour_ago
+        make_schedule("paused-failing", task="tests.fail", interval=1, now=an_hour_ago), "maintenance", now=an_hour_ago
     )
-    make("off-failing", task="tests.fail", interval=1, enabled=False, now=an_hour_ago)
+    make_schedule("off-failing", task="tests.fail", interval=1, enabled=False, now=an_hour_ago)
     celery_processes("worker", "w1").wait_for_log(r"ready\.")
     celery_processes("beat", "beat1")
     assert wait_until(lambda: Schedule.objects.get(pk=flips.pk).last_success_at is not None, timeout=30)

@@ -11,9 +11,10 @@ from typing import Any
 import pytest
 import redis
 
-from scheduler import dbclock, leases, schedules
+from scheduler import dbclock, leases
 from scheduler.models import Execution, Schedule
 from tests import tasks as test_tasks
+from tests.factories import make_schedule
 from tests.processes import CeleryProcess, wait_until
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -24,11 +25,9 @@ UTC = timezone.utc
 
 
 def make(name: str, **fields: Any) -> Schedule:
+    """A schedule of ``tests.record`` (which a test worker runs and records) unless ``fields`` say otherwise."""
     fields.setdefault("task", "tests.record")
-    created = Schedule(name=name, **fields)
-    created.full_clean()
-    schedules.save(created)
-    return created
+    return make_schedule(name, **fields)
 
 
 def rows(target: Schedule) -> list[Execution]:
