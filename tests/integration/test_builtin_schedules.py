@@ -22,7 +22,7 @@ from scheduler.beat import LeaderScheduler
 from scheduler.builtin_schedules import BACKEND_CLEANUP, PRUNE_EXECUTIONS, ensure_builtin_schedules
 from scheduler.exceptions import PruneRefused
 from scheduler.models import Execution, Schedule
-from tests.factories import make_execution
+from tests.factories import make_execution, make_schedule
 from tests.processes import ROOT
 
 Status = Execution.Status
@@ -241,7 +241,7 @@ def _execution(
 @pytest.fixture
 def history(db: None) -> Schedule:
     """A schedule with 5 executions 40-44 days old and one a day old; an ad-hoc one 45 days old."""
-    schedule = schedules.create(name="s", task="scheduler.echo", interval=60)
+    schedule = make_schedule("s")
     for n in range(5):
         _execution(f"old-{n}", age_days=40 + n, schedule=schedule)
     _execution("recent", age_days=1, schedule=schedule)

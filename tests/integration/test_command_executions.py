@@ -22,7 +22,7 @@ import tests.tasks  # noqa: F401 -- registers tests.record with the Celery app
 from project.celery import app
 from scheduler import audit, operations, schedules
 from scheduler.models import Execution, Schedule
-from tests.factories import make_execution
+from tests.factories import make_execution, make_schedule
 from tests.processes import ROOT
 from tests.services import free_port
 
@@ -68,9 +68,7 @@ def make(status: str = Status.SUCCEEDED, *, minutes: int = 0, **fields: Any) -> 
 
 @pytest.fixture
 def nightly() -> Schedule:
-    schedule = Schedule(name="nightly", task="scheduler.echo", interval=60)
-    schedules.save(schedule)
-    return schedule
+    return make_schedule("nightly")
 
 
 # --- list ------------------------------------------------------------------------------

@@ -14,11 +14,11 @@ from django.db import connection
 from django.db.models.functions import Now
 from django.test.utils import CaptureQueriesContext
 
-from scheduler import dbclock, leases, schedules
+from scheduler import dbclock, leases
 from scheduler.models import Execution, Instance, Lease, Schedule
 from scheduler.prune import prune_executions
 from tests import processes
-from tests.factories import make_execution
+from tests.factories import make_execution, make_schedule
 from tests.integration.command_support import refused, run
 
 Status = Execution.Status
@@ -117,7 +117,7 @@ def _execution(
 
 @pytest.fixture
 def history(db: None) -> Schedule:
-    schedule = schedules.create(name="s", task="scheduler.echo", interval=60)
+    schedule = make_schedule("s")
     for n in range(5):
         _execution(f"old-{n}", status=Status.SUCCEEDED, age_days=40 + n, schedule=schedule)
     _execution("old-failed", status=Status.FAILED, age_days=50, schedule=schedule)

@@ -18,7 +18,6 @@ from django.core.management import call_command
 from django.core.management.base import CommandError
 
 import tests.tasks  # noqa: F401 -- registers tests.record with the Celery app
-from scheduler import schedules as schedule_rows
 from scheduler.models import Execution, Schedule
 from tests.factories import make_schedule
 from tests.processes import ROOT
@@ -552,9 +551,4 @@ def test_names_per_tenant__a_name_two_tenants_use_is_named_by_id(tenant_twins: t
 
 @pytest.fixture
 def tenant_twins() -> tuple[Schedule, Schedule]:
-    twins = []
-    for tenant in ("acme", "globex"):
-        schedule = Schedule(name="nightly", task="scheduler.echo", interval=60, tenant=tenant)
-        schedule_rows.save(schedule)
-        twins.append(schedule)
-    return twins[0], twins[1]
+    return make_schedule("nightly", tenant="acme"), make_schedule("nightly", tenant="globex")
