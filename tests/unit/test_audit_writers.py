@@ -12,10 +12,9 @@ from __future__ import annotations
 
 import ast
 from dataclasses import dataclass
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
-SCANNED = ("scheduler", "project")
+from tests.source_scan import project_sources
+
 AUDIT_MODULE = "scheduler.audit"
 
 #: The modules that may record an event, each with the reason.
@@ -27,8 +26,6 @@ WRITERS: dict[str, str] = {
     # actor: a model signal is the one place that sees every such change.
     "scheduler/access_audit.py": "model-signal receivers for changes made by code this project does not own",
 }
-#: Never scanned: migrations run at deploy time and record nothing.
-SKIPPED_DIRS = ("scheduler/migrations/",)
 
 
 @dataclass(frozen=True)
@@ -86,26 +83,17 @@ def records_outside_writers(path: str, source: str) -> list[Call]:
     return scan.calls
 
 
-def _sources() -> list[Path]:
-    files = [file for top in SCANNED for file in sorted((ROOT / top).rglob("*.py"))]
-    return [file for file in files if not file.relative_to(ROOT).as_posix().startswith(SKIPPED_DIRS)]
-
-
 def test_only_the_actions_record_audit_events() -> None:
     # Given the project's source
     # When every file is scanned
-    found = [
-        call
-        for file in _sources()
-        for call in records_outside_writers(file.relative_to(ROOT).as_posix(), file.read_text(encoding="utf-8"))
-    ]
+    found = [call for path, source in project_sources().items() for call in records_outside_writers(path, source)]
     # Then audit.record is called by the writers only
     assert not found, "audit events composed outside the actions:\n" + "\n".join(map(str, found))
 
 
 def test_the_writers_exist() -> None:
     # A renamed writer would leave a stale entry, and its calls unscanned under the new name.
-    scanned = {file.relative_to(ROOT).as_posix() for file in _sources()}
+    scanned = set(project_sources())
     assert set(WRITERS) <= scanned
 
 

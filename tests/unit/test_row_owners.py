@@ -15,10 +15,8 @@ from __future__ import annotations
 import ast
 import re
 from dataclasses import dataclass
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
-SCANNED = ("scheduler", "project")
+from tests.source_scan import project_sources
 
 #: Model -> the one module that writes its rows.
 OWNERS = {
@@ -36,8 +34,6 @@ ALLOWED: dict[tuple[str, str], str] = {
     # decides what a row holds.
     ("scheduler/fastpath/bulk_insert.py", "Execution"): "fast-path bulk insert, called by executions.insert",
 }
-#: Never scanned: migrations write through the historical models, at deploy time only.
-SKIPPED_DIRS = ("scheduler/migrations/",)
 
 WRITE_METHODS = {
     "save",
@@ -211,26 +207,17 @@ def writes_outside_owners(path: str, source: str) -> list[Write]:
     return scan.writes
 
 
-def _sources() -> list[Path]:
-    files = [file for top in SCANNED for file in sorted((ROOT / top).rglob("*.py"))]
-    return [file for file in files if not file.relative_to(ROOT).as_posix().startswith(SKIPPED_DIRS)]
-
-
 def test_every_row_is_written_by_its_owner_only() -> None:
     # Given the project's source
     # When every file is scanned
-    found = [
-        write
-        for file in _sources()
-        for write in writes_outside_owners(file.relative_to(ROOT).as_posix(), file.read_text(encoding="utf-8"))
-    ]
+    found = [write for path, source in project_sources().items() for write in writes_outside_owners(path, source)]
     # Then no row is written outside its owner
     assert not found, "writes outside the row's owner:\n" + "\n".join(map(str, found))
 
 
 def test_the_scan_sees_the_owners_files() -> None:
     # The scan reads the owners themselves too: a renamed owner would empty it silently.
-    scanned = {file.relative_to(ROOT).as_posix() for file in _sources()}
+    scanned = set(project_sources())
     assert set(OWNERS.values()) <= scanned
 
 
