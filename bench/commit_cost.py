@@ -67,8 +67,9 @@ def _load(kind: str, count: int) -> None:
 
 
 def _measure_kind(kind: str, count: int, *, profile: bool) -> dict[str, Any]:
-    from scheduler import dispatch, leases
+    from scheduler.beat import dispatch
     from scheduler.models import Execution
+    from scheduler.owners import leases
 
     _load(kind, count)
     lease = leases.acquire("beat", "bench-commit", ttl=600)

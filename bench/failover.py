@@ -218,8 +218,8 @@ def _measure_database(kills: int, logs: Path) -> list[dict[str, Any]]:
     django.setup()
     from django.db import connection
 
-    from scheduler import leases, schedules
     from scheduler.models import Execution, Schedule
+    from scheduler.owners import leases, schedules
 
     env = {**os.environ, **{f"SCHEDULER_{key}": value for key, value in LEASE_SETTINGS.items()}}
 

@@ -103,8 +103,10 @@ def _install() -> None:
     from django.db.backends.utils import CursorWrapper
     from django_celery_results.backends.database import DatabaseBackend
 
-    from scheduler import executions, logs, tracing, worker
-    from scheduler.renewer import ClaimRenewer
+    from scheduler import logs, tracing
+    from scheduler.owners import executions
+    from scheduler.worker import task as guard
+    from scheduler.worker.renewer import ClaimRenewer
 
     trace.fast_trace_task = _task_window(trace.fast_trace_task)  # the job billiard hands the child, by name
     CursorWrapper._execute = _database_call(CursorWrapper._execute)
@@ -114,7 +116,7 @@ def _install() -> None:
     for name in ("finish", "record_result", "retry"):
         _patch(executions, name, "outcome write")
     _patch(DatabaseBackend, "mark_as_done", "result backend write")
-    _patch(worker, "close_old_connections", "connection checks")
+    _patch(guard, "close_old_connections", "connection checks")
     _patch(BaseDatabaseWrapper, "close_if_health_check_failed", "connection checks")
     _patch(signals.task_prerun.__class__, "send", "signals (prerun/postrun handlers)")
     _patch(ClaimRenewer, "hold", "claim renewer")
@@ -122,8 +124,8 @@ def _install() -> None:
     _patch(tracing, "claim_span", "tracing hooks")
     for name in ("bind", "unbind"):
         _patch(logs, name, "guard's own code")
-    _patch(worker.ExecutionTask, "before_start", "guard's own code")
-    _patch(worker.ExecutionTask, "__call__", "guard's own code")
+    _patch(guard.ExecutionTask, "before_start", "guard's own code")
+    _patch(guard.ExecutionTask, "__call__", "guard's own code")
     _rebuild_tracers(trace)
 
 

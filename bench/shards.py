@@ -138,7 +138,7 @@ class Replicas:
 
 def _holders(count: int) -> dict[str, tuple[str, int]]:
     """{shard lease name: (holder, token)} of the shards held unexpired now (database clock)."""
-    from scheduler import shards
+    from scheduler.beat import shards
     from scheduler.models import Lease
 
     now = dbclock.now()
@@ -178,8 +178,8 @@ def _make_schedules(count: int) -> int:
     """Create ``count`` every-second schedules (``save`` puts each in its shard); return the first id."""
     from django.db import transaction
 
-    from scheduler import schedules
     from scheduler.models import Schedule
+    from scheduler.owners import schedules
 
     first = None
     with transaction.atomic():

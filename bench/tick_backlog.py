@@ -73,7 +73,7 @@ def _pass(lease: Any) -> dict[str, Any]:
     from django.db import connection
     from django.test.utils import CaptureQueriesContext
 
-    from scheduler import dispatch
+    from scheduler.beat import dispatch
     from scheduler.models import Execution
 
     rows_before = Execution.objects.count()
@@ -94,8 +94,9 @@ def _pass(lease: Any) -> dict[str, Any]:
 
 
 def _depth(label: str, seconds_behind: int, count: int) -> dict[str, Any]:
-    from scheduler import dbclock, leases
+    from scheduler import dbclock
     from scheduler.models import Schedule
+    from scheduler.owners import leases
 
     _load(count, seconds_behind)
     lease = leases.acquire("beat", "bench", ttl=60)

@@ -139,8 +139,9 @@ def _run_kind(app: Any, destination: list[str], kind: str, tasks: int, round_num
     from django.db import connection
     from django_celery_results.models import TaskResult
 
-    from scheduler import dbclock, executions, outbox
+    from scheduler import dbclock, outbox
     from scheduler.models import Execution
+    from scheduler.owners import executions
 
     queue = f"bench.{round_number}.{kind.replace(' ', '-')}"
     TaskResult.objects.all().delete()

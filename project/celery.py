@@ -12,6 +12,6 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "project.settings")
 app = Celery("project", task_cls="scheduler.worker:ExecutionTask")
 app.config_from_object("django.conf:settings", namespace="CELERY")
 # A worker's heartbeat is written only after its consumer received a probe it
-# sent itself through the broker: this step consumes the probes (scheduler/heartbeat.py).
-app.steps["consumer"].add("scheduler.heartbeat:ProbeConsumer")
+# sent itself through the broker: this step consumes the probes (scheduler/worker/heartbeat.py).
+app.steps["consumer"].add("scheduler.worker.heartbeat:ProbeConsumer")
 app.autodiscover_tasks()

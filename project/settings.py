@@ -90,7 +90,7 @@ MIDDLEWARE = [
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     # The request's user acts for the audit events of user and group changes.
-    "scheduler.middleware.AuditActorMiddleware",
+    "scheduler.web.middleware.AuditActorMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
 ]
@@ -177,14 +177,14 @@ STORAGES = {
 # the throttle's rate is SCHEDULER_API_THROTTLE_RATE.
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [
-        "scheduler.api.authentication.BearerTokenAuthentication",
+        "scheduler.web.api.authentication.BearerTokenAuthentication",
         "rest_framework.authentication.SessionAuthentication",
     ],
-    "DEFAULT_PERMISSION_CLASSES": ["scheduler.api.permissions.HasRole"],
-    "DEFAULT_THROTTLE_CLASSES": ["scheduler.api.throttling.PerCallerThrottle"],
+    "DEFAULT_PERMISSION_CLASSES": ["scheduler.web.api.permissions.HasRole"],
+    "DEFAULT_THROTTLE_CLASSES": ["scheduler.web.api.throttling.PerCallerThrottle"],
     "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
     "DEFAULT_PARSER_CLASSES": ["rest_framework.parsers.JSONParser"],
-    "DEFAULT_SCHEMA_CLASS": "scheduler.api.schema.ApiSchema",
+    "DEFAULT_SCHEMA_CLASS": "scheduler.web.api.schema.ApiSchema",
     "UNAUTHENTICATED_USER": None,
 }
 SPECTACULAR_SETTINGS = {
@@ -222,7 +222,7 @@ CELERY_WORKER_CANCEL_LONG_RUNNING_TASKS_ON_CONNECTION_LOSS = False
 # Celery's Django fixup closes the database connection before and after every
 # task unless this is set; it then closes it every this many tasks instead, and
 # the worker's own hooks close it by CONN_MAX_AGE (SCHEDULER_WORKER_CONN_MAX_AGE,
-# see scheduler/worker.py), so a worker keeps one connection across tasks.
+# see scheduler/worker/task.py), so a worker keeps one connection across tasks.
 CELERY_DB_REUSE_MAX = 1000
 
 # SCHEDULER_* settings (defaults in scheduler/conf.py) may also come from the

@@ -14,9 +14,9 @@ from typing import Any
 __version__ = "0.1.0"
 
 _PUBLIC = {
-    "submit": "scheduler.submissions",
-    "current_execution": "scheduler.worker",
-    "fenced": "scheduler.worker",
+    "submit": "scheduler.outbox.submissions",
+    "current_execution": "scheduler.worker.task",
+    "fenced": "scheduler.worker.task",
 }
 
 

@@ -15,9 +15,11 @@ class SchedulerConfig(AppConfig):
         from django.db.models.signals import post_migrate
 
         # Imported for their side effects: registering checks and signal receivers.
-        from scheduler import access_audit, checks, receivers, tracing  # noqa: F401
-        from scheduler.permissions import ensure_groups
+        from scheduler import checks, tracing  # noqa: F401
+        from scheduler.ops import access_audit
         from scheduler.session_limits import bound_idle_transactions
+        from scheduler.web.permissions import ensure_groups
+        from scheduler.worker import receivers  # noqa: F401
 
         # Users, groups, permissions and operator profiles, whoever changes them.
         access_audit.connect()

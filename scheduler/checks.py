@@ -12,8 +12,9 @@ from django.conf import settings as django_settings
 from django.core.checks import Error, Tags, Warning, register
 from django.db import DatabaseError
 
-from scheduler import cluster, shards
+from scheduler.beat import shards
 from scheduler.conf import DEPRECATED_NAMES, DEPRECATED_UNTIL, settings
+from scheduler.web import cluster
 
 #: The beat scheduler every replica must run: anything else fires without the lease.
 LEADER_SCHEDULER = "scheduler.beat:LeaderScheduler"

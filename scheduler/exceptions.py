@@ -15,7 +15,7 @@ class ScheduleInvalid(SchedulerError):
 
 
 class ScheduleWriteRefused(SchedulerError):
-    """Schedules are written through scheduler.schedules (create, save, delete), which keeps their next run, counters and deadline right."""
+    """Schedules are written through scheduler.owners.schedules (create, save, delete), which keeps their next run, counters and deadline right."""
 
 
 class TaskRefused(SchedulerError):
@@ -58,7 +58,7 @@ class BackfillTooLarge(BackfillRefused):
         self.capped = capped
 
 
-# Raised at the broker's edge (``scheduler.outbox``, ``scheduler.broker``) in
+# Raised at the broker's edge (``scheduler.outbox``, ``scheduler.outbox.broker``) in
 # place of whatever kombu, the transport's client or the socket raised, which
 # is its ``__cause__``; its message is the original's.
 class BrokerUnavailable(SchedulerError):
@@ -100,7 +100,7 @@ class MessageRefused(SchedulerError):
         message_task_id: str = "",
     ) -> None:
         super().__init__(message)
-        #: ``task_mismatch`` or ``task_id_mismatch`` (``scheduler.executions.REFUSAL_REASONS``).
+        #: ``task_mismatch`` or ``task_id_mismatch`` (``scheduler.owners.executions.REFUSAL_REASONS``).
         self.reason = reason
         #: The execution the message named, and its task and Celery task id.
         self.execution_id = execution_id

@@ -12,10 +12,11 @@ from typing import Any
 
 from celery import shared_task
 
-from scheduler import audit, dbclock, prune
+from scheduler import dbclock
 from scheduler.conf import settings
 from scheduler.exceptions import PruneRefused
-from scheduler.worker import ExecutionTask
+from scheduler.ops import audit, prune
+from scheduler.worker.task import ExecutionTask
 
 #: Longest age a prune accepts: beyond it the cutoff would predate year 1.
 MAX_PRUNE_DAYS = 365_000
@@ -79,7 +80,8 @@ def sleep(seconds: float = 1.0) -> float:
 @shared_task(name="scheduler.django_task", base=ExecutionTask)
 def django_task(path: str, args: list[Any], kwargs: dict[str, Any]) -> Any:
     """Run the ``@task`` function at ``path``: what ``SchedulerBackend.enqueue()`` sends (``scheduler.tasks_backend``)."""
-    from scheduler import tasks_backend, worker
+    from scheduler import tasks_backend
+    from scheduler.worker.task import current_execution
 
-    running = worker.current_execution()
+    running = current_execution()
     return tasks_backend.run(path, args, kwargs, execution_id=running.execution.pk if running else None)

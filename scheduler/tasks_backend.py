@@ -82,7 +82,7 @@ class SchedulerBackend(BaseTaskBackend):
     supports_priority = False
 
     def enqueue(self, task: Task, args: Any, kwargs: Any) -> TaskResult:
-        from scheduler.submissions import submit
+        from scheduler.outbox.submissions import submit
 
         self.validate_task(task)
         countdown = None

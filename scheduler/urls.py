@@ -9,10 +9,10 @@ from __future__ import annotations
 
 from django.urls import include, path
 
-from scheduler import health, metrics
+from scheduler.web import health, metrics
 
 urlpatterns = [
-    path("api/", include("scheduler.api.urls")),
+    path("api/", include("scheduler.web.api.urls")),
     path("healthz", health.healthz, name="healthz"),
     path("healthz/schedules", health.schedules, name="healthz-schedules"),
     path("readyz", health.readyz, name="readyz"),

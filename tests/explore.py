@@ -72,8 +72,10 @@ import redis
 from django.db import connection
 from django.test.utils import override_settings
 
-from scheduler import dbclock, failpoints, leases, schedules, shards
+from scheduler import dbclock, failpoints
+from scheduler.beat import shards
 from scheduler.models import Execution, Instance, Lease, Schedule
+from scheduler.owners import leases, schedules
 from tests import invariants
 from tests import tasks as test_tasks
 from tests.processes import CeleryProcess, beat_argv, wait_until, worker_argv

@@ -5,8 +5,9 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from scheduler import dbclock, schedules
+from scheduler import dbclock
 from scheduler.models import Execution, Schedule
+from scheduler.owners import schedules
 
 #: The fields that pick a schedule's timing; exactly one of them is set.
 _TIMING_FIELDS = {"interval", "cron", "run_at"}
@@ -17,7 +18,7 @@ def make_schedule(name: str = "nightly", *, now: datetime | None = None, **field
 
     It passes ``full_clean`` first, as the admin and the API would, so a test
     never starts from a row those could not have written. It is written
-    through ``scheduler.schedules``, the one writer of schedule rows, which
+    through ``scheduler.owners.schedules``, the one writer of schedule rows, which
     computes ``next_run_at`` from ``now`` (the database clock by default).
     """
     fields.setdefault("task", "scheduler.echo")

@@ -331,7 +331,7 @@ def _freeze(client: redis.Redis, **fields: Any) -> None:
 
 def _freeze_once_counted(client: redis.Redis, **fields: Any) -> None:
     """Stop this process right after the next outcome is counted on its schedule, its transaction still open."""
-    from scheduler import schedules
+    from scheduler.owners import schedules
 
     count_run = schedules.count_run
 

@@ -61,10 +61,12 @@ from celery.utils.saferepr import saferepr
 from kombu.exceptions import OperationalError as BrokerError
 from kombu.utils.json import dumps
 
-from scheduler import broker, policies, tracing
+from scheduler import tracing
 from scheduler.conf import settings
 from scheduler.fastpath.guard import BREAKAGE, FastPath
 from scheduler.models import Execution
+from scheduler.outbox import broker
+from scheduler.timing import policies
 
 if TYPE_CHECKING:
     from celery import Celery

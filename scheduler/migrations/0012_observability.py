@@ -121,7 +121,8 @@ def drop_triggers(apps, schema_editor):
 
 def fill_deadlines(apps, schema_editor):
     """Each schedule's last success (from its succeeded executions), cadence and overdue deadline."""
-    from scheduler import overdue, timing  # pure functions of plain values, no models
+    from scheduler import timing  # pure functions of plain values, no models
+    from scheduler.timing import overdue
 
     Schedule = apps.get_model("scheduler", "Schedule")
     Execution = apps.get_model("scheduler", "Execution")

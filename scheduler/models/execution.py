@@ -103,7 +103,7 @@ class Execution(models.Model):
         }
     )
 
-    #: The allowed status changes, {from: {to, ...}}; ``scheduler.executions``
+    #: The allowed status changes, {from: {to, ...}}; ``scheduler.owners.executions``
     #: writes every change through it, so a move not listed here changes no row.
     #: A row is created ``pending`` (``queued`` for a plain Celery call) or
     #: already final (``missed``, ``skipped``). ``running -> running`` is a
@@ -130,7 +130,7 @@ class Execution(models.Model):
     #: ``schedule:<id>:<slot ISO-8601>`` for beat fires, the caller's key for
     #: submissions. The unique constraint is what makes every fire happen once.
     idempotency_key = models.CharField(max_length=255, unique=True)
-    #: What created it; set once, by the owner of the row's life (``scheduler.executions``).
+    #: What created it; set once, by the owner of the row's life (``scheduler.owners.executions``).
     trigger = models.CharField(max_length=16, choices=Trigger.choices, default=Trigger.SCHEDULED)
     schedule = models.ForeignKey(
         "scheduler.Schedule",

@@ -9,7 +9,7 @@ class Lease(models.Model):
     """One row per lease name; the row is the source of truth for leadership.
 
     All arithmetic on these timestamps happens in SQL against the database
-    clock (see ``scheduler/leases.py``), never against a replica's own clock.
+    clock (see ``scheduler/owners/leases.py``), never against a replica's own clock.
     """
 
     name = models.CharField(max_length=100, primary_key=True)

@@ -12,9 +12,11 @@ from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import connection, models, transaction
 from django.db.models import F, Q
 
-from scheduler import limits, overdue, shards, timing
+from scheduler import limits, timing
+from scheduler.beat import shards
 from scheduler.conf import settings
 from scheduler.exceptions import ScheduleInvalid, ScheduleWriteRefused
+from scheduler.timing import overdue
 
 #: The one message for a schedule with no timing, or more than one.
 TIMING_REQUIRED = "Set exactly one of cron, interval or run at."
@@ -90,7 +92,7 @@ class ScheduleQuerySet(models.QuerySet):
         Django's delete detaches the executions (``SET NULL``) before it
         deletes the schedules, which would lock executions before their
         schedule: the opposite of the lock order everything else follows
-        (``scheduler.executions``), a deadlock against a worker finishing a run.
+        (``scheduler.owners.executions``), a deadlock against a worker finishing a run.
         """
         # _fields: set by values()/values_list(), as Django's own delete() checks; not in the stubs.
         if self.query.is_sliced or self._fields is not None:  # type: ignore[attr-defined]
@@ -104,7 +106,7 @@ class ScheduleQuerySet(models.QuerySet):
     delete.queryset_only = True  # type: ignore[attr-defined]  # not on the manager, as Django's
 
     def overdue(self, *, now: datetime) -> ScheduleQuerySet:
-        """Return active schedules without a success for longer than their window (``scheduler.overdue``).
+        """Return active schedules without a success for longer than their window (``scheduler.timing.overdue``).
 
         Served by the partial index ``schedule_overdue`` in one index range scan.
         """
@@ -211,7 +213,7 @@ class Schedule(models.Model):
     disabled_reason = models.TextField(blank=True, default="", editable=False)
     paused_reason = models.TextField(blank=True, default="")
     next_run_at = models.DateTimeField(null=True, blank=True, editable=False)
-    #: ``id % SCHEDULER_SHARDS``: which shard lease fences its dispatch (``scheduler.shards``).
+    #: ``id % SCHEDULER_SHARDS``: which shard lease fences its dispatch (``scheduler.beat.shards``).
     shard = models.PositiveSmallIntegerField(default=0, editable=False)
     last_run_at = models.DateTimeField(null=True, blank=True, editable=False)
     #: Final status of the last run (kept here so the admin can filter on it cheaply).
@@ -227,17 +229,17 @@ class Schedule(models.Model):
     #: Slots before this instant are not owed: reconcile's audit starts here.
     #: Moved forward on resume, re-enable and timing edits.
     owed_since = models.DateTimeField(null=True, blank=True, editable=False)
-    #: The newest slot whose execution a prune deleted (``scheduler.prune``, in the
+    #: The newest slot whose execution a prune deleted (``scheduler.ops.prune``, in the
     #: deleting transaction; it never moves back). Reconcile's audit starts after it:
     #: a slot that ran and was since pruned is never taken for a missing one.
     pruned_through = models.DateTimeField(null=True, blank=True, editable=False)
     consecutive_failures = models.PositiveIntegerField(default=0, editable=False)
-    #: When a run last succeeded (set by the finish path in ``scheduler.executions``).
+    #: When a run last succeeded (set by the finish path in ``scheduler.owners.executions``).
     last_success_at = models.DateTimeField(null=True, blank=True, editable=False)
     #: Twice the longest gap between consecutive slots, in seconds; empty for a one-off.
     #: Derived from the timing on save; ``alert_after`` overrides it.
     cadence = models.PositiveIntegerField(null=True, blank=True, editable=False)
-    #: When the schedule becomes overdue unless a run succeeds first (``scheduler.overdue``);
+    #: When the schedule becomes overdue unless a run succeeds first (``scheduler.timing.overdue``);
     #: moved forward by every success and recomputed on timing, state and ``alert_after`` edits.
     overdue_at = models.DateTimeField(null=True, blank=True, editable=False)
     last_error = models.TextField(blank=True, default="", editable=False)
@@ -383,11 +385,11 @@ class Schedule(models.Model):
         self._loaded.update(stored if fields is None else {name: stored[name] for name in fields if name in stored})
 
     def save(self, *args: Any, **kwargs: Any) -> None:
-        """Refuse: ``scheduler.schedules`` writes schedule rows (``create``, ``save``), so their derived fields stay right."""
+        """Refuse: ``scheduler.owners.schedules`` writes schedule rows (``create``, ``save``), so their derived fields stay right."""
         raise ScheduleWriteRefused()
 
     def delete(self, using: str | None = None, keep_parents: bool = False) -> tuple[int, dict[str, int]]:
-        """Refuse: ``scheduler.schedules.delete`` deletes a schedule, its row locked first."""
+        """Refuse: ``scheduler.owners.schedules.delete`` deletes a schedule, its row locked first."""
         raise ScheduleWriteRefused()
 
     # --- validation -----------------------------------------------------------

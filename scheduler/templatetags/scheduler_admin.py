@@ -12,7 +12,7 @@ from typing import Any
 
 from django import template
 
-from scheduler import health
+from scheduler.web import health
 
 register = template.Library()
 

@@ -25,9 +25,12 @@ import redis
 from django_celery_results.models import TaskResult
 
 from project.celery import app
-from scheduler import dbclock, executions, leases, liveness, outbox, policies, schedules
+from scheduler import dbclock, outbox
+from scheduler.beat import liveness
 from scheduler.fastpath import publisher
 from scheduler.models import Execution, Schedule
+from scheduler.owners import executions, leases, schedules
+from scheduler.timing import policies
 from tests import tasks as test_tasks
 from tests.processes import CeleryProcess, wait_until
 

@@ -13,8 +13,8 @@ import pytest
 import redis
 from django.db import connection
 
-from scheduler import leases, schedules
 from scheduler.models import Execution, Schedule
+from scheduler.owners import leases, schedules
 from tests import tasks as test_tasks
 from tests.processes import CeleryProcess, wait_until
 from tests.services import find_redis_server, free_port

@@ -25,8 +25,10 @@ from collections.abc import Callable
 
 import pytest
 
-from scheduler import broker, dbclock, leases
+from scheduler import dbclock
 from scheduler.models import Execution
+from scheduler.outbox import broker
+from scheduler.owners import leases
 from tests.acceptance.test_broker_restart import OwnBroker, own_broker  # noqa: F401 -- the fixture
 from tests.processes import CeleryProcess, wait_until
 

@@ -17,8 +17,9 @@ from typing import Any
 import pytest
 import redis
 
-from scheduler import broker, dbclock
+from scheduler import dbclock
 from scheduler.models import Execution
+from scheduler.outbox import broker
 from tests import tasks as test_tasks
 from tests.processes import CeleryProcess, wait_until
 from tests.services import find_redis_server, free_port

@@ -8,9 +8,10 @@ from datetime import timedelta
 import pytest
 from django_celery_results.models import TaskResult
 
-from scheduler import dbclock, schedules
-from scheduler.builtin_schedules import BACKEND_CLEANUP, PRUNE_EXECUTIONS
+from scheduler import dbclock
 from scheduler.models import Execution, Schedule
+from scheduler.ops.builtin_schedules import BACKEND_CLEANUP, PRUNE_EXECUTIONS
+from scheduler.owners import schedules
 from tests.processes import CeleryProcess, wait_until
 
 pytestmark = pytest.mark.django_db(transaction=True)

@@ -35,8 +35,9 @@ import pytest
 import redis
 from django.db import connection
 
-from scheduler import dbclock, leases, schedules
+from scheduler import dbclock
 from scheduler.models import Execution, Schedule
+from scheduler.owners import leases, schedules
 from tests import tasks as test_tasks
 from tests.processes import CeleryProcess, wait_until
 

@@ -22,8 +22,10 @@ import redis
 
 import scheduler
 from project.celery import app
-from scheduler import dbclock, executions, reconcile
+from scheduler import dbclock
 from scheduler.models import Execution
+from scheduler.ops import reconcile
+from scheduler.owners import executions
 from tests import tasks as test_tasks
 from tests.processes import CeleryProcess, wait_until, worker_argv
 

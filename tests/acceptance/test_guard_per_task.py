@@ -16,10 +16,11 @@ import pytest
 import redis
 
 import scheduler
-from scheduler import dbclock, executions, outbox
+from scheduler import dbclock, outbox
 from scheduler.celery_app import celery_app
-from scheduler.executions import ad_hoc_key
 from scheduler.models import Execution
+from scheduler.owners import executions
+from scheduler.owners.executions import ad_hoc_key
 from tests import guard_tasks
 from tests.processes import ROOT, CeleryProcess, wait_until, worker_argv
 

@@ -22,8 +22,9 @@ from celery import signature
 from django.test import Client
 
 from project.celery import app
-from scheduler import dbclock, executions, outbox, schedules
+from scheduler import dbclock, outbox
 from scheduler.models import Execution, Schedule
+from scheduler.owners import executions, schedules
 from tests import tasks as test_tasks
 from tests.processes import CeleryProcess, wait_until
 

@@ -13,8 +13,9 @@ from django.contrib.auth import get_user_model
 from django.core.management import call_command
 from django.test import Client
 
-from scheduler import dbclock, schedules
+from scheduler import dbclock
 from scheduler.models import Execution, Schedule
+from scheduler.owners import schedules
 from tests.factories import make_schedule
 from tests.processes import CeleryProcess, wait_until
 

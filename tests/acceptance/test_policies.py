@@ -11,8 +11,9 @@ from typing import Any
 import pytest
 import redis
 
-from scheduler import dbclock, leases
+from scheduler import dbclock
 from scheduler.models import Execution, Schedule
+from scheduler.owners import leases
 from tests import tasks as test_tasks
 from tests.factories import make_schedule
 from tests.processes import CeleryProcess, wait_until

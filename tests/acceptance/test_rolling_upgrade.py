@@ -37,9 +37,10 @@ import pytest
 import redis
 from django.db import connection
 
-from scheduler import dbclock, leases
+from scheduler import dbclock
 from scheduler.conf import Defaults
 from scheduler.models import Execution, Schedule
+from scheduler.owners import leases
 from tests import invariants, processes
 from tests import tasks as test_tasks
 from tests.acceptance.test_beat_replicas import Start, leader_process

@@ -18,8 +18,10 @@ import pytest
 import redis
 from django.db.models import Max
 
-from scheduler import dbclock, leases, shards
+from scheduler import dbclock
+from scheduler.beat import shards
 from scheduler.models import Execution, Instance, Schedule
+from scheduler.owners import leases
 from tests.acceptance.test_beat_replicas import Start
 from tests.acceptance.test_sharded_beat import holders, instance_pid, make_schedules
 from tests.acceptance.test_sharded_failover import assert_no_duplicate_and_no_gap, assert_sent

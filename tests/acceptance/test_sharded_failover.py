@@ -23,9 +23,11 @@ import redis
 from django.db import connection
 from django.db.models import Count, Max, Min
 
-from scheduler import dbclock, leases, shards
+from scheduler import dbclock
+from scheduler.beat import shards
 from scheduler.conf import Defaults
 from scheduler.models import Execution, Schedule
+from scheduler.owners import leases
 from tests.acceptance.test_beat_replicas import Start, assert_every_slot_once
 from tests.acceptance.test_sharded_beat import (
     Size,

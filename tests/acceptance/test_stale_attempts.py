@@ -20,8 +20,9 @@ from typing import Any
 import pytest
 
 import scheduler
-from scheduler import dbclock, executions
+from scheduler import dbclock
 from scheduler.models import Execution
+from scheduler.owners import executions
 from tests import tasks  # noqa: F401 -- registers the tasks submit() checks
 from tests.processes import CeleryProcess, wait_until
 

@@ -19,8 +19,9 @@ from datetime import timedelta
 
 import pytest
 
-from scheduler import dbclock, leases, schedules
+from scheduler import dbclock
 from scheduler.models import Execution, Schedule
+from scheduler.owners import leases, schedules
 from tests.acceptance.test_broker_restart import OwnBroker, own_broker  # noqa: F401 -- the fixture
 from tests.processes import CeleryProcess, wait_until
 

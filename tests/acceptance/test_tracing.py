@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 
 import scheduler
-from scheduler import schedules
 from scheduler.models import Execution
+from scheduler.owners import schedules
 from tests import tasks as test_tasks
 from tests.processes import ROOT, CeleryProcess, wait_until
 

@@ -10,8 +10,10 @@ import redis
 
 import scheduler
 from project.celery import app
-from scheduler import audit, dbclock, executions, operations, outbox, schedules
+from scheduler import dbclock, outbox
 from scheduler.models import Execution, Schedule
+from scheduler.ops import audit, operations
+from scheduler.owners import executions, schedules
 from scheduler.tenancy import EVERY_TENANT
 from tests import tasks as test_tasks
 from tests.processes import CeleryProcess, wait_until

@@ -14,8 +14,9 @@ from django.db import close_old_connections, connection
 
 import scheduler
 from project.celery import app
-from scheduler import dbclock, executions, outbox, schedules
+from scheduler import dbclock, outbox
 from scheduler.models import Execution, Instance, Schedule
+from scheduler.owners import executions, schedules
 from tests import tasks as test_tasks
 from tests.processes import CeleryProcess, wait_until
 

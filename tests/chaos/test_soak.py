@@ -78,8 +78,10 @@ import pytest
 import redis
 from django.db import connection
 
-from scheduler import dbclock, dispatch, failpoints, leases, schedules, shards
+from scheduler import dbclock, failpoints
+from scheduler.beat import dispatch, shards
 from scheduler.models import Execution, Schedule
+from scheduler.owners import leases, schedules
 from tests import invariants
 from tests import tasks as test_tasks
 from tests.processes import ROOT, CeleryProcess, wait_until

@@ -6,7 +6,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from scheduler import leases
+from scheduler.owners import leases
 from tests.services import free_port
 
 

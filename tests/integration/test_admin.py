@@ -9,8 +9,9 @@ from django.contrib.auth import get_user_model
 from django.db.models.functions import Now
 from django.test import Client
 
-from scheduler import dbclock, leases, schedules
+from scheduler import dbclock
 from scheduler.models import Execution, Instance, Lease, Schedule
+from scheduler.owners import leases, schedules
 
 pytestmark = pytest.mark.django_db
 

@@ -12,9 +12,10 @@ from django.db import connection
 from django.test import Client
 from django.test.utils import CaptureQueriesContext
 
-from scheduler import dbclock, schedules
+from scheduler import dbclock
 from scheduler.models import Execution, Schedule
-from scheduler.permissions import OPERATOR_GROUP, VIEWER_GROUP
+from scheduler.owners import schedules
+from scheduler.web.permissions import OPERATOR_GROUP, VIEWER_GROUP
 from tests.factories import make_execution, make_schedule
 from tests.integration.api_support import bind
 

@@ -19,8 +19,9 @@ from django.template.loader import get_template
 from django.test import Client, override_settings
 from django_celery_results.models import TaskResult
 
-from scheduler import dbclock, leases, schedules
+from scheduler import dbclock
 from scheduler.models import Execution, Schedule
+from scheduler.owners import leases, schedules
 
 pytestmark = pytest.mark.django_db
 

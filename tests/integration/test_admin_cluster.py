@@ -10,8 +10,9 @@ from django.contrib.auth import get_user_model
 from django.template import Context, Template
 from django.test import Client, RequestFactory
 
-from scheduler import dbclock, leases
+from scheduler import dbclock
 from scheduler.models import Instance, Lease
+from scheduler.owners import leases
 
 pytestmark = pytest.mark.django_db
 

@@ -10,8 +10,8 @@ import time_machine
 from django.test import Client
 from django.urls import reverse
 
-from scheduler import schedules
 from scheduler.models import Schedule
+from scheduler.owners import schedules
 
 pytestmark = pytest.mark.django_db
 

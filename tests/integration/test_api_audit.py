@@ -15,7 +15,7 @@ from django.test import Client
 
 from scheduler import dbclock, tasks
 from scheduler.models import AuditEvent, Execution, OperatorProfile, Schedule
-from scheduler.permissions import OPERATOR_GROUP
+from scheduler.web.permissions import OPERATOR_GROUP
 from tests.integration.api_support import TENANT_A, TENANT_B, TENANT_TASK, make_execution, make_schedule, token_client
 
 pytestmark = pytest.mark.django_db

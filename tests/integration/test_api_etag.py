@@ -10,8 +10,8 @@ from django.core.cache import cache
 from django.db import connection
 from django.test import Client
 
-from scheduler.api import serializers
 from scheduler.models import Schedule
+from scheduler.web.api import serializers
 from tests.integration.api_support import make_schedule, token_client
 
 #: Longest a writer waits for the other one to reach the write (seconds); only a broken lock lets it arrive.

@@ -13,11 +13,13 @@ from django.core.exceptions import ValidationError
 from django.test import Client, override_settings
 
 from project.celery import app
-from scheduler import dbclock, operations, submissions
+from scheduler import dbclock
 from scheduler.exceptions import SubmissionInvalid
 from scheduler.models import Execution, OperatorProfile, Schedule
-from scheduler.permissions import OPERATOR_GROUP, VIEWER_GROUP
+from scheduler.ops import operations
+from scheduler.outbox import submissions
 from scheduler.tenancy import EVERY_TENANT
+from scheduler.web.permissions import OPERATOR_GROUP, VIEWER_GROUP
 from tests.integration.api_support import TENANT_A, TENANT_B, bind, make_schedule, tables, token_client
 
 pytestmark = pytest.mark.django_db

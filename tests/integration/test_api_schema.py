@@ -23,8 +23,8 @@ from schemathesis.specs.openapi.checks import (
     status_code_conformance,
 )
 
-from scheduler import audit
 from scheduler.models import Execution
+from scheduler.ops import audit
 from tests.integration.api_support import make_execution, make_schedule, tables, token_client
 
 pytestmark = pytest.mark.django_db(transaction=True)

@@ -17,8 +17,9 @@ import pytest
 from django.core.cache import cache
 from django.test import Client
 
-from scheduler import audit, dbclock
+from scheduler import dbclock
 from scheduler.models import Execution
+from scheduler.ops import audit
 from tests.integration.api_support import (
     TENANT_A,
     TENANT_B,

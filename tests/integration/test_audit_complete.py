@@ -25,9 +25,11 @@ from django.db.models import Max
 from django.test import Client
 from django_celery_beat.models import IntervalSchedule, PeriodicTask
 
-from scheduler import audit, dbclock, executions, prune, tasks
+from scheduler import dbclock, tasks
 from scheduler.models import ApiToken, AuditEvent, Execution, OperatorProfile, Schedule
-from scheduler.permissions import OPERATOR_GROUP, VIEWER_GROUP, ensure_groups
+from scheduler.ops import audit, prune
+from scheduler.owners import executions
+from scheduler.web.permissions import OPERATOR_GROUP, VIEWER_GROUP, ensure_groups
 from tests.admin_forms import schedule_form
 from tests.integration.api_support import make_execution, make_schedule, token_client
 

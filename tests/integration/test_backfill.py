@@ -13,11 +13,12 @@ import pytest
 import redis
 
 from project.celery import app
-from scheduler import backfill as backfill_module
-from scheduler import dbclock, executions, schedules
-from scheduler.backfill import backfill
+from scheduler import dbclock
 from scheduler.exceptions import BackfillRefused
 from scheduler.models import Execution, Schedule
+from scheduler.ops import backfill as backfill_module
+from scheduler.ops.backfill import backfill
+from scheduler.owners import executions, schedules
 
 pytestmark = pytest.mark.django_db
 

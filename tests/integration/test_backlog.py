@@ -8,9 +8,10 @@ import pytest
 from django.db.models import F, Max
 from django.db.models.functions import Coalesce
 
-from scheduler import dbclock, leases, schedules
+from scheduler import dbclock
 from scheduler.conf import settings
 from scheduler.models import Execution, Schedule
+from scheduler.owners import leases, schedules
 from tests.processes import wait_until
 
 pytestmark = pytest.mark.django_db(transaction=True)

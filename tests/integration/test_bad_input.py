@@ -26,10 +26,11 @@ from hypothesis import strategies as st
 
 import scheduler
 from project.celery import app
-from scheduler import dbclock, schedules
-from scheduler.backfill import backfill
+from scheduler import dbclock
 from scheduler.management.base import SchedulerCommand
 from scheduler.models import Execution, Instance, Lease, Schedule
+from scheduler.ops.backfill import backfill
+from scheduler.owners import schedules
 from tests.admin_forms import schedule_form
 
 # Commands run through ManagementUtility close the database connection when

@@ -10,10 +10,11 @@ from django.db import connection, connections
 from django.test.utils import CaptureQueriesContext
 
 from project.celery import app
-from scheduler import dbclock, dispatch, leases, liveness, schedules, signals
-from scheduler.beat import LeaderScheduler
+from scheduler import dbclock, signals
+from scheduler.beat import LeaderScheduler, dispatch, liveness
 from scheduler.models import Execution, Instance, Schedule
-from scheduler.settings_schedules import sync_beat_schedule
+from scheduler.ops.settings_schedules import sync_beat_schedule
+from scheduler.owners import leases, schedules
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -12,11 +12,14 @@ import redis
 from celery import Celery
 
 from project.celery import app
-from scheduler import broker, dbclock, dispatch, executions, leases
+from scheduler import dbclock
+from scheduler.beat import dispatch
 from scheduler.exceptions import BrokerUnavailable
 from scheduler.fastpath import publisher
 from scheduler.models import Execution, Schedule
-from scheduler.reconcile import reconcile, resend_after_broker_restart, resend_unclaimed
+from scheduler.ops.reconcile import reconcile, resend_after_broker_restart, resend_unclaimed
+from scheduler.outbox import broker
+from scheduler.owners import executions, leases
 from tests.factories import make_execution, make_schedule
 from tests.services import free_port
 

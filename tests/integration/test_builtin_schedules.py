@@ -17,11 +17,13 @@ from django.test import Client
 from django_celery_results.models import TaskResult
 
 from project.celery import app
-from scheduler import builtin_schedules, dbclock, schedules, task_policy, tasks
+from scheduler import dbclock, task_policy, tasks
 from scheduler.beat import LeaderScheduler
-from scheduler.builtin_schedules import BACKEND_CLEANUP, PRUNE_EXECUTIONS, ensure_builtin_schedules
 from scheduler.exceptions import PruneRefused
 from scheduler.models import Execution, Schedule
+from scheduler.ops import builtin_schedules
+from scheduler.ops.builtin_schedules import BACKEND_CLEANUP, PRUNE_EXECUTIONS, ensure_builtin_schedules
+from scheduler.owners import schedules
 from tests.factories import make_execution, make_schedule
 from tests.processes import ROOT
 

@@ -10,9 +10,10 @@ from typing import Any
 import pytest
 from django.test import Client
 
-from scheduler import dbclock, executions
+from scheduler import dbclock
 from scheduler.exceptions import MessageRefused
 from scheduler.models import Execution
+from scheduler.owners import executions
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -20,8 +20,9 @@ from django.core.management.base import CommandError
 
 import tests.tasks  # noqa: F401 -- registers tests.record with the Celery app
 from project.celery import app
-from scheduler import audit, operations, schedules
 from scheduler.models import Execution, Schedule
+from scheduler.ops import audit, operations
+from scheduler.owners import schedules
 from tests.factories import make_execution, make_schedule
 from tests.processes import ROOT
 from tests.services import free_port

@@ -14,9 +14,10 @@ from django.db import connection
 from django.db.models.functions import Now
 from django.test.utils import CaptureQueriesContext
 
-from scheduler import dbclock, leases
+from scheduler import dbclock
 from scheduler.models import Execution, Instance, Lease, Schedule
-from scheduler.prune import prune_executions
+from scheduler.ops.prune import prune_executions
+from scheduler.owners import leases
 from tests import processes
 from tests.factories import make_execution, make_schedule
 from tests.integration.command_support import refused, run

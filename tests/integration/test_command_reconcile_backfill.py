@@ -10,8 +10,9 @@ from zoneinfo import ZoneInfo
 import pytest
 import redis
 
-from scheduler import dbclock, schedules
+from scheduler import dbclock
 from scheduler.models import Execution, Instance, Schedule
+from scheduler.owners import schedules
 from tests.integration.command_support import refused, run
 
 pytestmark = pytest.mark.django_db

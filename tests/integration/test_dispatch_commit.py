@@ -8,8 +8,10 @@ import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
-from scheduler import dbclock, dispatch, leases
+from scheduler import dbclock
+from scheduler.beat import dispatch
 from scheduler.models import Execution, Schedule
+from scheduler.owners import leases
 from tests.factories import make_schedule
 
 pytestmark = pytest.mark.django_db(transaction=True)

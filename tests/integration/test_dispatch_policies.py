@@ -8,8 +8,10 @@ from datetime import datetime, timedelta
 import pytest
 import redis
 
-from scheduler import dbclock, dispatch, leases, outbox, schedules
+from scheduler import dbclock, outbox
+from scheduler.beat import dispatch
 from scheduler.models import Execution, Schedule
+from scheduler.owners import leases, schedules
 from tests.factories import make_schedule
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -180,7 +182,7 @@ def test_pause_and_resume__keep_history_and_owe_nothing_for_the_pause(lease: lea
 
 def test_jitter__message_delayed_by_the_slots_offset(lease: leases.LeaseHandle, redis_client: redis.Redis) -> None:
     from project.celery import app
-    from scheduler.policies import jitter_offset
+    from scheduler.timing.policies import jitter_offset
 
     # A day of jitter: the offset is all but surely later than the slot's few seconds of lateness.
     target = schedule("j", interval=10, jitter=86_400)

@@ -9,9 +9,10 @@ from typing import Any
 import pytest
 import time_machine
 
-from scheduler import dbclock, executions
-from scheduler.executions import Claim
+from scheduler import dbclock
 from scheduler.models import Execution
+from scheduler.owners import executions
+from scheduler.owners.executions import Claim
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -16,10 +16,11 @@ from django.db import IntegrityError, connection, models
 from django.db.models import Value
 from django.db.models.functions import Upper
 
-from scheduler import dbclock, executions, schedules
+from scheduler import dbclock
 from scheduler.fastpath import bulk_insert
 from scheduler.fastpath.guard import FastPath
 from scheduler.models import Execution, Schedule, tally
+from scheduler.owners import executions, schedules
 from tests.factories import make_schedule
 from tests.integration.fastpath_support import fallback_warnings, fallbacks_counted, fresh
 

@@ -11,11 +11,12 @@ from typing import Any
 import pytest
 from django.db.models.sql.compiler import SQLUpdateCompiler
 
-from scheduler import dbclock, executions
-from scheduler.executions import Claim
+from scheduler import dbclock
 from scheduler.fastpath import prepared
 from scheduler.fastpath.guard import FastPath
 from scheduler.models import Execution
+from scheduler.owners import executions
+from scheduler.owners.executions import Claim
 from tests.integration.fastpath_support import fallback_warnings, fallbacks_counted, fresh
 
 pytestmark = pytest.mark.django_db(transaction=True)

@@ -16,10 +16,12 @@ from celery.app.amqp import AMQP
 from kombu import Connection, Producer
 
 from project.celery import app
-from scheduler import dbclock, executions, outbox, policies, schedules
+from scheduler import dbclock, outbox
 from scheduler.fastpath import publisher
 from scheduler.fastpath.guard import FastPath
 from scheduler.models import Execution
+from scheduler.owners import executions, schedules
+from scheduler.timing import policies
 from tests import tasks as test_tasks  # noqa: F401  (registers tests.record with the app)
 from tests.integration.fastpath_support import fallback_warnings, fallbacks_counted, fresh
 

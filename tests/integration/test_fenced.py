@@ -18,10 +18,11 @@ from celery import shared_task
 from django.db import connection, transaction
 
 import scheduler
-from scheduler import dbclock, executions, schedules
+from scheduler import dbclock
 from scheduler.exceptions import CheckpointInvalid, ClaimLost, FenceRefused, NotInTask
 from scheduler.models import Execution
-from scheduler.running import CHECKPOINT_MAX_BYTES
+from scheduler.owners import executions, schedules
+from scheduler.worker.running import CHECKPOINT_MAX_BYTES
 from tests.tasks import SIDE_EFFECT_TABLE, side_effects
 
 pytestmark = pytest.mark.django_db(transaction=True)

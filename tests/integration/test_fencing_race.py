@@ -16,9 +16,11 @@ from typing import Any
 import pytest
 from django.db import connection
 
-from scheduler import dbclock, dispatch, leases, schedules
+from scheduler import dbclock
+from scheduler.beat import dispatch
 from scheduler.exceptions import LeaseLost
 from scheduler.models import Execution, Schedule
+from scheduler.owners import leases, schedules
 from tests.processes import wait_until
 
 pytestmark = pytest.mark.django_db(transaction=True)

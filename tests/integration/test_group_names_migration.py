@@ -9,7 +9,7 @@ import pytest
 from django.db import connection
 from django.db.migrations.executor import MigrationExecutor
 
-from scheduler.permissions import OPERATOR_GROUP, VIEWER_GROUP
+from scheduler.web.permissions import OPERATOR_GROUP, VIEWER_GROUP
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

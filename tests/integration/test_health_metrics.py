@@ -18,9 +18,10 @@ import pytest
 from django.db.models.functions import Now
 from django.test import Client
 
-from scheduler import dbclock, leases, schedules
+from scheduler import dbclock
 from scheduler.conf import settings as scheduler_settings
 from scheduler.models import Execution, Instance, Lease, Schedule
+from scheduler.owners import leases, schedules
 from tests import processes
 from tests.services import free_port
 

@@ -18,9 +18,10 @@ from django.core.cache import cache
 from django.test import Client
 from django_celery_results.models import TaskResult
 
-from scheduler import dbclock, schedules
+from scheduler import dbclock
 from scheduler.models import ApiToken, Execution, OperatorProfile, Schedule
-from scheduler.permissions import OPERATOR_GROUP, VIEWER_GROUP
+from scheduler.owners import schedules
+from scheduler.web.permissions import OPERATOR_GROUP, VIEWER_GROUP
 from tests.factories import make_schedule
 from tests.integration.api_support import TENANT_TASK, bind, make_execution, tables, token_client
 

@@ -12,9 +12,11 @@ import redis
 from django.db import connection, connections
 
 from project.celery import app
-from scheduler import broker, dbclock, leases, schedules
+from scheduler import dbclock
 from scheduler.beat import LeaderScheduler
 from scheduler.models import Execution, Schedule
+from scheduler.outbox import broker
+from scheduler.owners import leases, schedules
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -32,7 +34,7 @@ class _Records(logging.Handler):
 def beat_log() -> Iterator[_Records]:
     """Collect the housekeeping log records (the ``scheduler`` loggers do not propagate to pytest's)."""
     handler = _Records()
-    logger = logging.getLogger("scheduler.housekeeping")
+    logger = logging.getLogger("scheduler.beat.housekeeping")
     logger.addHandler(handler)
     yield handler
     logger.removeHandler(handler)

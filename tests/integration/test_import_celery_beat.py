@@ -25,8 +25,8 @@ from django_celery_beat.models import (
 from django_celery_beat.schedulers import ModelEntry
 
 from project.celery import app
-from scheduler import schedules
 from scheduler.models import Schedule
+from scheduler.owners import schedules
 from tests.integration import command_support
 
 pytestmark = pytest.mark.django_db

@@ -19,10 +19,11 @@ from django.test.client import RequestFactory
 from rest_framework.request import Request
 
 import scheduler
-from scheduler import dbclock, limits, schedules
-from scheduler.api.parsers import BoundedJSONParser, RequestTooLarge
+from scheduler import dbclock, limits
 from scheduler.exceptions import SubmissionInvalid
 from scheduler.models import Execution, Schedule
+from scheduler.owners import schedules
+from scheduler.web.api.parsers import BoundedJSONParser, RequestTooLarge
 from tests.integration.api_support import make_schedule, tables, token_client
 from tests.integration.command_support import refused, run
 

@@ -17,10 +17,10 @@ import psycopg
 import pytest
 
 from project.celery import app
-from scheduler import leases, liveness
-from scheduler.beat import LeaderScheduler
-from scheduler.leadership import OneLease
+from scheduler.beat import LeaderScheduler, liveness
+from scheduler.beat.leadership import OneLease
 from scheduler.models import Lease
+from scheduler.owners import leases
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

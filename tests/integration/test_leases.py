@@ -16,9 +16,9 @@ import pytest
 from django.db import connections, transaction
 from django.db.models import F
 
-from scheduler import leases
 from scheduler.exceptions import LeaseLost
 from scheduler.models import Lease
+from scheduler.owners import leases
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -150,7 +150,7 @@ import time_machine
 with time_machine.travel(datetime.datetime.now(datetime.timezone.utc) + datetime.timedelta(seconds=60), tick=True):
     import django
     django.setup()
-    from scheduler import leases
+    from scheduler.owners import leases
     handle = leases.acquire("beat", "skewed", ttl=10)
     print(json.dumps({"acquired": handle is not None, "local_now": datetime.datetime.now(datetime.timezone.utc).isoformat()}))
 """

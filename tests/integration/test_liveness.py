@@ -8,8 +8,8 @@ import pytest
 from django.db import connection
 
 from project.celery import app
-from scheduler import leases, liveness
-from scheduler.beat import LeaderScheduler
+from scheduler.beat import LeaderScheduler, liveness
+from scheduler.owners import leases
 from tests.processes import wait_until
 
 pytestmark = pytest.mark.django_db(transaction=True)

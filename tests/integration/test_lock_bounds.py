@@ -29,9 +29,11 @@ from typing import Any
 import pytest
 from django.db import Error, connection, transaction
 
-from scheduler import dbclock, dispatch, executions, leases, outbox, session_limits
-from scheduler.executions import Claim
+from scheduler import dbclock, outbox, session_limits
+from scheduler.beat import dispatch
 from scheduler.models import Execution, Schedule
+from scheduler.owners import executions, leases
+from scheduler.owners.executions import Claim
 from tests.factories import make_schedule
 
 pytestmark = [

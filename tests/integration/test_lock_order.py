@@ -23,9 +23,11 @@ import pytest
 from django.db import connection, transaction
 from django.test import Client
 
-from scheduler import dbclock, dispatch, executions, leases, schedules
-from scheduler.executions import Claim
+from scheduler import dbclock
+from scheduler.beat import dispatch
 from scheduler.models import Execution, Schedule
+from scheduler.owners import executions, leases, schedules
+from scheduler.owners.executions import Claim
 from tests.integration.test_metrics_counters import scrape, total
 
 pytestmark = pytest.mark.django_db(transaction=True)

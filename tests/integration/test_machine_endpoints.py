@@ -11,9 +11,10 @@ from django.core.checks import run_checks
 from django.test import Client
 
 import tests.tasks  # noqa: F401 -- registers tests.record with the Celery app
-from scheduler import checks, dbclock, schedules
+from scheduler import checks, dbclock
 from scheduler.conf import settings as scheduler_settings
 from scheduler.models import Schedule
+from scheduler.owners import schedules
 
 pytestmark = pytest.mark.django_db
 

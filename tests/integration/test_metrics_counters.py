@@ -16,10 +16,12 @@ from django.db.models.functions import Now
 from django.test import Client
 
 import tests.tasks  # noqa: F401 -- registers tests.record with the Celery app
-from scheduler import backfill, dbclock, executions, leases, prune, schedules
+from scheduler import dbclock
 from scheduler.conf import settings as scheduler_settings
 from scheduler.models import Execution, Lease, Schedule, tally
 from scheduler.models.tally import TallyIncrement
+from scheduler.ops import backfill, prune
+from scheduler.owners import executions, leases, schedules
 from tests import processes
 from tests.integration.test_health_metrics import _serve
 

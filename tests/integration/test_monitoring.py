@@ -16,9 +16,10 @@ import yaml
 from django.db.models.functions import Now
 from django.test import Client
 
-from scheduler import dbclock, leases, schedules
+from scheduler import dbclock
 from scheduler.conf import settings as scheduler_settings
 from scheduler.models import Execution, Instance, Schedule
+from scheduler.owners import leases, schedules
 from tests.processes import ROOT
 
 PROMETHEUS = ROOT / "docker" / "prometheus"

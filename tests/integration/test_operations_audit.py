@@ -9,8 +9,8 @@ import pytest
 from django.core.exceptions import ValidationError
 from django.db import transaction
 
-from scheduler import audit, operations
 from scheduler.models import AuditEvent, Execution, Schedule
+from scheduler.ops import audit, operations
 from scheduler.tenancy import EVERY_TENANT
 from tests.integration.api_support import make_execution, make_schedule
 

@@ -11,9 +11,10 @@ from celery import Celery
 from kombu.exceptions import OperationalError
 
 from project.celery import app
-from scheduler import dbclock, executions, outbox, schedules
+from scheduler import dbclock, outbox
 from scheduler.exceptions import BrokerUnavailable
 from scheduler.models import Execution, Schedule
+from scheduler.owners import executions, schedules
 from tests import tasks as test_tasks  # noqa: F401  (registers tests.record with the app)
 from tests.services import free_port
 

@@ -13,8 +13,9 @@ from django.core.management import call_command
 from django.test import Client
 
 import tests.tasks  # noqa: F401 -- registers tests.record with the Celery app
-from scheduler import dbclock, executions, schedules
+from scheduler import dbclock
 from scheduler.models import Execution, Schedule
+from scheduler.owners import executions, schedules
 from tests.factories import make_schedule
 from tests.integration.api_support import token_client
 
@@ -203,7 +204,7 @@ def test_last_success_series__switched_off_above_the_limit(settings: object, lat
 
 def test_overdue_count__stops_at_the_cap(monkeypatch: pytest.MonkeyPatch) -> None:
     # Given three overdue schedules and a cap of two
-    from scheduler import metrics
+    from scheduler.web import metrics
 
     for name in ("a", "b", "c"):
         make(name, now=dbclock.now() - timedelta(hours=1))

@@ -22,11 +22,13 @@ from django.http import HttpRequest
 from django.test import RequestFactory
 
 from project.celery import app
-from scheduler import dbclock, dispatch, executions, leases, operations, schedules, timing
-from scheduler.beat import LeaderScheduler
+from scheduler import dbclock, timing
+from scheduler.beat import LeaderScheduler, dispatch
 from scheduler.exceptions import ScheduleWriteRefused
 from scheduler.models import Execution, Schedule
-from scheduler.reconcile import AUDIT_SCHEDULES, reconcile
+from scheduler.ops import operations
+from scheduler.ops.reconcile import AUDIT_SCHEDULES, reconcile
+from scheduler.owners import executions, leases, schedules
 from scheduler.tenancy import EVERY_TENANT
 from tests.factories import make_schedule
 from tests.processes import wait_until
@@ -397,7 +399,7 @@ def test_stale_save__while_a_leader_ticks__its_fire_stands(ticking_leader: Ticki
 def test_a_schedule_written_around_its_owner_is_refused() -> None:
     # Given a saved schedule
     schedule = make_schedule("owned", interval=60)
-    # When code saves, creates or deletes one without scheduler.schedules
+    # When code saves, creates or deletes one without scheduler.owners.schedules
     # Then each is refused and the row is left as it was
     schedule.interval = 1
     with pytest.raises(ScheduleWriteRefused):

@@ -11,9 +11,11 @@ import redis
 
 import scheduler
 from project.celery import app
-from scheduler import audit, dbclock, executions, operations, outbox, schedules
+from scheduler import dbclock, outbox
 from scheduler.exceptions import SubmissionInvalid
 from scheduler.models import Execution
+from scheduler.ops import audit, operations
+from scheduler.owners import executions, schedules
 from scheduler.tenancy import EVERY_TENANT
 from tests import tasks as test_tasks  # noqa: F401  (registers tests.record with the app)
 

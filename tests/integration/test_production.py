@@ -15,7 +15,7 @@ from django.test import Client, override_settings
 
 from scheduler import checks
 from scheduler.models import Schedule
-from scheduler.permissions import OPERATOR_GROUP, VIEWER_GROUP
+from scheduler.web.permissions import OPERATOR_GROUP, VIEWER_GROUP
 from tests.factories import make_schedule
 from tests.integration.api_support import bind
 from tests.processes import ROOT

@@ -13,11 +13,12 @@ from celery import Celery
 from django.db import connection
 
 from project.celery import app
-from scheduler import dbclock, executions
+from scheduler import dbclock
 from scheduler.beat import LeaderScheduler
 from scheduler.conf import settings as scheduler_settings
 from scheduler.models import Execution, Instance, Schedule
-from scheduler.reconcile import ReconcileReport, reconcile
+from scheduler.ops.reconcile import ReconcileReport, reconcile
+from scheduler.owners import executions
 from tests.factories import make_execution, make_schedule
 
 pytestmark = pytest.mark.django_db(transaction=True)

@@ -18,11 +18,13 @@ import pytest
 import redis
 from django.core.management import call_command
 
-import scheduler.reconcile as reconcile_module
+import scheduler.ops.reconcile as reconcile_module
 from project.celery import app
-from scheduler import dbclock, executions, prune, schedules, tasks, timing
+from scheduler import dbclock, tasks, timing
 from scheduler.models import Execution, Schedule
-from scheduler.reconcile import reconcile
+from scheduler.ops import prune
+from scheduler.ops.reconcile import reconcile
+from scheduler.owners import executions, schedules
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

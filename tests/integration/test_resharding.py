@@ -10,12 +10,14 @@ import pytest
 from django.db import connections, transaction
 
 from project.celery import app
-from scheduler import dbclock, leases, liveness, resharding, schedules, shard_keeper, shards
-from scheduler.beat import LeaderScheduler
+from scheduler import dbclock
+from scheduler.beat import LeaderScheduler, liveness, shard_keeper, shards
+from scheduler.beat.leadership import OneLease
+from scheduler.beat.shard_keeper import ShardKeeper
 from scheduler.exceptions import LeaseLost
-from scheduler.leadership import OneLease
 from scheduler.models import AuditEvent, Execution, Schedule, ShardLayout
-from scheduler.shard_keeper import ShardKeeper
+from scheduler.ops import resharding
+from scheduler.owners import leases, schedules
 from tests.integration.command_support import refused, run
 
 pytestmark = pytest.mark.django_db(transaction=True)

@@ -6,9 +6,11 @@ from datetime import datetime, timedelta
 
 import pytest
 
-from scheduler import dbclock, dispatch, executions, leases
+from scheduler import dbclock
+from scheduler.beat import dispatch
 from scheduler.models import Execution, Schedule
-from scheduler.prune import prune_executions
+from scheduler.ops.prune import prune_executions
+from scheduler.owners import executions, leases
 from scheduler.tenancy import EVERY_TENANT
 from tests.factories import make_schedule
 from tests.processes import wait_until
@@ -35,7 +37,7 @@ def wait_until_due(target: Schedule) -> None:
 
 def test_one_off__run_now_first_does_not_use_up_its_slot(lease: leases.LeaseHandle, redis_url: str) -> None:
     from project.celery import app
-    from scheduler import audit, operations
+    from scheduler.ops import audit, operations
 
     # Given a one-off that is due, run by hand once to try it out
     run_at = dbclock.now() - timedelta(seconds=1)

@@ -9,8 +9,8 @@ from django.contrib.auth import get_user_model
 from django.core.exceptions import NON_FIELD_ERRORS, ValidationError
 from django.test import Client
 
-from scheduler import schedules
 from scheduler.models import Schedule
+from scheduler.owners import schedules
 
 pytestmark = pytest.mark.django_db
 

@@ -19,9 +19,11 @@ from django.template import Context, Template
 from django.test import Client, RequestFactory
 from prometheus_client.parser import text_string_to_metric_families
 
-from scheduler import checks, dbclock, leases, liveness, schedules, shards
+from scheduler import checks, dbclock
+from scheduler.beat import liveness, shards
 from scheduler.conf import settings as scheduler_settings
 from scheduler.models import Instance, Lease, Schedule
+from scheduler.owners import leases, schedules
 from tests.integration.command_support import refused, run
 from tests.processes import ROOT
 

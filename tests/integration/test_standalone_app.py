@@ -83,9 +83,9 @@ def test_an_unguarded_task__cannot_be_scheduled_or_submitted() -> None:
     from django.core.exceptions import ValidationError
 
     import tests.guard_tasks  # noqa: F401 -- registers the tasks in this process
-    from scheduler import operations
     from scheduler.exceptions import SubmissionInvalid
     from scheduler.models import Execution, Schedule
+    from scheduler.ops import operations
     from scheduler.tenancy import EVERY_TENANT
 
     schedule = Schedule(name="unguarded", task="tests.guard.opted_out", interval=60)

@@ -1,4 +1,4 @@
-"""scheduler.submit() (scheduler.submissions): validation before any write, one row per key, sent through the outbox."""
+"""scheduler.submit() (scheduler.outbox.submissions): validation before any write, one row per key, sent through the outbox."""
 
 from __future__ import annotations
 

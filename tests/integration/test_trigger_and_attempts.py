@@ -12,19 +12,13 @@ from django.core.management import call_command
 from django.core.management.base import CommandError
 
 from project.celery import app
-from scheduler import (
-    audit,
-    backfill,
-    dbclock,
-    dispatch,
-    executions,
-    leases,
-    operations,
-    reconcile,
-    submissions,
-)
-from scheduler.executions import Claim
+from scheduler import dbclock
+from scheduler.beat import dispatch
 from scheduler.models import Execution, Schedule
+from scheduler.ops import audit, backfill, operations, reconcile
+from scheduler.outbox import submissions
+from scheduler.owners import executions, leases
+from scheduler.owners.executions import Claim
 from scheduler.tenancy import EVERY_TENANT
 from tests.factories import make_schedule
 

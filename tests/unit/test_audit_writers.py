@@ -1,10 +1,10 @@
 """The audit trail is written by the actions, never composed by the admin, the API or a command.
 
 The scan reads the source of ``scheduler/`` and ``project/`` (no database, no
-imports) and fails on a call of ``scheduler.audit.record`` outside the
-modules below: however the module is imported (``from scheduler import
-audit``, an alias, ``from scheduler.audit import record``). The adapters
-build an ``audit.Actor`` and call an action (``scheduler.operations``),
+imports) and fails on a call of ``scheduler.ops.audit.record`` outside the
+modules below: however the module is imported (``from scheduler.ops import
+audit``, an alias, ``from scheduler.ops.audit import record``). The adapters
+build an ``audit.Actor`` and call an action (``scheduler.ops.operations``),
 which writes the change and its event in one transaction.
 """
 
@@ -15,16 +15,16 @@ from dataclasses import dataclass
 
 from tests.source_scan import project_sources
 
-AUDIT_MODULE = "scheduler.audit"
+AUDIT_MODULE = "scheduler.ops.audit"
 
 #: The modules that may record an event, each with the reason.
 WRITERS: dict[str, str] = {
-    "scheduler/audit.py": "the trail itself: a long write's begin() records its started event",
-    "scheduler/operations.py": "the operator actions: each records its event with its change",
+    "scheduler/ops/audit.py": "the trail itself: a long write's begin() records its started event",
+    "scheduler/ops/operations.py": "the operator actions: each records its event with its change",
     # Users, groups, permissions and operator profiles are changed by Django's
     # own admin and commands (createsuperuser, the auth admin), which take no
     # actor: a model signal is the one place that sees every such change.
-    "scheduler/access_audit.py": "model-signal receivers for changes made by code this project does not own",
+    "scheduler/ops/access_audit.py": "model-signal receivers for changes made by code this project does not own",
 }
 
 
@@ -52,7 +52,7 @@ class _Scan(ast.NodeVisitor):
 
     def visit_ImportFrom(self, node: ast.ImportFrom) -> None:
         for alias in node.names:
-            if node.module == "scheduler" and alias.name == "audit":
+            if f"{node.module}.{alias.name}" == AUDIT_MODULE:
                 self.modules.add(alias.asname or "audit")
             elif node.module == AUDIT_MODULE and alias.name == "record":
                 self.records.add(alias.asname or "record")
@@ -70,7 +70,7 @@ class _Scan(ast.NodeVisitor):
         owner = func.value
         if isinstance(owner, ast.Name):
             return owner.id in self.modules
-        # ``scheduler.audit.record(...)`` after ``import scheduler.audit``.
+        # ``scheduler.ops.audit.record(...)`` after ``import scheduler.ops.audit``.
         return ast.unparse(owner) == AUDIT_MODULE
 
 
@@ -98,19 +98,19 @@ def test_the_writers_exist() -> None:
 
 
 PLANTED = """
-import scheduler.audit
-import scheduler.audit as trail
-from scheduler import audit
-from scheduler import audit as au
-from scheduler.audit import record
-from scheduler.audit import record as note
+import scheduler.ops.audit
+import scheduler.ops.audit as trail
+from scheduler.ops import audit
+from scheduler.ops import audit as au
+from scheduler.ops.audit import record
+from scheduler.ops.audit import record as note
 
 
 def save_model(request, obj):
     audit.record(audit.user_actor(request.user), "update", obj)
     au.record(audit.CLI, "create", obj)
     trail.record(audit.CLI, "create", obj)
-    scheduler.audit.record(audit.CLI, "create", obj)
+    scheduler.ops.audit.record(audit.CLI, "create", obj)
     record(audit.CLI, "delete", obj)
     note(audit.CLI, "delete", obj)
 
@@ -125,7 +125,7 @@ def fine(log, recorder):
 def test_the_scan_catches_planted_records() -> None:
     # Given an adapter that composes audit events itself, each way the module can be reached
     # When it is scanned
-    found = records_outside_writers("scheduler/admin.py", PLANTED)
+    found = records_outside_writers("scheduler/web/admin.py", PLANTED)
     # Then each call is reported, and nothing else
     assert [call.line for call in found] == [11, 12, 13, 14, 15, 16]
 
@@ -134,4 +134,4 @@ def test_a_writer_may_record() -> None:
     # Given the same source as one of the writers
     # When it is scanned
     # Then nothing is reported
-    assert records_outside_writers("scheduler/operations.py", PLANTED) == []
+    assert records_outside_writers("scheduler/ops/operations.py", PLANTED) == []

@@ -9,9 +9,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from scheduler import policies, timing
-from scheduler.policies import OverlapPlan, cap_runs, plan_due
-from scheduler.timing import Timing, count_slots, slots_between
+from scheduler import timing
+from scheduler.timing import Timing, count_slots, policies, slots_between
+from scheduler.timing.policies import OverlapPlan, cap_runs, plan_due
 
 UTC = timezone.utc
 NOW = datetime(2026, 3, 10, 12, 0, 30, tzinfo=UTC)

@@ -5,8 +5,8 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from scheduler.leadership import Leadership, OneLease
-from scheduler.shard_keeper import ShardKeeper
+from scheduler.beat.leadership import Leadership, OneLease
+from scheduler.beat.shard_keeper import ShardKeeper
 
 PROPERTY = settings(max_examples=200, deadline=None, database=None)
 

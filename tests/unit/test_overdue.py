@@ -6,8 +6,7 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from scheduler import overdue
-from scheduler.timing import Timing, longest_gap
+from scheduler.timing import Timing, longest_gap, overdue
 
 UTC = timezone.utc
 T0 = datetime(2026, 3, 2, 12, 0, 30, tzinfo=UTC)

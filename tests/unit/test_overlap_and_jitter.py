@@ -6,7 +6,7 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from scheduler.policies import jitter_offset, plan_overlap
+from scheduler.timing.policies import jitter_offset, plan_overlap
 
 T0 = datetime(2026, 1, 1, tzinfo=timezone.utc)
 SLOTS = tuple(T0 + timedelta(seconds=n) for n in range(3))

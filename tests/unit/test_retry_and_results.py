@@ -5,8 +5,8 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from scheduler.policies import retry_delay
-from scheduler.worker import RESULT_SUMMARY_MAX_CHARS, _result_summary
+from scheduler.timing.policies import retry_delay
+from scheduler.worker.task import RESULT_SUMMARY_MAX_CHARS, _result_summary
 
 
 def test_retry_delay__doubles_from_the_base() -> None:

@@ -20,10 +20,10 @@ from tests.source_scan import project_sources
 
 #: Model -> the one module that writes its rows.
 OWNERS = {
-    "Schedule": "scheduler/schedules.py",
-    "Instance": "scheduler/instances.py",
-    "Lease": "scheduler/leases.py",
-    "Execution": "scheduler/executions.py",
+    "Schedule": "scheduler/owners/schedules.py",
+    "Instance": "scheduler/owners/instances.py",
+    "Lease": "scheduler/owners/leases.py",
+    "Execution": "scheduler/owners/executions.py",
 }
 TABLES = {f"scheduler_{model.lower()}": model for model in OWNERS}
 
@@ -273,6 +273,6 @@ def test_the_owner_may_write_its_own_rows_only() -> None:
     # Given the Schedule owner writing a schedule and an instance
     source = "from scheduler.models import Instance, Schedule\nSchedule.objects.filter().update(a=1)\nInstance.objects.all().delete()\n"
     # When it is scanned as the Schedule owner
-    found = writes_outside_owners("scheduler/schedules.py", source)
+    found = writes_outside_owners("scheduler/owners/schedules.py", source)
     # Then only the instance write is reported
     assert [(write.line, write.model) for write in found] == [(3, "Instance")]

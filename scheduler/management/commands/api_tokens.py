@@ -7,9 +7,10 @@ from typing import Any, cast
 from django.core.management.base import CommandError, CommandParser
 from django.db import transaction
 
-from scheduler import audit, dbclock, operations
+from scheduler import dbclock
 from scheduler.management.base import SchedulerCommand, parse_duration, text_table, text_value
 from scheduler.models import ApiToken
+from scheduler.ops import audit, operations
 
 #: Longest name and tenant a token takes (their columns' lengths).
 # CharFields: their max_length is set.

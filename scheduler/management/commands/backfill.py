@@ -8,8 +8,7 @@ from zoneinfo import ZoneInfo
 
 from django.core.management.base import CommandError, CommandParser
 
-from scheduler import audit, dbclock
-from scheduler.backfill import DEFAULT_LIMIT, BackfillReport, backfill
+from scheduler import dbclock
 from scheduler.exceptions import BackfillRefused, BackfillTooLarge
 from scheduler.management.base import (
     SchedulerCommand,
@@ -19,6 +18,8 @@ from scheduler.management.base import (
     positive_number,
     whole_number,
 )
+from scheduler.ops import audit
+from scheduler.ops.backfill import DEFAULT_LIMIT, BackfillReport, backfill
 
 
 class Command(SchedulerCommand):

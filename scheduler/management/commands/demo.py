@@ -13,8 +13,8 @@ from django.core.exceptions import ValidationError
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db.models import Field
 
-from scheduler import audit, operations
 from scheduler.models import Schedule
+from scheduler.ops import audit, operations
 
 DEMO_SCHEDULES: tuple[dict[str, Any], ...] = (
     {"name": "demo: echo every 5 seconds", "task": "scheduler.echo", "interval": 5, "args": ["hello"]},
@@ -29,7 +29,7 @@ class Command(BaseCommand):
         parser.add_argument("--username", default="admin", help="the admin login to create (default: admin)")
 
     def handle(self, *args: Any, username: str, **options: Any) -> None:
-        # The login's audit event (scheduler.access_audit) names the command line.
+        # The login's audit event (scheduler.ops.access_audit) names the command line.
         with audit.acting(audit.CLI):
             self._handle(username)
 

@@ -6,7 +6,6 @@ from typing import Any
 
 from django.core.management.base import CommandError, CommandParser
 
-from scheduler import audit, operations
 from scheduler.celery_app import celery_app
 from scheduler.exceptions import SchedulerError
 from scheduler.management.base import (
@@ -21,6 +20,7 @@ from scheduler.management.base import (
     whole_number,
 )
 from scheduler.models import Execution
+from scheduler.ops import audit, operations
 from scheduler.tenancy import EVERY_TENANT
 
 

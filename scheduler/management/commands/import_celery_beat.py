@@ -8,9 +8,10 @@ from typing import Any
 from django.core.management.base import CommandError, CommandParser
 from django.db import DEFAULT_DB_ALIAS
 
-from scheduler import audit
 from scheduler.celery_app import celery_app
-from scheduler.import_celery_beat import (
+from scheduler.management.base import SchedulerCommand, text_value
+from scheduler.ops import audit
+from scheduler.ops.import_celery_beat import (
     EXISTS,
     IMPORTED,
     REFUSED,
@@ -19,7 +20,6 @@ from scheduler.import_celery_beat import (
     TaskOutcome,
     import_periodic_tasks,
 )
-from scheduler.management.base import SchedulerCommand, text_value
 
 
 class Command(SchedulerCommand):

@@ -12,10 +12,13 @@ from typing import Any
 
 from django.core.management.base import CommandError, CommandParser
 
-from scheduler import cluster, dbclock, leases, shards
+from scheduler import dbclock
+from scheduler.beat import shards
 from scheduler.checks import check_shards
 from scheduler.management.base import SchedulerCommand
 from scheduler.models import Lease
+from scheduler.owners import leases
+from scheduler.web import cluster
 
 
 class Command(SchedulerCommand):

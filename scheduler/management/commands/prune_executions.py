@@ -6,10 +6,11 @@ from typing import Any
 
 from django.core.management.base import CommandError, CommandParser
 
-from scheduler import audit, dbclock
+from scheduler import dbclock
 from scheduler.management.base import SchedulerCommand, non_negative_int, parse_duration
 from scheduler.models import Execution
-from scheduler.prune import prune_executions
+from scheduler.ops import audit
+from scheduler.ops.prune import prune_executions
 
 
 class Command(SchedulerCommand):

@@ -6,9 +6,10 @@ from typing import Any
 
 from django.core.management.base import CommandError, CommandParser
 
-from scheduler import audit, dbclock
+from scheduler import dbclock
 from scheduler.management.base import SchedulerCommand
-from scheduler.reconcile import Change, reconcile
+from scheduler.ops import audit
+from scheduler.ops.reconcile import Change, reconcile
 
 
 class Command(SchedulerCommand):

@@ -12,7 +12,7 @@ from zoneinfo import ZoneInfo
 from django.core.management.base import CommandError, CommandParser
 from django.db import transaction
 
-from scheduler import audit, clock, dbclock, limits, operations
+from scheduler import clock, dbclock, limits
 from scheduler.celery_app import celery_app
 from scheduler.exceptions import SchedulerError
 from scheduler.management.base import (
@@ -26,8 +26,9 @@ from scheduler.management.base import (
 )
 from scheduler.models import Schedule
 from scheduler.models.schedule import integer_range
-from scheduler.overdue import is_overdue
+from scheduler.ops import audit, operations
 from scheduler.tenancy import EVERY_TENANT
+from scheduler.timing.overdue import is_overdue
 
 #: Options of ``create`` and ``update`` that set one model field each: flag, field, argparse keywords.
 FIELD_OPTIONS: tuple[tuple[str, str, dict[str, Any]], ...] = (

@@ -6,7 +6,7 @@ schedule is dispatched under the lease of its stored ``shard``, which is
 ``id % N`` when it was saved or last moved. A schedule whose shard is not
 ``id % N`` is misplaced; if its shard is past the count it is stranded: no
 replica holds that shard's lease, so it is not dispatched until ``--assign``
-moves it (``scheduler.schedules.assign_shards``).
+moves it (``scheduler.owners.schedules.assign_shards``).
 """
 
 from __future__ import annotations
@@ -16,10 +16,12 @@ from typing import Any
 from django.core.management.base import CommandError, CommandParser
 from django.db.models import Count, F, Q
 
-from scheduler import audit, cluster, operations, resharding, shard_keeper, shards
+from scheduler.beat import shard_keeper, shards
 from scheduler.checks import MAX_SHARDS, check_shards
 from scheduler.management.base import SchedulerCommand
 from scheduler.models import Schedule
+from scheduler.ops import audit, operations, resharding
+from scheduler.web import cluster
 
 
 class Command(SchedulerCommand):

@@ -1,0 +1,287 @@
+"""Operator actions: schedule edits, run now, retry, cancel, API tokens and shard moves.
+
+The admin, the API and the management commands call these, so an action
+means the same wherever it is taken, and each adapter only says who acts
+(an ``audit.Actor``). Each action checks before it writes, writes its
+change and its audit event in one transaction (the change rolls back,
+the event with it), and talks to the broker only once that transaction has
+committed: a broker outage leaves a ``pending`` row that the beat leader
+sends later, or a ``cancelled`` row that no worker will claim.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from datetime import datetime, timedelta, timezone
+from typing import TYPE_CHECKING
+
+from django.core.exceptions import ValidationError
+from django.db import transaction
+
+from scheduler import dbclock, outbox, task_policy
+from scheduler.beat import shards
+from scheduler.exceptions import BrokerUnavailable, SchedulerError, TaskRefused, first_line
+from scheduler.models import ApiToken, Execution, Schedule
+from scheduler.ops import audit
+from scheduler.outbox import broker
+from scheduler.owners import executions, schedules
+from scheduler.tenancy import Scope
+
+if TYPE_CHECKING:
+    from celery import Celery
+
+#: Executions an operator may run again: finished ones, and ones whose worker died.
+RETRYABLE_STATUSES = Execution.FINAL_STATUSES | {Execution.Status.LOST}
+#: Executions an operator may cancel: not finished yet (a lost one is reconcile's to retry or fail).
+CANCELLABLE_STATUSES = Execution.IN_FLIGHT_STATUSES - {Execution.Status.LOST}
+CANCEL_ERROR = "Cancelled by an operator"
+#: A one-off time this little behind the database clock still counts as "now": it runs.
+RUN_AT_GRACE = timedelta(seconds=10)
+
+
+class ActionRefused(SchedulerError):
+    """The action cannot be taken: its task is unknown or not the caller's to run, or the execution is in the wrong state."""
+
+
+class RunAtInPast(SchedulerError):
+    """A one-off time is already past: the beat would record it missed and never run it."""
+
+
+@dataclass
+class ActionResult:
+    """The execution an action wrote, and how its broker step went after the commit.
+
+    Not frozen, unlike other reports: the broker step runs on commit and
+    fills ``broker_error`` in then (at once when called outside a transaction).
+    """
+
+    execution: Execution
+    #: Why the message (or the revoke) could not reach the broker; empty when it did.
+    broker_error: str = ""
+
+
+def ensure_task(app: Celery, name: str, *, tenant: str, scope: Scope) -> None:
+    """Raise ``ActionRefused`` unless a caller of ``scope`` may run ``name`` for a row of ``tenant``, and it is a task of ``app``.
+
+    The task policy (``scheduler.task_policy``) is asked first, so a reserved
+    task is refused as such whether or not this process registered it.
+    """
+    try:
+        task_policy.ensure_scope_allows(name, tenant=tenant, scope=scope)
+    except TaskRefused as exc:
+        raise ActionRefused(str(exc)) from None
+    if not task_policy.is_task_registered(name, app=app):
+        raise ActionRefused(f"Unknown task {name!r}: no task with that name is registered.")
+    if not task_policy.is_task_guarded(name, app=app):
+        raise ActionRefused(task_policy.unguarded_message(name))
+
+
+def validate_schedule(schedule: Schedule, *, app: Celery, scope: Scope) -> None:
+    """Run the model's validation and check that the task exists and ``scope`` may run it; raise one ValidationError with every problem."""
+    errors: dict[str, list[ValidationError]] = {}
+    try:
+        schedule.full_clean()
+    except ValidationError as exc:
+        errors = exc.update_error_dict(errors)
+    if schedule.task:
+        try:
+            ensure_task(app, schedule.task, tenant=schedule.tenant, scope=scope)
+        except ActionRefused as exc:
+            errors.setdefault("task", []).append(ValidationError(str(exc)))
+    if errors:
+        raise ValidationError(errors)
+
+
+def ensure_run_at_ahead(run_at: datetime | None, *, now: datetime, hint: str) -> None:
+    """Raise ``RunAtInPast`` (its message ends with ``hint``) when a one-off's new ``run_at`` is before ``now``.
+
+    ``now`` is the database clock, the beat's; ``RUN_AT_GRACE`` lets "now" typed a moment ago through.
+    """
+    if run_at is not None and run_at < now - RUN_AT_GRACE:
+        raise RunAtInPast(
+            f"The one-off time {run_at.astimezone(timezone.utc):%Y-%m-%d %H:%M:%S} UTC is in the past "
+            f"(it is {now.astimezone(timezone.utc):%Y-%m-%d %H:%M:%S} UTC): it would be recorded missed and "
+            f"never run. {hint}"
+        )
+
+
+# --- schedules --------------------------------------------------------------------------
+
+
+def save_schedule(
+    schedule: Schedule,
+    *,
+    actor: audit.Actor,
+    fields: Iterable[str] | None = None,
+    now: datetime | None = None,
+    action: str = "",
+) -> None:
+    """Insert ``schedule`` or write its edit (``schedules.save``), audited as ``action`` (default "create" or "update").
+
+    The event's ``before`` is the stored row, read in the transaction: the
+    caller's object already holds the edit.
+    """
+    adding = schedule._state.adding
+    with transaction.atomic():
+        before = {} if adding else audit.snapshot(Schedule.objects.filter(pk=schedule.pk).first())
+        schedules.save(schedule, fields=fields, now=now)
+        audit.record(actor, action or ("create" if adding else "update"), schedule, before=before)
+
+
+def delete_schedule(schedule: Schedule, *, actor: audit.Actor) -> None:
+    """Delete ``schedule`` (its executions stay), audited with every field it had."""
+    with transaction.atomic():
+        before = audit.snapshot(schedule)
+        schedules.delete(schedule)
+        audit.record(actor, "delete", schedule, before=before, deleted=True)
+
+
+def pause_schedule(schedule: Schedule, reason: str, *, actor: audit.Actor, now: datetime | None = None) -> None:
+    """Pause ``schedule`` with ``reason`` (``schedules.pause``), audited."""
+    _change_schedule(schedule, "pause", actor, lambda: schedules.pause(schedule, reason, now=now))
+
+
+def resume_schedule(schedule: Schedule, *, actor: audit.Actor, now: datetime | None = None) -> None:
+    """Resume ``schedule`` from its next slot after ``now`` (``schedules.resume``), audited."""
+    _change_schedule(schedule, "resume", actor, lambda: schedules.resume(schedule, now=now))
+
+
+def set_schedule_enabled(schedule: Schedule, enabled: bool, *, actor: audit.Actor, now: datetime | None = None) -> None:
+    """Turn ``schedule`` on or off (``schedules.set_enabled``), audited as "enable" or "disable"."""
+    action = "enable" if enabled else "disable"
+    _change_schedule(schedule, action, actor, lambda: schedules.set_enabled(schedule, enabled, now=now))
+
+
+def _change_schedule(schedule: Schedule, action: str, actor: audit.Actor, change: Callable[[], None]) -> None:
+    before = audit.snapshot(schedule)
+    with transaction.atomic():
+        change()
+        audit.record(actor, action, schedule, before=before)
+
+
+def assign_shards(*, actor: audit.Actor) -> int:
+    """Move every schedule into shard ``id % count``; return how many moved (an event only when some did)."""
+    count = shards.count()
+    with transaction.atomic():
+        moved = schedules.assign_shards(count=count)
+        if moved:
+            audit.record(
+                actor,
+                "assign_shards",
+                object_type="scheduler.schedule",
+                changes={"shards": count, "moved": moved},
+                tenant="",
+            )
+    return moved
+
+
+# --- executions -------------------------------------------------------------------------
+
+
+def run_now(schedule: Schedule, *, app: Celery, scope: Scope, actor: audit.Actor) -> ActionResult:
+    """Record an execution of ``schedule`` for now, outside its timing, audited; send it after commit."""
+    ensure_task(app, schedule.task, tenant=schedule.tenant, scope=scope)
+    with transaction.atomic():
+        result = _record_and_send(executions.run_now_for(schedule, now=dbclock.now()), app=app)
+        audit.record(actor, "run_now", schedule, changes={"execution": [None, result.execution.pk]})
+    return result
+
+
+def ensure_retryable(execution: Execution) -> None:
+    """Raise ``ActionRefused`` unless ``execution`` has finished (or its worker was lost)."""
+    if execution.status not in RETRYABLE_STATUSES:
+        raise ActionRefused(
+            f"Execution {execution.pk} is {execution.status}; only finished or lost executions can be retried."
+        )
+
+
+def retry_execution(execution: Execution, *, app: Celery, scope: Scope, actor: audit.Actor) -> ActionResult:
+    """Record a new execution that re-runs ``execution`` now, as attempt 1, audited; send it after commit."""
+    ensure_retryable(execution)
+    ensure_task(app, execution.task, tenant=execution.tenant, scope=scope)
+    with transaction.atomic():
+        result = _record_and_send(executions.retry_for(execution, now=dbclock.now()), app=app)
+        audit.record(actor, "retry", execution, changes={"retried_by": [None, result.execution.pk]})
+    return result
+
+
+def ensure_cancellable(execution: Execution) -> None:
+    """Raise ``ActionRefused`` unless ``execution`` is still waiting or running."""
+    if execution.status not in CANCELLABLE_STATUSES:
+        raise ActionRefused(
+            f"Execution {execution.pk} is {execution.status}; only pending, queued, running or retrying "
+            "executions can be cancelled."
+        )
+
+
+def cancel_execution(execution: Execution, *, app: Celery, actor: audit.Actor) -> ActionResult:
+    """Record ``execution`` cancelled, audited, then revoke its Celery task (terminating it) after commit.
+
+    The update only applies while the row is still cancellable, so a worker
+    that finishes it at the same moment wins cleanly and the action is
+    refused. A revoke that cannot reach the broker leaves the row cancelled:
+    workers never claim a cancelled execution.
+    """
+    ensure_cancellable(execution)
+    before = audit.snapshot(execution)
+    with transaction.atomic():
+        cancelled = executions.cancel(execution.pk, reason=CANCEL_ERROR, now=dbclock.now())
+        execution.refresh_from_db()
+        if not cancelled:
+            raise ActionRefused(f"Execution {execution.pk} became {execution.status} meanwhile; not cancelled.")
+        audit.record(actor, "cancel", execution, before=before)
+        result = ActionResult(execution)
+        if execution.celery_task_id:
+            transaction.on_commit(lambda: _revoke(app, execution.celery_task_id, result))
+    return result
+
+
+# --- API tokens -------------------------------------------------------------------------
+
+
+def issue_token(
+    name: str, *, actor: audit.Actor, role: str, tenant: str, all_tenants: bool, expires_at: datetime | None
+) -> tuple[ApiToken, str]:
+    """Issue an API token (``ApiToken.issue``), audited; return it and its secret, which is shown once."""
+    with transaction.atomic():
+        token, raw = ApiToken.issue(name, role=role, tenant=tenant, all_tenants=all_tenants, expires_at=expires_at)
+        audit.record(actor, "create", token, tenant=tenant)
+    return token, raw
+
+
+def revoke_token(token: ApiToken, *, actor: audit.Actor) -> None:
+    """Revoke ``token`` now (the database clock), audited; the caller has locked its row."""
+    before = audit.snapshot(token)
+    with transaction.atomic():
+        token.revoked_at = dbclock.now()
+        token.save(update_fields=["revoked_at"])
+        audit.record(actor, "revoke", token, before=before, tenant=token.tenant)
+
+
+# --- helpers ----------------------------------------------------------------------------
+
+
+def _record_and_send(execution: Execution, *, app: Celery) -> ActionResult:
+    result = ActionResult(execution)
+    executions.record_one(execution)  # its key is new: it always inserts
+    transaction.on_commit(lambda: _publish(app, result))
+    return result
+
+
+def _publish(app: Celery, result: ActionResult) -> None:
+    execution = result.execution
+    row = executions.message_row(execution)
+    try:
+        outbox.publish(app, [row], now=dbclock.now())
+    except BrokerUnavailable as exc:
+        result.broker_error = first_line(exc)  # the row stays pending; the beat leader sends it
+    execution.refresh_from_db()
+
+
+def _revoke(app: Celery, task_id: str, result: ActionResult) -> None:
+    try:
+        # One attempt: kombu's own retry loop would hold an operator for seconds.
+        broker.revoke(app, task_id, once=True)
+    except BrokerUnavailable as exc:
+        result.broker_error = first_line(exc)

@@ -1,0 +1,115 @@
+"""The outbox: every execution committed ``pending`` is published to the broker at least once, then marked ``queued``.
+
+Executions are committed first and sent after the commit, by whoever
+committed them (the leader's pass, ``submit()``, an operator's run now, a
+backfill, a reconcile). Whatever was committed and not sent, by a crash
+or a broker outage, stays ``pending``, and the next ``publish_pending``
+pass sends it, on any beat replica. A message may go out twice (a crash
+between the push and the mark); the worker claims each execution once.
+
+A broker that fails, however its client library says so, raises
+``BrokerUnavailable`` here, with the library's error as its ``__cause__``:
+what the broker took before it failed is marked ``queued``, the rest stays
+``pending``. Callers catch that one exception, never kombu's or Redis's.
+"""
+
+from __future__ import annotations
+
+from contextlib import AbstractContextManager, ExitStack, nullcontext
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
+
+from django.db import connection, transaction
+
+from scheduler import dbclock
+from scheduler.conf import settings
+from scheduler.failpoints import failpoint
+from scheduler.fastpath import publisher
+from scheduler.outbox import broker
+from scheduler.owners import executions
+
+if TYPE_CHECKING:
+    from celery import Celery
+
+#: Messages pushed to the broker in one round trip (one Redis pipeline), and
+#: pending rows one publishing transaction locks, sends and marks ``queued``.
+PUBLISH_BATCH = 500
+
+
+def publish(app: Celery, rows: list[dict[str, Any]], *, now: datetime) -> list[int]:
+    """Send one message per execution row, in batches; return the ids sent.
+
+    A row has the ``executions.MESSAGE_FIELDS`` (see ``executions.message_row``),
+    and ``schedule_id`` and ``jitter`` when it belongs to a schedule with
+    jitter. The messages are Celery's own, so an unmodified worker runs them
+    (``publisher``: one Redis pipeline per batch, ``send_task`` on other brokers).
+
+    A broker failure stops the sending and raises ``BrokerUnavailable``; the
+    batches the broker took so far are marked ``queued`` either way, the
+    rest stay ``pending`` for ``publish_pending``.
+    """
+    sent: list[int] = []
+    try:
+        with broker.errors_as_unavailable(), publisher.connect(app) as sender:
+            for start in range(0, len(rows), PUBLISH_BATCH):
+                batch = rows[start : start + PUBLISH_BATCH]
+                sender.send(batch, now=now)
+                sent += [row["id"] for row in batch]
+    finally:
+        if sent:
+            executions.mark_queued(sent, now=now)
+    return sent
+
+
+def publish_pending(app: Celery, *, limit: int | None = None) -> int:
+    """Send up to ``limit`` ``pending`` executions to the broker and mark them ``queued``; return how many.
+
+    Any beat replica may run this, followers included, beside the leader
+    that commits the rows. Each batch is one short transaction that holds
+    its rows locked against other publishers (``executions.pending_rows(locked=True)``)
+    from before the push until they are marked ``queued``, so two publishers
+    send different batches, and a row is sent twice only if a commit fails
+    after its push (the worker claims it once all the same). SQLite has no
+    row locks: see ``_publishing_transaction``.
+
+    Buffered rows whose schedule went idle are released first; rows still
+    held are not sent. A schedule's ``jitter`` delays its message by a
+    per-slot amount (``policies.jitter_offset``). A broker failure stops the
+    pass and raises ``BrokerUnavailable``: the batches sent before it are
+    committed ``queued``, the failed one and the rest stay ``pending`` for
+    the next pass; the caller decides whether to log.
+    """
+    limit = limit or settings.DISPATCH_BATCH_SIZE
+    executions.release_buffered()
+    sent = 0
+    with broker.errors_as_unavailable(), ExitStack() as stack:
+        sender = None
+        while sent < limit:
+            with _publishing_transaction():
+                batch = executions.pending_rows(limit=min(PUBLISH_BATCH, limit - sent), locked=True)
+                if not batch:
+                    break
+                failpoint("publish.holding_batch")
+                if sender is None:  # no broker connection for a pass with nothing to send
+                    sender = stack.enter_context(publisher.connect(app))
+                now = dbclock.now()
+                failpoint("publish.send")
+                sender.send(batch, now=now)
+                failpoint("publish.before_mark_queued")
+                executions.mark_queued([row["id"] for row in batch], now=now)
+                failpoint("publish.after_mark_queued")
+            sent += len(batch)
+    return sent
+
+
+def _publishing_transaction() -> AbstractContextManager[Any]:
+    """The transaction one publishing batch runs in: a short one where rows lock, none on SQLite.
+
+    SQLite has no row locks, and its transactions take the whole database's
+    write lock when they begin (``transaction_mode`` IMMEDIATE): holding it
+    across the broker push would stall every other writer, a new leader's
+    takeover included, whenever a publisher is slow or frozen. There each
+    statement commits by itself, and a row two publishers read at once is
+    sent twice (claimed once).
+    """
+    return transaction.atomic() if connection.features.has_select_for_update else nullcontext()

@@ -1,0 +1,123 @@
+"""The per-schedule dead man's switch: which schedules have gone too long without a success.
+
+A schedule's window is its ``alert_after`` (seconds) or else its cadence:
+twice the longest gap between its consecutive slots (a one-off has none).
+It is **overdue** while it is enabled, not paused, and its deadline
+(``Schedule.overdue_at``) has passed. The deadline is the window after the
+later of its last success and its first slot since it was last started
+afresh (created, resumed, enabled again or its timing edited: ``owed_since``),
+so a schedule that never succeeded becomes overdue one window after its
+first slot, and one resumed after a long pause gets a full window again.
+
+The deadline is stored, not computed at read time, so "which schedules are
+overdue" is one range scan of the partial index ``schedule_overdue`` however
+many schedules there are. ``scheduler.owners.schedules`` recomputes it
+(``deadline``) on an edit of the timing, the state or ``alert_after``, and
+every success moves it forward in the same UPDATE that counts the run
+(``after_success``, used by ``scheduler.owners.schedules.count_run``). The admin, the
+``schedules`` command, ``/metrics`` and ``/healthz/schedules`` all read it
+through ``Schedule.objects.overdue`` and ``is_overdue``. It imports no
+models (``scheduler.models.schedule`` imports it), only ``timing``.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from datetime import datetime, timedelta, timezone
+from typing import TYPE_CHECKING, Any
+
+from django.db.models import BooleanField, DateTimeField, ExpressionWrapper, Func, Q
+from django.db.models.functions import Coalesce, Now
+
+from scheduler import timing
+
+if TYPE_CHECKING:
+    from scheduler.models import Schedule
+
+#: Cron gaps are measured over the slots after this instant, the same in every process.
+_ANCHOR = datetime(2024, 1, 1, tzinfo=timezone.utc)
+_TICK = timedelta(microseconds=1)
+
+
+def cadence(schedule_timing: timing.Timing) -> int | None:
+    """Return twice the longest gap between consecutive slots, in whole seconds; None for a one-off."""
+    if schedule_timing.interval is not None:
+        return 2 * schedule_timing.interval
+    if schedule_timing.cron is None:
+        return None
+    gap = _cron_gap(schedule_timing.cron, schedule_timing.timezone, schedule_timing.dst_gap, schedule_timing.dst_fold)
+    return None if gap is None else math.ceil(2 * gap.total_seconds())
+
+
+@functools.lru_cache(maxsize=1024)
+def _cron_gap(cron: str, zone: str, dst_gap: str, dst_fold: str) -> timedelta | None:
+    # start_at, end_at and max_runs bound the slots, not the spacing between them.
+    shape = timing.Timing(cron=cron, timezone=zone, dst_gap=dst_gap, dst_fold=dst_fold)
+    return timing.longest_gap(shape, since=_ANCHOR)
+
+
+def deadline(
+    schedule_timing: timing.Timing, *, window: int | None, last_success_at: datetime | None, since: datetime | None
+) -> datetime | None:
+    """Return when a schedule becomes overdue unless a run succeeds first; None: never.
+
+    ``window``: its ``alert_after`` or cadence; ``since``: when it was last
+    started afresh (``owed_since``).
+    """
+    if window is None:
+        return None
+    first = timing.next_slot(schedule_timing, after=since - _TICK) if since is not None else None
+    bases = [moment for moment in (last_success_at, first) if moment is not None]
+    return max(bases) + timedelta(seconds=window) if bases else None
+
+
+def condition(*, now: datetime | Now) -> Q:
+    """Return the filter for overdue schedules at ``now`` (matches the ``schedule_overdue`` index).
+
+    ``now`` may be ``Now()``: the database clock, read in the same query.
+    """
+    return Q(enabled=True, paused_reason="", overdue_at__isnull=False, overdue_at__lte=now)
+
+
+def flag() -> ExpressionWrapper:
+    """Return an annotation that is true for an overdue schedule, on the database clock."""
+    return ExpressionWrapper(condition(now=Now()), output_field=BooleanField())
+
+
+def is_overdue(schedule: Schedule, *, now: datetime) -> bool:
+    """Return whether ``schedule`` (as loaded) is overdue at ``now``: the row-level twin of ``condition``."""
+    return (
+        schedule.enabled and not schedule.is_paused and schedule.overdue_at is not None and schedule.overdue_at <= now
+    )
+
+
+def after_success() -> dict[str, Any]:
+    """Return the Schedule fields a successful run writes, as database-clock expressions for one UPDATE."""
+    return {"last_success_at": Now(), "overdue_at": _SecondsAfter(Now(), Coalesce("alert_after", "cadence"))}
+
+
+class _SecondsAfter(Func):
+    """A datetime expression plus an integer expression of seconds (NULL seconds give NULL)."""
+
+    arity = 2
+    output_field = DateTimeField()
+
+    def as_sql(
+        self,
+        compiler: Any,
+        connection: Any,
+        function: str | None = None,
+        template: str | None = None,
+        arg_joiner: str | None = None,
+        **extra_context: Any,
+    ) -> tuple[str, tuple[Any, ...]]:
+        (moment, moment_params), (seconds, seconds_params) = (
+            compiler.compile(expression) for expression in self.get_source_expressions()
+        )
+        if connection.vendor == "sqlite":
+            # Django's own datetime arithmetic function on SQLite (microseconds on the right).
+            sql = f"django_format_dtdelta('+', {moment}, ({seconds}) * 1000000)"
+        else:
+            sql = f"({moment} + make_interval(secs => {seconds}))"
+        return sql, (*moment_params, *seconds_params)

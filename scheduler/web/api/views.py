@@ -1,0 +1,446 @@
+"""The API's views: schedules, executions, audit events, cluster, reconcile and stats.
+
+Every queryset is scoped to the caller's tenant first, so another tenant's
+object answers 404 everywhere, actions included. Writes go through
+``scheduler.ops.operations`` (as in the admin and the CLI) and each leaves an
+``AuditEvent`` in the same transaction; a backfill and a reconcile, many
+transactions each, commit theirs before the work and complete it after.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable
+from dataclasses import asdict
+from datetime import datetime, timedelta
+from typing import Any, TypeVar
+from zoneinfo import ZoneInfo
+
+from django.db import transaction
+from django.db.models import Count, Min, QuerySet
+from django_filters.rest_framework import DjangoFilterBackend
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiParameter
+from rest_framework import exceptions, mixins, status, viewsets
+from rest_framework.decorators import action
+from rest_framework.generics import get_object_or_404
+from rest_framework.pagination import CursorPagination, PageNumberPagination
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.serializers import BaseSerializer
+from rest_framework.views import APIView
+
+from scheduler import dbclock, task_policy
+from scheduler.celery_app import celery_app
+from scheduler.conf import settings
+from scheduler.exceptions import BackfillRefused, BackfillTooLarge, TaskRefused
+from scheduler.models import AuditEvent, Execution, Lease, Schedule
+from scheduler.ops import audit, backfill, operations, reconcile
+from scheduler.web import cluster
+from scheduler.web.api import serializers as s
+from scheduler.web.api.authentication import caller
+from scheduler.web.api.filters import AuditEventFilter, ExecutionFilter, ScheduleFilter
+from scheduler.web.api.permissions import HasRole, Unscoped
+from scheduler.web.api.policies import OwnPolicies, extend_schema
+
+_QS = TypeVar("_QS", bound=QuerySet[Any])
+
+#: Executions whose dispatch lag ``stats`` summarises, newest first.
+LAG_SAMPLE = 10_000
+#: ``stats`` window when none is given.
+DEFAULT_WINDOW = timedelta(hours=24)
+
+IF_MATCH = OpenApiParameter(
+    "If-Match",
+    OpenApiTypes.STR,
+    OpenApiParameter.HEADER,
+    description="The ETag of the schedule as read; a schedule changed since answers 412 and is not changed.",
+)
+
+
+class Refused(exceptions.APIException):
+    status_code = status.HTTP_400_BAD_REQUEST
+    default_detail = "The action was refused."
+    default_code = "refused"
+
+
+class PreconditionFailed(exceptions.APIException):
+    status_code = status.HTTP_412_PRECONDITION_FAILED
+    default_detail = "The schedule changed since you read it (its ETag differs): read it again, then retry."
+    default_code = "precondition_failed"
+
+
+class Pages(PageNumberPagination):
+    page_size = 50
+    page_size_query_param = "page_size"
+    max_page_size = 500
+
+
+class NewestFirst(CursorPagination):
+    """Stable pages over a table that grows while it is read: newest first, by id."""
+
+    ordering = ("-id",)
+    page_size = 50
+    page_size_query_param = "page_size"
+    max_page_size = 500
+
+
+def scoped(queryset: _QS, request: Request) -> _QS:
+    """Return ``queryset`` narrowed to the caller's scope (all rows for an unscoped caller, none for an unbound one)."""
+    return caller(request).scope.filter(queryset)
+
+
+def ensure_task_allowed(request: Request, task: str, *, tenant: str) -> None:
+    """Answer 400 with a field error on ``task`` unless the caller may run ``task`` for a row of ``tenant``."""
+    try:
+        task_policy.ensure_scope_allows(task, tenant=tenant, scope=caller(request).scope)
+    except TaskRefused as exc:
+        raise exceptions.ValidationError({"task": [str(exc)]}) from None
+
+
+def etag(schedule: Schedule) -> str:
+    """Return the schedule's version as a strong ETag: it changes with every operator write."""
+    stamp = f"{schedule.pk}:{schedule.updated_at.isoformat() if schedule.updated_at else ''}"
+    return '"' + hashlib.sha256(stamp.encode()).hexdigest()[:20] + '"'
+
+
+def _matches(header: str, current: str) -> bool:
+    tags = [tag.strip().removeprefix("W/") for tag in header.split(",")]
+    return "*" in tags or current in tags
+
+
+class ScopedViewSet(OwnPolicies, viewsets.GenericViewSet):
+    permission_classes = (HasRole,)
+    filter_backends = (DjangoFilterBackend,)
+
+    def get_queryset(self) -> QuerySet[Any]:
+        return scoped(super().get_queryset(), self.request)
+
+
+@extend_schema(tags=["schedules"])
+class ScheduleViewSet(
+    mixins.ListModelMixin,
+    mixins.RetrieveModelMixin,
+    mixins.CreateModelMixin,
+    mixins.UpdateModelMixin,
+    mixins.DestroyModelMixin,
+    ScopedViewSet,
+):
+    """Schedules of the caller's tenant: CRUD, the operator actions, upcoming fire times and backfill."""
+
+    queryset = Schedule.objects.order_by("name")
+    serializer_class = s.ScheduleSerializer
+    filterset_class = ScheduleFilter
+    pagination_class = Pages
+    # Partial updates only: a PUT would reset every field left out.
+    http_method_names = ["get", "post", "patch", "delete", "head", "options"]
+
+    def _locked(self) -> Schedule:
+        """Return the schedule of the URL with its row locked until the transaction ends (404 if not visible)."""
+        return get_object_or_404(self.get_queryset().select_for_update(), pk=self.kwargs["pk"])
+
+    def retrieve(self, request: Request, *args: Any, **kwargs: Any) -> Response:
+        schedule = self.get_object()
+        return Response(self.get_serializer(schedule).data, headers={"ETag": etag(schedule)})
+
+    def perform_create(self, serializer: BaseSerializer[Any]) -> None:
+        serializer.save()  # audited by the serializer's action
+
+    @extend_schema(parameters=[IF_MATCH], responses={200: s.ScheduleSerializer, 412: s.ErrorSerializer})
+    def partial_update(self, request: Request, *args: Any, **kwargs: Any) -> Response:
+        """Change the given fields. With ``If-Match``, only if the schedule is still the version read.
+
+        The ETag is compared and the change written in one transaction with
+        the row locked, so of two writers holding the same ETag one wins and
+        the other gets 412.
+        """
+        with transaction.atomic():
+            schedule = self._locked()
+            expected = request.headers.get("If-Match")
+            if expected is not None and not _matches(expected, etag(schedule)):
+                raise PreconditionFailed()
+            serializer = self.get_serializer(schedule, data=request.data, partial=True)
+            serializer.is_valid(raise_exception=True)
+            schedule = serializer.save()
+        return Response(self.get_serializer(schedule).data, headers={"ETag": etag(schedule)})
+
+    def perform_destroy(self, instance: Schedule) -> None:
+        operations.delete_schedule(instance, actor=caller(self.request).actor)
+
+    def _change(
+        self,
+        request: Request,
+        change: Callable[[Schedule, audit.Actor, datetime], None],
+        *,
+        runs: bool = False,
+    ) -> Response:
+        """Apply ``change`` (an action, given who acts and now) to the locked schedule; ``runs``: it lets the schedule fire."""
+        with transaction.atomic():
+            schedule = self._locked()
+            if runs:
+                ensure_task_allowed(request, schedule.task, tenant=schedule.tenant)
+            change(schedule, caller(request).actor, dbclock.now())
+        return Response(self.get_serializer(schedule).data, headers={"ETag": etag(schedule)})
+
+    @extend_schema(request=s.PauseSerializer, responses=s.ScheduleSerializer)
+    @action(detail=True, methods=["post"])
+    def pause(self, request: Request, pk: str) -> Response:
+        """Pause with a reason; slots that fall in the pause are not owed later."""
+        params = s.PauseSerializer(data=request.data)
+        params.is_valid(raise_exception=True)
+        reason = params.validated_data["reason"].strip() or f"Paused by {caller(request).actor.name} through the API"
+        return self._change(
+            request, lambda schedule, actor, now: operations.pause_schedule(schedule, reason, actor=actor, now=now)
+        )
+
+    @extend_schema(request=None, responses=s.ScheduleSerializer)
+    @action(detail=True, methods=["post"])
+    def resume(self, request: Request, pk: str) -> Response:
+        """Resume from the next slot after now; reset the failure count."""
+        return self._change(
+            request, lambda schedule, actor, now: operations.resume_schedule(schedule, actor=actor, now=now), runs=True
+        )
+
+    @extend_schema(request=None, responses=s.ScheduleSerializer)
+    @action(detail=True, methods=["post"])
+    def enable(self, request: Request, pk: str) -> Response:
+        """Turn on; it fires from its next slot after now."""
+        return self._change(
+            request,
+            lambda schedule, actor, now: operations.set_schedule_enabled(schedule, True, actor=actor, now=now),
+            runs=True,
+        )
+
+    @extend_schema(request=None, responses=s.ScheduleSerializer)
+    @action(detail=True, methods=["post"])
+    def disable(self, request: Request, pk: str) -> Response:
+        """Turn off, keeping the history."""
+        return self._change(
+            request,
+            lambda schedule, actor, now: operations.set_schedule_enabled(schedule, False, actor=actor, now=now),
+        )
+
+    @extend_schema(request=None, responses={201: s.ActionResultSerializer})
+    @action(detail=True, methods=["post"], url_path="run-now")
+    def run_now(self, request: Request, pk: str) -> Response:
+        """Record an execution for now, outside the timing, and send it once recorded."""
+        schedule = self.get_object()
+        ensure_task_allowed(request, schedule.task, tenant=schedule.tenant)
+        try:
+            result = operations.run_now(
+                schedule, app=celery_app(), scope=caller(request).scope, actor=caller(request).actor
+            )
+        except operations.ActionRefused as exc:
+            raise Refused(str(exc)) from None
+        return Response(s.ActionResultSerializer(_action_result(result)).data, status=status.HTTP_201_CREATED)
+
+    @extend_schema(parameters=[s.NextQuerySerializer], responses=s.NextSerializer)
+    @action(detail=True, methods=["get"])
+    def next(self, request: Request, pk: str) -> Response:
+        """The next ``n`` fire times, in UTC and in the schedule's zone."""
+        schedule = self.get_object()
+        params = s.NextQuerySerializer(data=request.query_params)
+        params.is_valid(raise_exception=True)
+        zone = ZoneInfo(schedule.timezone)
+        times = schedule.next_fire_times(params.validated_data["n"], after=dbclock.now())
+        note = (
+            ""
+            if schedule.enabled and not schedule.is_paused
+            else "The schedule is off: it does not fire until turned on."
+        )
+        data = {
+            "times": [{"utc": t, "local": t.astimezone(zone).strftime("%Y-%m-%d %H:%M:%S %Z")} for t in times],
+            "note": note,
+        }
+        return Response(s.NextSerializer(data).data)
+
+    @extend_schema(request=s.BackfillRequestSerializer, responses=s.BackfillReportSerializer)
+    @action(detail=True, methods=["post"])
+    def backfill(self, request: Request, pk: str) -> Response:
+        """Preview (``dry_run``, the default) or record one execution per past slot in [start, end] that has none."""
+        schedule = self.get_object()
+        ensure_task_allowed(request, schedule.task, tenant=schedule.tenant)
+        params = s.BackfillRequestSerializer(data=request.data)
+        params.is_valid(raise_exception=True)
+        options = params.validated_data
+        window = {"start": options["start"], "end": options["end"]}
+        try:
+            # Committed once the range is accepted, before the first execution; completed after.
+            with audit.operation(caller(request).actor, "backfill", schedule, changes=window, start=False) as op:
+                report = backfill.backfill(
+                    schedule,
+                    start=options["start"],
+                    end=options["end"],
+                    now=dbclock.now(),
+                    dry_run=options["dry_run"],
+                    limit=options["limit"],
+                    app=celery_app(),
+                    on_start=op.start,
+                )
+                op.done(report.outcome)
+        except BackfillTooLarge as exc:
+            raise exceptions.ValidationError({"end": [str(exc)]}) from None
+        except BackfillRefused as exc:
+            raise Refused(str(exc)) from None
+        return Response(s.BackfillReportSerializer(asdict(report)).data)
+
+
+def _action_result(result: operations.ActionResult) -> dict[str, Any]:
+    # Not asdict(): it would deep-copy the Execution the serializer reads.
+    return {"execution": result.execution, "broker_error": result.broker_error}
+
+
+@extend_schema(tags=["executions"])
+class ExecutionViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, ScopedViewSet):
+    """Executions of the caller's tenant, newest first, and the retry and cancel actions."""
+
+    queryset = Execution.objects.all()
+    serializer_class = s.ExecutionSerializer
+    filterset_class = ExecutionFilter
+    pagination_class = NewestFirst
+
+    @extend_schema(request=None, responses={201: s.ActionResultSerializer})
+    @action(detail=True, methods=["post"])
+    def retry(self, request: Request, pk: str) -> Response:
+        """Record a new execution that re-runs this finished (or lost) one now."""
+        execution = self.get_object()
+        ensure_task_allowed(request, execution.task, tenant=execution.tenant)
+        try:
+            result = operations.retry_execution(
+                execution, app=celery_app(), scope=caller(request).scope, actor=caller(request).actor
+            )
+        except operations.ActionRefused as exc:
+            raise Refused(str(exc)) from None
+        return Response(s.ActionResultSerializer(_action_result(result)).data, status=status.HTTP_201_CREATED)
+
+    @extend_schema(request=None, responses=s.ActionResultSerializer)
+    @action(detail=True, methods=["post"])
+    def cancel(self, request: Request, pk: str) -> Response:
+        """Cancel this waiting or running execution, then revoke its Celery task."""
+        execution = self.get_object()
+        try:
+            result = operations.cancel_execution(execution, app=celery_app(), actor=caller(request).actor)
+        except operations.ActionRefused as exc:
+            raise Refused(str(exc)) from None
+        return Response(s.ActionResultSerializer(_action_result(result)).data)
+
+
+@extend_schema(tags=["audit"])
+class AuditEventViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, ScopedViewSet):
+    """The audit trail of the caller's tenant, newest first; read-only."""
+
+    queryset = AuditEvent.objects.all()
+    serializer_class = s.AuditEventSerializer
+    filterset_class = AuditEventFilter
+    pagination_class = NewestFirst
+
+
+@extend_schema(tags=["cluster"], responses=s.ClusterSerializer)
+class ClusterView(OwnPolicies, APIView):
+    """Leases (one, or one per shard), who holds them, and every instance's heartbeat."""
+
+    permission_classes = (HasRole,)
+
+    def get(self, request: Request) -> Response:
+        now = dbclock.now()
+        rows = list(Lease.objects.order_by("name"))
+        for lease in rows:
+            expires_at = lease.expires_at
+            lease.held = bool(lease.holder) and expires_at is not None and expires_at > now
+            lease.seconds_left = (expires_at - now).total_seconds() if expires_at is not None and lease.held else None
+        members = cluster.members(leaders={lease.holder for lease in rows if lease.held}, now=now)
+        instances = [
+            {
+                **{
+                    field: getattr(m.instance, field)
+                    for field in ("instance_id", "role", "hostname", "pid", "version", "started_at", "last_seen")
+                },
+                "is_leader": m.is_leader,
+                "heartbeat_age_seconds": m.age,
+                "is_stale": m.is_stale,
+            }
+            for m in members
+        ]
+        shards = sum(1 for lease in rows if lease.name.startswith(f"{settings.LEASE_NAME}:"))
+        data = {"db_now": now, "shards": shards, "leases": rows, "instances": instances}
+        return Response(s.ClusterSerializer(data).data)
+
+
+@extend_schema(tags=["reconcile"], request=s.ReconcileRequestSerializer, responses=s.ReconcileReportSerializer)
+class ReconcileView(OwnPolicies, APIView):
+    """Run one reconcile pass; a dry run unless ``{"dry_run": false}``. It touches every tenant."""
+
+    permission_classes = (HasRole, Unscoped)
+
+    def post(self, request: Request) -> Response:
+        params = s.ReconcileRequestSerializer(data=request.data)
+        params.is_valid(raise_exception=True)
+        options = params.validated_data
+        dry_run, repair = options["dry_run"], options["repair"]
+        # A pass is many transactions: its event is committed before it, completed with its counts after.
+        with audit.operation(
+            caller(request).actor, "reconcile", object_type="reconcile", changes={"repair": repair}, start=not dry_run
+        ) as op:
+            report = reconcile.reconcile(now=dbclock.now(), dry_run=dry_run, repair=repair, app=celery_app())
+            op.done(report.outcome)
+        return Response(s.ReconcileReportSerializer({**report.as_dict(), "summary": report.summary()}).data)
+
+
+@extend_schema(tags=["stats"], parameters=[s.StatsQuerySerializer], responses=s.StatsSerializer)
+class StatsView(OwnPolicies, APIView):
+    """Executions by status in a window (by slot time), dispatch lag, and the backlog now."""
+
+    permission_classes = (HasRole,)
+
+    def get(self, request: Request) -> Response:
+        params = s.StatsQuerySerializer(data=request.query_params)
+        params.is_valid(raise_exception=True)
+        options = params.validated_data
+        now = dbclock.now()
+        until = options.get("until") or now
+        since = options.get("since") or until - DEFAULT_WINDOW
+        executions = scoped(Execution.objects.all(), request)
+        schedules = scoped(Schedule.objects.all(), request)
+        if "schedule" in options:
+            schedules = schedules.filter(pk=options["schedule"])
+            if not schedules.exists():
+                raise exceptions.NotFound("No such schedule.")
+            executions = executions.filter(schedule_id=options["schedule"])
+        for field in ("queue", "task"):
+            if field in options:
+                executions = executions.filter(**{field: options[field]})
+                schedules = schedules.filter(**{field: options[field]})
+        window = executions.filter(scheduled_for__gte=since, scheduled_for__lt=until)
+        by_status = dict(window.order_by().values_list("status").annotate(n=Count("id")))
+        lags = sorted(
+            (sent - slot).total_seconds()
+            for slot, sent in window.filter(enqueued_at__isnull=False)
+            .order_by("-scheduled_for")
+            .values_list("scheduled_for", "enqueued_at")[:LAG_SAMPLE]
+        )
+        oldest = executions.filter(status=Execution.Status.QUEUED).aggregate(at=Min("enqueued_at"))["at"]
+        data = {
+            "since": since,
+            "until": until,
+            "by_status": by_status,
+            "dispatch_lag": {
+                "count": len(lags),
+                "p50_seconds": _quantile(lags, 0.5),
+                "p95_seconds": _quantile(lags, 0.95),
+                "max_seconds": lags[-1] if lags else None,
+            },
+            "backlog": {
+                "due_schedules": schedules.due(now=now).count(),
+                "pending": executions.filter(status=Execution.Status.PENDING).count(),
+                "queued": executions.filter(status=Execution.Status.QUEUED).count(),
+                "oldest_queued_age_seconds": (now - oldest).total_seconds() if oldest else None,
+            },
+        }
+        return Response(s.StatsSerializer(data).data)
+
+
+def _quantile(ordered: list[float], q: float) -> float | None:
+    """Return the ``q`` quantile of an ascending list (nearest rank), or None for none."""
+    if not ordered:
+        return None
+    return ordered[min(len(ordered) - 1, max(0, round(q * len(ordered)) - 1))]

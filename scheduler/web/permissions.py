@@ -1,0 +1,55 @@
+"""The two operator groups, kept in step with the models after every ``migrate``.
+
+- **scheduler: operator**: manages schedules and runs the actions (run now,
+  pause, resume, backfill, retry and cancel executions); sees everything else.
+- **scheduler: viewer**: sees schedules, executions, leases, instances, the
+  audit trail and task results; changes nothing.
+
+Their names carry the app's prefix so they do not meet a host's own groups;
+releases before 0.1.0 called them "schedule operator" and "viewer" (migration
+0020 renames them).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+OPERATOR_GROUP = "scheduler: operator"
+VIEWER_GROUP = "scheduler: viewer"
+
+#: (app label, model) pairs both groups may view.
+_VISIBLE = (
+    ("scheduler", "schedule"),
+    ("scheduler", "execution"),
+    ("scheduler", "lease"),
+    ("scheduler", "instance"),
+    ("scheduler", "auditevent"),
+    ("django_celery_results", "taskresult"),
+)
+
+
+def ensure_groups(**kwargs: Any) -> None:
+    """Create or update both groups (a ``post_migrate`` receiver; idempotent).
+
+    Restoring the permissions of a group someone changed is audited, by
+    "system" (``scheduler.ops.access_audit``); a ``migrate`` that changes nothing
+    records nothing. Creating a missing group is not: that is the
+    installation (a new database, or each test's flush), not anyone's change.
+    """
+    from django.contrib.auth.models import Group, Permission
+
+    from scheduler.ops.access_audit import unaudited
+
+    view = [f"view_{model}" for _, model in _VISIBLE]
+    manage = ["add_schedule", "change_schedule", "delete_schedule"]
+    permissions = {p.codename: p for p in Permission.objects.filter(codename__in=[*view, *manage])}
+    if len(permissions) < len(view) + len(manage):
+        return  # permissions not created yet (first migrate of a partial app set)
+    for name, codenames in ((VIEWER_GROUP, view), (OPERATOR_GROUP, [*view, *manage])):
+        wanted = [permissions[c] for c in codenames]
+        group = Group.objects.filter(name=name).first()
+        if group is None:
+            with unaudited():
+                Group.objects.create(name=name).permissions.set(wanted)
+        else:
+            group.permissions.set(wanted)

@@ -1,0 +1,590 @@
+"""ExecutionTask: the guard every task of the project's Celery app runs under.
+
+Before a task body runs, the worker claims its Execution row with one
+conditional UPDATE. When nothing is claimed, the message is a duplicate
+delivery (the execution is already running elsewhere, or done): it is
+acknowledged, logged and not run. Only the message sent for an execution
+claims it: its task name and task id must be the row's, so a message that
+merely names the execution in its header (one a ``celery.group`` carried,
+say) is refused the same way, and logged and counted as refused
+(``scheduler_messages_refused_total``). While the body runs, the process's claim
+renewer (``scheduler.worker.renewer``) renews the claims of what that process runs,
+in one UPDATE per interval; a worker that dies stops renewing, and once its
+claim expires the execution may be claimed again, as the next attempt. Every
+write after the claim is fenced by that attempt (see ``scheduler.owners.executions``,
+which owns every status change; this module holds only Celery's hooks). The
+outcome and the schedule's counters are written in one transaction.
+
+A body whose claim is gone is stopped and records nothing: when a renewal
+finds the claim moved on (taken over after the worker froze past it,
+cancelled, marked lost), when the process resumes from a pause longer than
+the claim and the database does not confirm it at once, or when the
+database cannot confirm it for longer than the claim. With the prefork pool
+(the default) the pool child exits within a second of noticing, whatever
+the body is doing. With the ``solo`` and ``threads`` pools the body's thread
+gets ``ClaimLost`` raised in it, which Python delivers only when the thread
+next runs Python code: a body blocked in a C call or a long ``time.sleep()``
+runs on until that returns, and a body that catches ``Exception`` and goes
+on is not stopped. The claim's own outcome is never recorded either way.
+
+A task called the plain Celery way (no execution id in the message) is
+recorded as an ad-hoc Execution keyed by its Celery task id, so a redelivery
+of that message is deduplicated the same way.
+
+A body that raises with retries left ends its attempt as ``retrying``, due
+after the backoff, before Celery sends the retry's message; a message that
+comes before the retry is due claims nothing. When Celery cannot send it
+(the broker is down), the execution stays ``retrying`` and the process keeps
+no claim on it: the leader sends it once the broker answers (``reconcile``).
+
+Time limits come from the execution's ``timeout``: the soft limit raises
+``SoftTimeLimitExceeded`` inside the task (recorded ``timed_out``), the hard
+limit ``TIMEOUT_GRACE_SECONDS`` later kills the pool child (recorded
+``timed_out`` by ``GuardedRequest.on_timeout``, which Celery calls in the
+worker's main process). Only the prefork pool (Celery's default) enforces both; with the
+``solo`` and ``threads`` pools a task runs past its timeout. No timeout means
+no limit. Timed-out executions are final; they are not retried.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import random
+import time
+import traceback
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+from datetime import timezone
+from typing import Any, TypeVar
+
+from celery import Task, current_task
+from celery.exceptions import Ignore, Reject, Retry, SoftTimeLimitExceeded, WorkerLostError
+from celery.signals import task_postrun, task_prerun, worker_init, worker_process_init
+from celery.worker.request import Request
+from django.db import DatabaseError, InterfaceError, OperationalError, close_old_connections, connection, connections
+
+from scheduler import clock, logs, tracing
+from scheduler.conf import settings
+from scheduler.exceptions import MessageRefused, NotInTask
+from scheduler.failpoints import failpoint
+from scheduler.models import Execution
+from scheduler.owners import executions
+from scheduler.owners.executions import Claim
+from scheduler.timing import policies
+from scheduler.worker.renewer import ClaimRenewer
+from scheduler.worker.running import RunningExecution
+
+logger = logging.getLogger(__name__)
+
+#: Attribute of the Celery request context that holds the claimed execution (a ``RunningExecution``).
+_REQUEST_ATTR = "scheduler_execution"
+#: Attribute of the Celery request context that holds the ``Claim`` (the fencing token).
+_CLAIM_ATTR = "scheduler_claim"
+#: Results longer than this (as JSON) are stored truncated.
+RESULT_SUMMARY_MAX_CHARS = 10_000
+#: A message that finds its retry due within this long waits for it rather than being refused:
+#: the worker's clock, which timed the message, may run a little ahead of the database's.
+EARLY_RETRY_WAIT_SECONDS = 2.0  # seconds
+#: A body cut off from its database runs again this long after: time for a restarting server to answer.
+CONNECTION_LOST_RETRY_SECONDS = 1.0  # seconds
+
+
+class _RetryNotSent(Reject):
+    """The retry's message could not be sent; the execution stays ``retrying`` for someone else to send.
+
+    A ``Reject`` (not requeued), as Celery's own when it cannot send a retry,
+    and told apart from a body's error by the guard.
+    """
+
+
+def current_execution() -> RunningExecution | None:
+    """Return the execution the calling task is running, or ``None`` outside one.
+
+    Reads fall through to the Execution row as claimed; ``checkpoint(data)``
+    saves progress and ``last_checkpoint`` reads it (``scheduler.worker.running``).
+    """
+    task = current_task
+    if not task:
+        return None
+    return getattr(task.request, _REQUEST_ATTR, None)
+
+
+def fenced() -> AbstractContextManager[None]:
+    """Return ``with scheduler.fenced():``: the block's writes commit with the ``succeeded`` outcome, or not at all.
+
+    Raises ``NotInTask`` outside a task run under the guard; see ``RunningExecution.fenced``.
+    """
+    running = current_execution()
+    if running is None:
+        raise NotInTask("fenced() works only inside a task run by a worker under the execution guard")
+    return running.fenced()
+
+
+def current_claim() -> Claim | None:
+    """Return the ``Claim`` the calling task runs under (its fencing token), or ``None`` outside one."""
+    task = current_task
+    if not task:
+        return None
+    return getattr(task.request, _CLAIM_ATTR, None)
+
+
+def _result_summary(value: Any) -> Any:
+    """Return ``value`` if it is small JSON, else a bounded description of it."""
+    try:
+        text = json.dumps(value)
+    except (TypeError, ValueError):
+        return {"repr": repr(value)[:1000]}
+    if len(text) > RESULT_SUMMARY_MAX_CHARS:
+        return {"truncated": text[:1000], "length": len(text)}
+    return value
+
+
+def _error_text(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}"
+
+
+# --- claims ----------------------------------------------------------------------------
+
+
+#: Renews this process's claims; stops a body whose claim is gone (``scheduler.worker.renewer``).
+_renewer = ClaimRenewer()
+
+
+@worker_process_init.connect
+def _in_pool_child(**_: Any) -> None:
+    """A prefork pool child runs one body at a time: a body whose claim is gone is stopped by exiting."""
+    _renewer.exit_on_loss = True
+
+
+@task_postrun.connect
+def _claim_ends_with_its_task(sender: Task, **_: Any) -> None:
+    """Stop renewing the task's claim however the task ended: a claim renewed past its body would hold the execution.
+
+    Every way out of the guard drops the claim already; this makes sure no
+    path missed (the process would renew it for the rest of its life, and
+    stop whatever it runs later once the execution moves on).
+    """
+    claim = getattr(sender.request, _CLAIM_ATTR, None)
+    if claim is not None:
+        _renewer.drop(claim)
+
+
+# --- database connections ----------------------------------------------------------------
+
+
+@worker_init.connect
+def _keep_connections(**_: Any) -> None:
+    """Let this worker's processes keep a database connection across tasks (``WORKER_CONN_MAX_AGE``).
+
+    Opening one per task costs more than the guard's own statements. Set in
+    the main process before the pool forks, so every child inherits it; a
+    reused connection is checked first (``CONN_HEALTH_CHECKS``), so one the
+    server dropped meanwhile is replaced, not used.
+    """
+    for alias in connections:
+        connections.settings[alias].update(CONN_MAX_AGE=settings.WORKER_CONN_MAX_AGE, CONN_HEALTH_CHECKS=True)
+
+
+@task_prerun.connect
+@task_postrun.connect
+def _close_old_connections(sender: Task, **_: Any) -> None:
+    """Close a connection past its age or left unusable, around each task (as Django does around a request).
+
+    Celery's Django fixup no longer closes it every task (``CELERY_DB_REUSE_MAX``
+    in the settings). An eager call runs inside its caller's transaction: left alone.
+    """
+    if not getattr(sender.request, "is_eager", False):
+        close_old_connections()
+
+
+# --- the guard -------------------------------------------------------------------------
+
+
+def _refuse_executions(self: Task, task_id: str, args: Any, kwargs: Any) -> None:
+    """An opted-out task's ``before_start``: a message sent for an execution fails it, unrun.
+
+    Such a message comes from a schedule or ``submit()`` made before the task
+    opted out; run unguarded, its execution would stay ``queued`` and be sent
+    again and again.
+    """
+    execution_id = (self.request.headers or {}).get(Execution.MESSAGE_HEADER)
+    if execution_id is None:
+        return
+    reason = f"Task {self.name!r} is not guarded (guarded=False): an execution of it cannot be run"
+    try:
+        executions.fail_unrun(int(execution_id), task=self.name, celery_task_id=task_id, reason=reason)
+    except MessageRefused as refused:
+        logger.warning("%s; not failed", refused, extra={"action": "message_refused", "execution_id": execution_id})
+    logger.warning("%s (execution %s); not run", reason, execution_id, extra={"action": "unguarded_execution"})
+    raise Ignore()
+
+
+#: What an opted-out task (``guarded=False``) takes back from ``celery.Task``.
+_GUARD_ATTRIBUTES = ("acks_late", "reject_on_worker_lost", "Request", "before_start", "__call__", "retry")
+
+
+class ExecutionTask(Task):
+    """The guard: claim once, renew while running, record the outcome.
+
+    Every task of an app made with ``Celery(task_cls=ExecutionTask)``, or one
+    task with ``@shared_task(base=ExecutionTask)``. A task of such an app
+    opts out with ``@app.task(guarded=False)``: it is then Celery's plain
+    ``Task`` (no claim, no record, no hooks in its path).
+    """
+
+    acks_late = True
+    reject_on_worker_lost = True
+    Request = "scheduler.worker.task:GuardedRequest"
+    #: ``False`` (``@app.task(guarded=False)``): not guarded, as if its base were ``celery.Task``.
+    guarded = True
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if not cls.guarded:
+            for name in _GUARD_ATTRIBUTES:
+                setattr(cls, name, getattr(Task, name))
+            cls.before_start = _refuse_executions  # type: ignore[method-assign]  # one header lookup per task
+
+    # --- claim ---------------------------------------------------------------------
+
+    def before_start(self, task_id: str, args: Any, kwargs: Any) -> None:
+        """Claim this message's execution, or refuse it with ``Ignore``: a duplicate, or not sent for it."""
+        execution_id = (self.request.headers or {}).get(Execution.MESSAGE_HEADER)
+        # The pool child's own identity: the main process finds this claim by it (GuardedRequest).
+        worker = executions.worker_identity(self.request.hostname, os.getpid())
+        try:
+            execution, since = self._claim(task_id, args, kwargs, worker=worker, execution_id=execution_id)
+        except MessageRefused as refused:
+            logger.warning(
+                "%s; acknowledged, not run",
+                refused,
+                extra={"action": "message_refused", "execution_id": refused.execution_id, "reason": refused.reason},
+            )
+            raise Ignore() from None
+        if execution is None:
+            logger.warning(
+                "duplicate delivery of execution %s (task %s, celery id %s): not run",
+                execution_id or executions.ad_hoc_key(task_id),
+                self.name,
+                task_id,
+                extra={"action": "duplicate_delivery", "execution_id": execution_id},
+            )
+            raise Ignore()
+        claim = Claim.of(execution)
+        if executions.fail_exhausted(claim):
+            raise Ignore()
+        # A fenced block that records the outcome ends the claim: stop renewing it.
+        setattr(self.request, _REQUEST_ATTR, RunningExecution(execution, claim, on_succeeded=_renewer.drop))
+        setattr(self.request, _CLAIM_ATTR, claim)
+        logs.bind(execution_id=execution.pk, schedule=execution.schedule_id)
+        _renewer.hold(claim, since=since, timeout=execution.timeout)
+        if not _renewer.confirm(claim):
+            _renewer.drop(claim)
+            logger.warning(
+                "execution %s attempt %s: this process was paused after claiming it and the claim could not be "
+                "confirmed (it moved on, or the database did not answer); not run",
+                claim.execution_id,
+                claim.attempt,
+                extra={"action": "claim_lost_before_body", "execution_id": claim.execution_id},
+            )
+            raise Ignore()
+
+    def _claim(
+        self, task_id: str, args: Any, kwargs: Any, *, worker: str, execution_id: Any
+    ) -> tuple[Execution | None, float]:
+        """Claim the execution the message names, or else its ad-hoc one (recorded first), as this message.
+
+        Return it (``None``: not claimed) and the renewer's clock just before
+        the claim, which the local deadline counts from so that it never
+        outlasts the database's. A retry due within ``EARLY_RETRY_WAIT_SECONDS``
+        is waited for and claimed then; one due later is not claimed (a
+        duplicate, early).
+        """
+        if execution_id is not None:
+            target: dict[str, Any] = {"execution_id": execution_id}
+        else:
+            limits = self.request.timelimit or (None, None)
+            key = executions.record_ad_hoc(
+                task_id,
+                task=self.name,
+                args=args,
+                kwargs=kwargs,
+                queue=(self.request.delivery_info or {}).get("routing_key") or "",
+                timeout=int(limits[1]) if limits[1] else None,
+                now=clock.now(),
+            )
+            target = {"key": key}
+        claim = {"worker": worker, "task": self.name, "celery_task_id": task_id, **target}
+        since = _renewer.now()
+        execution = _reconnecting(executions.claim, **claim)
+        if execution is None:
+            due_in = executions.retry_due_in(**target)
+            if due_in is not None and due_in <= EARLY_RETRY_WAIT_SECONDS:
+                time.sleep(due_in)
+                since = _renewer.now()
+                execution = _reconnecting(executions.claim, **claim)
+        return execution, since
+
+    # --- run and record --------------------------------------------------------------
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        execution: RunningExecution | None = getattr(self.request, _REQUEST_ATTR, None)
+        claim: Claim | None = getattr(self.request, _CLAIM_ATTR, None)
+        if execution is None or claim is None:
+            # Called directly as a function (or in eager mode): nothing to guard.
+            return super().__call__(*args, **kwargs)
+        try:
+            try:
+                with tracing.claim_span("scheduler.run", claim):
+                    value = self.run(*args, **kwargs)
+            finally:
+                # Before any outcome is written: the renewer must not take the
+                # claim this attempt ends itself for a lost one and stop the process.
+                _renewer.drop(claim)
+        except (Retry, _RetryNotSent):
+            raise
+        except SoftTimeLimitExceeded as exc:
+            reason = f"Soft time limit of {execution.timeout}s exceeded"
+            _reconnecting(
+                executions.finish,
+                claim,
+                status=Execution.Status.TIMED_OUT,
+                error=reason,
+                traceback_text=traceback.format_exc(),
+            )
+            raise SoftTimeLimitExceeded(reason) from exc
+        except Exception as exc:
+            if _connection_lost(exc) and executions.loss_retries_left(claim):
+                error = executions.connection_lost_error(claim.attempt)
+                logger.warning(
+                    "execution %s attempt %s: %s (%s); running it again",
+                    *_token(claim),
+                    error,
+                    _error_text(exc),
+                    extra={"action": "connection_lost", "execution_id": claim.execution_id},
+                )
+                raise self._retry_after_error(claim, exc, CONNECTION_LOST_RETRY_SECONDS, error=error) from exc
+            if executions.retries_left(claim):
+                delay = policies.retry_delay(
+                    claim.attempt,
+                    base=execution.retry_backoff,
+                    cap=settings.RETRY_BACKOFF_MAX_SECONDS,
+                    spread=random.random(),
+                )
+                raise self._retry_after_error(claim, exc, delay) from exc
+            _reconnecting(
+                executions.finish,
+                claim,
+                status=Execution.Status.FAILED,
+                error=_error_text(exc),
+                traceback_text=traceback.format_exc(),
+            )
+            raise
+        finally:
+            logs.unbind("execution_id", "schedule")
+        failpoint("worker.after_body")
+        if execution.succeeded:  # its fenced block recorded the outcome; the result is all that is left
+            _reconnecting(executions.record_result, claim, _result_summary(value))
+        else:
+            _reconnecting(executions.finish, claim, status=Execution.Status.SUCCEEDED, result=_result_summary(value))
+        return value
+
+    def retry(self, *args: Any, exc: BaseException | None = None, **kwargs: Any) -> Retry:
+        """Mark the execution ``retrying`` (next attempt), then let Celery re-send the message.
+
+        The row changes first so the re-sent message finds it claimable. A
+        task's own ``self.retry()`` comes here: when Celery refuses it (its
+        own ``max_retries``), the attempt goes on; when the message cannot be
+        sent, as for the guard's retry (``_retry_after_error``).
+        """
+        claim: Claim | None = getattr(self.request, _CLAIM_ATTR, None)
+        if claim is None:
+            return super().retry(*args, exc=exc, **kwargs)  # type: ignore[misc, arg-type]  # see below
+        since = _renewer.now()
+        self._mark_retrying(claim, exc, self._retry_delay(kwargs))
+        try:
+            failpoint("worker.retry.send")
+            # Passed through as received: callers give exc by keyword, and Celery
+            # takes any BaseException there (celery-types says Exception).
+            return super().retry(*args, exc=exc, **kwargs)  # type: ignore[misc, arg-type]
+        except Retry:
+            raise
+        except Reject as refused:  # Celery could not send the message
+            raise _not_sent(claim, refused) from refused
+        except BaseException:
+            # Celery refused (e.g. its own max_retries): the attempt goes on as running.
+            if executions.undo_retry(claim):
+                _renewer.hold(claim, since=since, timeout=getattr(self.request, _REQUEST_ATTR).timeout)
+            raise
+
+    def _retry_after_error(self, claim: Claim, exc: Exception, delay: float, *, error: str | None = None) -> Retry:
+        """Retry the attempt ``claim`` runs, whose body raised ``exc``, in ``delay`` seconds (the guard's own retry).
+
+        ``error`` is the attempt's recorded error, when not ``exc``'s own text
+        (a loss, which does not count against ``max_retries``).
+
+        The row is ``retrying`` before Celery sends anything, so whatever
+        happens to the message the attempt has ended: a message that could
+        not be sent (the broker is down) leaves it ``retrying``, due at its
+        time, for the leader to send (``reconcile``), never ``running``
+        without a body.
+        """
+        self._mark_retrying(claim, exc, delay, error=error)
+        try:
+            failpoint("worker.retry.send")
+            # Celery's own count would refuse a loss's retry past max_retries: the row counts them (above).
+            return super().retry(exc=exc, countdown=delay, max_retries=self.request.retries + 1)
+        except Retry:
+            raise
+        except Exception as refused:
+            raise _not_sent(claim, refused) from refused
+
+    def _mark_retrying(
+        self, claim: Claim, exc: BaseException | None, delay: float, *, error: str | None = None
+    ) -> None:
+        """End the attempt ``claim`` runs as ``retrying``, due in ``delay`` seconds; ``Ignore`` if the claim moved on."""
+        _renewer.drop(claim)  # the attempt ends here (see __call__)
+        marked = _reconnecting(
+            executions.retry,
+            claim,
+            delay_seconds=delay,
+            error=error if error is not None else _error_text(exc) if exc else "",
+            traceback_text="".join(traceback.format_exception(exc)) if exc else "",
+        )
+        if not marked:
+            logger.warning("execution %s attempt %s: the claim moved on; not retrying it here", *_token(claim))
+            raise Ignore()
+
+    def _retry_delay(self, options: dict[str, Any]) -> float:
+        """Return the seconds until the retry Celery sends with ``options`` is due, as ``Task.retry`` works it out."""
+        eta, countdown = options.get("eta"), options.get("countdown")
+        if eta is not None:  # a naive one is UTC, the app's time zone
+            aware = eta if eta.tzinfo else eta.replace(tzinfo=timezone.utc)
+            return max(0.0, (aware - clock.now()).total_seconds())
+        return float(self.default_retry_delay if countdown is None else countdown)
+
+
+T = TypeVar("T")
+
+
+def _reconnecting(write: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+    """Run one write of the guard; if the server dropped this process's connection, reconnect and run it once more.
+
+    A database restart or ``pg_terminate_backend`` must not cost a finished
+    body its outcome. Running the write again is safe: every write of a
+    claim holder matches on its attempt, so one that did commit the first
+    time changes nothing the second.
+    """
+    try:
+        return write(*args, **kwargs)
+    except (InterfaceError, OperationalError):
+        logger.warning("database connection lost during %s; reconnecting once", write.__name__)
+        connection.close()
+        return write(*args, **kwargs)
+
+
+#: SQLSTATEs of a session the server ended: class 08 (connection exception) and these.
+_SESSION_ENDED_STATES = ("57P01", "57P02", "57P03", "57P05", "25P03")  # shutdowns, idle timeouts
+
+
+def _connection_lost(exc: BaseException) -> bool:
+    """Return whether ``exc`` came from the server dropping this process's database connection.
+
+    A body cut off from its database (``pg_terminate_backend``, a server
+    restart, an idle timeout, a cut network) did not fail: its open
+    transaction, a fenced block's too, rolled back, so it is run again as a
+    lost attempt. A database error on a session that goes on (a constraint,
+    a deadlock, a statement timeout) is the task's own.
+    """
+    errors: list[BaseException] = []
+    cause: BaseException | None = exc
+    while cause is not None and cause not in errors:
+        errors.append(cause)
+        cause = cause.__cause__ or cause.__context__
+    for error in errors:
+        state = getattr(error, "sqlstate", None) or getattr(error, "pgcode", None)
+        if isinstance(state, str) and (state.startswith("08") or state in _SESSION_ENDED_STATES):
+            return True
+    if not any(isinstance(error, (InterfaceError, OperationalError)) for error in errors):
+        return False
+    # The client noticed first ("server closed the connection unexpectedly"): no SQLSTATE, a closed connection.
+    raw = connection.connection
+    return raw is None or bool(getattr(raw, "closed", False))
+
+
+def _token(claim: Claim) -> tuple[int, int]:
+    return claim.execution_id, claim.attempt
+
+
+def _not_sent(claim: Claim, error: BaseException) -> _RetryNotSent:
+    """Log that the retry of ``claim``'s execution could not be sent; return what rejects its message.
+
+    The execution is ``retrying`` already, due at its time, and this process
+    holds no claim on it: the leader sends it (its broker check, once a
+    restarted broker answers; else reconcile, ``RECONCILE_QUEUED_AFTER_SECONDS``
+    after it was due). The message is rejected, not requeued, as Celery does.
+    """
+    reason = getattr(error, "reason", None) or error
+    logger.warning(
+        "execution %s attempt %s: its retry could not be sent (%s); it stays retrying for the leader to send",
+        *_token(claim),
+        reason,
+        extra={"action": "retry_not_sent", "execution_id": claim.execution_id},
+    )
+    return _RetryNotSent(reason, requeue=False)  # type: ignore[arg-type]  # Reject keeps any reason; the stubs say Exception | str
+
+
+class GuardedRequest(Request):
+    """Celery's worker-side request: acts for a pool child that died or hit its hard time limit.
+
+    These hooks run in the worker's main process, which never sees the
+    child's ``Claim`` (prefork: ``before_start`` ran in the child, and
+    nothing flows back from it but the result). What the main process does
+    know is which child ran the job (``worker_pid``, set when the child
+    accepted it), and the child wrote ``<hostname>:<pid>`` into the row's
+    ``worker`` with its claim. So the claim acted on is the one held under
+    that identity, read with its attempt, and the write is fenced by that
+    attempt: a successor's claim (another worker, or a later attempt) is
+    never touched, even when it reuses this message's Celery task id.
+    Matching the task id instead would let a stale attempt's time limit or
+    lost child write over its successor's row (issue 15).
+    """
+
+    def _child_claim(self) -> Claim | None:
+        if self.worker_pid is None:  # never reached a pool child: it claimed nothing
+            return None
+        worker = executions.worker_identity(self.hostname, self.worker_pid)
+        execution_id = (self.request_dict or {}).get(Execution.MESSAGE_HEADER)
+        if execution_id is not None:
+            return executions.held_by(worker=worker, execution_id=execution_id)
+        return executions.held_by(worker=worker, key=executions.ad_hoc_key(self.id))
+
+    def on_timeout(self, soft: bool, timeout: float) -> None:
+        """Record a hard time limit as ``timed_out`` (Celery kills the child right after)."""
+        if not soft:
+            try:
+                claim = self._child_claim()
+                if claim is not None:
+                    executions.finish(
+                        claim,
+                        status=Execution.Status.TIMED_OUT,
+                        error=f"Hard time limit of {timeout}s exceeded; the worker process was killed",
+                    )
+            except DatabaseError:
+                logger.exception("could not record the hard time limit of task %s", self.id)
+        super().on_timeout(soft, timeout)
+
+    def on_failure(self, exc_info: Any, send_failed_event: bool = True, return_ok: bool = False) -> None:
+        exc = getattr(exc_info.exception, "exc", exc_info.exception)
+        if isinstance(exc, WorkerLostError) and self.task.reject_on_worker_lost:
+            # The child is gone for sure: let the requeued message claim the
+            # execution at once instead of waiting for its claim to expire.
+            try:
+                claim = self._child_claim()
+                if claim is not None:
+                    executions.release(claim)
+            except DatabaseError:
+                logger.exception("could not release the claim of lost task %s", self.id)
+        super().on_failure(exc_info, send_failed_event=send_failed_event, return_ok=return_ok)
