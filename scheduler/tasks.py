@@ -15,7 +15,7 @@ from celery import shared_task
 from scheduler import dbclock
 from scheduler.conf import settings
 from scheduler.exceptions import PruneRefused
-from scheduler.ops import audit, prune
+from scheduler.ops import audit, operations
 from scheduler.worker.task import ExecutionTask
 
 #: Longest age a prune accepts: beyond it the cutoff would predate year 1.
@@ -50,17 +50,12 @@ def prune_executions(older_than_days: int | None = None, keep_last: int | None =
     )
     keep = _count(settings.PRUNE_KEEP_LAST if keep_last is None else keep_last, name="keep_last", minimum=0)
     cutoff = dbclock.now() - timedelta(days=days)
-    wanted = {"older_than": cutoff, "keep_last": keep}
-    with audit.operation(audit.SYSTEM, "prune", object_type="scheduler.execution", changes=wanted) as op:
-        report = prune.prune_executions(older_than=cutoff, keep_last=keep)
-        # The audit trail is kept as long as the executions it speaks of.
-        audit_deleted = prune.prune_audit_events(older_than=cutoff, keep=[op.event.pk] if op.event else [])
-        op.done({"deleted": report.deleted, "audit_events_deleted": audit_deleted})
+    pruned = operations.prune_history(actor=audit.SYSTEM, older_than=cutoff, keep_last=keep, audit_events=True)
     return {
         "older_than": cutoff.isoformat(),
         "keep_last": keep,
-        "deleted": report.deleted,
-        "audit_events_deleted": audit_deleted,
+        "deleted": pruned.report.deleted,
+        "audit_events_deleted": pruned.audit_events_deleted,
     }
 
 

@@ -1,4 +1,4 @@
-"""Operator actions: schedule edits, run now, retry, cancel, API tokens and shard moves.
+"""Operator actions: schedule edits, run now, retry, cancel, API tokens, shard moves and the long writes.
 
 The admin, the API and the management commands call these, so an action
 means the same wherever it is taken, and each adapter only says who acts
@@ -6,7 +6,11 @@ means the same wherever it is taken, and each adapter only says who acts
 change and its audit event in one transaction (the change rolls back,
 the event with it), and talks to the broker only once that transaction has
 committed: a broker outage leaves a ``pending`` row that the beat leader
-sends later, or a ``cancelled`` row that no worker will claim.
+sends later, or a ``cancelled`` row that no worker will claim. A long
+write (backfill, reconcile, prune, a shard count change) is many
+transactions: its event is committed "started" before the work and
+completed with the work's counts after, so a crash part-way leaves it
+"started".
 """
 
 from __future__ import annotations
@@ -14,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from django.core.exceptions import ValidationError
 from django.db import transaction
@@ -23,7 +27,7 @@ from scheduler import dbclock, outbox, task_policy
 from scheduler.beat import shards
 from scheduler.exceptions import BrokerUnavailable, SchedulerError, TaskRefused, first_line
 from scheduler.models import ApiToken, Execution, Schedule
-from scheduler.ops import audit
+from scheduler.ops import audit, backfill, prune, reconcile, resharding
 from scheduler.outbox import broker
 from scheduler.owners import executions, schedules
 from scheduler.tenancy import Scope
@@ -257,6 +261,106 @@ def revoke_token(token: ApiToken, *, actor: audit.Actor) -> None:
         token.revoked_at = dbclock.now()
         token.save(update_fields=["revoked_at"])
         audit.record(actor, "revoke", token, before=before, tenant=token.tenant)
+
+
+# --- long writes ------------------------------------------------------------------------
+
+
+def backfill_range(
+    schedule: Schedule,
+    *,
+    actor: audit.Actor,
+    start: datetime,
+    end: datetime,
+    dry_run: bool,
+    limit: int = backfill.DEFAULT_LIMIT,
+    max_slots: int | None = None,
+    rate: float | None = None,
+    progress: Callable[[int, int], None] | None = None,
+    app: Celery | None = None,
+) -> backfill.BackfillReport:
+    """Record one execution per past slot of ``schedule`` in [start, end] that has none (``backfill.backfill``).
+
+    The event is committed once the range is accepted, before the first
+    execution: a refused range or a dry run leaves none.
+    """
+    with audit.operation(actor, "backfill", schedule, changes={"start": start, "end": end}, start=False) as op:
+        report = backfill.backfill(
+            schedule,
+            start=start,
+            end=end,
+            now=dbclock.now(),
+            dry_run=dry_run,
+            limit=limit,
+            max_slots=max_slots,
+            rate=rate,
+            progress=progress,
+            app=app,
+            on_start=op.start,
+        )
+        op.done(report.outcome)
+    return report
+
+
+def reconcile_pass(
+    *, actor: audit.Actor, dry_run: bool, repair: bool, app: Celery | None = None
+) -> reconcile.ReconcileReport:
+    """Run one reconcile pass (``reconcile.reconcile``); a dry run records no event."""
+    with audit.operation(
+        actor, "reconcile", object_type="reconcile", changes={"repair": repair}, start=not dry_run
+    ) as op:
+        report = reconcile.reconcile(now=dbclock.now(), dry_run=dry_run, repair=repair, app=app)
+        op.done(report.outcome)
+    return report
+
+
+@dataclass
+class Pruned:
+    report: prune.PruneReport
+    #: Audit events deleted with the executions (``None``: not asked to).
+    audit_events_deleted: int | None = None
+
+
+def prune_history(
+    *,
+    actor: audit.Actor,
+    older_than: datetime,
+    keep_last: int,
+    statuses: list[str] | None = None,
+    dry_run: bool = False,
+    audit_events: bool = False,
+    progress: Callable[[int], None] | None = None,
+) -> Pruned:
+    """Delete executions finished before ``older_than`` (``prune.prune_executions``), and old audit events if asked.
+
+    The audit trail is kept as long as the executions it speaks of: with
+    ``audit_events`` the events older than the same cutoff go too, all but
+    this prune's own.
+    """
+    wanted = {"older_than": older_than, "keep_last": keep_last, "statuses": statuses or []}
+    with audit.operation(actor, "prune", object_type="scheduler.execution", changes=wanted, start=not dry_run) as op:
+        pruned = Pruned(
+            prune.prune_executions(
+                older_than=older_than, keep_last=keep_last, statuses=statuses, dry_run=dry_run, progress=progress
+            )
+        )
+        done: dict[str, Any] = {"deleted": pruned.report.deleted}
+        if audit_events:
+            keep = [op.event.pk] if op.event else []
+            pruned.audit_events_deleted = prune.prune_audit_events(older_than=older_than, keep=keep)
+            done["audit_events_deleted"] = pruned.audit_events_deleted
+        op.done(done)
+    return pruned
+
+
+def change_shard_count(count: int, *, actor: audit.Actor, by: str) -> resharding.Resharding:
+    """Store ``count`` shards and move the schedules into them (``resharding.change_count``)."""
+    with audit.operation(
+        actor, "set_shards", object_type="scheduler.shardlayout", changes={"shards": count}, tenant=""
+    ) as op:
+        change = resharding.change_count(count, by=by)
+        op.done({"previous": change.previous, "moved": change.moved, "settled": change.settled})
+    return change
 
 
 # --- helpers ----------------------------------------------------------------------------

@@ -49,7 +49,7 @@ from scheduler.limits import (
 )
 from scheduler.models import AuditEvent, Execution, Instance, Lease, OperatorProfile, Schedule
 from scheduler.models.schedule import EARLIEST, LATEST, TIMING_REQUIRED
-from scheduler.ops import audit, backfill, operations
+from scheduler.ops import audit, operations
 from scheduler.owners import leases
 from scheduler.tenancy import EVERY_TENANT, Scope, scope_of_user
 from scheduler.timing import overdue
@@ -687,24 +687,9 @@ class ScheduleAdmin(TenantScoped, ActionsNeedPermission, admin.ModelAdmin):
                 task_policy.ensure_scope_allows(
                     schedule.task, tenant=schedule.tenant, scope=scope_of_user(request.user)
                 )
-                # Committed once the range is accepted, before the first execution; completed after.
-                with audit.operation(
-                    audit.user_actor(request.user),
-                    "backfill",
-                    schedule,
-                    changes={"start": start, "end": end},
-                    start=False,
-                ) as op:
-                    report = backfill.backfill(
-                        schedule,
-                        start=start,
-                        end=end,
-                        now=dbclock.now(),
-                        dry_run=not confirm,
-                        app=app,
-                        on_start=op.start,
-                    )
-                    op.done(report.outcome)
+                report = operations.backfill_range(
+                    schedule, actor=audit.user_actor(request.user), start=start, end=end, dry_run=not confirm, app=app
+                )
             except BackfillTooLarge as exc:
                 form.add_error("end", str(exc))
             except (BackfillRefused, TaskRefused) as exc:

@@ -741,7 +741,7 @@ def test_a_prune_that_fails_part_way__leaves_its_started_event_marked_failed(
         raise DatabaseError("connection lost")
 
     looks: list[list[tuple[Any, ...]]] = []
-    monkeypatch.setattr("scheduler.management.commands.prune_executions.prune_executions", broken)
+    monkeypatch.setattr("scheduler.ops.prune.prune_executions", broken)
 
     # When
     with pytest.raises(CommandError):

@@ -8,7 +8,6 @@ from zoneinfo import ZoneInfo
 
 from django.core.management.base import CommandError, CommandParser
 
-from scheduler import dbclock
 from scheduler.exceptions import BackfillRefused, BackfillTooLarge
 from scheduler.management.base import (
     SchedulerCommand,
@@ -18,8 +17,8 @@ from scheduler.management.base import (
     positive_number,
     whole_number,
 )
-from scheduler.ops import audit
-from scheduler.ops.backfill import DEFAULT_LIMIT, BackfillReport, backfill
+from scheduler.ops import audit, operations
+from scheduler.ops.backfill import DEFAULT_LIMIT, BackfillReport
 
 
 class Command(SchedulerCommand):
@@ -72,25 +71,19 @@ examples:
         # --limit, else the raised cap, else the default: --max-slots alone allows that many.
         limit = options["limit"] if options["limit"] is not None else max_slots or DEFAULT_LIMIT
         try:
-            # Committed once the range is accepted, before the first execution; completed after.
-            with audit.operation(
-                audit.CLI, "backfill", schedule, changes={"start": start, "end": end}, start=False
-            ) as op:
-                report = backfill(
-                    schedule,
-                    start=start,
-                    end=end,
-                    now=dbclock.now(),
-                    dry_run=options["dry_run"],
-                    limit=limit,
-                    max_slots=max_slots,
-                    rate=options["rate"],
-                    progress=None
-                    if as_json
-                    else lambda done, total: self.stderr.write(f"{done}/{total} slots recorded and sent..."),
-                    on_start=op.start,
-                )
-                op.done(report.outcome)
+            report = operations.backfill_range(
+                schedule,
+                actor=audit.CLI,
+                start=start,
+                end=end,
+                dry_run=options["dry_run"],
+                limit=limit,
+                max_slots=max_slots,
+                rate=options["rate"],
+                progress=None
+                if as_json
+                else lambda done, total: self.stderr.write(f"{done}/{total} slots recorded and sent..."),
+            )
         except BackfillTooLarge as exc:
             hint = "; to record more in this call, pass --max-slots N" if exc.capped else ""
             raise CommandError(f"{exc}{hint}") from None

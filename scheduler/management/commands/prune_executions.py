@@ -9,8 +9,7 @@ from django.core.management.base import CommandError, CommandParser
 from scheduler import dbclock
 from scheduler.management.base import SchedulerCommand, non_negative_int, parse_duration
 from scheduler.models import Execution
-from scheduler.ops import audit
-from scheduler.ops.prune import prune_executions
+from scheduler.ops import audit, operations
 
 
 class Command(SchedulerCommand):
@@ -52,20 +51,15 @@ examples:
             raise CommandError("--older-than must be longer than 0")
         cutoff = dbclock.now() - age
         dry_run = options["dry_run"]
-        # Committed before the first batch, completed with the count after: a crash part-way leaves it "started".
         # Audit events are not pruned here: the daily task keeps them as long as SCHEDULER_PRUNE_OLDER_THAN_DAYS.
-        wanted = {"older_than": cutoff, "keep_last": options["keep_last"], "statuses": options["status"] or []}
-        with audit.operation(
-            audit.CLI, "prune", object_type="scheduler.execution", changes=wanted, start=not dry_run
-        ) as op:
-            report = prune_executions(
-                older_than=cutoff,
-                keep_last=options["keep_last"],
-                statuses=options["status"],
-                dry_run=dry_run,
-                progress=None if options["json"] else lambda n: self.stderr.write(f"deleted {n}..."),
-            )
-            op.done({"deleted": report.deleted})
+        report = operations.prune_history(
+            actor=audit.CLI,
+            older_than=cutoff,
+            keep_last=options["keep_last"],
+            statuses=options["status"],
+            dry_run=dry_run,
+            progress=None if options["json"] else lambda n: self.stderr.write(f"deleted {n}..."),
+        ).report
         verb = "would delete" if report.dry_run else "deleted"
         count = report.matched if report.dry_run else report.deleted
         self.emit(

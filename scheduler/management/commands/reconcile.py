@@ -6,10 +6,9 @@ from typing import Any
 
 from django.core.management.base import CommandError, CommandParser
 
-from scheduler import dbclock
 from scheduler.management.base import SchedulerCommand
-from scheduler.ops import audit
-from scheduler.ops.reconcile import Change, reconcile
+from scheduler.ops import audit, operations
+from scheduler.ops.reconcile import Change
 
 
 class Command(SchedulerCommand):
@@ -51,12 +50,7 @@ examples:
 
     def handle(self, *args: Any, **options: Any) -> None:
         dry_run, repair = options["dry_run"], options["repair"]
-        # A pass is many transactions: its event is committed before it, completed with its counts after.
-        with audit.operation(
-            audit.CLI, "reconcile", object_type="reconcile", changes={"repair": repair}, start=not dry_run
-        ) as op:
-            report = reconcile(now=dbclock.now(), dry_run=dry_run, repair=repair)
-            op.done(report.outcome)
+        report = operations.reconcile_pass(actor=audit.CLI, dry_run=dry_run, repair=repair)
         lines = [_line(change) for change in report.changes]
         lines.append(("dry run, nothing changed: " if report.dry_run else "reconcile: ") + report.summary())
         self.emit(report.as_dict(), as_json=options["json"], text=lines)

@@ -92,12 +92,7 @@ examples:
         if dry_run:
             change = resharding.change_count(count, by="manage.py shards --set", dry_run=True)
         else:
-            # Several transactions and a wait: audited as a long write, "started" first.
-            with audit.operation(
-                audit.CLI, "set_shards", object_type="scheduler.shardlayout", changes={"shards": count}, tenant=""
-            ) as op:
-                change = resharding.change_count(count, by="manage.py shards --set")
-                op.done({"previous": change.previous, "moved": change.moved, "settled": change.settled})
+            change = operations.change_shard_count(count, actor=audit.CLI, by="manage.py shards --set")
         plural = "s" if change.moved != 1 else ""
         text: str | list[str]
         if dry_run:

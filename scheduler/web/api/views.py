@@ -35,7 +35,7 @@ from scheduler.celery_app import celery_app
 from scheduler.conf import settings
 from scheduler.exceptions import BackfillRefused, BackfillTooLarge, TaskRefused
 from scheduler.models import AuditEvent, Execution, Lease, Schedule
-from scheduler.ops import audit, backfill, operations, reconcile
+from scheduler.ops import audit, operations
 from scheduler.web import cluster
 from scheduler.web.api import serializers as s
 from scheduler.web.api.authentication import caller
@@ -263,21 +263,16 @@ class ScheduleViewSet(
         params = s.BackfillRequestSerializer(data=request.data)
         params.is_valid(raise_exception=True)
         options = params.validated_data
-        window = {"start": options["start"], "end": options["end"]}
         try:
-            # Committed once the range is accepted, before the first execution; completed after.
-            with audit.operation(caller(request).actor, "backfill", schedule, changes=window, start=False) as op:
-                report = backfill.backfill(
-                    schedule,
-                    start=options["start"],
-                    end=options["end"],
-                    now=dbclock.now(),
-                    dry_run=options["dry_run"],
-                    limit=options["limit"],
-                    app=celery_app(),
-                    on_start=op.start,
-                )
-                op.done(report.outcome)
+            report = operations.backfill_range(
+                schedule,
+                actor=caller(request).actor,
+                start=options["start"],
+                end=options["end"],
+                dry_run=options["dry_run"],
+                limit=options["limit"],
+                app=celery_app(),
+            )
         except BackfillTooLarge as exc:
             raise exceptions.ValidationError({"end": [str(exc)]}) from None
         except BackfillRefused as exc:
@@ -376,13 +371,9 @@ class ReconcileView(OwnPolicies, APIView):
         params = s.ReconcileRequestSerializer(data=request.data)
         params.is_valid(raise_exception=True)
         options = params.validated_data
-        dry_run, repair = options["dry_run"], options["repair"]
-        # A pass is many transactions: its event is committed before it, completed with its counts after.
-        with audit.operation(
-            caller(request).actor, "reconcile", object_type="reconcile", changes={"repair": repair}, start=not dry_run
-        ) as op:
-            report = reconcile.reconcile(now=dbclock.now(), dry_run=dry_run, repair=repair, app=celery_app())
-            op.done(report.outcome)
+        report = operations.reconcile_pass(
+            actor=caller(request).actor, dry_run=options["dry_run"], repair=options["repair"], app=celery_app()
+        )
         return Response(s.ReconcileReportSerializer({**report.as_dict(), "summary": report.summary()}).data)
 
 
