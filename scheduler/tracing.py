@@ -54,8 +54,8 @@ ATTRIBUTES = {
     "trigger": "scheduler.trigger",
     "worker": "scheduler.worker",
     "status": "scheduler.status",
-    "schedules": "scheduler.owners.schedules",
-    "executions": "scheduler.owners.executions",
+    "schedules": "scheduler.schedules",
+    "executions": "scheduler.executions",
     "changes": "scheduler.changes",
 }
 #: Exporters ``OTEL_TRACES_EXPORTER`` may name.

@@ -36,7 +36,7 @@ from scheduler.exceptions import BrokerUnavailable, LeaseLost
 from scheduler.models import Instance, Schedule
 from scheduler.ops.builtin_schedules import ensure_builtin_schedules
 from scheduler.ops.settings_schedules import sync_beat_schedule
-from scheduler.owners import instances, leases
+from scheduler.owners import instances
 
 logger = logging.getLogger(__name__)
 
@@ -61,7 +61,7 @@ class LeaderScheduler(Scheduler):
         # Celery builds a lazy instance just for the banner: no I/O here.
         kwargs.pop("schedule_filename", None)
         kwargs["max_interval"] = kwargs.get("max_interval") or settings.MAX_INTERVAL_SECONDS
-        self.instance_id = leases.new_instance_id()
+        self.instance_id = instances.process_id(unique=True)
         self.lease_name: str = settings.LEASE_NAME
         #: PostgreSQL: this replica's instance lock, kept across changes of the shard count.
         self._lock = InstanceLock(self.instance_id) if connection.vendor == "postgresql" else None

@@ -417,11 +417,6 @@ class Claim:
         return Execution.objects.filter(pk=self.execution_id, attempt=self.attempt, status=Status.RUNNING)
 
 
-def worker_identity(hostname: str | None, pid: int | str) -> str:
-    """Return what a pool process writes in ``Execution.worker`` when it claims: ``<hostname>:<pid>``."""
-    return f"{hostname}:{pid}"
-
-
 def retries_left(held: Claim) -> bool:
     """Return whether another attempt may follow the one ``held`` runs, which raised an error.
 
@@ -606,7 +601,7 @@ def _hold_to_time_limit(held: Claim, timeout: int) -> None:
 
 
 def held_by(*, worker: str, execution_id: int | None = None, key: str = "") -> Claim | None:
-    """Return the claim ``worker`` (``worker_identity``) holds on that execution, if it still holds one.
+    """Return the claim ``worker`` (``instances.process_id``) holds on that execution, if it still holds one.
 
     For a worker's main process acting on behalf of a pool child: the child
     wrote its identity with the claim, so this finds the claim that child

@@ -10,9 +10,6 @@ a replica when to try again.
 
 from __future__ import annotations
 
-import os
-import secrets
-import socket
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -65,11 +62,6 @@ class LeaseState:
             return 0.0
         assert self.expires_at is not None
         return (self.expires_at - self.db_now).total_seconds()
-
-
-def new_instance_id() -> str:
-    """Return an id unique to this process start: ``hostname-pid-random``."""
-    return f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(3)}"
 
 
 def _ensure_rows(names: Sequence[str]) -> None:

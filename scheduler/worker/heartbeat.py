@@ -41,8 +41,6 @@ loop for good instead of letting kombu's BRPOP health check reconnect.
 from __future__ import annotations
 
 import logging
-import os
-import socket
 import threading
 import time
 import uuid
@@ -72,7 +70,7 @@ _TOKEN = uuid.uuid4().hex[:12]
 
 def instance_id(nodename: str) -> str:
     """Return this worker process's id in the instance registry."""
-    return f"{nodename or socket.gethostname()}-{os.getpid()}"
+    return instances.process_id(nodename or None)
 
 
 def probe_queue(nodename: str) -> Queue:
