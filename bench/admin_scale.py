@@ -18,7 +18,14 @@ import sys
 import time
 from typing import Any
 
-from bench.common import insert_generated, migrated_services, run_child, table, write_results
+from bench.common import (
+    SCALE_SCHEDULE_COLUMNS,
+    insert_generated,
+    measure_at_scale,
+    scale_execution_columns,
+    table,
+    write_results,
+)
 
 GOAL_SECONDS = 1.0
 
@@ -33,19 +40,7 @@ def _load(schedules: int, executions: int) -> dict[str, float]:
     insert_generated(
         Schedule,
         schedules,
-        {
-            "name": "'schedule-' || g",
-            "task": "'app.task_' || (g % 50)",
-            "interval": "60 + (g % 600)",
-            "queue": "'queue-' || (g % 5)",
-            "tenant": "'tenant-' || (g % 100)",
-            "enabled": "(g % 10 <> 0)",
-            "next_run_at": "now() + make_interval(secs => g % 3600)",
-            "last_run_at": "now() - make_interval(secs => g % 3600)",
-            "last_status": "(ARRAY['succeeded','failed','timed_out'])[1 + g % 3]",
-            "created_at": "now()",
-            "updated_at": "now()",
-        },
+        {**SCALE_SCHEDULE_COLUMNS, "tenant": "'tenant-' || (g % 100)"},
     )
     timings["load_schedules_seconds"] = time.monotonic() - started
     started = time.monotonic()
@@ -53,12 +48,9 @@ def _load(schedules: int, executions: int) -> dict[str, float]:
         Execution,
         executions,
         {
-            "idempotency_key": "'bench:' || g",
-            "schedule_id": f"(SELECT min(id) FROM scheduler_schedule) + (g % {schedules})",
-            "task": "'app.task_' || (g % 50)",
+            **scale_execution_columns(schedules),
             "scheduled_for": "now() - make_interval(secs => g)",
             "status": "(ARRAY['succeeded','succeeded','succeeded','failed','missed','skipped'])[1 + g % 6]",
-            "celery_task_id": "md5(g::text)",
             "started_at": "now() - make_interval(secs => g)",
             "finished_at": "now() - make_interval(secs => g) + interval '1 second'",
             "created_at": "now() - make_interval(secs => g)",
@@ -147,21 +139,7 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps({"loading": loading, "pages": _measure(args.repeat)}), flush=True)
         return 0
 
-    with migrated_services(broker=False, debug=True) as (env, _):  # the admin never touches the broker
-        env["ALLOWED_HOSTS"] = "testserver"
-        print(f"loading {args.schedules:,} schedules and {args.executions:,} executions into PostgreSQL...", flush=True)
-        result = run_child(
-            [
-                sys.executable,
-                "-m",
-                "bench.admin_scale",
-                "--child",
-                f"--schedules={args.schedules}",
-                f"--executions={args.executions}",
-                f"--repeat={args.repeat}",
-            ],
-            env,
-        )
+    result = measure_at_scale("bench.admin_scale", args.schedules, args.executions, args.repeat)
     rows = [[p["page"], p["status"], p["queries"], p["median_seconds"], p["max_seconds"]] for p in result["pages"]]
     print()
     print(table(["page", "status", "queries", "median s", "max s"], rows))

@@ -63,14 +63,14 @@ from typing import Any
 from urllib.parse import urlparse
 
 from bench.common import (
+    CELERY,
     ROOT,
     cpu_seconds,
     execute_sql,
     insert_generated,
     log_to_file,
-    migrated_services,
+    measure_in_child,
     peak_rss_mib,
-    run_child,
     stop_process,
     table,
     write_results,
@@ -161,14 +161,13 @@ def _burst(
     client = _reset()
     # The stored shard count too: the replicas then store this run's SCHEDULER_SHARDS.
     execute_sql("TRUNCATE scheduler_lease, scheduler_shardlayout")
-    celery = str(Path(sys.executable).with_name("celery"))
     env = {**os.environ, "SCHEDULER_DISPATCH_BATCH_SIZE": str(batch_size), "SCHEDULER_SHARDS": str(shards)}
     processes = []
     with log.open("wb") as out:
         for _ in range(replicas):
             processes.append(
                 subprocess.Popen(
-                    [celery, "-A", "project", "beat", "-l", "info", "--pidfile="],
+                    [CELERY, "-A", "project", "beat", "-l", "info", "--pidfile="],
                     cwd=ROOT,
                     env=env,
                     stdout=out,
@@ -502,24 +501,16 @@ def main(argv: list[str] | None = None) -> int:
         return 0
 
     started = time.monotonic()
-    with migrated_services() as (env, tmp):
-        result = run_child(
-            [
-                sys.executable,
-                "-m",
-                "bench.burst",
-                "--child",
-                f"--kind={args.kind}",
-                f"--schedules={args.schedules}",
-                f"--batch-sizes={args.batch_sizes}",
-                f"--replicas={args.replicas}",
-                f"--shards={args.shards}",
-                f"--timeout={args.timeout}",
-                f"--logs={tmp}",
-                *(["--profile"] if args.profile else []),
-            ],
-            env,
-        )
+    result = measure_in_child(
+        "bench.burst",
+        kind=args.kind,
+        schedules=args.schedules,
+        batch_sizes=args.batch_sizes,
+        replicas=args.replicas,
+        shards=args.shards,
+        timeout=args.timeout,
+        profile=args.profile,
+    )
 
     limit = min(result["ceilings"]["redis"]["per_second"], result["ceilings"]["insert"]["per_second"])
     rows = []

@@ -29,13 +29,19 @@ import json
 import os
 import pstats
 import sys
-import tempfile
 import time
 from datetime import timedelta
-from pathlib import Path
 from typing import Any
 
-from bench.common import ROOT, django_env, migrate, run_child, table, write_results
+from bench.common import (
+    ROOT,
+    add_databases_option,
+    child_command,
+    migrated_databases,
+    run_child,
+    table,
+    write_results,
+)
 
 KINDS = ("interval", "one-off", "max_runs")
 HOTSPOTS = 12
@@ -124,16 +130,13 @@ def _measure_database(count: int, kinds: list[str], profile: bool) -> dict[str, 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--schedules", type=int, default=10_000, help="due schedules per kind (default 10000)")
-    parser.add_argument("--databases", default="postgresql,sqlite", help="comma-separated: postgresql, sqlite")
+    add_databases_option(parser)
     parser.add_argument("--kinds", default=",".join(KINDS), help=f"comma-separated: {', '.join(KINDS)}")
     parser.add_argument("--profile", action="store_true", help="print the hot spots of each kind")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.schedules < 1:
         parser.error("--schedules must be at least 1")
-    databases = [name.strip() for name in args.databases.split(",") if name.strip()]
-    if not databases or set(databases) - {"postgresql", "sqlite"}:
-        parser.error("--databases takes postgresql and/or sqlite")
     kinds = [name.strip() for name in args.kinds.split(",") if name.strip()]
     if not kinds or set(kinds) - set(KINDS):
         parser.error(f"--kinds takes {', '.join(KINDS)}")
@@ -142,26 +145,15 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(_measure_database(args.schedules, kinds, args.profile)), flush=True)
         return 0
 
-    from tests.services import postgres_cluster
-
     results = []
-    with tempfile.TemporaryDirectory(prefix="bench-") as tmp, postgres_cluster() as pg_url:
-        for database in databases:
-            var_dir = Path(tmp) / database
-            url = pg_url if database == "postgresql" else f"sqlite:///{var_dir / 'bench.sqlite3'}"
-            # The production settings: no query log, as a deployed beat runs.
-            env = django_env(url, "redis://localhost:1/0", var_dir, debug=False)
-            migrate(env)
+    # The production settings: no query log, as a deployed beat runs.
+    with migrated_databases(args.databases, broker=False, debug=False) as services:
+        for database, env in services.environments.items():
             print(f"measuring on {database} ({args.schedules} due schedules x {len(kinds)} kinds)...", flush=True)
-            command = [
-                sys.executable,
-                "-m",
-                "bench.commit_cost",
-                "--child",
-                f"--schedules={args.schedules}",
-                f"--kinds={','.join(kinds)}",
-            ]
-            results.append(run_child(command + (["--profile"] if args.profile else []), env))
+            command = child_command(
+                "bench.commit_cost", schedules=args.schedules, kinds=",".join(kinds), profile=args.profile
+            )
+            results.append(run_child(command, env))
 
     rows = []
     for result in results:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
 import os
@@ -13,12 +14,23 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS_DIR = ROOT / "bench" / "results"
 PEERS_VENV = ROOT / "bench" / ".venv-peers"
 PEERS_REQUIREMENTS = ROOT / "bench" / "requirements-peers.txt"
+CELERY = str(Path(sys.executable).with_name("celery"))
+MEASURED_DATABASES = ("postgresql", "sqlite")
+#: Port 1: nothing answers there, for a benchmark that must never publish.
+NO_BROKER_URL = "redis://127.0.0.1:1/0"
+#: The beat replicas of the failover and shards benchmarks run with these, so that a takeover
+#: takes seconds and both benchmarks measure it under the same lease.
+LEASE_ENV = {
+    "SCHEDULER_LEASE_TTL_SECONDS": "10",
+    "SCHEDULER_LEASE_RENEW_SECONDS": "2",
+    "SCHEDULER_FOLLOWER_RETRY_SECONDS": "1",
+}
 
 
 def machine() -> dict[str, Any]:
@@ -65,14 +77,19 @@ def migrate(env: dict[str, str], python: str | Path = sys.executable) -> None:
     subprocess.run([str(python), "manage.py", "migrate", "--noinput", "-v", "0"], cwd=ROOT, env=env, check=True)
 
 
-@contextmanager
-def migrated_services(*, broker: bool = True, debug: bool = False) -> Iterator[tuple[dict[str, str], Path]]:
-    """Start the benchmark's own PostgreSQL (and Redis, with ``broker``), migrated; stop them afterwards.
+class DatabaseServices(NamedTuple):
+    """A scratch folder for logs, the Redis URL, and per database the environment of a child using it."""
 
-    Yields the environment of a child process using them (see ``django_env``)
-    and a scratch folder for its logs. Without ``broker`` the URL given is one
-    nothing answers on, for a benchmark that must never publish.
-    """
+    scratch: Path
+    redis_url: str
+    environments: dict[str, dict[str, str]]
+
+
+@contextmanager
+def migrated_databases(
+    databases: Sequence[str], *, broker: bool = True, debug: bool = False
+) -> Iterator[DatabaseServices]:
+    """Start Redis (a URL nothing answers on without ``broker``) and each database named, migrated; stop them after."""
     import tempfile
     from contextlib import ExitStack
 
@@ -80,10 +97,63 @@ def migrated_services(*, broker: bool = True, debug: bool = False) -> Iterator[t
 
     with ExitStack() as stack:
         scratch = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="bench-")))
-        redis_url = stack.enter_context(redis_server()) if broker else "redis://127.0.0.1:1/0"
-        env = django_env(stack.enter_context(postgres_cluster()), redis_url, scratch, debug=debug)
-        migrate(env)
-        yield env, scratch
+        redis_url = stack.enter_context(redis_server()) if broker else NO_BROKER_URL
+        postgres_url = stack.enter_context(postgres_cluster()) if "postgresql" in databases else ""
+        environments = {}
+        for database in databases:
+            var_dir = scratch / database
+            var_dir.mkdir()
+            url = postgres_url if database == "postgresql" else f"sqlite:///{var_dir / 'bench.sqlite3'}"
+            environments[database] = django_env(url, redis_url, var_dir, debug=debug)
+            migrate(environments[database])
+        yield DatabaseServices(scratch, redis_url, environments)
+
+
+@contextmanager
+def migrated_services(*, broker: bool = True, debug: bool = False) -> Iterator[tuple[dict[str, str], Path]]:
+    """Start the benchmark's own PostgreSQL (and Redis, with ``broker``), migrated; stop them afterwards.
+
+    Yields the environment of a child process using them (see ``django_env``)
+    and a scratch folder for its logs.
+    """
+    with migrated_databases(["postgresql"], broker=broker, debug=debug) as services:
+        yield services.environments["postgresql"], services.scratch
+
+
+def add_databases_option(parser: argparse.ArgumentParser) -> None:
+    """Add ``--databases``, the comma-separated databases to measure on (a list once parsed), both by default."""
+    parser.add_argument(
+        "--databases",
+        type=_database_names,
+        default=",".join(MEASURED_DATABASES),
+        help="comma-separated: postgresql, sqlite",
+    )
+
+
+def _database_names(text: str) -> list[str]:
+    names = [name.strip() for name in text.split(",") if name.strip()]
+    if not names or set(names) - set(MEASURED_DATABASES):
+        raise argparse.ArgumentTypeError("takes postgresql and/or sqlite")
+    return names
+
+
+def child_command(module: str, **options: Any) -> list[str]:
+    """Return the command running ``python -m <module> --child`` with these options as ``--name=value``."""
+    command = [sys.executable, "-m", module, "--child"]
+    for name, value in options.items():
+        flag = "--" + name.replace("_", "-")
+        # A switch: given when on; an option not wanted this run: left out.
+        if value is True:
+            command.append(flag)
+        elif value is not None and value is not False:
+            command.append(f"{flag}={value}")
+    return command
+
+
+def measure_in_child(module: str, **options: Any) -> Any:
+    """Run a benchmark's child on its own PostgreSQL and Redis, with ``--logs`` their scratch folder; return its result."""
+    with migrated_services() as (env, scratch):
+        return run_child(child_command(module, logs=scratch, **options), env)
 
 
 def run_child(command: Sequence[str], env: dict[str, str]) -> Any:
@@ -158,6 +228,40 @@ def insert_generated(model: Any, count: int, expressions: dict[str, str], *, tab
         cursor.execute(sql, params)
 
 
+#: Generated schedules of the at-scale benchmarks (admin pages, ``/metrics``): 50 tasks, every
+#: 1 to 11 minutes over five queues, one in ten disabled, due within the hour, a mix of last outcomes.
+SCALE_SCHEDULE_COLUMNS = {
+    "name": "'schedule-' || g",
+    "task": "'app.task_' || (g % 50)",
+    "interval": "60 + (g % 600)",
+    "queue": "'queue-' || (g % 5)",
+    "enabled": "(g % 10 <> 0)",
+    "next_run_at": "now() + make_interval(secs => g % 3600)",
+    "last_run_at": "now() - make_interval(secs => g % 3600)",
+    "last_status": "(ARRAY['succeeded','failed','timed_out'])[1 + g % 3]",
+    "created_at": "now()",
+    "updated_at": "now()",
+}
+
+
+def scale_execution_columns(schedules: int) -> dict[str, str]:
+    """Return the generated executions' columns the at-scale benchmarks share: spread over ``schedules`` rows."""
+    return {
+        "idempotency_key": "'bench:' || g",
+        "schedule_id": f"(SELECT min(id) FROM scheduler_schedule) + (g % {schedules})",
+        "task": "'app.task_' || (g % 50)",
+        "celery_task_id": "md5(g::text)",
+    }
+
+
+def measure_at_scale(module: str, schedules: int, executions: int, repeat: int) -> Any:
+    """Run an at-scale benchmark's child, which loads the rows and renders pages, on a PostgreSQL of its own."""
+    with migrated_services(broker=False, debug=True) as (env, _):  # rendering a page never touches the broker
+        env["ALLOWED_HOSTS"] = "testserver"
+        print(f"loading {schedules:,} schedules and {executions:,} executions into PostgreSQL...", flush=True)
+        return run_child(child_command(module, schedules=schedules, executions=executions, repeat=repeat), env)
+
+
 def execute_sql(sql: str, params: Sequence[Any] | None = None) -> list[tuple[Any, ...]]:
     """Run one statement on Django's connection; return its rows (none for a statement without)."""
     from django.db import connection
@@ -174,6 +278,31 @@ def log_to_file(path: Path) -> None:
     handler = logging.FileHandler(path)
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s %(message)s"))
     logging.getLogger("scheduler").handlers = [handler]
+
+
+def worker_command(
+    name: str, concurrency: int, *, include: str = "bench.tasks", options: Sequence[str] = ()
+) -> list[str]:
+    """Return the command of a benchmark's Celery worker ``<name>@<host>``: prefork, quiet, no gossip or mingle."""
+    return [
+        CELERY,
+        "-A",
+        "project",
+        "worker",
+        "-P",
+        "prefork",
+        "-c",
+        str(concurrency),
+        "-n",
+        f"{name}@%h",
+        "--include",
+        include,
+        "-l",
+        "warning",
+        "--without-gossip",
+        "--without-mingle",
+        *options,
+    ]
 
 
 # --- measuring a process ----------------------------------------------------------------

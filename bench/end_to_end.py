@@ -36,13 +36,14 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import (
+    CELERY,
     ROOT,
     execute_sql,
     insert_generated,
-    migrated_services,
-    run_child,
+    measure_in_child,
     stop_process,
     table,
+    worker_command,
     write_results,
 )
 
@@ -51,7 +52,6 @@ POLL_SECONDS = 0.05
 LEAD_SECONDS = 3
 #: The plain beat's crontab fires on a whole minute; it must start before it.
 PLAIN_LEAD_SECONDS = 15
-CELERY = str(Path(sys.executable).with_name("celery"))
 
 
 # --- inside the child process (Django configured) ----------------------------------------
@@ -67,10 +67,10 @@ def _reset() -> None:
     redis.Redis.from_url(os.environ["REDIS_URL"]).flushdb()
 
 
-def _start(args: list[str], log: Path, env: dict[str, str] | None = None) -> subprocess.Popen[Any]:
+def _start(command: list[str], log: Path, env: dict[str, str] | None = None) -> subprocess.Popen[Any]:
     with log.open("ab") as out:
         return subprocess.Popen(
-            [CELERY, *args],
+            command,
             cwd=ROOT,
             env=env or os.environ.copy(),
             stdout=out,
@@ -83,27 +83,7 @@ def _start_workers(concurrency: int, logs: Path) -> list[subprocess.Popen[Any]]:
     from project.celery import app
 
     workers = [
-        _start(
-            [
-                "-A",
-                "project",
-                "worker",
-                "-P",
-                "prefork",
-                "-c",
-                str(concurrency),
-                "-n",
-                f"e2e-{number}@%h",
-                "--include",
-                "bench.tasks",
-                "-l",
-                "warning",
-                "--without-gossip",
-                "--without-mingle",
-            ],
-            logs / f"worker-{number}.log",
-        )
-        for number in range(WORKERS)
+        _start(worker_command(f"e2e-{number}", concurrency), logs / f"worker-{number}.log") for number in range(WORKERS)
     ]
     deadline = time.monotonic() + 60
     while len({name for reply in app.control.ping(timeout=1.0) for name in reply if name.startswith("e2e-")}) < WORKERS:
@@ -131,7 +111,7 @@ def _leader_gated(count: int, timeout: float, logs: Path) -> dict[str, Any]:
     from scheduler.models import Schedule
 
     _reset()
-    beat = _start(["-A", "project", "beat", "-l", "info", "--pidfile="], logs / "beat-ours.log")
+    beat = _start([CELERY, "-A", "project", "beat", "-l", "info", "--pidfile="], logs / "beat-ours.log")
     try:
         deadline = time.monotonic() + 60
         while not execute_sql("SELECT 1 FROM scheduler_lease WHERE holder <> '' AND expires_at > now()"):
@@ -180,7 +160,7 @@ def _plain(count: int, timeout: float, logs: Path) -> dict[str, Any]:
         "BENCH_PLAIN_DUE": due.isoformat(),
     }
     beat = _start(
-        ["-A", "project", "beat", "-l", "info", "--pidfile=", f"--schedule={logs / 'plain-beat-schedule'}"],
+        [CELERY, "-A", "project", "beat", "-l", "info", "--pidfile=", f"--schedule={logs / 'plain-beat-schedule'}"],
         logs / "beat-plain.log",
         env,
     )
@@ -226,20 +206,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
 
     started = time.monotonic()
-    with migrated_services() as (env, tmp):
-        result = run_child(
-            [
-                sys.executable,
-                "-m",
-                "bench.end_to_end",
-                "--child",
-                f"--tasks={args.tasks}",
-                f"--concurrency={args.concurrency}",
-                f"--timeout={args.timeout}",
-                f"--logs={tmp}",
-            ],
-            env,
-        )
+    result = measure_in_child("bench.end_to_end", tasks=args.tasks, concurrency=args.concurrency, timeout=args.timeout)
     runs = result["runs"]
     print()
     print(

@@ -47,7 +47,6 @@ results of systems not measured this time are kept as they were.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import random
@@ -55,21 +54,29 @@ import re
 import signal
 import statistics
 import sys
-import tempfile
 import time
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from bench.common import RESULTS_DIR, django_env, migrate, peers_python, run_child, table, write_results
+from bench.common import (
+    LEASE_ENV,
+    RESULTS_DIR,
+    add_databases_option,
+    child_command,
+    migrated_databases,
+    peers_python,
+    run_child,
+    table,
+    write_results,
+)
 from tests.processes import CeleryProcess, beat_argv
 
 SIGNALS = {"SIGKILL": signal.SIGKILL, "SIGTERM": signal.SIGTERM}
 REPLICAS = 3
 PEER_REPLICAS = 2
 #: Lease settings of the project's replicas (its documented defaults).
-LEASE_SETTINGS = {"LEASE_TTL_SECONDS": "10", "LEASE_RENEW_SECONDS": "2", "FOLLOWER_RETRY_SECONDS": "1"}
 TAKEOVER_WAIT = 40.0  # seconds a follower has to dispatch after a kill
 STARTUP_WAIT = 60.0  # seconds a replica has to start
 STEADY_SECONDS = 3.0  # between a takeover (and restart) and the next kill, plus up to 1 s at random
@@ -221,7 +228,7 @@ def _measure_database(kills: int, logs: Path) -> list[dict[str, Any]]:
     from scheduler.models import Execution, Schedule
     from scheduler.owners import leases, schedules
 
-    env = {**os.environ, **{f"SCHEDULER_{key}": value for key, value in LEASE_SETTINGS.items()}}
+    env = {**os.environ, **LEASE_ENV}
 
     class ProjectCluster(Cluster):
         ready = r"beat replica \S+ started"
@@ -453,7 +460,7 @@ def _with_before(results: list[dict[str, Any]], previous: dict[str, Any]) -> lis
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--kills", type=int, default=10, help="kills per signal and system (default 10)")
-    parser.add_argument("--databases", default="postgresql,sqlite", help="comma-separated: postgresql, sqlite")
+    add_databases_option(parser)
     parser.add_argument("--skip-peers", action="store_true", help="do not measure celery-redbeat")
     parser.add_argument(
         "--default-lock-kills",
@@ -466,36 +473,22 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.kills < 1 or args.default_lock_kills < 0:
         parser.error("--kills must be at least 1 and --default-lock-kills at least 0")
-    databases = [name.strip() for name in args.databases.split(",") if name.strip()]
-    if set(databases) - {"postgresql", "sqlite"}:
-        parser.error("--databases takes postgresql and/or sqlite")
 
     if args.child:
         print(json.dumps(_measure_database(args.kills, Path(args.logs))), flush=True)
         return 0
-
-    from tests.services import postgres_cluster, redis_server
 
     previous = _previous_run()
     load_before = os.getloadavg()
     started = time.monotonic()
     celery = None if args.skip_peers else peers_python().with_name("celery")
     results: list[dict[str, Any]] = []
-    with contextlib.ExitStack() as stack:
-        tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="bench-failover-")))
-        redis_url = stack.enter_context(redis_server())
-        pg_url = stack.enter_context(postgres_cluster()) if "postgresql" in databases else None
-        for database in databases:
-            var_dir = tmp / database
-            url = pg_url if database == "postgresql" else f"sqlite:///{var_dir / 'bench.sqlite3'}"
-            env = django_env(url or "", redis_url, var_dir)
-            migrate(env)
-            results += run_child(
-                [sys.executable, "-m", "bench.failover", "--child", f"--kills={args.kills}", f"--logs={tmp}"], env
-            )
+    with migrated_databases(args.databases, debug=True) as services:
+        for env in services.environments.values():
+            results += run_child(child_command("bench.failover", kills=args.kills, logs=services.scratch), env)
         if celery is not None:
-            peer_redis = redis_url.rsplit("/", 1)[0] + "/1"
-            results += _measure_redbeat(celery, peer_redis, tmp, args.kills, args.default_lock_kills)
+            peer_redis = services.redis_url.rsplit("/", 1)[0] + "/1"
+            results += _measure_redbeat(celery, peer_redis, services.scratch, args.kills, args.default_lock_kills)
     elapsed = time.monotonic() - started
     load = {"before": load_before, "after": os.getloadavg()}
     measured, results = results, _with_before(results, previous)
@@ -558,7 +551,7 @@ def main(argv: list[str] | None = None) -> int:
             "settings": {
                 "project": {
                     "replicas": REPLICAS,
-                    **{f"SCHEDULER_{k}": float(v) for k, v in LEASE_SETTINGS.items()},
+                    **{name: float(value) for name, value in LEASE_ENV.items()},
                     "schedule_interval_seconds": 1,
                     "takeover_wait_seconds": TAKEOVER_WAIT,
                 },

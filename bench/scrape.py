@@ -30,7 +30,14 @@ import time
 from importlib import import_module
 from typing import Any
 
-from bench.common import insert_generated, migrated_services, run_child, table, write_results
+from bench.common import (
+    SCALE_SCHEDULE_COLUMNS,
+    insert_generated,
+    measure_at_scale,
+    scale_execution_columns,
+    table,
+    write_results,
+)
 
 GOAL_SECONDS = 0.2
 #: Executions still in flight (pending, queued, running), the newest ones.
@@ -48,21 +55,12 @@ def _load(schedules: int, executions: int) -> dict[str, float]:
         Schedule,
         schedules,
         {
-            "name": "'schedule-' || g",
-            "task": "'app.task_' || (g % 50)",
-            "interval": "60 + (g % 600)",
-            "queue": "'queue-' || (g % 5)",
-            "enabled": "(g % 10 <> 0)",
+            **SCALE_SCHEDULE_COLUMNS,
             "paused_reason": "CASE WHEN g % 50 = 1 THEN 'maintenance' ELSE '' END",
-            "next_run_at": "now() + make_interval(secs => g % 3600)",
-            "last_run_at": "now() - make_interval(secs => g % 3600)",
-            "last_status": "(ARRAY['succeeded','failed','timed_out'])[1 + g % 3]",
             "cadence": "2 * (60 + (g % 600))",
             "last_success_at": "now() - make_interval(secs => g % 2400)",
             # Overdue when the last success is older than the cadence: most of them, the worst case for counting.
             "overdue_at": "now() - make_interval(secs => g % 2400) + make_interval(secs => 2 * (60 + (g % 600)))",
-            "created_at": "now()",
-            "updated_at": "now()",
         },
     )
     timings["load_schedules_seconds"] = time.monotonic() - started
@@ -74,15 +72,12 @@ def _load(schedules: int, executions: int) -> dict[str, float]:
         Execution,
         executions,
         {
-            "idempotency_key": "'bench:' || g",
-            "schedule_id": f"(SELECT min(id) FROM scheduler_schedule) + (g % {schedules})",
-            "task": "'app.task_' || (g % 50)",
+            **scale_execution_columns(schedules),
             "queue": "'queue-' || (g % 5)",
             "trigger": "(ARRAY['scheduled','scheduled','scheduled','scheduled','backfill','manual'])[1 + g % 6]",
             "scheduled_for": slot,
             "status": f"CASE WHEN g <= {IN_FLIGHT} THEN (ARRAY['pending','queued','running'])[1 + g % 3] "
             "ELSE (ARRAY['succeeded','succeeded','succeeded','failed','missed','skipped'])[1 + g % 6] END",
-            "celery_task_id": "md5(g::text)",
             "enqueued_at": f"{slot} + make_interval(secs => (g % 300) / 100.0)",
             "started_at": f"CASE WHEN g <= {IN_FLIGHT} AND g % 3 <> 2 THEN NULL ELSE {slot} + interval '3 seconds' END",
             "finished_at": f"CASE WHEN g <= {IN_FLIGHT} THEN NULL ELSE {slot} + make_interval(secs => 3 + g % 40) END",
@@ -155,21 +150,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
 
     load_before = os.getloadavg()
-    with migrated_services(broker=False, debug=True) as (env, _):  # a scrape never touches the broker
-        env["ALLOWED_HOSTS"] = "testserver"
-        print(f"loading {args.schedules:,} schedules and {args.executions:,} executions into PostgreSQL...", flush=True)
-        result = run_child(
-            [
-                sys.executable,
-                "-m",
-                "bench.scrape",
-                "--child",
-                f"--schedules={args.schedules}",
-                f"--executions={args.executions}",
-                f"--repeat={args.repeat}",
-            ],
-            env,
-        )
+    result = measure_at_scale("bench.scrape", args.schedules, args.executions, args.repeat)
     load_after = os.getloadavg()
     rows = [[f"{q['seconds'] * 1000:.1f}", q["sql"][:110]] for q in result["slowest_scrape_queries"]]
     print()

@@ -46,7 +46,6 @@ Run: ``python -m bench.shards [--replicas 1,3,5] [--shards 64] [--schedules 1000
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import random
@@ -54,20 +53,28 @@ import re
 import signal
 import statistics
 import sys
-import tempfile
 import threading
 import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from bench.common import cpu_seconds, django_env, migrate, percentile, run_child, table, write_results
+from bench.common import (
+    LEASE_ENV,
+    add_databases_option,
+    child_command,
+    cpu_seconds,
+    migrated_databases,
+    percentile,
+    run_child,
+    table,
+    write_results,
+)
 from scheduler import dbclock
 from tests.processes import CeleryProcess, beat_argv, wait_until
 
 SIGNALS = {"SIGKILL": signal.SIGKILL, "SIGTERM": signal.SIGTERM}
 #: Lease settings of the replicas (the documented defaults, as ``bench.failover``).
-LEASE_SETTINGS = {"LEASE_TTL_SECONDS": "10", "LEASE_RENEW_SECONDS": "2", "FOLLOWER_RETRY_SECONDS": "1"}
 STARTUP_WAIT = 60.0  # seconds a replica has to start
 BALANCE_WAIT = 60.0  # seconds the shards have to spread evenly over the live replicas
 TAKEOVER_WAIT = 40.0  # seconds the others have to take every shard of a killed replica
@@ -355,7 +362,7 @@ def _measure_database(
 
     from scheduler.models import Schedule
 
-    env = {**os.environ, **{f"SCHEDULER_{key}": value for key, value in LEASE_SETTINGS.items()}}
+    env = {**os.environ, **LEASE_ENV}
     rng = random.Random(0)
     stop = threading.Event()
     threading.Thread(target=_drain, args=(os.environ["REDIS_URL"], stop), daemon=True).start()
@@ -507,7 +514,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--schedules", type=int, default=1000, help="every-second schedules (default 1000)")
     parser.add_argument("--seconds", type=float, default=30.0, help="steady window per replica count (default 30)")
     parser.add_argument("--kills", type=int, default=3, help="kills per signal with 2 replicas or more (default 3)")
-    parser.add_argument("--databases", default="postgresql,sqlite", help="comma-separated: postgresql, sqlite")
+    add_databases_option(parser)
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--logs", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -519,9 +526,6 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--replicas must be at least 1")
     if args.shards < 2 or args.schedules < 1 or args.seconds <= 0 or args.kills < 0:
         parser.error("--shards must be at least 2, --schedules at least 1, --seconds positive and --kills at least 0")
-    databases = [name.strip() for name in args.databases.split(",") if name.strip()]
-    if not databases or set(databases) - {"postgresql", "sqlite"}:
-        parser.error("--databases takes postgresql and/or sqlite")
 
     if args.child:
         results = _measure_database(
@@ -530,36 +534,21 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(results), flush=True)
         return 0
 
-    from tests.services import postgres_cluster, redis_server
-
     load_before = os.getloadavg()
     started = time.monotonic()
     results: list[dict[str, Any]] = []
-    with contextlib.ExitStack() as stack:
-        tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="bench-shards-")))
-        redis_url = stack.enter_context(redis_server())
-        pg_url = stack.enter_context(postgres_cluster()) if "postgresql" in databases else None
-        for database in databases:
-            var_dir = tmp / database
-            var_dir.mkdir()
-            url = pg_url if database == "postgresql" else f"sqlite:///{var_dir / 'bench.sqlite3'}"
-            env = {**django_env(url or "", redis_url, var_dir, debug=False), "SCHEDULER_SHARDS": str(args.shards)}
-            migrate(env)
-            results += run_child(
-                [
-                    sys.executable,
-                    "-m",
-                    "bench.shards",
-                    "--child",
-                    f"--replicas={args.replicas}",
-                    f"--shards={args.shards}",
-                    f"--schedules={args.schedules}",
-                    f"--seconds={args.seconds}",
-                    f"--kills={args.kills}",
-                    f"--logs={tmp}",
-                ],
-                env,
+    with migrated_databases(args.databases, debug=False) as services:
+        for env in services.environments.values():
+            command = child_command(
+                "bench.shards",
+                replicas=args.replicas,
+                shards=args.shards,
+                schedules=args.schedules,
+                seconds=args.seconds,
+                kills=args.kills,
+                logs=services.scratch,
             )
+            results += run_child(command, {**env, "SCHEDULER_SHARDS": str(args.shards)})
     elapsed = time.monotonic() - started
     load = {"before": load_before, "after": os.getloadavg()}
 
@@ -579,7 +568,7 @@ def main(argv: list[str] | None = None) -> int:
                 "schedule_interval_seconds": 1,
                 "steady_seconds": args.seconds,
                 "kills_per_signal": args.kills,
-                **{f"SCHEDULER_{k}": float(v) for k, v in LEASE_SETTINGS.items()},
+                **{name: float(value) for name, value in LEASE_ENV.items()},
             },
             "note": "On 2 cores this shows the spread, not a speed-up: all replicas share two cores with PostgreSQL.",
             "elapsed_seconds": elapsed,

@@ -33,8 +33,7 @@ from bench.common import (
     execute_sql,
     insert_generated,
     log_to_file,
-    migrated_services,
-    run_child,
+    measure_in_child,
     table,
     write_results,
 )
@@ -147,11 +146,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
 
     started = time.monotonic()
-    with migrated_services() as (env, tmp):
-        result = run_child(
-            [sys.executable, "-m", "bench.tick_backlog", "--child", f"--schedules={args.schedules}", f"--logs={tmp}"],
-            env,
-        )
+    result = measure_in_child("bench.tick_backlog", schedules=args.schedules)
 
     rows = []
     for run in result["runs"]:

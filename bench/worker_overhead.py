@@ -30,7 +30,6 @@ import os
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 import uuid
 from collections.abc import Iterator
@@ -41,13 +40,15 @@ from typing import Any
 from bench import profiling
 from bench.common import (
     ROOT,
+    add_databases_option,
+    child_command,
     cpu_seconds,
-    django_env,
     execute_sql,
-    migrate,
+    migrated_databases,
     run_child,
     stop_process,
     table,
+    worker_command,
     write_results,
 )
 
@@ -102,27 +103,7 @@ def _worker(app: Any, *, profile_dir: Path | None = None) -> Iterator[tuple[subp
         env[profiling.DIRECTORY_VARIABLE] = str(profile_dir)
         include += ",bench.profiling"
     worker = subprocess.Popen(
-        [
-            str(Path(sys.executable).with_name("celery")),
-            "-A",
-            "project",
-            "worker",
-            "-P",
-            "prefork",
-            "-c",
-            "2",
-            "-n",
-            f"{WORKER_NAME}@%h",
-            "-Q",
-            "bench.idle",
-            "--include",
-            include,
-            "-l",
-            "warning",
-            "--without-gossip",
-            "--without-mingle",
-            "--without-heartbeat",
-        ],
+        worker_command(WORKER_NAME, 2, include=include, options=["-Q", "bench.idle", "--without-heartbeat"]),
         cwd=ROOT,
         env=env,
         start_new_session=True,
@@ -241,47 +222,34 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--tasks", type=int, default=2000, help="messages per kind and round (default 2000)")
     parser.add_argument("--rounds", type=int, default=2, help="rounds; kinds alternate within each (default 2)")
-    parser.add_argument("--databases", default="postgresql,sqlite", help="comma-separated: postgresql, sqlite")
+    add_databases_option(parser)
     parser.add_argument("--profile", action="store_true", help="break each task's time down (bench.profiling)")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--profile-dir", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.tasks < 1 or args.rounds < 1:
         parser.error("--tasks and --rounds must be at least 1")
-    databases = [name.strip() for name in args.databases.split(",") if name.strip()]
-    if not databases or set(databases) - {"postgresql", "sqlite"}:
-        parser.error("--databases takes postgresql and/or sqlite")
 
     if args.child:
         print(json.dumps(_measure_database(args.tasks, args.rounds, args.profile_dir)), flush=True)
         return 0
 
-    from tests.services import postgres_cluster, redis_server
-
     results = []
     load_before = os.getloadavg()
-    with tempfile.TemporaryDirectory(prefix="bench-") as tmp, redis_server() as redis_url, postgres_cluster() as pg_url:
-        for database in databases:
-            var_dir = Path(tmp) / database
-            url = pg_url if database == "postgresql" else f"sqlite:///{var_dir / 'bench.sqlite3'}"
-            # Production settings, as a deployed worker runs: DEBUG's query log
-            # costs every statement extra work (on SQLite, one more query each).
-            env = django_env(url, redis_url, var_dir, debug=False)
-            migrate(env)
+    # Production settings, as a deployed worker runs: DEBUG's query log
+    # costs every statement extra work (on SQLite, one more query each).
+    with migrated_databases(args.databases, debug=False) as services:
+        for database, env in services.environments.items():
             print(
                 f"measuring on {database} ({args.tasks} tasks x {len(KINDS)} kinds x {args.rounds} rounds)...",
                 flush=True,
             )
-            command = [
-                sys.executable,
-                "-m",
+            command = child_command(
                 "bench.worker_overhead",
-                "--child",
-                f"--tasks={args.tasks}",
-                f"--rounds={args.rounds}",
-            ]
-            if args.profile:
-                command.append(f"--profile-dir={Path(tmp) / database / 'profile'}")
+                tasks=args.tasks,
+                rounds=args.rounds,
+                profile_dir=services.scratch / database / "profile" if args.profile else None,
+            )
             results.append(run_child(command, env))
 
     rows, summary = [], []
