@@ -29,6 +29,7 @@ from django.db.models import Model
 from django.utils.dateparse import parse_datetime
 
 from scheduler.exceptions import BrokerUnavailable, first_line
+from scheduler.models import Execution
 from scheduler.models.schedule import EARLIEST, LATEST, Schedule
 
 #: ``30d``, ``12h``, ``90m``, ``45s``, ``2w`` (a number and one unit).
@@ -254,6 +255,16 @@ def _argument_error(message: str) -> Exception:
 def model_fields(instance: Model) -> dict[str, Any]:
     """Return every stored field of ``instance`` by attribute name (for ``show --json``)."""
     return {field.attname: getattr(instance, field.attname) for field in instance._meta.concrete_fields}
+
+
+def sent_text(execution: Execution, what: str, broker_error: str | None) -> str:
+    """Say what became of an execution an action recorded: ``Execution N <what>: sent``, or still pending and why."""
+    if broker_error:
+        return (
+            f"Execution {execution.pk} {what}: recorded but still pending: the broker is unreachable "
+            f"({broker_error}); the beat leader will send it."
+        )
+    return f"Execution {execution.pk} {what}: {execution.status} (celery id {execution.celery_task_id})."
 
 
 def text_table(headers: tuple[str, ...], rows: Sequence[tuple[str, ...]]) -> list[str]:

@@ -52,6 +52,20 @@ class LeaseState:
     expires_at: datetime | None
     db_now: datetime
 
+    @classmethod
+    def from_row(cls, row: Sequence[Any], db_now: datetime) -> LeaseState:
+        """Build it from a lease row's ``name, holder, token, acquired_at, renewed_at, expires_at`` as the driver returns them."""
+        name, holder, token, acquired_at, renewed_at, expires_at = row
+        return cls(
+            name,
+            holder,
+            int(token),
+            dbclock.as_datetime(acquired_at),
+            dbclock.as_datetime(renewed_at),
+            dbclock.as_datetime(expires_at),
+            db_now,
+        )
+
     @property
     def is_held(self) -> bool:
         return bool(self.holder) and self.expires_at is not None and self.expires_at > self.db_now
@@ -289,13 +303,6 @@ def current(name: str) -> LeaseState:
             cursor.execute(f"SELECT {now}", [])
             (db_now,) = cursor.fetchone()
             return LeaseState(name, "", 0, None, None, None, dbclock.as_datetime(db_now))
-    holder, token, acquired_at, renewed_at, expires_at, db_now = row
-    return LeaseState(
-        name,
-        holder,
-        int(token),
-        dbclock.as_datetime(acquired_at),
-        dbclock.as_datetime(renewed_at),
-        dbclock.as_datetime(expires_at),
-        dbclock.as_datetime(db_now),
-    )
+    now = dbclock.as_datetime(row[-1])
+    assert now is not None
+    return LeaseState.from_row((name, *row[:-1]), now)

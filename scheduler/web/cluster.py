@@ -129,17 +129,9 @@ def shard_view(count: int | None = None) -> ShardView:
     assert db_now is not None
     count = count or shards.resolve(rows[0][1], shards.configured())
     states = {
-        name: LeaseState(
-            name,
-            holder,
-            int(token),
-            dbclock.as_datetime(acquired_at),
-            dbclock.as_datetime(renewed_at),
-            dbclock.as_datetime(expires_at),
-            db_now,
-        )
-        for _, _, name, holder, token, acquired_at, renewed_at, expires_at in rows
-        if name is not None  # the clock's own row when no lease exists yet
+        row[2]: LeaseState.from_row(row[2:], db_now)
+        for row in rows
+        if row[2] is not None  # the clock's own row when no lease exists yet
     }
     names = shards.lease_names(count) if count > 1 else []
     return ShardView(

@@ -434,7 +434,7 @@ def test_run_now__records_an_execution_and_sends_it(redis_client: redis.Redis) -
         "acme",
     )
     assert execution.celery_task_id and execution.attempt == 1
-    assert out == f"Execution {execution.pk} of schedule 'nightly' queued (celery id {execution.celery_task_id}).\n"
+    assert out == f"Execution {execution.pk} of schedule 'nightly': queued (celery id {execution.celery_task_id}).\n"
     # and the message is on its queue
     assert redis_client.llen("reports") == 1
 

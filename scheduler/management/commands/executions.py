@@ -15,6 +15,7 @@ from scheduler.management.base import (
     model_fields,
     non_negative_int,
     parse_iso,
+    sent_text,
     text_table,
     text_value,
     whole_number,
@@ -155,14 +156,7 @@ Run "manage.py executions ACTION --help" for the options of each action."""
             return
         result = operations.retry_execution(execution, app=celery_app(), scope=EVERY_TENANT, actor=audit.CLI)
         retry = result.execution
-        text = (
-            f"Execution {retry.pk} retries execution {execution_id}: {retry.status} (celery id {retry.celery_task_id})."
-        )
-        if result.broker_error:
-            text = (
-                f"Execution {retry.pk} retries execution {execution_id}; recorded but still pending: the broker is "
-                f"unreachable ({result.broker_error}); the beat leader will send it."
-            )
+        text = sent_text(retry, f"retries execution {execution_id}", result.broker_error)
         self.emit(
             {
                 "dry_run": False,

@@ -21,6 +21,7 @@ from scheduler.management.base import (
     model_fields,
     parse_iso,
     parse_json,
+    sent_text,
     text_table,
     text_value,
 )
@@ -318,14 +319,7 @@ Run "manage.py schedules ACTION --help" for the options of each action."""
             return
         result = operations.run_now(schedule, app=celery_app(), scope=EVERY_TENANT, actor=audit.CLI)
         execution = result.execution
-        text = (
-            f"Execution {execution.pk} of schedule {name!r} {execution.status} (celery id {execution.celery_task_id})."
-        )
-        if result.broker_error:
-            text = (
-                f"Execution {execution.pk} of schedule {name!r} recorded but still pending: the broker is "
-                f"unreachable ({result.broker_error}); the beat leader will send it."
-            )
+        text = sent_text(execution, f"of schedule {name!r}", result.broker_error)
         self.emit(
             {"dry_run": False, "execution": model_fields(execution), "broker_error": result.broker_error},
             as_json=json,
