@@ -35,6 +35,20 @@ TIMING_FIELDS = (
     "enabled",
     "paused_reason",
 )
+#: The policy fields, in the order the admin and the API show them.
+POLICY_FIELDS = (
+    "overlap",
+    "catchup_window",
+    "misfire",
+    "jitter",
+    "dst_gap",
+    "dst_fold",
+    "timeout",
+    "max_retries",
+    "retry_backoff",
+    "pause_after_failures",
+    "alert_after",
+)
 #: Fields whose change moves the dead man's switch deadline (``overdue_at``).
 DEADLINE_FIELDS = (*TIMING_FIELDS, "alert_after")
 #: Timing fields whose edit starts the schedule afresh: slots before the edit are no longer owed.

@@ -48,7 +48,7 @@ from scheduler.limits import (
     nests_deeper_than,
 )
 from scheduler.models import AuditEvent, Execution, Instance, Lease, OperatorProfile, Schedule
-from scheduler.models.schedule import EARLIEST, LATEST, TIMING_REQUIRED
+from scheduler.models.schedule import EARLIEST, LATEST, POLICY_FIELDS, TIMING_REQUIRED
 from scheduler.ops import audit, operations
 from scheduler.owners import leases
 from scheduler.tenancy import EVERY_TENANT, Scope, scope_of_user
@@ -434,21 +434,7 @@ class ScheduleAdmin(TenantScoped, ActionsNeedPermission, admin.ModelAdmin):
         ),
         (
             "Policies",
-            {
-                "fields": (
-                    "overlap",
-                    "catchup_window",
-                    "misfire",
-                    "jitter",
-                    "dst_gap",
-                    "dst_fold",
-                    "timeout",
-                    "max_retries",
-                    "retry_backoff",
-                    "pause_after_failures",
-                    "alert_after",
-                )
-            },
+            {"fields": POLICY_FIELDS},
         ),
         ("State", {"fields": ("enabled", "paused_reason", *RUNNING_STATE_FIELDS)}),
         ("Recent executions", {"fields": ("recent_executions", "backfill_link")}),

@@ -21,7 +21,7 @@ from scheduler.celery_app import celery_app
 from scheduler.conf import settings
 from scheduler.limits import PAUSED_REASON_MAX_CHARS
 from scheduler.models import AuditEvent, Execution, Lease, Schedule
-from scheduler.models.schedule import EARLIEST, LATEST
+from scheduler.models.schedule import EARLIEST, LATEST, POLICY_FIELDS
 from scheduler.ops import operations
 from scheduler.ops.backfill import DEFAULT_LIMIT
 from scheduler.timing import overdue
@@ -96,17 +96,7 @@ class ScheduleSerializer(ApiModelSerializer):
             "start_at",
             "end_at",
             "max_runs",
-            "overlap",
-            "catchup_window",
-            "misfire",
-            "jitter",
-            "dst_gap",
-            "dst_fold",
-            "timeout",
-            "max_retries",
-            "retry_backoff",
-            "pause_after_failures",
-            "alert_after",
+            *POLICY_FIELDS,
             "enabled",
             "paused_reason",
             "disabled_reason",
