@@ -145,7 +145,7 @@ class Replicas:
 
 def _holders(count: int) -> dict[str, tuple[str, int]]:
     """{shard lease name: (holder, token)} of the shards held unexpired now (database clock)."""
-    from scheduler.beat import shards
+    from scheduler import shards
     from scheduler.models import Lease
 
     now = dbclock.now()

@@ -12,7 +12,7 @@ from django.conf import settings as django_settings
 from django.core.checks import Error, Tags, Warning, register
 from django.db import DatabaseError
 
-from scheduler.beat import shards
+from scheduler import shards
 from scheduler.conf import DEPRECATED_NAMES, DEPRECATED_UNTIL, settings
 from scheduler.web import cluster
 

@@ -17,7 +17,7 @@ class Defaults:
     LEASE_NAME: str = "beat"
     #: Shards the schedules are split into, each fenced by its own lease
     #: ``<LEASE_NAME>:<k>`` and dispatched by whichever replica holds it
-    #: (``scheduler.beat.shards``); 1 keeps one leader and the one ``LEASE_NAME`` lease.
+    #: (``scheduler.shards``); 1 keeps one leader and the one ``LEASE_NAME`` lease.
     #: The first beat replica stores it in the database when no count is stored
     #: yet; from then on every replica follows the stored count and this is only
     #: compared with it (``manage.py shards --set N`` changes the count).

@@ -72,8 +72,7 @@ import redis
 from django.db import connection
 from django.test.utils import override_settings
 
-from scheduler import dbclock, failpoints
-from scheduler.beat import shards
+from scheduler import dbclock, failpoints, shards
 from scheduler.models import Execution, Instance, Lease, Schedule
 from scheduler.owners import leases, schedules
 from tests import invariants

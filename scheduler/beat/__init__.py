@@ -2,8 +2,8 @@
 
 ``scheduler.beat:LeaderScheduler`` is the name ``CELERY_BEAT_SCHEDULER``
 gives; the class lives in ``scheduler.beat.scheduler`` and is loaded on
-first use, so that the models can import ``scheduler.beat.shards``
-without loading the beat.
+first use, so that importing a module of this package does not load the
+whole beat.
 """
 
 from __future__ import annotations

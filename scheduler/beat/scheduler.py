@@ -26,8 +26,8 @@ from celery.beat import Scheduler
 from django.db import DatabaseError, close_old_connections, connection
 from django.db.backends.signals import connection_created
 
-from scheduler import logs, outbox, tracing
-from scheduler.beat import dispatch, leadership, shard_keeper, shards
+from scheduler import logs, outbox, shards, tracing
+from scheduler.beat import dispatch, leadership, shard_keeper
 from scheduler.beat.housekeeping import Housekeeping
 from scheduler.beat.liveness import InstanceLock
 from scheduler.beat.revoker import Revoker

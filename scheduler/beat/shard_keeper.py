@@ -30,8 +30,8 @@ from datetime import timedelta
 
 from django.db import DatabaseError, connection
 
-from scheduler import dbclock
-from scheduler.beat import liveness, shards
+from scheduler import dbclock, shards
+from scheduler.beat import liveness
 from scheduler.conf import settings
 from scheduler.models import Instance, Lease
 from scheduler.owners import leases

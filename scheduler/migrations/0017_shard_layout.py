@@ -1,7 +1,7 @@
 """The stored shard count: one row every beat replica follows, instead of each replica's own ``SCHEDULER_SHARDS``.
 
 The table starts empty: the first beat replica of this version stores its
-``SCHEDULER_SHARDS`` there (``scheduler.beat.shards.follow``), and ``manage.py
+``SCHEDULER_SHARDS`` there (``scheduler.shards.follow``), and ``manage.py
 shards --set N`` changes it. Until a row exists, every process reads its own
 ``SCHEDULER_SHARDS``, as before.
 """

@@ -12,8 +12,7 @@ from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import connection, models, transaction
 from django.db.models import F, Q
 
-from scheduler import limits, timing
-from scheduler.beat import shards
+from scheduler import limits, shards, timing
 from scheduler.conf import settings
 from scheduler.exceptions import ScheduleInvalid, ScheduleWriteRefused
 from scheduler.timing import overdue
@@ -227,7 +226,7 @@ class Schedule(models.Model):
     disabled_reason = models.TextField(blank=True, default="", editable=False)
     paused_reason = models.TextField(blank=True, default="")
     next_run_at = models.DateTimeField(null=True, blank=True, editable=False)
-    #: ``id % SCHEDULER_SHARDS``: which shard lease fences its dispatch (``scheduler.beat.shards``).
+    #: ``id % SCHEDULER_SHARDS``: which shard lease fences its dispatch (``scheduler.shards``).
     shard = models.PositiveSmallIntegerField(default=0, editable=False)
     last_run_at = models.DateTimeField(null=True, blank=True, editable=False)
     #: Final status of the last run (kept here so the admin can filter on it cheaply).

@@ -9,7 +9,7 @@ LAYOUT_ID = 1
 
 
 class ShardLayout(models.Model):
-    """How many shards the schedules are split into, stored once for every replica (``scheduler.beat.shards``).
+    """How many shards the schedules are split into, stored once for every replica (``scheduler.shards``).
 
     One row. The first beat replica to start stores its ``SCHEDULER_SHARDS``
     here when no row exists; from then on every replica reads the count from

@@ -23,8 +23,7 @@ from typing import TYPE_CHECKING, Any
 from django.core.exceptions import ValidationError
 from django.db import transaction
 
-from scheduler import dbclock, outbox, task_policy
-from scheduler.beat import shards
+from scheduler import dbclock, outbox, shards, task_policy
 from scheduler.exceptions import BrokerUnavailable, SchedulerError, TaskRefused, first_line
 from scheduler.models import ApiToken, Execution, Schedule
 from scheduler.ops import audit, backfill, prune, reconcile, resharding

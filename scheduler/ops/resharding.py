@@ -25,8 +25,8 @@ from dataclasses import dataclass
 from django.db import connection, transaction
 from django.db.models import F
 
-from scheduler import dbclock
-from scheduler.beat import liveness, shard_keeper, shards
+from scheduler import dbclock, shards
+from scheduler.beat import liveness, shard_keeper
 from scheduler.conf import settings
 from scheduler.models import Schedule
 from scheduler.owners import schedules

@@ -18,8 +18,8 @@ from typing import Any
 from django.db import connection, transaction
 from django.db.models import F
 
-from scheduler import dbclock
-from scheduler.beat import liveness, shards
+from scheduler import dbclock, shards
+from scheduler.beat import liveness
 from scheduler.conf import settings
 from scheduler.exceptions import LeaseLost
 from scheduler.failpoints import failpoint

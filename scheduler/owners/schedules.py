@@ -31,8 +31,7 @@ from django.db import models, router, transaction
 from django.db.models import Case, CharField, DateTimeField, F, Q, TextField, Value, When
 from django.db.models.functions import Cast, Concat, Now
 
-from scheduler import dbclock, limits
-from scheduler.beat import shards
+from scheduler import dbclock, limits, shards
 from scheduler.models import Execution, Schedule
 from scheduler.models.schedule import DEADLINE_FIELDS, OWED_FIELDS
 from scheduler.timing import overdue

@@ -35,8 +35,7 @@ from django.utils.safestring import SafeString, mark_safe
 from django.utils.timesince import timesince, timeuntil
 from django.utils.translation import ngettext
 
-from scheduler import clock, dbclock, task_policy, timing
-from scheduler.beat import shards
+from scheduler import clock, dbclock, shards, task_policy, timing
 from scheduler.celery_app import celery_app
 from scheduler.conf import settings
 from scheduler.exceptions import BackfillRefused, BackfillTooLarge, ScheduleInvalid, TaskRefused

@@ -15,8 +15,7 @@ from datetime import datetime
 
 from django.db import connection
 
-from scheduler import dbclock
-from scheduler.beat import shards
+from scheduler import dbclock, shards
 from scheduler.conf import settings
 from scheduler.models import Instance, Schedule
 from scheduler.models.schedule import ScheduleQuerySet

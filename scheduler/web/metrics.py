@@ -37,8 +37,7 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector, CollectorRegistry
 
-from scheduler import dbclock
-from scheduler.beat import shards
+from scheduler import dbclock, shards
 from scheduler.conf import settings
 from scheduler.fastpath.guard import PATHS as FASTPATH_PATHS
 from scheduler.models import Execution, Instance, Lease, Schedule, tally

@@ -18,8 +18,7 @@ import pytest
 import redis
 from django.db.models import Max
 
-from scheduler import dbclock
-from scheduler.beat import shards
+from scheduler import dbclock, shards
 from scheduler.models import Execution, Instance, Schedule
 from scheduler.owners import leases
 from tests.acceptance.test_beat_replicas import Start

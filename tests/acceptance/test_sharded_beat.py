@@ -16,8 +16,7 @@ import pytest
 import redis
 from django.db.models import Count, Max, Min
 
-from scheduler import dbclock
-from scheduler.beat import shards
+from scheduler import dbclock, shards
 from scheduler.models import Execution, Lease, Schedule
 from scheduler.owners import schedules
 from tests.acceptance.test_beat_replicas import Start, assert_every_slot_once

@@ -23,8 +23,7 @@ import redis
 from django.db import connection
 from django.db.models import Count, Max, Min
 
-from scheduler import dbclock
-from scheduler.beat import shards
+from scheduler import dbclock, shards
 from scheduler.conf import Defaults
 from scheduler.models import Execution, Schedule
 from scheduler.owners import leases

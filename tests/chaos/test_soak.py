@@ -78,8 +78,8 @@ import pytest
 import redis
 from django.db import connection
 
-from scheduler import dbclock, failpoints
-from scheduler.beat import dispatch, shards
+from scheduler import dbclock, failpoints, shards
+from scheduler.beat import dispatch
 from scheduler.models import Execution, Schedule
 from scheduler.owners import leases, schedules
 from tests import invariants

@@ -10,8 +10,8 @@ import pytest
 from django.db import connections, transaction
 
 from project.celery import app
-from scheduler import dbclock
-from scheduler.beat import LeaderScheduler, liveness, shard_keeper, shards
+from scheduler import dbclock, shards
+from scheduler.beat import LeaderScheduler, liveness, shard_keeper
 from scheduler.beat.leadership import OneLease
 from scheduler.beat.shard_keeper import ShardKeeper
 from scheduler.exceptions import LeaseLost

@@ -19,8 +19,8 @@ from django.template import Context, Template
 from django.test import Client, RequestFactory
 from prometheus_client.parser import text_string_to_metric_families
 
-from scheduler import checks, dbclock
-from scheduler.beat import liveness, shards
+from scheduler import checks, dbclock, shards
+from scheduler.beat import liveness
 from scheduler.conf import settings as scheduler_settings
 from scheduler.models import Instance, Lease, Schedule
 from scheduler.owners import leases, schedules

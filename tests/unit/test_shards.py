@@ -7,7 +7,7 @@ from collections import Counter
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from scheduler.beat import shards
+from scheduler import shards
 
 PROPERTY = settings(max_examples=200, deadline=None, database=None)
 

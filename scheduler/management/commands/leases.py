@@ -12,8 +12,7 @@ from typing import Any
 
 from django.core.management.base import CommandError, CommandParser
 
-from scheduler import dbclock
-from scheduler.beat import shards
+from scheduler import dbclock, shards
 from scheduler.checks import check_shards
 from scheduler.management.base import SchedulerCommand
 from scheduler.models import Lease

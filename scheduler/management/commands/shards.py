@@ -16,7 +16,8 @@ from typing import Any
 from django.core.management.base import CommandError, CommandParser
 from django.db.models import Count, F, Q
 
-from scheduler.beat import shard_keeper, shards
+from scheduler import shards
+from scheduler.beat import shard_keeper
 from scheduler.checks import MAX_SHARDS, check_shards
 from scheduler.management.base import SchedulerCommand
 from scheduler.models import Schedule
