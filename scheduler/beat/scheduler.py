@@ -26,7 +26,7 @@ from celery.beat import Scheduler
 from django.db import DatabaseError, close_old_connections, connection
 from django.db.backends.signals import connection_created
 
-from scheduler import logs, outbox, shards, tracing
+from scheduler import logs, outbox, process_ids, shards, tracing
 from scheduler.beat import dispatch, leadership, shard_keeper
 from scheduler.beat.housekeeping import Housekeeping
 from scheduler.beat.liveness import InstanceLock
@@ -61,7 +61,7 @@ class LeaderScheduler(Scheduler):
         # Celery builds a lazy instance just for the banner: no I/O here.
         kwargs.pop("schedule_filename", None)
         kwargs["max_interval"] = kwargs.get("max_interval") or settings.MAX_INTERVAL_SECONDS
-        self.instance_id = instances.process_id(unique=True)
+        self.instance_id = process_ids.process_id(unique=True)
         self.lease_name: str = settings.LEASE_NAME
         #: PostgreSQL: this replica's instance lock, kept across changes of the shard count.
         self._lock = InstanceLock(self.instance_id) if connection.vendor == "postgresql" else None

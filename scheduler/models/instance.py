@@ -10,7 +10,7 @@ class Instance(models.Model):
         BEAT = "beat", "beat"
         WORKER = "worker", "worker"
 
-    #: ``instances.process_id()``: ``<host>:<pid>``, and ``:<token>`` for a beat replica (unique per start).
+    #: ``process_ids.process_id()``: ``<host>:<pid>``, and ``:<token>`` for a beat replica (unique per start).
     instance_id = models.CharField(max_length=255, primary_key=True)
     role = models.CharField(max_length=20, choices=Role.choices)
     hostname = models.CharField(max_length=255)

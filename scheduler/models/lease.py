@@ -13,7 +13,7 @@ class Lease(models.Model):
     """
 
     name = models.CharField(max_length=100, primary_key=True)
-    #: Instance id (``<host>:<pid>:<token>``, ``instances.process_id``) of the holder; empty when released.
+    #: Instance id (``<host>:<pid>:<token>``, ``process_ids.process_id``) of the holder; empty when released.
     holder = models.CharField(max_length=255, blank=True, default="")
     #: Fencing token: increases on every acquisition, never on a renewal.
     token = models.BigIntegerField(default=0)

@@ -601,7 +601,7 @@ def _hold_to_time_limit(held: Claim, timeout: int) -> None:
 
 
 def held_by(*, worker: str, execution_id: int | None = None, key: str = "") -> Claim | None:
-    """Return the claim ``worker`` (``instances.process_id``) holds on that execution, if it still holds one.
+    """Return the claim ``worker`` (``process_ids.process_id``) holds on that execution, if it still holds one.
 
     For a worker's main process acting on behalf of a pool child: the child
     wrote its identity with the claim, so this finds the claim that child

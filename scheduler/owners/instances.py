@@ -1,4 +1,4 @@
-"""The one writer of Instance rows: each process's heartbeat, and its removal; and the one format of a process's id.
+"""The one writer of Instance rows: each process's heartbeat, and its removal.
 
 A heartbeat's times are the database's clock, so a reader compares
 ``last_seen`` with the same clock whichever process wrote it.
@@ -7,7 +7,6 @@ A heartbeat's times are the database's clock, so a reader compares
 from __future__ import annotations
 
 import os
-import secrets
 import socket
 from datetime import datetime
 
@@ -15,20 +14,6 @@ from celery import __version__ as celery_version
 from django.db.models.functions import Now
 
 from scheduler.models import Instance
-
-
-def process_id(host: str | None = None, pid: int | str | None = None, *, unique: bool = False) -> str:
-    """Return a process's id: ``<host>:<pid>``, then ``:<token>`` when ``unique``.
-
-    Every id the project writes has this format: a beat replica's (its
-    Instance row and its lease holder name), a worker's heartbeat (``host``
-    is its Celery node name) and a claim's ``Execution.worker`` (the pool
-    process's). A lease holder's id is ``unique``: the token drawn at its
-    start tells it apart from an earlier process of the same host and pid
-    (a restarted container), which must never count as the same holder.
-    """
-    ident = f"{host or socket.gethostname()}:{os.getpid() if pid is None else pid}"
-    return f"{ident}:{secrets.token_hex(3)}" if unique else ident
 
 
 def beat(instance_id: str, *, role: str, is_leader: bool = False) -> None:

@@ -51,6 +51,7 @@ from django.db import DatabaseError, close_old_connections
 from kombu import Consumer, Exchange, Queue
 from kombu.exceptions import KombuError
 
+from scheduler import process_ids
 from scheduler.conf import settings
 from scheduler.models import Instance
 from scheduler.owners import instances
@@ -70,7 +71,7 @@ _TOKEN = uuid.uuid4().hex[:12]
 
 def instance_id(nodename: str) -> str:
     """Return this worker process's id in the instance registry."""
-    return instances.process_id(nodename or None)
+    return process_ids.process_id(nodename or None)
 
 
 def probe_queue(nodename: str) -> Queue:

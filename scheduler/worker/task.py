@@ -65,12 +65,12 @@ from celery.signals import task_postrun, task_prerun, worker_init, worker_proces
 from celery.worker.request import Request
 from django.db import DatabaseError, InterfaceError, OperationalError, close_old_connections, connection, connections
 
-from scheduler import clock, logs, tracing
+from scheduler import clock, logs, process_ids, tracing
 from scheduler.conf import settings
 from scheduler.exceptions import MessageRefused, NotInTask
 from scheduler.failpoints import failpoint
 from scheduler.models import Execution
-from scheduler.owners import executions, instances
+from scheduler.owners import executions
 from scheduler.owners.executions import Claim
 from scheduler.timing import policies
 from scheduler.worker.renewer import ClaimRenewer
@@ -253,7 +253,7 @@ class ExecutionTask(Task):
         """Claim this message's execution, or refuse it with ``Ignore``: a duplicate, or not sent for it."""
         execution_id = (self.request.headers or {}).get(Execution.MESSAGE_HEADER)
         # The pool child's own identity: the main process finds this claim by it (GuardedRequest).
-        worker = instances.process_id(self.request.hostname, os.getpid())
+        worker = process_ids.process_id(self.request.hostname, os.getpid())
         try:
             execution, since = self._claim(task_id, args, kwargs, worker=worker, execution_id=execution_id)
         except MessageRefused as refused:
@@ -555,7 +555,7 @@ class GuardedRequest(Request):
     def _child_claim(self) -> Claim | None:
         if self.worker_pid is None:  # never reached a pool child: it claimed nothing
             return None
-        worker = instances.process_id(self.hostname, self.worker_pid)
+        worker = process_ids.process_id(self.hostname, self.worker_pid)
         execution_id = (self.request_dict or {}).get(Execution.MESSAGE_HEADER)
         if execution_id is not None:
             return executions.held_by(worker=worker, execution_id=execution_id)
