@@ -16,6 +16,7 @@ from scheduler import dbclock
 from scheduler.models import Execution, Schedule
 from scheduler.owners import schedules
 from scheduler.web.permissions import OPERATOR_GROUP, VIEWER_GROUP
+from tests.admin_forms import schedule_form
 from tests.factories import make_execution, make_schedule
 from tests.integration.api_support import bind
 
@@ -317,23 +318,7 @@ def test_execution_search__a_key_prefix_is_an_index_scan(staff: Client) -> None:
 
 
 def _add(client: Client, **fields: str) -> str:
-    data = {
-        "name": "new",
-        "task": "scheduler.echo",
-        "args": "[]",
-        "kwargs": "{}",
-        "timezone": "UTC",
-        "overlap": "allow",
-        "catchup_window": "300",
-        "misfire": "run_all",
-        "jitter": "0",
-        "dst_gap": "shift",
-        "dst_fold": "first",
-        "max_retries": "0",
-        "retry_backoff": "1",
-        "enabled": "on",
-        **fields,
-    }
+    data = schedule_form(interval="") | fields  # no timing unless a test gives one
     response = client.post("/admin/scheduler/schedule/add/", data)
     return response.content.decode() if response.status_code == 200 else f"saved ({response.status_code})"
 
