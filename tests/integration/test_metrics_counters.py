@@ -11,7 +11,6 @@ from typing import Any
 
 import pytest
 from django.db import connection
-from django.db.migrations.executor import MigrationExecutor
 from django.db.models.functions import Now
 from django.test import Client
 
@@ -24,6 +23,7 @@ from scheduler.ops import backfill, prune
 from scheduler.owners import executions, leases, schedules
 from tests import processes
 from tests.integration.test_health_metrics import _serve
+from tests.schema_migrations import migrate_to, migrate_to_newest
 
 pytestmark = pytest.mark.django_db
 
@@ -279,24 +279,16 @@ def test_migration_0019__counts_survive_both_directions() -> None:
     miss(1)
     tally.fold()
     miss(2)
-    executor = MigrationExecutor(connection)
-    leaf = executor.loader.graph.leaf_nodes()
     try:
         # When the migration is undone, Then the totals hold both and the old trigger counts the next
-        _migrate([("scheduler", "0018_schedule_pruned_through")])
+        migrate_to([("scheduler", "0018_schedule_pruned_through")])
         miss(3)
         with connection.cursor() as cursor:
             cursor.execute("SELECT SUM(count) FROM scheduler_executiontally WHERE status = 'missed'")
             assert cursor.fetchone()[0] == 3
     finally:
         # When it is applied again, Then the next one is an increment and every count is there
-        _migrate(leaf)
+        migrate_to_newest()
     miss(4)
     assert TallyIncrement.objects.count() == 1
     assert tally.execution_counts()[("missed", "tests.record", "scheduled")] == 4
-
-
-def _migrate(targets: list[tuple[str, str]]) -> None:
-    executor = MigrationExecutor(connection)
-    executor.loader.build_graph()
-    executor.migrate(targets)
