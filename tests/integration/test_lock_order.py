@@ -29,6 +29,7 @@ from scheduler.models import Execution, Schedule
 from scheduler.owners import executions, leases, schedules
 from scheduler.owners.executions import Claim
 from tests.integration.test_metrics_counters import scrape, total
+from tests.threads import on_own_connection
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -39,16 +40,14 @@ DURATION = 8.0  # seconds of contention
 BOUND = 60.0  # seconds: every thread must have stopped by then
 
 
-def on_own_connection(body: Callable[[], None], errors: list[BaseException]) -> Callable[[], None]:
-    def run() -> None:
-        try:
-            body()
-        except BaseException as exc:  # noqa: BLE001 -- reported by the test's assertion
-            errors.append(exc)
-        finally:
-            connection.close()
-
-    return run
+def _run_at_once(bodies: list[Callable[[], None]], errors: list[BaseException]) -> None:
+    """Run ``bodies`` at once, each on its own connection, until all return; fail if one is stuck past BOUND."""
+    threads = [threading.Thread(target=on_own_connection(body, errors)) for body in bodies]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=BOUND)
+    assert not any(thread.is_alive() for thread in threads), "a thread is stuck"
 
 
 def test_finishes_and_cancel_previous_ticks_at_once__no_deadlock_and_every_success_counted() -> None:
@@ -158,15 +157,7 @@ def test_final_inserts_whose_rows_meet_the_tallies_in_opposite_orders__no_deadlo
         return body
 
     # When both commit their batches, round after round, at the same instant
-    threads = [
-        threading.Thread(target=on_own_connection(committer(0, alpha, beta), errors)),
-        threading.Thread(target=on_own_connection(committer(1, beta, alpha), errors)),
-    ]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(timeout=BOUND)
-    assert not any(thread.is_alive() for thread in threads), "a committer is stuck"
+    _run_at_once([committer(0, alpha, beta), committer(1, beta, alpha)], errors)
 
     # Then neither was a deadlock victim (nor waited out its lock timeout)
     assert not errors, errors
@@ -209,12 +200,7 @@ def test_schedule_delete__locks_the_schedule_before_its_executions() -> None:
         done.set()
 
     # When an operator deletes the schedule meanwhile
-    threads = [threading.Thread(target=on_own_connection(body, errors)) for body in (worker, operator)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(timeout=BOUND)
-    assert not any(thread.is_alive() for thread in threads), "a thread is stuck"
+    _run_at_once([worker, operator], errors)
 
     # Then neither was a deadlock victim: the worker's outcome is recorded and the schedule is gone
     assert not errors, errors
@@ -256,12 +242,7 @@ def test_schedule_queryset_delete__locks_the_schedules_before_their_executions()
         Schedule.objects.filter(pk__in=[target.pk for target in targets]).delete()  # the admin's bulk delete
 
     # When an operator deletes both at once meanwhile
-    threads = [threading.Thread(target=on_own_connection(body, errors)) for body in (worker, operator)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(timeout=BOUND)
-    assert not any(thread.is_alive() for thread in threads), "a thread is stuck"
+    _run_at_once([worker, operator], errors)
 
     # Then neither was a deadlock victim
     assert not errors, errors

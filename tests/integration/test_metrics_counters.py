@@ -6,8 +6,8 @@ import re
 import threading
 import time
 import urllib.request
+from collections.abc import Callable
 from datetime import timedelta
-from typing import Any
 
 import pytest
 from django.db import connection
@@ -24,6 +24,7 @@ from scheduler.owners import executions, leases, schedules
 from tests import processes
 from tests.integration.test_health_metrics import _serve
 from tests.schema_migrations import migrate_to, migrate_to_newest
+from tests.threads import on_own_connection
 
 pytestmark = pytest.mark.django_db
 
@@ -234,16 +235,8 @@ def test_executions_total__never_decreases_while_folds_and_final_moves_run_at_on
         while not stop.is_set():
             seen.append(missed())
 
-    def own_connection(body: Any) -> threading.Thread:
-        def run() -> None:
-            try:
-                body()
-            except BaseException as exc:  # noqa: BLE001 -- reported by the test's assertion
-                errors.append(exc)
-            finally:
-                connection.close()
-
-        return threading.Thread(target=run)
+    def own_connection(body: Callable[[], None]) -> threading.Thread:
+        return threading.Thread(target=on_own_connection(body, errors))
 
     # When they all run at once until the writer is done
     threads = [own_connection(body) for body in (folder, reader)]
