@@ -28,6 +28,7 @@ from scheduler.beat import dispatch
 from scheduler.models import Execution, Schedule
 from scheduler.owners import executions, leases, schedules
 from scheduler.owners.executions import Claim
+from tests.factories import make_schedule
 from tests.integration.test_metrics_counters import scrape, total
 from tests.threads import on_own_connection
 
@@ -53,9 +54,7 @@ def _run_at_once(bodies: list[Callable[[], None]], errors: list[BaseException]) 
 def test_finishes_and_cancel_previous_ticks_at_once__no_deadlock_and_every_success_counted() -> None:
     # Given cancel_previous schedules firing every second, all due now
     for index in range(SCHEDULES):
-        schedule = Schedule(name=f"busy-{index}", task="scheduler.echo", interval=1, overlap="cancel_previous")
-        schedule.full_clean()
-        schedules.save(schedule)
+        make_schedule(f"busy-{index}", interval=1, overlap="cancel_previous")
     lease = leases.acquire("beat", "stress-leader", ttl=BOUND)
     assert lease is not None
     stop = threading.Event()
@@ -123,8 +122,8 @@ def test_final_inserts_whose_rows_meet_the_tallies_in_opposite_orders__no_deadlo
     # the leader and ``reconcile --repair``) recording missed slots of both at
     # once, one listing alpha's rows first and the other beta's: every
     # statement's rows reach every tally of both tasks, in opposite orders
-    alpha = schedules.create(name="alpha", task="tests.alpha", interval=60)
-    beta = schedules.create(name="beta", task="tests.beta", interval=60)
+    alpha = make_schedule("alpha", task="tests.alpha")
+    beta = make_schedule("beta", task="tests.beta")
     now = dbclock.now()
     rounds, per_task = 25, 40
     barrier = threading.Barrier(2, timeout=BOUND)
@@ -173,7 +172,7 @@ def test_schedule_delete__locks_the_schedule_before_its_executions() -> None:
     # Given a schedule with a running execution, and a worker finishing it:
     # its transaction has locked the schedule row (schedule first, then the
     # execution: the documented lock order) and is about to write the execution
-    target = schedules.create(name="doomed", task="scheduler.echo", interval=60)
+    target = make_schedule("doomed")
     now = dbclock.now()
     execution = executions.execution_for(target, now, status=Status.PENDING, now=now)
     execution.save()
@@ -215,7 +214,7 @@ def test_schedule_queryset_delete__locks_the_schedules_before_their_executions()
     now = dbclock.now()
     targets, claims = [], []
     for name in ("doomed-1", "doomed-2"):
-        target = schedules.create(name=name, task="scheduler.echo", interval=60)
+        target = make_schedule(name)
         execution = executions.execution_for(target, now, status=Status.PENDING, now=now)
         execution.save()
         claimed = executions.claim(
