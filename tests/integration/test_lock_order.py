@@ -51,12 +51,12 @@ def _run_at_once(bodies: list[Callable[[], None]], errors: list[BaseException]) 
     assert not any(thread.is_alive() for thread in threads), "a thread is stuck"
 
 
-def test_finishes_and_cancel_previous_ticks_at_once__no_deadlock_and_every_success_counted() -> None:
+def test_finishes_and_cancel_previous_ticks_at_once__no_deadlock_and_every_success_counted(
+    lease: leases.LeaseHandle,
+) -> None:
     # Given cancel_previous schedules firing every second, all due now
     for index in range(SCHEDULES):
         make_schedule(f"busy-{index}", interval=1, overlap="cancel_previous")
-    lease = leases.acquire("beat", "stress-leader", ttl=BOUND)
-    assert lease is not None
     stop = threading.Event()
     errors: list[BaseException] = []
     succeeded: list[int] = []
