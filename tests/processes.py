@@ -100,6 +100,14 @@ def wait_until(predicate: Callable[[], object], *, timeout: float, interval: flo
         time.sleep(interval)
 
 
+def exited(pid: int) -> bool:
+    """Return whether process ``pid`` has ended (gone, or a zombie not yet reaped)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except FileNotFoundError:
+        return True
+
+
 def beat_argv() -> list[str]:
     return [CELERY, "-A", "project", "beat", "-l", "info", "--pidfile="]
 
