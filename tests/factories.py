@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from scheduler import dbclock
@@ -39,3 +39,25 @@ def make_execution(key: str, **fields: Any) -> Execution:
     fields.setdefault("task", schedule.task if schedule is not None else "scheduler.echo")
     fields.setdefault("scheduled_for", dbclock.now())
     return Execution.objects.create(idempotency_key=key, **fields)
+
+
+def make_past_execution(
+    key: str,
+    *,
+    age_days: float,
+    status: str = Execution.Status.SUCCEEDED,
+    slot_age_days: float | None = None,
+    **fields: Any,
+) -> Execution:
+    """Return an execution that finished ``age_days`` ago, due then too unless ``slot_age_days`` says otherwise.
+
+    One still in flight has not finished, whatever its age: the history that pruning reads.
+    """
+    now = dbclock.now()
+    return make_execution(
+        key,
+        status=status,
+        scheduled_for=now - timedelta(days=age_days if slot_age_days is None else slot_age_days),
+        finished_at=None if status in Execution.IN_FLIGHT_STATUSES else now - timedelta(days=age_days),
+        **fields,
+    )

@@ -8,11 +8,15 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+import urllib.request
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from urllib.parse import quote
 
 from django.db import connection
+
+from tests.services import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 CELERY = str(Path(sys.executable).with_name("celery"))
@@ -96,6 +100,14 @@ def wait_until(predicate: Callable[[], object], *, timeout: float, interval: flo
         time.sleep(interval)
 
 
+def exited(pid: int) -> bool:
+    """Return whether process ``pid`` has ended (gone, or a zombie not yet reaped)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except FileNotFoundError:
+        return True
+
+
 def beat_argv() -> list[str]:
     return [CELERY, "-A", "project", "beat", "-l", "info", "--pidfile="]
 
@@ -131,3 +143,31 @@ def test_database_url() -> str:
     user = quote(params.get("USER") or "")
     password = f":{quote(params['PASSWORD'])}" if params.get("PASSWORD") else ""
     return f"postgres://{user}{password}@{params['HOST']}:{params['PORT']}/{params['NAME']}"
+
+
+@contextmanager
+def runserver(env: dict[str, str]) -> Iterator[str]:
+    """Serve the project with ``manage.py runserver`` in its own process for the block; yield its base URL."""
+    port = free_port()
+    server = subprocess.Popen(
+        [sys.executable, "manage.py", "runserver", "--noreload", f"127.0.0.1:{port}"],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    url = f"http://127.0.0.1:{port}"
+
+    def answers() -> bool:
+        try:
+            with urllib.request.urlopen(f"{url}/healthz", timeout=2):
+                return True
+        except OSError:
+            return False
+
+    try:
+        assert wait_until(answers, timeout=30), "runserver did not answer within 30 s"
+        yield url
+    finally:
+        server.terminate()
+        server.wait(10)

@@ -9,9 +9,6 @@ from __future__ import annotations
 import os
 import re
 import shutil
-import subprocess
-import sys
-import urllib.request
 from collections.abc import Callable, Iterator
 
 import pytest
@@ -20,8 +17,7 @@ from django.db import connections
 from playwright.sync_api import Page, sync_playwright
 
 from scheduler.models import Execution, Schedule
-from tests.processes import ROOT, CeleryProcess, wait_until
-from tests.services import free_port
+from tests.processes import ROOT, CeleryProcess, runserver, wait_until
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -52,29 +48,8 @@ def browser_page(monkeypatch: pytest.MonkeyPatch) -> Iterator[Page]:
 @pytest.fixture
 def web_url(process_env: dict[str, str], tmp_path: object) -> Iterator[str]:
     """Serve the admin with ``runserver`` in its own process (static files included)."""
-    port = free_port()
-    server = subprocess.Popen(
-        [sys.executable, "manage.py", "runserver", "--noreload", f"127.0.0.1:{port}"],
-        cwd=ROOT,
-        env=process_env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    url = f"http://127.0.0.1:{port}"
-
-    def answers() -> bool:
-        try:
-            with urllib.request.urlopen(f"{url}/healthz", timeout=2):
-                return True
-        except OSError:
-            return False
-
-    try:
-        assert wait_until(answers, timeout=30), "runserver did not answer within 30 s"
+    with runserver(process_env) as url:
         yield url
-    finally:
-        server.terminate()
-        server.wait(10)
 
 
 def test_admin_in_a_browser__create_preview_run_now_and_see_it_run(

@@ -10,8 +10,6 @@ another error handler.
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from collections.abc import Iterator
 from datetime import datetime
 
@@ -20,8 +18,7 @@ import requests
 
 from scheduler.models import ApiToken
 from tests.factories import make_schedule
-from tests.processes import ROOT, wait_until
-from tests.services import free_port
+from tests.processes import runserver
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -29,33 +26,13 @@ pytestmark = pytest.mark.django_db(transaction=True)
 @pytest.fixture
 def host_api(process_env: dict[str, str]) -> Iterator[str]:
     """The demo project served with the host's ``REST_FRAMEWORK``; its API's base URL."""
-    port = free_port()
     env = {
         **process_env,
         "DJANGO_SETTINGS_MODULE": "tests.host_rest_settings",
         "SCHEDULER_API_THROTTLE_RATE": "5/minute",
     }
-    server = subprocess.Popen(
-        [sys.executable, "manage.py", "runserver", "--noreload", f"127.0.0.1:{port}"],
-        cwd=ROOT,
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    url = f"http://127.0.0.1:{port}"
-
-    def answers() -> bool:
-        try:
-            return requests.get(f"{url}/healthz", timeout=2).status_code == 200
-        except requests.RequestException:
-            return False
-
-    try:
-        assert wait_until(answers, timeout=30), "runserver did not answer within 30 s"
+    with runserver(env) as url:
         yield url
-    finally:
-        server.terminate()
-        server.wait(10)
 
 
 def test_api__under_a_hosts_rest_framework_settings__answers_as_documented(host_api: str) -> None:

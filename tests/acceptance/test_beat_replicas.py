@@ -14,8 +14,9 @@ import redis
 from django.db import connection
 
 from scheduler.models import Execution, Schedule
-from scheduler.owners import leases, schedules
+from scheduler.owners import leases
 from tests import tasks as test_tasks
+from tests.factories import make_schedule
 from tests.processes import CeleryProcess, wait_until
 from tests.services import find_redis_server, free_port
 
@@ -25,15 +26,10 @@ Start = Callable[..., CeleryProcess]
 
 
 def make_schedules(count: int, *, every: int = 1) -> list[Schedule]:
-    created = []
-    for index in range(count):
-        schedule = Schedule(
-            name=f"every-{every}s-{index}", task="tests.record", interval=every, kwargs={"label": f"s{index}"}
-        )
-        schedule.full_clean()
-        schedules.save(schedule)
-        created.append(schedule)
-    return created
+    return [
+        make_schedule(f"every-{every}s-{index}", task="tests.record", interval=every, kwargs={"label": f"s{index}"})
+        for index in range(count)
+    ]
 
 
 def leader_process(processes: list[CeleryProcess], timeout: float = 20.0) -> CeleryProcess:

@@ -22,7 +22,6 @@ import json
 import os
 import signal
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -32,7 +31,7 @@ import scheduler
 from scheduler.models import Execution
 from tests import tasks as test_tasks
 from tests.acceptance.test_worker_guard import publish_again, wait_final, worker_pid
-from tests.processes import CeleryProcess, wait_until
+from tests.processes import CeleryProcess, exited, wait_until
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -44,14 +43,6 @@ SHORT_CLAIM = {"claim_seconds": 2, "claim_renew_seconds": 0.5}
 def fenced_events(client: redis.Redis, event: str, attempt: int) -> list[dict[str, Any]]:
     logged = test_tasks.events(client, test_tasks.FENCED_KEY)
     return [entry for entry in logged if (entry["event"], entry["attempt"]) == (event, attempt)]
-
-
-def exited(pid: int) -> bool:
-    """Return whether process ``pid`` has ended (gone, or a zombie not yet reaped)."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
-    except FileNotFoundError:
-        return True
 
 
 def test_fenced_invoice__frozen_attempt_and_its_successor__invoiced_once(

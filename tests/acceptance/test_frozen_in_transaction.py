@@ -39,7 +39,7 @@ from scheduler import dbclock
 from scheduler.models import Execution, Schedule
 from scheduler.owners import leases, schedules
 from tests import tasks as test_tasks
-from tests.processes import CeleryProcess, wait_until
+from tests.processes import CeleryProcess, exited, wait_until
 
 pytestmark = [
     pytest.mark.django_db(transaction=True),
@@ -74,14 +74,6 @@ def session_alive(backend_pid: int) -> bool:
     with connection.cursor() as cursor:
         cursor.execute("SELECT count(*) FROM pg_stat_activity WHERE pid = %s", [backend_pid])
         return bool(cursor.fetchone()[0])
-
-
-def gone(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as stat:
-            return stat.read().rsplit(")", 1)[1].split()[0] == "Z"
-    except FileNotFoundError:
-        return True
 
 
 @pytest.mark.parametrize("where", ["checkpoint", "fenced", "outcome"])
@@ -142,7 +134,7 @@ def test_pool_child_frozen_holding_locks__others_fire_on_time_no_failover_and_it
         # ... and then the frozen pool child resumes
         os.kill(frozen["pid"], signal.SIGCONT)
     # Then its old body records nothing: the row stays as its successor left it
-    assert wait_until(lambda: gone(frozen["pid"]), timeout=15) or not wait_until(
+    assert wait_until(lambda: exited(frozen["pid"]), timeout=15) or not wait_until(
         lambda: (
             Execution.objects.filter(pk=execution.pk).values_list("status", "attempt").get()
             != (moved.status, moved.attempt)

@@ -27,7 +27,7 @@ from scheduler.models import Execution
 from scheduler.ops import reconcile
 from scheduler.owners import executions
 from tests import tasks as test_tasks
-from tests.processes import CeleryProcess, wait_until, worker_argv
+from tests.processes import CeleryProcess, exited, wait_until, worker_argv
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -62,15 +62,6 @@ def pool_child(row: Execution) -> int:
     return int(row.worker.rsplit(":", 1)[1])
 
 
-def gone(pid: int) -> bool:
-    """Whether process ``pid`` exited (a zombie its parent has not reaped yet counts as gone)."""
-    try:
-        with open(f"/proc/{pid}/stat") as stat:
-            return stat.read().rsplit(")", 1)[1].split()[0] == "Z"
-    except FileNotFoundError:
-        return True
-
-
 def test_frozen_body__stops_on_resume_and_the_successors_outcome_is_recorded(
     celery_processes: Start, redis_client: redis.Redis
 ) -> None:
@@ -94,7 +85,7 @@ def test_frozen_body__stops_on_resume_and_the_successors_outcome_is_recorded(
         resumed_at = time.time()
         os.kill(frozen, signal.SIGCONT)
     # Then the resumed body stops: its child exits within a second, having finished no step after that
-    assert wait_until(lambda: gone(frozen), timeout=10), "the resumed pool child went on"
+    assert wait_until(lambda: exited(frozen), timeout=10), "the resumed pool child went on"
     late = [step for step in steps_of(redis_client, execution, 1) if step["at"] > resumed_at + STOP_WITHIN_SECONDS]
     assert not late, late
     assert len(steps_of(redis_client, execution, 1)) < STEPS
@@ -126,7 +117,7 @@ def test_cancelled_body__stops_without_the_revoke_and_records_nothing(
     cancelled_at = time.time()
     assert executions.cancel(execution.pk, reason="Cancelled by an operator", now=dbclock.now())
     # Then the body stops within a renew interval and a second: its child exits
-    assert wait_until(lambda: gone(child), timeout=10), worker.log()[-3000:]
+    assert wait_until(lambda: exited(child), timeout=10), worker.log()[-3000:]
     deadline = cancelled_at + SHORT_CLAIM["claim_renew_seconds"] + STOP_WITHIN_SECONDS
     late = [step for step in steps_of(redis_client, execution, 1) if step["at"] > deadline]
     assert not late, late

@@ -20,9 +20,10 @@ from datetime import timedelta
 import pytest
 
 from scheduler import dbclock
-from scheduler.models import Execution, Schedule
-from scheduler.owners import leases, schedules
+from scheduler.models import Execution
+from scheduler.owners import leases
 from tests.acceptance.test_broker_restart import OwnBroker, own_broker  # noqa: F401 -- the fixture
+from tests.factories import make_schedule
 from tests.processes import CeleryProcess, wait_until
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -40,13 +41,10 @@ def test_broker_frozen__the_leader_keeps_its_lease_commits_on_time_and_sends_onc
 ) -> None:
     # Given two every-second schedules, one cancelling its previous run each slot (the leader
     # revokes its task), and two beat replicas whose leader publishes them; no worker runs them
-    ticker = Schedule(name="ticker", task="tests.record", interval=1, kwargs={"label": "tick"})
-    canceller = Schedule(
-        name="canceller", task="tests.record", interval=1, kwargs={"label": "cancel"}, overlap="cancel_previous"
+    ticker = make_schedule("ticker", task="tests.record", interval=1, kwargs={"label": "tick"})
+    canceller = make_schedule(
+        "canceller", task="tests.record", interval=1, kwargs={"label": "cancel"}, overlap="cancel_previous"
     )
-    for schedule in (ticker, canceller):
-        schedule.full_clean()
-        schedules.save(schedule)
     beats = [celery_processes("beat", f"beat{index}", **SETTINGS) for index in range(2)]
     queued = lambda: Execution.objects.filter(schedule=ticker, status=Status.QUEUED).count()  # noqa: E731
     assert wait_until(lambda: queued() >= 2, timeout=60), "\n".join(beat.log()[-2000:] for beat in beats)

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import os
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
 
 import pytest
 
 from scheduler.owners import leases
+from tests.processes import ROOT
 from tests.services import free_port
 
 
@@ -30,3 +34,17 @@ def broker_down() -> Iterator[None]:
         yield
     finally:
         app.conf.broker_url = configured
+
+
+@pytest.fixture
+def manage(process_database_url: str, redis_url: str) -> Callable[..., subprocess.CompletedProcess[str]]:
+    """Return ``manage(*argv, broker=...)``: run manage.py in a child process against the test database."""
+
+    def run(*argv: str, broker: str = redis_url) -> subprocess.CompletedProcess[str]:
+        env = {key: value for key, value in os.environ.items() if not key.startswith("SCHEDULER_")}
+        env.update(DATABASE_URL=process_database_url, REDIS_URL=broker, DJANGO_DEBUG="1")
+        return subprocess.run(
+            [sys.executable, "manage.py", *argv], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60
+        )
+
+    return run

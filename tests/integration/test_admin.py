@@ -11,7 +11,8 @@ from django.test import Client
 
 from scheduler import dbclock
 from scheduler.models import Execution, Instance, Lease, Schedule
-from scheduler.owners import leases, schedules
+from scheduler.owners import leases
+from tests.factories import make_execution, make_schedule
 
 pytestmark = pytest.mark.django_db
 
@@ -28,16 +29,11 @@ def staff() -> Client:
 @pytest.fixture
 def made() -> dict[str, Schedule]:
     made = {
-        "cron": Schedule(
-            name="nightly", task="scheduler.echo", cron="30 2 * * *", timezone="Europe/Berlin", queue="q1"
-        ),
-        "interval": Schedule(name="often", task="scheduler.sleep", interval=5, tenant="acme"),
-        "paused": Schedule(name="held", task="scheduler.echo", interval=60, paused_reason="maintenance"),
-        "off": Schedule(name="off", task="scheduler.echo", interval=60, enabled=False),
+        "cron": make_schedule("nightly", cron="30 2 * * *", timezone="Europe/Berlin", queue="q1"),
+        "interval": make_schedule("often", task="scheduler.sleep", interval=5, tenant="acme"),
+        "paused": make_schedule("held", paused_reason="maintenance"),
+        "off": make_schedule("off", enabled=False),
     }
-    for schedule in made.values():
-        schedule.full_clean()
-        schedules.save(schedule)
     Schedule.objects.filter(pk=made["interval"].pk).update(last_status=Status.FAILED, last_run_at=dbclock.now())
     return made
 
@@ -91,8 +87,8 @@ def test_schedule_list__filters_and_search(
 def test_schedule_change__next_fire_times_and_last_executions(staff: Client, made: dict[str, Schedule]) -> None:
     schedule = made["interval"]
     for n in range(25):
-        Execution.objects.create(
-            idempotency_key=f"k{n}",
+        make_execution(
+            f"k{n}",
             schedule=schedule,
             task=schedule.task,
             status=Status.SUCCEEDED,
@@ -140,8 +136,8 @@ def test_schedule_actions__enable_and_resume(staff: Client, made: dict[str, Sche
 def executions(made: dict[str, Schedule]) -> list[Execution]:
     now = dbclock.now()
     return [
-        Execution.objects.create(
-            idempotency_key="ok",
+        make_execution(
+            "ok",
             schedule=made["interval"],
             task="scheduler.sleep",
             status=Status.SUCCEEDED,
@@ -150,8 +146,8 @@ def executions(made: dict[str, Schedule]) -> list[Execution]:
             finished_at=now + timedelta(seconds=2),
             celery_task_id="t-ok",
         ),
-        Execution.objects.create(
-            idempotency_key="bad",
+        make_execution(
+            "bad",
             task="scheduler.echo",
             status=Status.FAILED,
             scheduled_for=now - timedelta(days=3),
@@ -244,8 +240,8 @@ def test_execution_actions__retry_finished_and_cancel_running(
     staff: Client, executions: list[Execution], redis_url: str
 ) -> None:
     finished = executions[1]
-    running = Execution.objects.create(
-        idempotency_key="run",
+    running = make_execution(
+        "run",
         task="scheduler.echo",
         status=Status.RUNNING,
         scheduled_for=dbclock.now(),
@@ -265,7 +261,7 @@ def test_execution_actions__retry_finished_and_cancel_running(
 
 @pytest.mark.django_db(transaction=True)
 def test_backfill_form__preview_then_confirm(staff: Client, redis_url: str) -> None:
-    schedule = schedules.create(name="hourly", task="scheduler.echo", interval=3600)
+    schedule = make_schedule("hourly", interval=3600)
     url = f"/admin/scheduler/schedule/{schedule.pk}/backfill/"
     now = dbclock.now()
     start = (now - timedelta(hours=5, minutes=1)).strftime("%Y-%m-%d %H:%M:%S")  # 5 h long: 5 hourly slots
@@ -292,7 +288,7 @@ def test_backfill_form__preview_then_confirm(staff: Client, redis_url: str) -> N
 def test_backfill_form__bad_range_shows_the_error_and_writes_nothing(
     staff: Client, start: str, end: str, message: str
 ) -> None:
-    schedule = schedules.create(name="hourly", task="scheduler.echo", interval=3600)
+    schedule = make_schedule("hourly", interval=3600)
     response = staff.post(
         f"/admin/scheduler/schedule/{schedule.pk}/backfill/", {"start": start, "end": end, "confirm": "1"}
     )

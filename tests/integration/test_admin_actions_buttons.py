@@ -14,8 +14,8 @@ from django.test.utils import CaptureQueriesContext
 
 from scheduler import dbclock
 from scheduler.models import Execution, Schedule
-from scheduler.owners import schedules
 from scheduler.web.permissions import OPERATOR_GROUP, VIEWER_GROUP
+from tests.admin_forms import schedule_form
 from tests.factories import make_execution, make_schedule
 from tests.integration.api_support import bind
 
@@ -146,7 +146,7 @@ def test_buttons__an_operator_may_use_them(schedule: Schedule) -> None:
 
 def test_buttons__need_the_csrf_token() -> None:
     # Given a client that enforces CSRF, as a browser session does
-    schedule = schedules.create(name="s", task="scheduler.echo", interval=5)
+    schedule = make_schedule("s", interval=5)
     client = Client(enforce_csrf_checks=True)
     client.force_login(get_user_model().objects.create_superuser("root", "root@example.invalid", "pw"))
     # When
@@ -209,8 +209,8 @@ def test_execution_buttons__a_viewer_gets_403(action: str) -> None:
 def test_execution_list__seconds_zone_lag_queue_wait_and_trigger(staff: Client, schedule: Schedule) -> None:
     # Given an execution sent 1.5 s after its slot, claimed 0.25 s later, run for 2 s
     slot = dbclock.now().replace(microsecond=0) - timedelta(minutes=1)
-    Execution.objects.create(
-        idempotency_key="k",
+    make_execution(
+        "k",
         schedule=schedule,
         task="scheduler.echo",
         status=Status.SUCCEEDED,
@@ -246,7 +246,7 @@ def test_execution_change__times_with_seconds_and_every_attempt_error(staff: Cli
 
 def test_schedule_page__times_with_seconds_and_a_link_to_its_executions(staff: Client, schedule: Schedule) -> None:
     slot = dbclock.now().replace(microsecond=0)
-    Execution.objects.create(idempotency_key="k", schedule=schedule, task="scheduler.echo", scheduled_for=slot)
+    make_execution("k", schedule=schedule, task="scheduler.echo", scheduled_for=slot)
     Schedule.objects.filter(pk=schedule.pk).update(last_run_at=slot)
     page = staff.get(f"/admin/scheduler/schedule/{schedule.pk}/change/").content.decode()
     assert page.count(f"{slot:%Y-%m-%d %H:%M:%S} UTC") >= 2  # last run and the recent execution
@@ -317,23 +317,7 @@ def test_execution_search__a_key_prefix_is_an_index_scan(staff: Client) -> None:
 
 
 def _add(client: Client, **fields: str) -> str:
-    data = {
-        "name": "new",
-        "task": "scheduler.echo",
-        "args": "[]",
-        "kwargs": "{}",
-        "timezone": "UTC",
-        "overlap": "allow",
-        "catchup_window": "300",
-        "misfire": "run_all",
-        "jitter": "0",
-        "dst_gap": "shift",
-        "dst_fold": "first",
-        "max_retries": "0",
-        "retry_backoff": "1",
-        "enabled": "on",
-        **fields,
-    }
+    data = schedule_form(interval="") | fields  # no timing unless a test gives one
     response = client.post("/admin/scheduler/schedule/add/", data)
     return response.content.decode() if response.status_code == 200 else f"saved ({response.status_code})"
 
@@ -393,8 +377,8 @@ def test_schedule_form__a_future_one_off_is_accepted(staff: Client) -> None:
 
 
 def test_schedule_list__state_icons_are_drawn_without_special_glyphs(staff: Client, schedule: Schedule) -> None:
-    schedules.create(name="off", task="scheduler.echo", interval=5, enabled=False)
-    schedules.create(name="held", task="scheduler.echo", interval=5, paused_reason="x")
+    make_schedule("off", interval=5, enabled=False)
+    make_schedule("held", interval=5, paused_reason="x")
     page = staff.get("/admin/scheduler/schedule/").content.decode()
     assert 'class="state state-disabled"' in page and 'class="state state-paused"' in page
     assert 'class="state state-active"' in page

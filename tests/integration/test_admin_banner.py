@@ -20,8 +20,8 @@ from django.test import Client, override_settings
 from django_celery_results.models import TaskResult
 
 from scheduler import dbclock
-from scheduler.models import Execution, Schedule
-from scheduler.owners import leases, schedules
+from scheduler.owners import leases
+from tests.factories import make_execution, make_schedule
 
 pytestmark = pytest.mark.django_db
 
@@ -39,11 +39,9 @@ def staff() -> Iterator[Client]:
 
 
 def _app_pages() -> list[str]:
-    schedule = Schedule(name="nightly", task="scheduler.echo", interval=60)
-    schedule.full_clean()
-    schedules.save(schedule, now=dbclock.now())
-    execution = Execution.objects.create(
-        idempotency_key="k1",
+    schedule = make_schedule("nightly")
+    execution = make_execution(
+        "k1",
         schedule=schedule,
         task=schedule.task,
         scheduled_for=dbclock.now(),

@@ -10,16 +10,13 @@ import time_machine
 from django.test import Client
 from django.urls import reverse
 
-from scheduler.models import Schedule
-from scheduler.owners import schedules
+from tests.factories import make_schedule
 
 pytestmark = pytest.mark.django_db
 
 
 def preview(client: Client, **fields: str) -> str:
-    schedule = Schedule(name="nightly", task="scheduler.echo", cron="30 2 * * *", timezone="Europe/Berlin", **fields)
-    schedule.full_clean()
-    schedules.save(schedule)
+    schedule = make_schedule("nightly", cron="30 2 * * *", timezone="Europe/Berlin", **fields)
     response = client.get(reverse("admin:scheduler_schedule_change", args=[schedule.pk]))
     assert response.status_code == 200
     return re.sub(r"<[^>]+>", "", response.content.decode())  # text only

@@ -18,7 +18,8 @@ from scheduler.exceptions import BackfillRefused
 from scheduler.models import Execution, Schedule
 from scheduler.ops import backfill as backfill_module
 from scheduler.ops.backfill import backfill
-from scheduler.owners import executions, schedules
+from scheduler.owners import executions
+from tests.factories import make_execution, make_schedule
 
 pytestmark = pytest.mark.django_db
 
@@ -27,11 +28,7 @@ HOUR = timedelta(hours=1)
 
 
 def hourly(**fields: Any) -> Schedule:
-    fields = {"name": "hourly", "task": "scheduler.echo", "interval": 3600, **fields}
-    created = Schedule(**fields)
-    created.full_clean()
-    schedules.save(created)
-    return created
+    return make_schedule("hourly", interval=3600, **fields)
 
 
 def five_hours(now: datetime) -> tuple[datetime, datetime, list[datetime]]:
@@ -53,8 +50,8 @@ def test_backfill__records_and_sends_the_slots_without_an_execution(redis_client
     )
     now = dbclock.now()
     start, end, slots = five_hours(now)
-    ran = Execution.objects.create(
-        idempotency_key=executions.key(target, slots[2]),
+    ran = make_execution(
+        executions.key(target, slots[2]),
         schedule=target,
         task=target.task,
         scheduled_for=slots[2],
@@ -104,8 +101,8 @@ def test_backfill__dry_run_lists_the_slots_and_writes_nothing(redis_client: redi
     target = hourly()
     now = dbclock.now()
     start, end, slots = five_hours(now)
-    ran = Execution.objects.create(
-        idempotency_key=executions.key(target, slots[0]),
+    ran = make_execution(
+        executions.key(target, slots[0]),
         schedule=target,
         task=target.task,
         scheduled_for=slots[0],

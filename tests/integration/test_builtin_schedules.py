@@ -24,7 +24,7 @@ from scheduler.models import Execution, Schedule
 from scheduler.ops import builtin_schedules
 from scheduler.ops.builtin_schedules import BACKEND_CLEANUP, PRUNE_EXECUTIONS, ensure_builtin_schedules
 from scheduler.owners import schedules
-from tests.factories import make_execution, make_schedule
+from tests.factories import make_past_execution, make_schedule
 from tests.processes import ROOT
 
 Status = Execution.Status
@@ -226,28 +226,14 @@ def test_admin__edits_a_builtin_like_any_schedule() -> None:
 # --- what they run -------------------------------------------------------------------
 
 
-def _execution(
-    key: str, *, age_days: float, schedule: Schedule | None = None, status: str = Status.SUCCEEDED
-) -> Execution:
-    now = dbclock.now()
-    return make_execution(
-        key,
-        schedule=schedule,
-        task="scheduler.echo",
-        status=status,
-        scheduled_for=now - timedelta(days=age_days),
-        finished_at=now - timedelta(days=age_days),
-    )
-
-
 @pytest.fixture
 def history(db: None) -> Schedule:
     """A schedule with 5 executions 40-44 days old and one a day old; an ad-hoc one 45 days old."""
     schedule = make_schedule("s")
     for n in range(5):
-        _execution(f"old-{n}", age_days=40 + n, schedule=schedule)
-    _execution("recent", age_days=1, schedule=schedule)
-    _execution("adhoc-old", age_days=45)
+        make_past_execution(f"old-{n}", age_days=40 + n, schedule=schedule)
+    make_past_execution("recent", age_days=1, schedule=schedule)
+    make_past_execution("adhoc-old", age_days=45)
     return schedule
 
 

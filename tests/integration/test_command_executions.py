@@ -3,20 +3,16 @@
 from __future__ import annotations
 
 import base64
-import io
 import json
-import os
 import subprocess
-import sys
 from collections.abc import Callable, Iterator
 from datetime import datetime, timedelta, timezone
+from functools import partial
 from itertools import count
 from typing import Any
 
 import pytest
 import redis
-from django.core.management import call_command
-from django.core.management.base import CommandError
 
 import tests.tasks  # noqa: F401 -- registers tests.record with the Celery app
 from project.celery import app
@@ -24,7 +20,8 @@ from scheduler.models import Execution, Schedule
 from scheduler.ops import audit, operations
 from scheduler.owners import schedules
 from tests.factories import make_execution, make_schedule
-from tests.processes import ROOT
+from tests.integration import command_support
+from tests.integration.command_support import run
 from tests.services import free_port
 
 pytestmark = pytest.mark.django_db
@@ -34,21 +31,8 @@ T0 = datetime(2026, 3, 1, 12, tzinfo=timezone.utc)
 _keys = count()
 
 
-def executions(*argv: str) -> str:
-    """Run the command in this process; return what it printed."""
-    out = io.StringIO()
-    call_command("executions", *argv, stdout=out, stderr=io.StringIO())
-    return out.getvalue()
-
-
-def refused(*argv: str) -> str:
-    """Run the command expecting a refusal; return its one-line message."""
-    with pytest.raises(CommandError) as caught:
-        executions(*argv)
-    assert caught.value.returncode == 1
-    message = str(caught.value)
-    assert "\n" not in message and "Traceback" not in message
-    return message
+executions = partial(run, "executions")
+refused = partial(command_support.refused, "executions")
 
 
 def database() -> list[dict[str, Any]]:
@@ -345,20 +329,6 @@ def test_cancel__revokes_the_celery_task_after_commit(pidbox: Callable[[], list[
 
 
 # --- as a real process -----------------------------------------------------------------------
-
-
-@pytest.fixture
-def manage(process_database_url: str, redis_url: str) -> Callable[..., subprocess.CompletedProcess[str]]:
-    """Return ``manage(*argv, broker=...)``: run manage.py against the test database."""
-
-    def run(*argv: str, broker: str = redis_url) -> subprocess.CompletedProcess[str]:
-        env = {key: value for key, value in os.environ.items() if not key.startswith("SCHEDULER_")}
-        env.update(DATABASE_URL=process_database_url, REDIS_URL=broker, DJANGO_DEBUG="1")
-        return subprocess.run(
-            [sys.executable, "manage.py", *argv], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60
-        )
-
-    return run
 
 
 @pytest.mark.parametrize(

@@ -3,29 +3,14 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 from collections.abc import Callable
 
 import pytest
 
 from scheduler.models import Schedule
-from tests.processes import ROOT
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-
-@pytest.fixture
-def manage(process_database_url: str, redis_url: str) -> Callable[..., subprocess.CompletedProcess[str]]:
-    def run(*argv: str) -> subprocess.CompletedProcess[str]:
-        env = {key: value for key, value in os.environ.items() if not key.startswith("SCHEDULER_")}
-        env.update(DATABASE_URL=process_database_url, REDIS_URL=redis_url, DJANGO_DEBUG="1")
-        return subprocess.run(
-            [sys.executable, "manage.py", *argv], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60
-        )
-
-    return run
 
 
 @pytest.mark.parametrize(

@@ -19,7 +19,7 @@ from scheduler.models import Execution, Instance, Lease, Schedule
 from scheduler.ops.prune import prune_executions
 from scheduler.owners import leases
 from tests import processes
-from tests.factories import make_execution, make_schedule
+from tests.factories import make_past_execution, make_schedule
 from tests.integration.command_support import refused, run
 
 Status = Execution.Status
@@ -102,29 +102,15 @@ def test_leases__expired_lease_reads_not_held() -> None:
     assert "NOT HELD" in run("leases")
 
 
-def _execution(
-    key: str, *, status: str, age_days: float, schedule: Schedule | None = None, slot_age: float | None = None
-) -> Execution:
-    now = dbclock.now()
-    return make_execution(
-        key,
-        schedule=schedule,
-        task="scheduler.echo",
-        status=status,
-        scheduled_for=now - timedelta(days=slot_age if slot_age is not None else age_days),
-        finished_at=None if status in Execution.IN_FLIGHT_STATUSES else now - timedelta(days=age_days),
-    )
-
-
 @pytest.fixture
 def history(db: None) -> Schedule:
     schedule = make_schedule("s")
     for n in range(5):
-        _execution(f"old-{n}", status=Status.SUCCEEDED, age_days=40 + n, schedule=schedule)
-    _execution("old-failed", status=Status.FAILED, age_days=50, schedule=schedule)
-    _execution("old-running", status=Status.RUNNING, age_days=0, slot_age=60, schedule=schedule)
-    _execution("recent", status=Status.SUCCEEDED, age_days=1, schedule=schedule)
-    _execution("adhoc-old", status=Status.SUCCEEDED, age_days=45)
+        make_past_execution(f"old-{n}", status=Status.SUCCEEDED, age_days=40 + n, schedule=schedule)
+    make_past_execution("old-failed", status=Status.FAILED, age_days=50, schedule=schedule)
+    make_past_execution("old-running", status=Status.RUNNING, age_days=0, slot_age_days=60, schedule=schedule)
+    make_past_execution("recent", status=Status.SUCCEEDED, age_days=1, schedule=schedule)
+    make_past_execution("adhoc-old", status=Status.SUCCEEDED, age_days=45)
     return schedule
 
 
@@ -187,7 +173,7 @@ def test_prune__command_line_errors_are_one_line_without_traceback(redis_url: st
 
 def test_prune__holds_schedule_rows_only_while_the_server_works(history: Schedule) -> None:
     # Given old executions, one of them re-run by a recent execution (retry_of)
-    rerun = _execution("rerun", status=Status.SUCCEEDED, age_days=0, schedule=history)
+    rerun = make_past_execution("rerun", status=Status.SUCCEEDED, age_days=0, schedule=history)
     rerun.retry_of = Execution.objects.get(idempotency_key="old-0")
     rerun.save(update_fields=["retry_of"])
     # When a prune deletes them

@@ -4,23 +4,22 @@ from __future__ import annotations
 
 import io
 import json
-import os
 import subprocess
-import sys
 from collections.abc import Callable
 from datetime import datetime, timezone
+from functools import partial
 from typing import Any
 
 import pytest
 import redis
 import time_machine
 from django.core.management import call_command
-from django.core.management.base import CommandError
 
 import tests.tasks  # noqa: F401 -- registers tests.record with the Celery app
 from scheduler.models import Execution, Schedule
 from tests.factories import make_schedule
-from tests.processes import ROOT
+from tests.integration import command_support
+from tests.integration.command_support import run
 from tests.services import free_port
 
 pytestmark = pytest.mark.django_db
@@ -28,21 +27,8 @@ pytestmark = pytest.mark.django_db
 Status = Execution.Status
 
 
-def schedules(*argv: str) -> str:
-    """Run the command in this process; return what it printed."""
-    out = io.StringIO()
-    call_command("schedules", *argv, stdout=out, stderr=io.StringIO())
-    return out.getvalue()
-
-
-def refused(*argv: str) -> str:
-    """Run the command expecting a refusal; return its one-line message."""
-    with pytest.raises(CommandError) as caught:
-        schedules(*argv)
-    assert caught.value.returncode == 1
-    message = str(caught.value)
-    assert "\n" not in message and "Traceback" not in message
-    return message
+schedules = partial(run, "schedules")
+refused = partial(command_support.refused, "schedules")
 
 
 def database() -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
@@ -466,20 +452,6 @@ def test_run_now__a_task_that_is_no_longer_registered_is_refused() -> None:
 
 
 # --- as a real process -----------------------------------------------------------------------
-
-
-@pytest.fixture
-def manage(process_database_url: str, redis_url: str) -> Callable[..., subprocess.CompletedProcess[str]]:
-    """Return ``manage(*argv, broker=...)``: run manage.py against the test database."""
-
-    def run(*argv: str, broker: str = redis_url) -> subprocess.CompletedProcess[str]:
-        env = {key: value for key, value in os.environ.items() if not key.startswith("SCHEDULER_")}
-        env.update(DATABASE_URL=process_database_url, REDIS_URL=broker, DJANGO_DEBUG="1")
-        return subprocess.run(
-            [sys.executable, "manage.py", *argv], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60
-        )
-
-    return run
 
 
 def test_process__create_and_list(manage: Callable[..., subprocess.CompletedProcess[str]]) -> None:

@@ -14,8 +14,8 @@ from datetime import datetime, timedelta, timezone
 from typing import Any
 
 import pytest
-from django.db import connection
-from django.db.migrations.executor import MigrationExecutor
+
+from tests.schema_migrations import migrate_to, migrate_to_newest
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -23,19 +23,11 @@ T0 = datetime(2026, 11, 1, tzinfo=timezone.utc)
 Migrate = Callable[[str], Any]
 
 
-def _migrate(targets: list[tuple[str, str]]) -> Any:
-    executor = MigrationExecutor(connection)
-    executor.loader.build_graph()
-    executor.migrate(targets)
-    return executor.loader.project_state(targets).apps
-
-
 @pytest.fixture
 def migrate() -> Iterator[Migrate]:
     """``migrate("0007_...")`` moves the schema to that migration and returns its historical apps."""
-    yield lambda name: _migrate([("scheduler", name)])
-    executor = MigrationExecutor(connection)
-    _migrate(executor.loader.graph.leaf_nodes())
+    yield lambda name: migrate_to([("scheduler", name)])
+    migrate_to_newest()
 
 
 def _schedule(apps: Any, name: str, **fields: Any) -> Any:

@@ -6,10 +6,9 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from django.db import connection
-from django.db.migrations.executor import MigrationExecutor
 
 from scheduler.web.permissions import OPERATOR_GROUP, VIEWER_GROUP
+from tests.schema_migrations import migrate_to, migrate_to_newest
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -17,21 +16,13 @@ BEFORE = [("scheduler", "0019_tally_increments")]
 AFTER = [("scheduler", "0020_namespaced_groups")]
 
 
-def _migrate(targets: list[tuple[str, str]]) -> Any:
-    executor = MigrationExecutor(connection)
-    executor.loader.build_graph()
-    executor.migrate(targets)
-    return executor.loader.project_state(targets).apps
-
-
 @pytest.fixture
 def before_rename() -> Iterator[Any]:
-    apps = _migrate(BEFORE)
+    apps = migrate_to(BEFORE)
     # Migrating back renamed this database's groups to the old names; each test makes its own
     apps.get_model("auth", "Group").objects.all().delete()
     yield apps
-    executor = MigrationExecutor(connection)
-    _migrate(executor.loader.graph.leaf_nodes())
+    migrate_to_newest()
 
 
 def _group(apps: Any, name: str, codenames: list[str], members: list[str]) -> Any:
@@ -65,7 +56,7 @@ def test_migration__renames_the_schedulers_groups_keeping_members_and_permission
     _group(apps, "support", ["view_user"], ["sue"])
 
     # When
-    apps = _migrate(AFTER)
+    apps = migrate_to(AFTER)
 
     # Then: the same groups, namespaced, with the same members and permissions
     assert _state(apps) == {
@@ -76,7 +67,7 @@ def test_migration__renames_the_schedulers_groups_keeping_members_and_permission
     assert (VIEWER_GROUP, OPERATOR_GROUP) == ("scheduler: viewer", "scheduler: operator")
 
     # And back: the old names again
-    apps = _migrate(BEFORE)
+    apps = migrate_to(BEFORE)
     assert set(_state(apps)) == {"viewer", "schedule operator", "support"}
     assert _state(apps)["viewer"][:2] == (viewer.pk, ["val", "vic"])
 
@@ -87,7 +78,7 @@ def test_migration__leaves_a_hosts_own_viewer_group_alone(before_rename: Any) ->
     hosts = _group(apps, "viewer", ["view_user"], ["hal"])
 
     # When
-    apps = _migrate(AFTER)
+    apps = migrate_to(AFTER)
 
     # Then: it keeps its name and members
     assert _state(apps)["viewer"] == (hosts.pk, ["hal"], ["view_user"])

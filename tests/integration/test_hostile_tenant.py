@@ -22,6 +22,7 @@ from scheduler import dbclock
 from scheduler.models import ApiToken, Execution, OperatorProfile, Schedule
 from scheduler.owners import schedules
 from scheduler.web.permissions import OPERATOR_GROUP, VIEWER_GROUP
+from tests.admin_forms import schedule_form
 from tests.factories import make_schedule
 from tests.integration.api_support import TENANT_TASK, bind, make_execution, tables, token_client
 
@@ -216,31 +217,10 @@ def test_api__names_are_unique_per_tenant_and_say_nothing_of_another_tenant(
 # --- the admin -----------------------------------------------------------------------
 
 
-def _admin_form(**fields: str) -> dict[str, str]:
-    return {
-        "name": "wipe",
-        "task": TENANT_TASK,
-        "args": "[]",
-        "kwargs": "{}",
-        "interval": "60",
-        "timezone": "UTC",
-        "overlap": "allow",
-        "catchup_window": "300",
-        "misfire": "run_all",
-        "jitter": "0",
-        "dst_gap": "shift",
-        "dst_fold": "first",
-        "max_retries": "0",
-        "retry_backoff": "1",
-        "enabled": "on",
-        **fields,
-    }
-
-
 @pytest.mark.parametrize("task", RESERVED)
 def test_admin__add_form_refuses_a_reserved_task(world: dict[str, Any], acme_staff: Client, task: str) -> None:
     before = tables()
-    response = acme_staff.post("/admin/scheduler/schedule/add/", _admin_form(task=task))
+    response = acme_staff.post("/admin/scheduler/schedule/add/", schedule_form(name="wipe", task=task))
     assert response.status_code == 200
     assert "is reserved" in response.content.decode()
     assert tables() == before
@@ -250,7 +230,7 @@ def test_admin__add_form_refuses_a_reserved_task(world: dict[str, Any], acme_sta
 def test_admin__change_form_refuses_a_reserved_task(world: dict[str, Any], acme_staff: Client, task: str) -> None:
     before = tables()
     response = acme_staff.post(
-        f"/admin/scheduler/schedule/{world['acme'].pk}/change/", _admin_form(name="nightly", task=task)
+        f"/admin/scheduler/schedule/{world['acme'].pk}/change/", schedule_form(name="nightly", task=task)
     )
     assert response.status_code == 200
     assert "is reserved" in response.content.decode()
@@ -258,7 +238,9 @@ def test_admin__change_form_refuses_a_reserved_task(world: dict[str, Any], acme_
 
 
 def test_admin__add_form_saves_a_tenant_task_in_the_users_tenant(world: dict[str, Any], acme_staff: Client) -> None:
-    response = acme_staff.post("/admin/scheduler/schedule/add/", _admin_form(name="globex-sounding", tenant=GLOBEX))
+    response = acme_staff.post(
+        "/admin/scheduler/schedule/add/", schedule_form(name="globex-sounding", task=TENANT_TASK, tenant=GLOBEX)
+    )
     assert response.status_code == 302, response.content.decode()[:2000]
     assert Schedule.objects.get(name="globex-sounding").tenant == ACME
 

@@ -16,7 +16,8 @@ from scheduler import dbclock
 from scheduler.beat import LeaderScheduler
 from scheduler.models import Execution, Schedule
 from scheduler.outbox import broker
-from scheduler.owners import leases, schedules
+from scheduler.owners import leases
+from tests.factories import make_schedule
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -58,17 +59,13 @@ def leader(settings: object, redis_url: str) -> Iterator[LeaderScheduler]:
 
 def unset_schedule() -> Schedule:
     """A schedule whose next_run_at got lost: the next reconcile pass recomputes it."""
-    target = Schedule(name="unset", task="scheduler.echo", interval=60)
-    target.full_clean()
-    schedules.save(target)
+    target = make_schedule("unset")
     Schedule.objects.filter(pk=target.pk).update(next_run_at=None)
     return target
 
 
 def due_now(name: str) -> Schedule:
-    target = Schedule(name=name, task="scheduler.echo", interval=1)
-    target.full_clean()
-    schedules.save(target)
+    target = make_schedule(name, interval=1)
     Schedule.objects.filter(pk=target.pk).update(next_run_at=dbclock.now().replace(microsecond=0))
     return target
 

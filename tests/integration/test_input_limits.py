@@ -24,6 +24,7 @@ from scheduler.exceptions import SubmissionInvalid
 from scheduler.models import Execution, Schedule
 from scheduler.owners import schedules
 from scheduler.web.api.parsers import BoundedJSONParser, RequestTooLarge
+from tests.admin_forms import schedule_form
 from tests.integration.api_support import make_schedule, tables, token_client
 from tests.integration.command_support import refused, run
 
@@ -243,33 +244,6 @@ def test_arguments_limits__follow_the_settings() -> None:
     assert "more than 3 levels" in limits.argument_problem(nested(RECURSION_DEEP), label="args")
 
 
-def admin_form(**overrides: str) -> dict[str, str]:
-    data = {
-        "name": "from admin",
-        "task": "scheduler.echo",
-        "args": "[]",
-        "kwargs": "{}",
-        "queue": "",
-        "description": "",
-        "tenant": "",
-        "cron": "",
-        "interval": "60",
-        "timezone": "UTC",
-        "overlap": "allow",
-        "catchup_window": "300",
-        "misfire": "run_all",
-        "jitter": "0",
-        "dst_gap": "shift",
-        "dst_fold": "first",
-        "max_retries": "0",
-        "retry_backoff": "1",
-        "enabled": "on",
-        "paused_reason": "",
-    }
-    data.update(overrides)
-    return data
-
-
 @pytest.mark.parametrize(
     ("overrides", "field", "message"),
     [
@@ -286,8 +260,10 @@ def test_admin_form__over_a_limit_is_a_field_error_and_writes_nothing(
 ) -> None:
     existing = make_schedule("existing")
     before = tables()
-    added = staff.post("/admin/scheduler/schedule/add/", admin_form(**overrides))
-    changed = staff.post(f"/admin/scheduler/schedule/{existing.pk}/change/", admin_form(name="existing", **overrides))
+    added = staff.post("/admin/scheduler/schedule/add/", schedule_form(name="from admin", **overrides))
+    changed = staff.post(
+        f"/admin/scheduler/schedule/{existing.pk}/change/", schedule_form(name="existing", **overrides)
+    )
     for response in (added, changed):
         assert response.status_code == 200  # the form again, with the error
         errors = response.context["adminform"].form.errors

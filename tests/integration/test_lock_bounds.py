@@ -111,13 +111,6 @@ def lock_row(claim: Claim) -> Callable[[], None]:
     return lambda: executions.save_checkpoint(claim, {"done": 1})
 
 
-@pytest.fixture
-def lease() -> Iterator[leases.LeaseHandle]:
-    handle = leases.acquire("beat", "leader", ttl=BOUND)
-    assert handle is not None
-    yield handle
-
-
 def still_leads(lease: leases.LeaseHandle) -> bool:
     state = leases.current("beat")
     return state.is_held and (state.holder, state.token) == (lease.holder, lease.token)

@@ -28,7 +28,9 @@ from scheduler.beat import dispatch
 from scheduler.models import Execution, Schedule
 from scheduler.owners import executions, leases, schedules
 from scheduler.owners.executions import Claim
+from tests.factories import make_schedule
 from tests.integration.test_metrics_counters import scrape, total
+from tests.threads import on_own_connection
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -39,26 +41,22 @@ DURATION = 8.0  # seconds of contention
 BOUND = 60.0  # seconds: every thread must have stopped by then
 
 
-def on_own_connection(body: Callable[[], None], errors: list[BaseException]) -> Callable[[], None]:
-    def run() -> None:
-        try:
-            body()
-        except BaseException as exc:  # noqa: BLE001 -- reported by the test's assertion
-            errors.append(exc)
-        finally:
-            connection.close()
-
-    return run
+def _run_at_once(bodies: list[Callable[[], None]], errors: list[BaseException]) -> None:
+    """Run ``bodies`` at once, each on its own connection, until all return; fail if one is stuck past BOUND."""
+    threads = [threading.Thread(target=on_own_connection(body, errors)) for body in bodies]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=BOUND)
+    assert not any(thread.is_alive() for thread in threads), "a thread is stuck"
 
 
-def test_finishes_and_cancel_previous_ticks_at_once__no_deadlock_and_every_success_counted() -> None:
+def test_finishes_and_cancel_previous_ticks_at_once__no_deadlock_and_every_success_counted(
+    lease: leases.LeaseHandle,
+) -> None:
     # Given cancel_previous schedules firing every second, all due now
     for index in range(SCHEDULES):
-        schedule = Schedule(name=f"busy-{index}", task="scheduler.echo", interval=1, overlap="cancel_previous")
-        schedule.full_clean()
-        schedules.save(schedule)
-    lease = leases.acquire("beat", "stress-leader", ttl=BOUND)
-    assert lease is not None
+        make_schedule(f"busy-{index}", interval=1, overlap="cancel_previous")
     stop = threading.Event()
     errors: list[BaseException] = []
     succeeded: list[int] = []
@@ -124,8 +122,8 @@ def test_final_inserts_whose_rows_meet_the_tallies_in_opposite_orders__no_deadlo
     # the leader and ``reconcile --repair``) recording missed slots of both at
     # once, one listing alpha's rows first and the other beta's: every
     # statement's rows reach every tally of both tasks, in opposite orders
-    alpha = schedules.create(name="alpha", task="tests.alpha", interval=60)
-    beta = schedules.create(name="beta", task="tests.beta", interval=60)
+    alpha = make_schedule("alpha", task="tests.alpha")
+    beta = make_schedule("beta", task="tests.beta")
     now = dbclock.now()
     rounds, per_task = 25, 40
     barrier = threading.Barrier(2, timeout=BOUND)
@@ -158,15 +156,7 @@ def test_final_inserts_whose_rows_meet_the_tallies_in_opposite_orders__no_deadlo
         return body
 
     # When both commit their batches, round after round, at the same instant
-    threads = [
-        threading.Thread(target=on_own_connection(committer(0, alpha, beta), errors)),
-        threading.Thread(target=on_own_connection(committer(1, beta, alpha), errors)),
-    ]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(timeout=BOUND)
-    assert not any(thread.is_alive() for thread in threads), "a committer is stuck"
+    _run_at_once([committer(0, alpha, beta), committer(1, beta, alpha)], errors)
 
     # Then neither was a deadlock victim (nor waited out its lock timeout)
     assert not errors, errors
@@ -182,7 +172,7 @@ def test_schedule_delete__locks_the_schedule_before_its_executions() -> None:
     # Given a schedule with a running execution, and a worker finishing it:
     # its transaction has locked the schedule row (schedule first, then the
     # execution: the documented lock order) and is about to write the execution
-    target = schedules.create(name="doomed", task="scheduler.echo", interval=60)
+    target = make_schedule("doomed")
     now = dbclock.now()
     execution = executions.execution_for(target, now, status=Status.PENDING, now=now)
     execution.save()
@@ -209,12 +199,7 @@ def test_schedule_delete__locks_the_schedule_before_its_executions() -> None:
         done.set()
 
     # When an operator deletes the schedule meanwhile
-    threads = [threading.Thread(target=on_own_connection(body, errors)) for body in (worker, operator)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(timeout=BOUND)
-    assert not any(thread.is_alive() for thread in threads), "a thread is stuck"
+    _run_at_once([worker, operator], errors)
 
     # Then neither was a deadlock victim: the worker's outcome is recorded and the schedule is gone
     assert not errors, errors
@@ -229,7 +214,7 @@ def test_schedule_queryset_delete__locks_the_schedules_before_their_executions()
     now = dbclock.now()
     targets, claims = [], []
     for name in ("doomed-1", "doomed-2"):
-        target = schedules.create(name=name, task="scheduler.echo", interval=60)
+        target = make_schedule(name)
         execution = executions.execution_for(target, now, status=Status.PENDING, now=now)
         execution.save()
         claimed = executions.claim(
@@ -256,12 +241,7 @@ def test_schedule_queryset_delete__locks_the_schedules_before_their_executions()
         Schedule.objects.filter(pk__in=[target.pk for target in targets]).delete()  # the admin's bulk delete
 
     # When an operator deletes both at once meanwhile
-    threads = [threading.Thread(target=on_own_connection(body, errors)) for body in (worker, operator)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(timeout=BOUND)
-    assert not any(thread.is_alive() for thread in threads), "a thread is stuck"
+    _run_at_once([worker, operator], errors)
 
     # Then neither was a deadlock victim
     assert not errors, errors

@@ -6,12 +6,11 @@ import re
 import threading
 import time
 import urllib.request
+from collections.abc import Callable
 from datetime import timedelta
-from typing import Any
 
 import pytest
 from django.db import connection
-from django.db.migrations.executor import MigrationExecutor
 from django.db.models.functions import Now
 from django.test import Client
 
@@ -24,6 +23,8 @@ from scheduler.ops import backfill, prune
 from scheduler.owners import executions, leases, schedules
 from tests import processes
 from tests.integration.test_health_metrics import _serve
+from tests.schema_migrations import migrate_to, migrate_to_newest
+from tests.threads import on_own_connection
 
 pytestmark = pytest.mark.django_db
 
@@ -234,16 +235,8 @@ def test_executions_total__never_decreases_while_folds_and_final_moves_run_at_on
         while not stop.is_set():
             seen.append(missed())
 
-    def own_connection(body: Any) -> threading.Thread:
-        def run() -> None:
-            try:
-                body()
-            except BaseException as exc:  # noqa: BLE001 -- reported by the test's assertion
-                errors.append(exc)
-            finally:
-                connection.close()
-
-        return threading.Thread(target=run)
+    def own_connection(body: Callable[[], None]) -> threading.Thread:
+        return threading.Thread(target=on_own_connection(body, errors))
 
     # When they all run at once until the writer is done
     threads = [own_connection(body) for body in (folder, reader)]
@@ -279,24 +272,16 @@ def test_migration_0019__counts_survive_both_directions() -> None:
     miss(1)
     tally.fold()
     miss(2)
-    executor = MigrationExecutor(connection)
-    leaf = executor.loader.graph.leaf_nodes()
     try:
         # When the migration is undone, Then the totals hold both and the old trigger counts the next
-        _migrate([("scheduler", "0018_schedule_pruned_through")])
+        migrate_to([("scheduler", "0018_schedule_pruned_through")])
         miss(3)
         with connection.cursor() as cursor:
             cursor.execute("SELECT SUM(count) FROM scheduler_executiontally WHERE status = 'missed'")
             assert cursor.fetchone()[0] == 3
     finally:
         # When it is applied again, Then the next one is an increment and every count is there
-        _migrate(leaf)
+        migrate_to_newest()
     miss(4)
     assert TallyIncrement.objects.count() == 1
     assert tally.execution_counts()[("missed", "tests.record", "scheduled")] == 4
-
-
-def _migrate(targets: list[tuple[str, str]]) -> None:
-    executor = MigrationExecutor(connection)
-    executor.loader.build_graph()
-    executor.migrate(targets)

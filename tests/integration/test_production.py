@@ -16,6 +16,7 @@ from django.test import Client, override_settings
 from scheduler import checks
 from scheduler.models import Schedule
 from scheduler.web.permissions import OPERATOR_GROUP, VIEWER_GROUP
+from tests.admin_forms import schedule_form
 from tests.factories import make_schedule
 from tests.integration.api_support import bind
 from tests.processes import ROOT
@@ -134,23 +135,7 @@ def schedule(db: None) -> Schedule:
 
 
 def _change(client: Client, schedule: Schedule) -> int:
-    data = {
-        "name": "renamed",
-        "task": "scheduler.echo",
-        "args": "[]",
-        "kwargs": "{}",
-        "interval": "30",
-        "timezone": "UTC",
-        "overlap": "allow",
-        "catchup_window": "300",
-        "misfire": "run_all",
-        "jitter": "0",
-        "dst_gap": "shift",
-        "dst_fold": "first",
-        "max_retries": "0",
-        "retry_backoff": "1",
-        "enabled": "on",
-    }
+    data = schedule_form(name="renamed", interval="30")
     return client.post(f"/admin/scheduler/schedule/{schedule.pk}/change/", data).status_code
 
 

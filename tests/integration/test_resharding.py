@@ -83,17 +83,15 @@ def test_fence__each_kind_of_lease_fences_only_under_its_count() -> None:
     assert other is not None and fences(other)
 
 
-def test_store_count__waits_for_a_commit_in_flight_and_later_commits_see_it() -> None:
+def test_store_count__waits_for_a_commit_in_flight_and_later_commits_see_it(lease: leases.LeaseHandle) -> None:
     # Given the count 1 and a dispatch commit in flight under the one lease
     resharding.store_count(1, by="test")
-    handle = leases.acquire("beat", "host-a", ttl=30)
-    assert handle is not None
     fenced, release, changed = threading.Event(), threading.Event(), threading.Event()
 
     def commit() -> None:
         try:
             with transaction.atomic():
-                leases.assert_held(handle)
+                leases.assert_held(lease)
                 fenced.set()
                 release.wait(10)
         finally:
@@ -120,7 +118,7 @@ def test_store_count__waits_for_a_commit_in_flight_and_later_commits_see_it() ->
     changing.join(10)
     # ... and a commit under the one lease after it is refused
     with pytest.raises(LeaseLost), transaction.atomic():
-        leases.assert_held(handle)
+        leases.assert_held(lease)
 
 
 # --- a replica follows the count ------------------------------------------------------

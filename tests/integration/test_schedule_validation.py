@@ -11,6 +11,7 @@ from django.test import Client
 
 from scheduler.models import Schedule
 from scheduler.owners import schedules
+from tests.admin_forms import schedule_form
 
 pytestmark = pytest.mark.django_db
 
@@ -103,33 +104,6 @@ def admin_client_logged_in() -> Client:
     return client
 
 
-def _form_data(**overrides: object) -> dict[str, object]:
-    data: dict[str, object] = {
-        "name": "from admin",
-        "task": "scheduler.echo",
-        "args": "[]",
-        "kwargs": "{}",
-        "queue": "",
-        "description": "",
-        "tenant": "",
-        "cron": "",
-        "interval": "",
-        "timezone": "UTC",
-        "overlap": "allow",
-        "catchup_window": "300",
-        "misfire": "run_all",
-        "jitter": "0",
-        "dst_gap": "shift",
-        "dst_fold": "first",
-        "max_retries": "0",
-        "retry_backoff": "1",
-        "enabled": "on",
-        "paused_reason": "",
-    }
-    data.update(overrides)
-    return data
-
-
 ADMIN_BAD_INPUT = [
     ("invalid cron", {"cron": "61 * * * *"}, "61 * * * *"),
     ("unknown task", {"interval": "5", "task": "no.such.task"}, "Unknown task no.such.task"),
@@ -163,7 +137,9 @@ ADMIN_BAD_INPUT = [
 def test_admin_add__bad_input_shows_the_error_and_writes_nothing(
     admin_client_logged_in: Client, overrides: dict, message: str
 ) -> None:
-    response = admin_client_logged_in.post("/admin/scheduler/schedule/add/", _form_data(**overrides))
+    response = admin_client_logged_in.post(
+        "/admin/scheduler/schedule/add/", schedule_form(name="from admin", interval="") | overrides
+    )
     assert response.status_code == 200  # the form again, not a redirect and not a 500
     errors = response.context["adminform"].form.errors
     assert any(message in error for field_errors in errors.values() for error in field_errors), errors
@@ -172,7 +148,9 @@ def test_admin_add__bad_input_shows_the_error_and_writes_nothing(
 
 
 def test_admin_add__valid_schedule_is_saved_with_next_run(admin_client_logged_in: Client) -> None:
-    response = admin_client_logged_in.post("/admin/scheduler/schedule/add/", _form_data(cron="*/5 * * * *"))
+    response = admin_client_logged_in.post(
+        "/admin/scheduler/schedule/add/", schedule_form(name="from admin", interval="", cron="*/5 * * * *")
+    )
     assert response.status_code == 302
     schedule = Schedule.objects.get(name="from admin")
     assert schedule.next_run_at is not None

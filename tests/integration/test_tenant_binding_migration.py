@@ -6,8 +6,8 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from django.db import connection
-from django.db.migrations.executor import MigrationExecutor
+
+from tests.schema_migrations import migrate_to, migrate_to_newest
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -15,19 +15,11 @@ BEFORE = [("scheduler", "0014_shards")]
 AFTER = [("scheduler", "0015_tenant_binding")]
 
 
-def _migrate(targets: list[tuple[str, str]]) -> Any:
-    executor = MigrationExecutor(connection)
-    executor.loader.build_graph()
-    executor.migrate(targets)
-    return executor.loader.project_state(targets).apps
-
-
 @pytest.fixture
 def before_binding() -> Iterator[Any]:
-    yield _migrate(BEFORE)
+    yield migrate_to(BEFORE)
     # Whatever the test did, leave the schema at the newest migration for the next test.
-    executor = MigrationExecutor(connection)
-    _migrate(executor.loader.graph.leaf_nodes())
+    migrate_to_newest()
 
 
 def test_migration__marks_unbound_staff_profiles_and_tokens_all_tenants(before_binding: Any, capsys: Any) -> None:
@@ -48,7 +40,7 @@ def test_migration__marks_unbound_staff_profiles_and_tokens_all_tenants(before_b
     Token.objects.create(name="acme", token_hash="b" * 64, role="viewer", tenant="acme")
 
     # When
-    apps = _migrate(AFTER)
+    apps = migrate_to(AFTER)
 
     # Then: the two who saw every tenant keep it, explicitly; the bound one stays bound
     Profile = apps.get_model("scheduler", "OperatorProfile")

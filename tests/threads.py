@@ -1,0 +1,24 @@
+"""Test code run on threads of its own, each with its own database connection, keeping what it raises."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from django.db import connection
+
+
+def on_own_connection(body: Callable[[], None], errors: list[BaseException]) -> Callable[[], None]:
+    """``body`` as a thread's target: what it raises goes to ``errors``, and the thread's connection is closed after.
+
+    Django opens one connection per thread; left open, it keeps the test database from being dropped.
+    """
+
+    def run() -> None:
+        try:
+            body()
+        except BaseException as exc:  # noqa: BLE001 -- reported by the test's assertion
+            errors.append(exc)
+        finally:
+            connection.close()
+
+    return run
