@@ -221,7 +221,7 @@ def _burst(
 
 
 def _redis_ceiling(*options: str) -> dict[str, Any]:
-    from tests.services import find_redis_server
+    from tests.support.services import find_redis_server
 
     binary = shutil.which("redis-benchmark") or str(Path(find_redis_server()).with_name("redis-benchmark"))
     url = urlparse(os.environ["REDIS_URL"])

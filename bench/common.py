@@ -93,7 +93,7 @@ def migrated_databases(
     import tempfile
     from contextlib import ExitStack
 
-    from tests.services import postgres_cluster, redis_server
+    from tests.support.services import postgres_cluster, redis_server
 
     with ExitStack() as stack:
         scratch = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="bench-")))

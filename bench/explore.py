@@ -7,7 +7,7 @@ publish, one shard handover...) through the failpoint with that action, and
 checks the invariants: one execution per slot, every execution final within
 a bound after the fault, no body completing after its claim moved on, no
 on-time schedule stalled past 2 × the lease TTL, leadership changing only
-when the fault stopped a beat replica (``tests/explore.py`` says exactly how).
+when the fault stopped a beat replica (``tests/support/explore.py`` says exactly how).
 
 Run: ``python -m bench.explore [--database postgresql|sqlite] [--points NAME,...]
 [--actions crash,...] [--fast] [--logs DIR]`` (``--markdown`` prints the stored matrix for docs/testing.md) (``make explore`` runs the
@@ -122,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
     # SIGTERM becomes SystemExit, so the scenario's processes and the services are stopped.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
 
-    from tests.services import postgres_cluster, redis_server
+    from tests.support.services import postgres_cluster, redis_server
 
     logs = Path(args.logs or tempfile.mkdtemp(prefix="explore-"))
     logs.mkdir(parents=True, exist_ok=True)
@@ -140,7 +140,7 @@ def main(argv: list[str] | None = None) -> int:
         import django
 
         django.setup()
-        from tests import explore
+        from tests.support import explore
 
         chosen = explore.scenarios(
             [name for name in args.points.split(",") if name], [name for name in args.actions.split(",") if name]

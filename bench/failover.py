@@ -71,7 +71,7 @@ from bench.common import (
     table,
     write_results,
 )
-from tests.processes import CeleryProcess, beat_argv
+from tests.support.processes import CeleryProcess, beat_argv
 
 SIGNALS = {"SIGKILL": signal.SIGKILL, "SIGTERM": signal.SIGTERM}
 REPLICAS = 3

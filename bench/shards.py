@@ -71,7 +71,7 @@ from bench.common import (
     write_results,
 )
 from scheduler import dbclock
-from tests.processes import CeleryProcess, beat_argv, wait_until
+from tests.support.processes import CeleryProcess, beat_argv, wait_until
 
 SIGNALS = {"SIGKILL": signal.SIGKILL, "SIGTERM": signal.SIGTERM}
 #: Lease settings of the replicas (the documented defaults, as ``bench.failover``).

@@ -77,7 +77,7 @@ INSTALLED_APPS = [
     "drf_spectacular",
     "drf_spectacular_sidecar",
 ]
-# Tests only (tests/env_defaults.py turns it on): django-celery-beat's real
+# Tests only (tests/support/env_defaults.py turns it on): django-celery-beat's real
 # tables for the test of `manage.py import_celery_beat`, which reads them with
 # SQL and never needs the package. Ignored unless debugging.
 if DEBUG and env_bool("TEST_CELERY_BEAT_TABLES"):

@@ -1,3 +1,3 @@
 """The test suite."""
 # A regular package (not a namespace one), so `python -m tests.suite` and the
-# `-p tests.env_defaults` plugin can never resolve to some other `tests`.
+# `-p tests.support.env_defaults` plugin can never resolve to some other `tests`.

@@ -12,9 +12,9 @@ import redis
 from django.conf import settings
 from django.db import connection
 
-from tests.processes import ROOT, CeleryProcess, beat_argv, worker_argv
+from tests.support.processes import ROOT, CeleryProcess, beat_argv, worker_argv
 
-# --- services (test tooling; see tests/services.py and tests/suite.py) -------
+# --- services (test tooling; see tests/support/services.py and tests/suite.py) -------
 # Other fixtures go below this section, not inside it.
 
 _TESTS_DIR = Path(__file__).parent
@@ -121,18 +121,18 @@ def db_vendor() -> str:
 @pytest.fixture
 def process_database_url(transactional_db: None) -> str:
     """Return a DATABASE_URL for child processes; commits are visible to them."""
-    from tests.processes import test_database_url
+    from tests.support.processes import test_database_url
 
     return test_database_url()
 
 
 @pytest.fixture
 def side_effect_table(transactional_db: None) -> Iterator[None]:
-    """Create ``tests.tasks.SIDE_EFFECT_TABLE`` (no model) for this test; drop it afterwards.
+    """Create ``tests.support.tasks.SIDE_EFFECT_TABLE`` (no model) for this test; drop it afterwards.
 
     Request it before ``celery_processes``, so it is dropped after they stopped.
     """
-    from tests.tasks import SIDE_EFFECT_TABLE
+    from tests.support.tasks import SIDE_EFFECT_TABLE
 
     with connection.cursor() as cursor:
         cursor.execute(f"DROP TABLE IF EXISTS {SIDE_EFFECT_TABLE}")

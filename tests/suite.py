@@ -16,7 +16,7 @@ import xml.etree.ElementTree as ET
 from dataclasses import dataclass
 from pathlib import Path
 
-from tests.services import ServiceError, postgres_cluster, redis_server
+from tests.support.services import ServiceError, postgres_cluster, redis_server
 
 ROOT = Path(__file__).resolve().parent.parent
 NO_TESTS_COLLECTED = 5  #: pytest's exit code when nothing was collected

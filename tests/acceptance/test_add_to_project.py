@@ -36,9 +36,9 @@ import pytest
 import requests
 from django.db import connection
 
-from tests.admin_forms import schedule_form
-from tests.processes import CeleryProcess, wait_until
-from tests.wheel import DISTRIBUTION, ROOT, build
+from tests.support.admin_forms import schedule_form
+from tests.support.processes import CeleryProcess, wait_until
+from tests.support.wheel import DISTRIBUTION, ROOT, build
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -17,7 +17,7 @@ from django.db import connections
 from playwright.sync_api import Page, sync_playwright
 
 from scheduler.models import Execution, Schedule
-from tests.processes import ROOT, CeleryProcess, runserver, wait_until
+from tests.support.processes import ROOT, CeleryProcess, runserver, wait_until
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

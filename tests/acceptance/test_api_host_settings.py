@@ -2,7 +2,7 @@
 
 The host's settings are in place when the server process starts (DRF binds
 most of them to its view classes at import), so the project is served by
-``runserver`` in its own process with ``tests.host_rest_settings``: session
+``runserver`` in its own process with ``tests.support.host_rest_settings``: session
 authentication only, a browsable renderer, form parsers, limit-offset pages
 of one, open permissions, no throttle, versioning, another schema class and
 another error handler.
@@ -17,8 +17,8 @@ import pytest
 import requests
 
 from scheduler.models import ApiToken
-from tests.factories import make_schedule
-from tests.processes import runserver
+from tests.support.factories import make_schedule
+from tests.support.processes import runserver
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -28,7 +28,7 @@ def host_api(process_env: dict[str, str]) -> Iterator[str]:
     """The demo project served with the host's ``REST_FRAMEWORK``; its API's base URL."""
     env = {
         **process_env,
-        "DJANGO_SETTINGS_MODULE": "tests.host_rest_settings",
+        "DJANGO_SETTINGS_MODULE": "tests.support.host_rest_settings",
         "SCHEDULER_API_THROTTLE_RATE": "5/minute",
     }
     with runserver(env) as url:

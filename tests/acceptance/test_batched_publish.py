@@ -31,8 +31,8 @@ from scheduler.fastpath import publisher
 from scheduler.models import Execution, Schedule
 from scheduler.owners import executions, leases, schedules
 from scheduler.timing import policies
-from tests import tasks as test_tasks
-from tests.processes import CeleryProcess, wait_until
+from tests.support import tasks as test_tasks
+from tests.support.processes import CeleryProcess, wait_until
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -15,10 +15,10 @@ from django.db import connection
 
 from scheduler.models import Execution, Schedule
 from scheduler.owners import leases
-from tests import tasks as test_tasks
-from tests.factories import make_schedule
-from tests.processes import CeleryProcess, wait_until
-from tests.services import find_redis_server, free_port
+from tests.support import tasks as test_tasks
+from tests.support.factories import make_schedule
+from tests.support.processes import CeleryProcess, wait_until
+from tests.support.services import find_redis_server, free_port
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -30,7 +30,7 @@ from scheduler.models import Execution
 from scheduler.outbox import broker
 from scheduler.owners import leases
 from tests.acceptance.test_broker_restart import OwnBroker, own_broker  # noqa: F401 -- the fixture
-from tests.processes import CeleryProcess, wait_until
+from tests.support.processes import CeleryProcess, wait_until
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -20,9 +20,9 @@ import redis
 from scheduler import dbclock
 from scheduler.models import Execution
 from scheduler.outbox import broker
-from tests import tasks as test_tasks
-from tests.processes import CeleryProcess, wait_until
-from tests.services import find_redis_server, free_port
+from tests.support import tasks as test_tasks
+from tests.support.processes import CeleryProcess, wait_until
+from tests.support.services import find_redis_server, free_port
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

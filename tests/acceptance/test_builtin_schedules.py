@@ -12,7 +12,7 @@ from scheduler import dbclock
 from scheduler.models import Execution, Schedule
 from scheduler.ops.builtin_schedules import BACKEND_CLEANUP, PRUNE_EXECUTIONS
 from scheduler.owners import schedules
-from tests.processes import CeleryProcess, wait_until
+from tests.support.processes import CeleryProcess, wait_until
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

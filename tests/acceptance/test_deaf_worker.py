@@ -23,8 +23,8 @@ from celery import Celery
 from django.core.management import call_command
 from django.core.management.base import CommandError
 
-from tests.processes import ROOT, CeleryProcess, wait_until
-from tests.services import find_redis_server, free_port
+from tests.support.processes import ROOT, CeleryProcess, wait_until
+from tests.support.services import find_redis_server, free_port
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

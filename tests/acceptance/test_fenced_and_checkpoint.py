@@ -29,9 +29,9 @@ import redis
 
 import scheduler
 from scheduler.models import Execution
-from tests import tasks as test_tasks
 from tests.acceptance.test_worker_guard import publish_again, wait_final, worker_pid
-from tests.processes import CeleryProcess, exited, wait_until
+from tests.support import tasks as test_tasks
+from tests.support.processes import CeleryProcess, exited, wait_until
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

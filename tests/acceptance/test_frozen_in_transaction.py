@@ -38,8 +38,8 @@ from django.db import connection
 from scheduler import dbclock
 from scheduler.models import Execution, Schedule
 from scheduler.owners import leases, schedules
-from tests import tasks as test_tasks
-from tests.processes import CeleryProcess, exited, wait_until
+from tests.support import tasks as test_tasks
+from tests.support.processes import CeleryProcess, exited, wait_until
 
 pytestmark = [
     pytest.mark.django_db(transaction=True),

@@ -26,8 +26,8 @@ from scheduler import dbclock
 from scheduler.models import Execution
 from scheduler.ops import reconcile
 from scheduler.owners import executions
-from tests import tasks as test_tasks
-from tests.processes import CeleryProcess, exited, wait_until, worker_argv
+from tests.support import tasks as test_tasks
+from tests.support.processes import CeleryProcess, exited, wait_until, worker_argv
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -1,7 +1,7 @@
 """The execution guard per task (``base=ExecutionTask``) or process-wide (``task_cls``), and a task's opt-out (``guarded=False``).
 
 Real workers: one of an app that guards nothing by default
-(``tests.plain_celery``), one of the demo project (every task guarded).
+(``tests.support.plain_celery``), one of the demo project (every task guarded).
 Messages are sent the plain Celery way (``.delay()``) and through
 ``scheduler.submit()``.
 """
@@ -21,8 +21,8 @@ from scheduler.celery_app import celery_app
 from scheduler.models import Execution
 from scheduler.owners import executions
 from scheduler.owners.executions import ad_hoc_key
-from tests import guard_tasks
-from tests.processes import ROOT, CeleryProcess, wait_until, worker_argv
+from tests.support import guard_tasks
+from tests.support.processes import ROOT, CeleryProcess, wait_until, worker_argv
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -41,7 +41,7 @@ def worker_of(process_env: dict[str, str], tmp_path: Path) -> Iterator[Callable[
     def start(app: str) -> CeleryProcess:
         argv = worker_argv(app.replace(".", "-"))
         argv[argv.index("project")] = app
-        argv[argv.index("tests.tasks")] = "tests.tasks,tests.guard_tasks"
+        argv[argv.index("tests.support.tasks")] = "tests.support.tasks,tests.support.guard_tasks"
         process = CeleryProcess(app, argv, process_env, tmp_path / f"{app}.log", cwd=ROOT).start()
         started.append(process)
         process.wait_for_log(r"ready\.", timeout=60)
@@ -60,7 +60,7 @@ def test_per_task_guard__on_an_app_without_it__only_that_task_is_recorded(
     worker_of: Callable[[str], CeleryProcess], bodies: Callable[[], list[str]]
 ) -> None:
     # Given: a worker of an app that guards nothing by default
-    plain_worker = worker_of("tests.plain_celery")
+    plain_worker = worker_of("tests.support.plain_celery")
 
     # When: a guarded task and a plain one are sent the plain way, and the guarded one submitted
     guarded = guard_tasks.per_task.delay("a")

@@ -8,7 +8,7 @@ from collections.abc import Callable
 import pytest
 
 from scheduler.owners import schedules
-from tests.processes import CeleryProcess, wait_until
+from tests.support.processes import CeleryProcess, wait_until
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -27,8 +27,8 @@ import redis
 
 import scheduler
 from scheduler.models import Execution
-from tests import tasks as test_tasks
-from tests.processes import CeleryProcess, wait_until, worker_argv
+from tests.support import tasks as test_tasks
+from tests.support.processes import CeleryProcess, wait_until, worker_argv
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

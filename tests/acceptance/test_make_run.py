@@ -21,8 +21,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.processes import ROOT, wait_until
-from tests.services import free_port
+from tests.support.processes import ROOT, wait_until
+from tests.support.services import free_port
 
 #: A fresh SQLite file needs every migration before the admin answers.
 STARTUP_TIMEOUT = 240.0

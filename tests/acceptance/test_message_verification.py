@@ -25,8 +25,8 @@ from project.celery import app
 from scheduler import dbclock, outbox
 from scheduler.models import Execution, Schedule
 from scheduler.owners import executions, schedules
-from tests import tasks as test_tasks
-from tests.processes import CeleryProcess, wait_until
+from tests.support import tasks as test_tasks
+from tests.support.processes import CeleryProcess, wait_until
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

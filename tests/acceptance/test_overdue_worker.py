@@ -16,8 +16,8 @@ from django.test import Client
 from scheduler import dbclock
 from scheduler.models import Execution, Schedule
 from scheduler.owners import schedules
-from tests.factories import make_schedule
-from tests.processes import CeleryProcess, wait_until
+from tests.support.factories import make_schedule
+from tests.support.processes import CeleryProcess, wait_until
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -14,9 +14,9 @@ import redis
 from scheduler import dbclock
 from scheduler.models import Execution, Schedule
 from scheduler.owners import leases
-from tests import tasks as test_tasks
-from tests.factories import make_schedule
-from tests.processes import CeleryProcess, wait_until
+from tests.support import tasks as test_tasks
+from tests.support.factories import make_schedule
+from tests.support.processes import CeleryProcess, wait_until
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

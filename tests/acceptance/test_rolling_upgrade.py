@@ -10,7 +10,7 @@ working), and each old replica is replaced by one of this release: a new
 one starts, then an old one gets SIGTERM, beats first, then the worker.
 
 Throughout, the lease token may move only when the beat stopped was the
-leader, and then once. At the end, with ``tests/invariants.py``: every slot
+leader, and then once. At the end, with ``tests/support/invariants.py``: every slot
 from the schedules' creation to the end has exactly one execution, every
 execution succeeded within ``FINAL_SECONDS``, each body ran once under its
 claim, and no schedule went longer than 2 x TTL without a committed slot.
@@ -41,11 +41,11 @@ from scheduler import dbclock
 from scheduler.conf import Defaults
 from scheduler.models import Execution, Schedule
 from scheduler.owners import leases
-from tests import invariants, processes
-from tests import tasks as test_tasks
 from tests.acceptance.test_beat_replicas import Start, leader_process
 from tests.acceptance.test_shard_count_change import settle_window
-from tests.processes import ROOT, CeleryProcess, wait_until
+from tests.support import invariants, processes
+from tests.support import tasks as test_tasks
+from tests.support.processes import ROOT, CeleryProcess, wait_until
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -153,7 +153,7 @@ def manage(checkout: Path, env: dict[str, str], *args: str) -> str:
 
 #: Run by the older release's ``manage.py shell``: its own models create the schedules.
 CREATE_SCHEDULES = f"""
-import tests.tasks
+import tests.support.tasks
 from scheduler.models import Schedule
 for index in range({SCHEDULES}):
     schedule = Schedule(name=f"upgrade-{{index:02d}}", task="tests.record", interval=1, kwargs={{"label": f"upgrade-{{index:02d}}"}})

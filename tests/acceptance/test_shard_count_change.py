@@ -25,7 +25,7 @@ from tests.acceptance.test_beat_replicas import Start
 from tests.acceptance.test_sharded_beat import holders, instance_pid, make_schedules
 from tests.acceptance.test_sharded_failover import assert_no_duplicate_and_no_gap, assert_sent
 from tests.integration.command_support import run
-from tests.processes import CeleryProcess, wait_until
+from tests.support.processes import CeleryProcess, wait_until
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -20,7 +20,7 @@ from scheduler import dbclock, shards
 from scheduler.models import Execution, Lease, Schedule
 from scheduler.owners import schedules
 from tests.acceptance.test_beat_replicas import Start, assert_every_slot_once
-from tests.processes import CeleryProcess, wait_until
+from tests.support.processes import CeleryProcess, wait_until
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

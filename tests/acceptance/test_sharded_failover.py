@@ -36,7 +36,7 @@ from tests.acceptance.test_sharded_beat import (
     make_schedules,
     messages_per_execution,
 )
-from tests.processes import CeleryProcess, wait_until
+from tests.support.processes import CeleryProcess, wait_until
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -23,8 +23,8 @@ import scheduler
 from scheduler import dbclock
 from scheduler.models import Execution
 from scheduler.owners import executions
-from tests import tasks  # noqa: F401 -- registers the tasks submit() checks
-from tests.processes import CeleryProcess, wait_until
+from tests.support import tasks  # noqa: F401 -- registers the tasks submit() checks
+from tests.support.processes import CeleryProcess, wait_until
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -23,8 +23,8 @@ from scheduler import dbclock
 from scheduler.models import Execution
 from scheduler.owners import leases
 from tests.acceptance.test_broker_restart import OwnBroker, own_broker  # noqa: F401 -- the fixture
-from tests.factories import make_schedule
-from tests.processes import CeleryProcess, wait_until
+from tests.support.factories import make_schedule
+from tests.support.processes import CeleryProcess, wait_until
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -14,8 +14,8 @@ from django_tasks import TaskResult, TaskResultStatus, task_backends
 import scheduler
 from scheduler.models import Execution
 from scheduler.tasks_backend import CELERY_TASK, SchedulerBackend, idempotency_key
-from tests import framework_tasks
-from tests.processes import CeleryProcess, wait_until
+from tests.support import framework_tasks
+from tests.support.processes import CeleryProcess, wait_until
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -78,7 +78,7 @@ def test_tasks_backend__a_message_naming_a_plain_function_runs_nothing(
     worker = celery_processes("worker", "w1")
     worker.wait_for_log(r"ready\.")
     # Given a message of the backend's Celery task naming a function that is not a @task
-    execution = scheduler.submit(CELERY_TASK, ["tests.framework_tasks.not_a_task", [], {}])
+    execution = scheduler.submit(CELERY_TASK, ["tests.support.framework_tasks.not_a_task", [], {}])
     # Then the worker refuses to run it
     assert wait_until(
         lambda: Execution.objects.filter(pk=execution.pk, status=Execution.Status.FAILED).exists(), timeout=30

@@ -17,8 +17,8 @@ import pytest
 import scheduler
 from scheduler.models import Execution
 from scheduler.owners import schedules
-from tests import tasks as test_tasks
-from tests.processes import ROOT, CeleryProcess, wait_until
+from tests.support import tasks as test_tasks
+from tests.support.processes import ROOT, CeleryProcess, wait_until
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -138,7 +138,7 @@ def test_tracing__submit_in_a_request_continues_the_request_trace(
 
     # When the request's view calls submit()
     web = subprocess.run(
-        [sys.executable, "-m", "tests.trace_request", f"00-{CALLER_TRACE}-{CALLER_SPAN}-01"],
+        [sys.executable, "-m", "tests.support.trace_request", f"00-{CALLER_TRACE}-{CALLER_SPAN}-01"],
         env=process_env,
         cwd=ROOT,
         capture_output=True,

@@ -15,8 +15,8 @@ from scheduler.models import Execution, Schedule
 from scheduler.ops import audit, operations
 from scheduler.owners import executions, schedules
 from scheduler.tenancy import EVERY_TENANT
-from tests import tasks as test_tasks
-from tests.processes import CeleryProcess, wait_until
+from tests.support import tasks as test_tasks
+from tests.support.processes import CeleryProcess, wait_until
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

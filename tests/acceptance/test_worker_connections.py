@@ -15,11 +15,11 @@ from django.db import connection
 
 import scheduler
 from scheduler.models import Execution
-from tests import tasks as test_tasks
 from tests.acceptance.test_fenced_and_checkpoint import fenced_events
 from tests.acceptance.test_worker_guard import wait_final, worker_pid
-from tests.processes import CeleryProcess, wait_until
-from tests.tasks import connection_uses
+from tests.support import tasks as test_tasks
+from tests.support.processes import CeleryProcess, wait_until
+from tests.support.tasks import connection_uses
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -1,12 +1,12 @@
 """Failpoints in a real cluster: one scenario per kind of process and step keeps every guarantee.
 
-The fast subset of the exploration matrix (``tests.explore.FAST``; ``make
+The fast subset of the exploration matrix (``tests.support.explore.FAST``; ``make
 explore`` runs all of it): a pool child stalled between its claim and its
 body, one frozen between its body and its outcome, the leader killed inside its fenced commit, a publisher killed
 between pushing a batch and marking it queued, a replica killed while
 handing shards over, and the leader killed while reconcile handles a lost
 execution. Each scenario runs two beat replicas and two workers on the test
-database and broker; ``tests/explore.py`` describes the scenario and the
+database and broker; ``tests/support/explore.py`` describes the scenario and the
 invariants checked (one execution per slot, every execution final within
 its bound, no stale body completing, no stall past 2 × the lease TTL,
 leadership changing only when a beat replica stops).
@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from tests import explore
+from tests.support import explore
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -40,7 +40,7 @@ random fault hits (the nemeses, each once per round, in a random order):
 Killed processes are started again. At the end the test waits for
 quiescence, runs ``reconcile`` and checks the guarantees on the rows (and
 the pruned rows) and on the side-effect log the tasks write to a Redis of
-their own (which never restarts), with ``tests/invariants.py``: every slot
+their own (which never restarts), with ``tests/support/invariants.py``: every slot
 from the schedules' creation to the end of the faults (database clock) has
 exactly one execution; every execution is final and succeeded (the
 ``cancel_previous`` one: or ``cancelled`` by a newer slot, or ``skipped``
@@ -82,10 +82,10 @@ from scheduler import dbclock, failpoints, shards
 from scheduler.beat import dispatch
 from scheduler.models import Execution, Schedule
 from scheduler.owners import leases, schedules
-from tests import invariants
-from tests import tasks as test_tasks
-from tests.processes import ROOT, CeleryProcess, wait_until
-from tests.services import find_redis_server, free_port
+from tests.support import invariants
+from tests.support import tasks as test_tasks
+from tests.support.processes import ROOT, CeleryProcess, wait_until
+from tests.support.services import find_redis_server, free_port
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

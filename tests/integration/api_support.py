@@ -7,16 +7,16 @@ from typing import Any
 
 from django.test import Client
 
-import tests.tasks
+import tests.support.tasks
 from scheduler import dbclock
 from scheduler.models import ApiToken, AuditEvent, Execution, OperatorProfile, Schedule
-from tests import factories
+from tests.support import factories
 
 TENANT_A = "tenant-a"
 TENANT_B = "tenant-b"
 #: A task a tenant may run (``scheduler.*`` and ``celery.*`` are reserved); importing
-#: ``tests.tasks`` registers it in this process.
-TENANT_TASK = tests.tasks.record.name
+#: ``tests.support.tasks`` registers it in this process.
+TENANT_TASK = tests.support.tasks.record.name
 
 
 def token_client(name: str, *, role: str, tenant: str = "") -> Client:

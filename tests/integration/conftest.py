@@ -10,8 +10,8 @@ from collections.abc import Callable, Iterator
 import pytest
 
 from scheduler.owners import leases
-from tests.processes import ROOT
-from tests.services import free_port
+from tests.support.processes import ROOT
+from tests.support.services import free_port
 
 
 @pytest.fixture

@@ -12,7 +12,7 @@ from django.test import Client
 from scheduler import dbclock
 from scheduler.models import Execution, Instance, Lease, Schedule
 from scheduler.owners import leases
-from tests.factories import make_execution, make_schedule
+from tests.support.factories import make_execution, make_schedule
 
 pytestmark = pytest.mark.django_db
 

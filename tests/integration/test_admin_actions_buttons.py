@@ -15,9 +15,9 @@ from django.test.utils import CaptureQueriesContext
 from scheduler import dbclock
 from scheduler.models import Execution, Schedule
 from scheduler.web.permissions import OPERATOR_GROUP, VIEWER_GROUP
-from tests.admin_forms import schedule_form
-from tests.factories import make_execution, make_schedule
 from tests.integration.api_support import bind
+from tests.support.admin_forms import schedule_form
+from tests.support.factories import make_execution, make_schedule
 
 pytestmark = pytest.mark.django_db
 

@@ -21,7 +21,7 @@ from django_celery_results.models import TaskResult
 
 from scheduler import dbclock
 from scheduler.owners import leases
-from tests.factories import make_execution, make_schedule
+from tests.support.factories import make_execution, make_schedule
 
 pytestmark = pytest.mark.django_db
 

@@ -10,7 +10,7 @@ import time_machine
 from django.test import Client
 from django.urls import reverse
 
-from tests.factories import make_schedule
+from tests.support.factories import make_schedule
 
 pytestmark = pytest.mark.django_db
 

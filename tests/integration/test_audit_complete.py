@@ -30,8 +30,8 @@ from scheduler.models import ApiToken, AuditEvent, Execution, OperatorProfile, S
 from scheduler.ops import audit, prune
 from scheduler.owners import executions
 from scheduler.web.permissions import OPERATOR_GROUP, VIEWER_GROUP, ensure_groups
-from tests.admin_forms import schedule_form
 from tests.integration.api_support import make_execution, make_schedule, token_client
+from tests.support.admin_forms import schedule_form
 
 pytestmark = pytest.mark.django_db
 

@@ -19,7 +19,7 @@ from scheduler.models import Execution, Schedule
 from scheduler.ops import backfill as backfill_module
 from scheduler.ops.backfill import backfill
 from scheduler.owners import executions
-from tests.factories import make_execution, make_schedule
+from tests.support.factories import make_execution, make_schedule
 
 pytestmark = pytest.mark.django_db
 

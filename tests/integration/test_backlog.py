@@ -12,7 +12,7 @@ from scheduler import dbclock
 from scheduler.conf import settings
 from scheduler.models import Execution, Schedule
 from scheduler.owners import leases, schedules
-from tests.processes import wait_until
+from tests.support.processes import wait_until
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

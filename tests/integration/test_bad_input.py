@@ -31,7 +31,7 @@ from scheduler.management.base import SchedulerCommand
 from scheduler.models import Execution, Instance, Lease, Schedule
 from scheduler.ops.backfill import backfill
 from scheduler.owners import schedules
-from tests.admin_forms import schedule_form
+from tests.support.admin_forms import schedule_form
 
 # Commands run through ManagementUtility close the database connection when
 # they finish (as manage.py does), which a test transaction would not survive.

@@ -20,8 +20,8 @@ from scheduler.models import Execution, Schedule
 from scheduler.ops.reconcile import reconcile, resend_after_broker_restart, resend_unclaimed
 from scheduler.outbox import broker
 from scheduler.owners import executions, leases
-from tests.factories import make_execution, make_schedule
-from tests.services import free_port
+from tests.support.factories import make_execution, make_schedule
+from tests.support.services import free_port
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -24,8 +24,8 @@ from scheduler.models import Execution, Schedule
 from scheduler.ops import builtin_schedules
 from scheduler.ops.builtin_schedules import BACKEND_CLEANUP, PRUNE_EXECUTIONS, ensure_builtin_schedules
 from scheduler.owners import schedules
-from tests.factories import make_past_execution, make_schedule
-from tests.processes import ROOT
+from tests.support.factories import make_past_execution, make_schedule
+from tests.support.processes import ROOT
 
 Status = Execution.Status
 BUILTINS = {PRUNE_EXECUTIONS, BACKEND_CLEANUP}

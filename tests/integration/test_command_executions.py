@@ -14,15 +14,15 @@ from typing import Any
 import pytest
 import redis
 
-import tests.tasks  # noqa: F401 -- registers tests.record with the Celery app
+import tests.support.tasks  # noqa: F401 -- registers tests.record with the Celery app
 from project.celery import app
 from scheduler.models import Execution, Schedule
 from scheduler.ops import audit, operations
 from scheduler.owners import schedules
-from tests.factories import make_execution, make_schedule
 from tests.integration import command_support
 from tests.integration.command_support import run
-from tests.services import free_port
+from tests.support.factories import make_execution, make_schedule
+from tests.support.services import free_port
 
 pytestmark = pytest.mark.django_db
 

@@ -18,9 +18,9 @@ from scheduler import dbclock
 from scheduler.models import Execution, Instance, Lease, Schedule
 from scheduler.ops.prune import prune_executions
 from scheduler.owners import leases
-from tests import processes
-from tests.factories import make_past_execution, make_schedule
 from tests.integration.command_support import refused, run
+from tests.support import processes
+from tests.support.factories import make_past_execution, make_schedule
 
 Status = Execution.Status
 

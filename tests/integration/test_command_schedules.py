@@ -15,12 +15,12 @@ import redis
 import time_machine
 from django.core.management import call_command
 
-import tests.tasks  # noqa: F401 -- registers tests.record with the Celery app
+import tests.support.tasks  # noqa: F401 -- registers tests.record with the Celery app
 from scheduler.models import Execution, Schedule
-from tests.factories import make_schedule
 from tests.integration import command_support
 from tests.integration.command_support import run
-from tests.services import free_port
+from tests.support.factories import make_schedule
+from tests.support.services import free_port
 
 pytestmark = pytest.mark.django_db
 

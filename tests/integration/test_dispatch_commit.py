@@ -12,7 +12,7 @@ from scheduler import dbclock
 from scheduler.beat import dispatch
 from scheduler.models import Execution, Schedule
 from scheduler.owners import leases
-from tests.factories import make_schedule
+from tests.support.factories import make_schedule
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

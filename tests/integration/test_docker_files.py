@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.processes import ROOT
+from tests.support.processes import ROOT
 
 DOCKER = ROOT / "docker"
 

@@ -13,7 +13,7 @@ import pytest
 from django.core.management import load_command_class
 
 from scheduler.conf import Defaults
-from tests.processes import ROOT
+from tests.support.processes import ROOT
 
 DOCS = ROOT / "docs"
 COMMANDS = sorted(path.stem for path in (ROOT / "scheduler" / "management" / "commands").glob("[!_]*.py"))
@@ -84,6 +84,6 @@ def test_commands_page__names_every_command_action_and_flag(command: str) -> Non
 
 def test_operations_page__names_every_metric() -> None:
     page = (DOCS / "operations.md").read_text()
-    metrics = set(re.findall(r'"(scheduler_[a-z_]+)"', (ROOT / "scheduler" / "metrics.py").read_text()))
+    metrics = set(re.findall(r'"(scheduler_[a-z_]+)"', (ROOT / "scheduler" / "web" / "metrics.py").read_text()))
     assert len(metrics) > 10
     assert sorted(name for name in metrics if name not in page) == []

@@ -32,7 +32,7 @@ from scheduler import dbclock
 from scheduler import tasks as builtin_tasks
 from scheduler.beat import LeaderScheduler
 from scheduler.models import Execution, Schedule
-from tests.factories import make_schedule
+from tests.support.factories import make_schedule
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -21,8 +21,8 @@ from scheduler.fastpath import bulk_insert
 from scheduler.fastpath.guard import FastPath
 from scheduler.models import Execution, Schedule, tally
 from scheduler.owners import executions, schedules
-from tests.factories import make_schedule
 from tests.integration.fastpath_support import fallback_warnings, fallbacks_counted, fresh
+from tests.support.factories import make_schedule
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -22,8 +22,8 @@ from scheduler.fastpath.guard import FastPath
 from scheduler.models import Execution
 from scheduler.owners import executions, schedules
 from scheduler.timing import policies
-from tests import tasks as test_tasks  # noqa: F401  (registers tests.record with the app)
 from tests.integration.fastpath_support import fallback_warnings, fallbacks_counted, fresh
+from tests.support import tasks as test_tasks  # noqa: F401  (registers tests.record with the app)
 
 pytestmark = pytest.mark.django_db
 

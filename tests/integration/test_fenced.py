@@ -23,7 +23,7 @@ from scheduler.exceptions import CheckpointInvalid, ClaimLost, FenceRefused, Not
 from scheduler.models import Execution
 from scheduler.owners import executions, schedules
 from scheduler.worker.running import CHECKPOINT_MAX_BYTES
-from tests.tasks import SIDE_EFFECT_TABLE, side_effects
+from tests.support.tasks import SIDE_EFFECT_TABLE, side_effects
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

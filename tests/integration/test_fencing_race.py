@@ -21,7 +21,7 @@ from scheduler.beat import dispatch
 from scheduler.exceptions import LeaseLost
 from scheduler.models import Execution, Schedule
 from scheduler.owners import leases, schedules
-from tests.processes import wait_until
+from tests.support.processes import wait_until
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from scheduler.web.permissions import OPERATOR_GROUP, VIEWER_GROUP
-from tests.schema_migrations import migrate_to, migrate_to_newest
+from tests.support.schema_migrations import migrate_to, migrate_to_newest
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -22,8 +22,8 @@ from scheduler import dbclock
 from scheduler.conf import settings as scheduler_settings
 from scheduler.models import Execution, Instance, Lease, Schedule
 from scheduler.owners import leases, schedules
-from tests import processes
-from tests.services import free_port
+from tests.support import processes
+from tests.support.services import free_port
 
 pytestmark = pytest.mark.django_db
 

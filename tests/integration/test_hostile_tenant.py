@@ -22,9 +22,9 @@ from scheduler import dbclock
 from scheduler.models import ApiToken, Execution, OperatorProfile, Schedule
 from scheduler.owners import schedules
 from scheduler.web.permissions import OPERATOR_GROUP, VIEWER_GROUP
-from tests.admin_forms import schedule_form
-from tests.factories import make_schedule
 from tests.integration.api_support import TENANT_TASK, bind, make_execution, tables, token_client
+from tests.support.admin_forms import schedule_form
+from tests.support.factories import make_schedule
 
 pytestmark = pytest.mark.django_db
 

@@ -17,7 +17,7 @@ from scheduler.beat import LeaderScheduler
 from scheduler.models import Execution, Schedule
 from scheduler.outbox import broker
 from scheduler.owners import leases
-from tests.factories import make_schedule
+from tests.support.factories import make_schedule
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

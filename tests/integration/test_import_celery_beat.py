@@ -1,7 +1,7 @@
 """``import_celery_beat``: django-celery-beat's periodic tasks become schedules, or are refused with the reason.
 
 django-celery-beat is installed for the tests only (requirements-dev.txt,
-``TEST_CELERY_BEAT_TABLES`` in tests/env_defaults.py); its own models write
+``TEST_CELERY_BEAT_TABLES`` in tests/support/env_defaults.py); its own models write
 the rows the command then reads with SQL.
 """
 

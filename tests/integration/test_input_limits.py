@@ -24,9 +24,9 @@ from scheduler.exceptions import SubmissionInvalid
 from scheduler.models import Execution, Schedule
 from scheduler.owners import schedules
 from scheduler.web.api.parsers import BoundedJSONParser, RequestTooLarge
-from tests.admin_forms import schedule_form
 from tests.integration.api_support import make_schedule, tables, token_client
 from tests.integration.command_support import refused, run
+from tests.support.admin_forms import schedule_form
 
 pytestmark = pytest.mark.django_db
 

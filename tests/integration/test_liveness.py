@@ -10,7 +10,7 @@ from django.db import connection
 from project.celery import app
 from scheduler.beat import LeaderScheduler, liveness
 from scheduler.owners import leases
-from tests.processes import wait_until
+from tests.support.processes import wait_until
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

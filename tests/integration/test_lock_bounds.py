@@ -34,7 +34,7 @@ from scheduler.beat import dispatch
 from scheduler.models import Execution, Schedule
 from scheduler.owners import executions, leases
 from scheduler.owners.executions import Claim
-from tests.factories import make_schedule
+from tests.support.factories import make_schedule
 
 pytestmark = [
     pytest.mark.django_db(transaction=True),

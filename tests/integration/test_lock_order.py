@@ -28,9 +28,9 @@ from scheduler.beat import dispatch
 from scheduler.models import Execution, Schedule
 from scheduler.owners import executions, leases, schedules
 from scheduler.owners.executions import Claim
-from tests.factories import make_schedule
 from tests.integration.test_metrics_counters import scrape, total
-from tests.threads import on_own_connection
+from tests.support.factories import make_schedule
+from tests.support.threads import on_own_connection
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -10,7 +10,7 @@ import pytest
 from django.core.checks import run_checks
 from django.test import Client
 
-import tests.tasks  # noqa: F401 -- registers tests.record with the Celery app
+import tests.support.tasks  # noqa: F401 -- registers tests.record with the Celery app
 from scheduler import checks, dbclock
 from scheduler.conf import settings as scheduler_settings
 from scheduler.models import Schedule

@@ -14,17 +14,17 @@ from django.db import connection
 from django.db.models.functions import Now
 from django.test import Client
 
-import tests.tasks  # noqa: F401 -- registers tests.record with the Celery app
+import tests.support.tasks  # noqa: F401 -- registers tests.record with the Celery app
 from scheduler import dbclock
 from scheduler.conf import settings as scheduler_settings
 from scheduler.models import Execution, Lease, Schedule, tally
 from scheduler.models.tally import TallyIncrement
 from scheduler.ops import backfill, prune
 from scheduler.owners import executions, leases, schedules
-from tests import processes
 from tests.integration.test_health_metrics import _serve
-from tests.schema_migrations import migrate_to, migrate_to_newest
-from tests.threads import on_own_connection
+from tests.support import processes
+from tests.support.schema_migrations import migrate_to, migrate_to_newest
+from tests.support.threads import on_own_connection
 
 pytestmark = pytest.mark.django_db
 

@@ -20,7 +20,7 @@ from scheduler import dbclock
 from scheduler.conf import settings as scheduler_settings
 from scheduler.models import Execution, Instance, Schedule
 from scheduler.owners import leases, schedules
-from tests.processes import ROOT
+from tests.support.processes import ROOT
 
 PROMETHEUS = ROOT / "docker" / "prometheus"
 DASHBOARD = ROOT / "docker" / "grafana" / "dashboards" / "scheduler.json"

@@ -15,8 +15,8 @@ from scheduler import dbclock, outbox
 from scheduler.exceptions import BrokerUnavailable
 from scheduler.models import Execution, Schedule
 from scheduler.owners import executions, schedules
-from tests import tasks as test_tasks  # noqa: F401  (registers tests.record with the app)
-from tests.services import free_port
+from tests.support import tasks as test_tasks  # noqa: F401  (registers tests.record with the app)
+from tests.support.services import free_port
 
 pytestmark = pytest.mark.django_db
 

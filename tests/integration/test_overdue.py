@@ -12,12 +12,12 @@ from django.contrib.auth import get_user_model
 from django.core.management import call_command
 from django.test import Client
 
-import tests.tasks  # noqa: F401 -- registers tests.record with the Celery app
+import tests.support.tasks  # noqa: F401 -- registers tests.record with the Celery app
 from scheduler import dbclock
 from scheduler.models import Execution, Schedule
 from scheduler.owners import executions, schedules
-from tests.factories import make_schedule
 from tests.integration.api_support import token_client
+from tests.support.factories import make_schedule
 
 pytestmark = pytest.mark.django_db
 

@@ -30,8 +30,8 @@ from scheduler.ops import operations
 from scheduler.ops.reconcile import AUDIT_SCHEDULES, reconcile
 from scheduler.owners import executions, leases, schedules
 from scheduler.tenancy import EVERY_TENANT
-from tests.factories import make_schedule
-from tests.processes import wait_until
+from tests.support.factories import make_schedule
+from tests.support.processes import wait_until
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

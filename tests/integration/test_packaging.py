@@ -9,7 +9,7 @@ import pytest
 from packaging.requirements import Requirement
 
 import scheduler
-from tests.wheel import DISTRIBUTION, ROOT, build
+from tests.support.wheel import DISTRIBUTION, ROOT, build
 
 
 @pytest.fixture(scope="module")

@@ -17,7 +17,7 @@ from scheduler.models import Execution
 from scheduler.ops import audit, operations
 from scheduler.owners import executions, schedules
 from scheduler.tenancy import EVERY_TENANT
-from tests import tasks as test_tasks  # noqa: F401  (registers tests.record with the app)
+from tests.support import tasks as test_tasks  # noqa: F401  (registers tests.record with the app)
 
 pytestmark = pytest.mark.django_db
 

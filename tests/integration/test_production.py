@@ -16,10 +16,10 @@ from django.test import Client, override_settings
 from scheduler import checks
 from scheduler.models import Schedule
 from scheduler.web.permissions import OPERATOR_GROUP, VIEWER_GROUP
-from tests.admin_forms import schedule_form
-from tests.factories import make_schedule
 from tests.integration.api_support import bind
-from tests.processes import ROOT
+from tests.support.admin_forms import schedule_form
+from tests.support.factories import make_schedule
+from tests.support.processes import ROOT
 
 PRODUCTION_ENV = {
     "DJANGO_DEBUG": "0",

@@ -12,7 +12,7 @@ from django.test import Client
 
 from scheduler import dbclock
 from scheduler.models import Execution
-from tests.factories import make_execution
+from tests.support.factories import make_execution
 
 pytestmark = pytest.mark.django_db
 

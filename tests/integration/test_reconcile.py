@@ -19,7 +19,7 @@ from scheduler.conf import settings as scheduler_settings
 from scheduler.models import Execution, Instance, Schedule
 from scheduler.ops.reconcile import ReconcileReport, reconcile
 from scheduler.owners import executions
-from tests.factories import make_execution, make_schedule
+from tests.support.factories import make_execution, make_schedule
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

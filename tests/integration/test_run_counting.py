@@ -12,8 +12,8 @@ from scheduler.models import Execution, Schedule
 from scheduler.ops.prune import prune_executions
 from scheduler.owners import executions, leases
 from scheduler.tenancy import EVERY_TENANT
-from tests.factories import make_schedule
-from tests.processes import wait_until
+from tests.support.factories import make_schedule
+from tests.support.processes import wait_until
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -12,7 +12,7 @@ import pytest
 import yaml
 from django.core.management import ManagementUtility
 
-from tests.processes import ROOT
+from tests.support.processes import ROOT
 
 RUNBOOKS = ROOT / "docs" / "runbooks"
 PAGES = sorted(path for path in RUNBOOKS.glob("*.md") if path.name != "README.md")

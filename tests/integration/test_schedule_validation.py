@@ -11,7 +11,7 @@ from django.test import Client
 
 from scheduler.models import Schedule
 from scheduler.owners import schedules
-from tests.admin_forms import schedule_form
+from tests.support.admin_forms import schedule_form
 
 pytestmark = pytest.mark.django_db
 

@@ -25,7 +25,7 @@ from scheduler.conf import settings as scheduler_settings
 from scheduler.models import Instance, Lease, Schedule
 from scheduler.owners import leases, schedules
 from tests.integration.command_support import refused, run
-from tests.processes import ROOT
+from tests.support.processes import ROOT
 
 pytestmark = pytest.mark.django_db
 

@@ -82,7 +82,7 @@ def test_an_unguarded_task__cannot_be_scheduled_or_submitted() -> None:
     # Given: a task that opted out of the guard (its executions would never be recorded)
     from django.core.exceptions import ValidationError
 
-    import tests.guard_tasks  # noqa: F401 -- registers the tasks in this process
+    import tests.support.guard_tasks  # noqa: F401 -- registers the tasks in this process
     from scheduler.exceptions import SubmissionInvalid
     from scheduler.models import Execution, Schedule
     from scheduler.ops import operations
@@ -107,7 +107,7 @@ def test_an_unguarded_task__cannot_be_scheduled_or_submitted() -> None:
         "DEFAULT_AUTHENTICATION_CLASSES": ["rest_framework.authentication.SessionAuthentication"],
         "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.BrowsableAPIRenderer"],
         "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.AllowAny"],
-        "EXCEPTION_HANDLER": "tests.host_rest_settings.host_errors",
+        "EXCEPTION_HANDLER": "tests.support.host_rest_settings.host_errors",
         "DEFAULT_SCHEMA_CLASS": "rest_framework.schemas.openapi.AutoSchema",
     }
 )

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from tests.schema_migrations import migrate_to, migrate_to_newest
+from tests.support.schema_migrations import migrate_to, migrate_to_newest
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

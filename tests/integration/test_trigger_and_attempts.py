@@ -20,7 +20,7 @@ from scheduler.outbox import submissions
 from scheduler.owners import executions, leases
 from scheduler.owners.executions import Claim
 from scheduler.tenancy import EVERY_TENANT
-from tests.factories import make_schedule
+from tests.support.factories import make_schedule
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import ast
 from dataclasses import dataclass
 
-from tests.source_scan import project_sources
+from tests.support.source_scan import project_sources
 
 AUDIT_MODULE = "scheduler.ops.audit"
 #: The audit module's functions that write an event.

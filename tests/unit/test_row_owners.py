@@ -16,7 +16,7 @@ import ast
 import re
 from dataclasses import dataclass
 
-from tests.source_scan import project_sources
+from tests.support.source_scan import project_sources
 
 #: Model -> the one module that writes its rows.
 OWNERS = {

@@ -16,9 +16,9 @@ from urllib.parse import quote
 
 from django.db import connection
 
-from tests.services import free_port
+from tests.support.services import free_port
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 CELERY = str(Path(sys.executable).with_name("celery"))
 
 
@@ -127,7 +127,7 @@ def worker_argv(name: str, *, concurrency: int = 2, queues: str | None = None) -
         "-n",
         f"{name}@%h",
         "--include",
-        "tests.tasks",
+        "tests.support.tasks",
         "--without-gossip",
         "--without-mingle",
         "--without-heartbeat",

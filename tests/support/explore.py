@@ -41,7 +41,7 @@ reconcile is part of what is tested). Then it checks:
   any action at a point of its tick thread (``Point.tick``); a fault in a
   worker, or in the leader's reconcile thread, must leave leadership alone.
 
-The checks themselves are ``tests/invariants.py``, shared with the chaos soak.
+The checks themselves are ``tests/support/invariants.py``, shared with the chaos soak.
 
 SQLite has one writer for the whole database. A process frozen or stalled
 inside a write transaction (``Point.in_write``) holds it, and every other
@@ -75,9 +75,9 @@ from django.test.utils import override_settings
 from scheduler import dbclock, failpoints, shards
 from scheduler.models import Execution, Instance, Lease, Schedule
 from scheduler.owners import leases, schedules
-from tests import invariants
-from tests import tasks as test_tasks
-from tests.processes import CeleryProcess, beat_argv, wait_until, worker_argv
+from tests.support import invariants
+from tests.support import tasks as test_tasks
+from tests.support.processes import CeleryProcess, beat_argv, wait_until, worker_argv
 
 #: The beat's lease without shards (``SCHEDULER_LEASE_NAME`` is left at its default).
 LEASE_NAME = "beat"

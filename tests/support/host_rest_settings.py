@@ -27,7 +27,7 @@ REST_FRAMEWORK = {
     "DEFAULT_VERSIONING_CLASS": "rest_framework.versioning.QueryParameterVersioning",
     "ALLOWED_VERSIONS": ["2"],
     "DEFAULT_SCHEMA_CLASS": "rest_framework.schemas.openapi.AutoSchema",
-    "EXCEPTION_HANDLER": "tests.host_rest_settings.host_errors",
+    "EXCEPTION_HANDLER": "tests.support.host_rest_settings.host_errors",
     "DATETIME_FORMAT": "%d.%m.%Y",
     "DATETIME_INPUT_FORMATS": ["%d.%m.%Y %H:%M"],
 }

@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-# Loaded as a plugin (`-p tests.env_defaults` in pytest.ini) because
+# Loaded as a plugin (`-p tests.support.env_defaults` in pytest.ini) because
 # pytest-django 4.14 imports project.settings in pytest_load_initial_conftests,
 # before any conftest.py is imported, so a conftest.py is too late. Settings
 # refuse to load without SECRET_KEY unless DEBUG is on; tests need neither a

@@ -1,6 +1,6 @@
 """The guarantees a fault run is checked against, on the rows and the run log it left: one home for the soak and the explorer.
 
-``tests/chaos/test_soak.py`` (the chaos soak) and ``tests/explore.py`` (the
+``tests/chaos/test_soak.py`` (the chaos soak) and ``tests/support/explore.py`` (the
 failpoint explorer) both run real clusters through faults and then check
 the same things with these functions:
 

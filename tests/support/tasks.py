@@ -1,4 +1,4 @@
-"""Tasks used by the acceptance tests; workers load them with ``--include tests.tasks``.
+"""Tasks used by the acceptance tests; workers load them with ``--include tests.support.tasks``.
 
 Each writes its side effects to Redis lists the test reads back, so a test can
 tell how many times, and when, a body really ran.

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 #: What the scans read: the app and the demo project.
 SCANNED = ("scheduler", "project")
 #: Never scanned: migrations run at deploy time, through the historical models.

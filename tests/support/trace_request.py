@@ -1,4 +1,4 @@
-"""Run as ``python -m tests.trace_request TRACEPARENT``: one web request whose view calls ``scheduler.submit()``.
+"""Run as ``python -m tests.support.trace_request TRACEPARENT``: one web request whose view calls ``scheduler.submit()``.
 
 A process of its own, so tracing is configured from its environment
 (``OTEL_TRACES_EXPORTER``) as a web process's is, and the Django

@@ -8,7 +8,7 @@ from __future__ import annotations
 from celery import shared_task
 
 from scheduler.worker import ExecutionTask
-from tests.tasks import _client
+from tests.support.tasks import _client
 
 #: Redis list each body appends to.
 BODIES_KEY = "tests:guard-bodies"

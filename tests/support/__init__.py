@@ -1,0 +1,1 @@
+"""Test tooling: services, processes, factories, invariants and the tasks the tests run."""
