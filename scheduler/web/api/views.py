@@ -224,15 +224,7 @@ class ScheduleViewSet(
     @action(detail=True, methods=["post"], url_path="run-now")
     def run_now(self, request: Request, pk: str) -> Response:
         """Record an execution for now, outside the timing, and send it once recorded."""
-        schedule = self.get_object()
-        ensure_task_allowed(request, schedule.task, tenant=schedule.tenant)
-        try:
-            result = operations.run_now(
-                schedule, app=celery_app(), scope=caller(request).scope, actor=caller(request).actor
-            )
-        except operations.ActionRefused as exc:
-            raise Refused(str(exc)) from None
-        return Response(s.ActionResultSerializer(_action_result(result)).data, status=status.HTTP_201_CREATED)
+        return _recorded(request, self.get_object(), operations.run_now)
 
     @extend_schema(parameters=[s.NextQuerySerializer], responses=s.NextSerializer)
     @action(detail=True, methods=["get"])
@@ -285,6 +277,16 @@ def _action_result(result: operations.ActionResult) -> dict[str, Any]:
     return {"execution": result.execution, "broker_error": result.broker_error}
 
 
+def _recorded(request: Request, source: Any, action: Callable[..., operations.ActionResult]) -> Response:
+    """Take ``action`` (run now, retry) on ``source``, a schedule or an execution; answer 201 with what it recorded."""
+    ensure_task_allowed(request, source.task, tenant=source.tenant)
+    try:
+        result = action(source, app=celery_app(), scope=caller(request).scope, actor=caller(request).actor)
+    except operations.ActionRefused as exc:
+        raise Refused(str(exc)) from None
+    return Response(s.ActionResultSerializer(_action_result(result)).data, status=status.HTTP_201_CREATED)
+
+
 @extend_schema(tags=["executions"])
 class ExecutionViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, ScopedViewSet):
     """Executions of the caller's tenant, newest first, and the retry and cancel actions."""
@@ -298,15 +300,7 @@ class ExecutionViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, ScopedV
     @action(detail=True, methods=["post"])
     def retry(self, request: Request, pk: str) -> Response:
         """Record a new execution that re-runs this finished (or lost) one now."""
-        execution = self.get_object()
-        ensure_task_allowed(request, execution.task, tenant=execution.tenant)
-        try:
-            result = operations.retry_execution(
-                execution, app=celery_app(), scope=caller(request).scope, actor=caller(request).actor
-            )
-        except operations.ActionRefused as exc:
-            raise Refused(str(exc)) from None
-        return Response(s.ActionResultSerializer(_action_result(result)).data, status=status.HTTP_201_CREATED)
+        return _recorded(request, self.get_object(), operations.retry_execution)
 
     @extend_schema(request=None, responses=s.ActionResultSerializer)
     @action(detail=True, methods=["post"])
