@@ -10,7 +10,7 @@ the ``Actor`` (``tests/unit/test_audit_writers.py`` keeps them from recording).
 A long write (a backfill, a reconcile, a prune) is not one transaction: its
 event is committed before the work, ``state`` "started" with the parameters,
 so a crash part-way still leaves a trace, and completed after it with the
-counts (``operation()``, or ``begin()`` and ``complete()``).
+counts (``operation()``).
 
 Users, groups, permissions and operator profiles are recorded by model-signal
 receivers (``scheduler.ops.access_audit``), whoever changes them; their actor is
@@ -160,27 +160,8 @@ def record(
     )
 
 
-def begin(
-    actor: Actor,
-    action: str,
-    obj: Model | None = None,
-    *,
-    changes: dict[str, Any],
-    object_type: str = "",
-    tenant: str | None = None,
-) -> AuditEvent:
-    """Record that a long write starts, with its parameters in ``changes``; return the event (``state`` "started").
-
-    Call it before the work, outside any transaction: the event is committed
-    at once, so a crash part-way leaves it "started". (Within a caller's
-    transaction it commits with that transaction.)
-    """
-    with transaction.atomic():
-        return record(actor, action, obj, changes={**changes, "state": STARTED}, object_type=object_type, tenant=tenant)
-
-
-def complete(event: AuditEvent, *, changes: dict[str, Any] | None = None, error: str = "") -> None:
-    """Add what the work did to ``event`` (from ``begin()``): ``state`` "completed", or "failed" with ``error``."""
+def _complete(event: AuditEvent, *, changes: dict[str, Any] | None = None, error: str = "") -> None:
+    """Add what the work did to ``event``: ``state`` "completed", or "failed" with ``error``."""
     done = {**event.changes, **json.loads(json.dumps(changes or {}, cls=DjangoJSONEncoder))}
     done["state"] = FAILED if error else COMPLETED
     if error:
@@ -193,20 +174,27 @@ class Operation:
     """The event of one long write, from ``operation()``: ``start()`` before the work, ``done()`` after it."""
 
     def __init__(self, actor: Actor, action: str, obj: Model | None, *, changes: dict[str, Any], **where: Any) -> None:
-        self._begin: Callable[[], AuditEvent] = lambda: begin(actor, action, obj, changes=changes, **where)
+        self._record: Callable[[], AuditEvent] = lambda: record(
+            actor, action, obj, changes={**changes, "state": STARTED}, **where
+        )
         #: The event, once started.
         self.event: AuditEvent | None = None
         self._completed = False
 
     def start(self) -> None:
-        """Record the event, committed (once; a hook for work that validates before it writes)."""
+        """Record the event, committed at once outside any transaction (once; a hook for work that validates first).
+
+        Outside a transaction, a crash part-way through the work leaves it
+        "started"; within a caller's transaction it commits with that one.
+        """
         if self.event is None:
-            self.event = self._begin()
+            with transaction.atomic():
+                self.event = self._record()
 
     def done(self, changes: dict[str, Any]) -> None:
         """Complete the event with the work's counts (nothing when it never started)."""
         if self.event is not None and not self._completed:
-            complete(self.event, changes=changes)
+            _complete(self.event, changes=changes)
             self._completed = True
 
     def failed(self, exc: BaseException) -> None:
@@ -215,7 +203,7 @@ class Operation:
             return
         self._completed = True
         try:
-            complete(self.event, error=f"{type(exc).__name__}: {exc}".strip())
+            _complete(self.event, error=f"{type(exc).__name__}: {exc}".strip())
         except DatabaseError:
             # The database that failed the work may refuse this too: the event
             # stays "started", which says as much.
