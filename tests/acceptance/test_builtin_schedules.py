@@ -73,9 +73,12 @@ def test_builtins__created_by_the_beat_kept_across_restarts_and_they_clean_up(ce
 
     # Then the edits survive the restart, and each built-in runs and succeeds
     assert list(Schedule.objects.filter(name__in=BUILTINS).values_list("interval", "cron")) == [(2, ""), (2, "")]
-    assert wait_until(lambda: all(_finished(name) for name in BUILTINS), timeout=30), beat.log()[-3000:]
+    assert wait_until(lambda: all(Status.SUCCEEDED in _finished(name) for name in BUILTINS), timeout=30), beat.log()[
+        -3000:
+    ]
     for name in BUILTINS:
-        assert set(_finished(name)) == {Status.SUCCEEDED}, (name, _finished(name))
+        # Slots that came due while no beat ran are recorded missed, as their misfire policy says; nothing failed.
+        assert set(_finished(name)) <= {Status.SUCCEEDED, Status.MISSED}, (name, _finished(name))
 
     # ... the prune removed what is older than 30 days, keeping the schedule's newest 2
     assert set(Execution.objects.filter(schedule__name="history").values_list("idempotency_key", flat=True)) == {
