@@ -71,7 +71,7 @@ from bench.common import (
     table,
     write_results,
 )
-from tests.support.processes import CeleryProcess, beat_argv
+from tests.support.processes import CeleryProcess, beat_argv, pid_of
 
 SIGNALS = {"SIGKILL": signal.SIGKILL, "SIGTERM": signal.SIGTERM}
 REPLICAS = 3
@@ -244,7 +244,7 @@ def _measure_database(kills: int, logs: Path) -> list[dict[str, Any]]:
             state = leases.current("beat")
             if not state.is_held:
                 return None
-            pid = int(state.holder.rsplit("-", 2)[1])
+            pid = pid_of(state.holder)
             leader = next((r for r in self.replicas if r.pid == pid and r.alive()), None)
             return (leader, state.token) if leader else None
 

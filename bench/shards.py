@@ -71,7 +71,7 @@ from bench.common import (
     write_results,
 )
 from scheduler import dbclock
-from tests.support.processes import CeleryProcess, beat_argv, wait_until
+from tests.support.processes import CeleryProcess, beat_argv, pid_of, wait_until
 
 SIGNALS = {"SIGKILL": signal.SIGKILL, "SIGTERM": signal.SIGTERM}
 #: Lease settings of the replicas (the documented defaults, as ``bench.failover``).
@@ -108,7 +108,7 @@ def gap_summary(gaps: list[float]) -> dict[str, Any]:
 
 def _pid(instance_id: str) -> int:
     """The pid inside an instance id ``hostname-pid-random``."""
-    return int(instance_id.rsplit("-", 2)[1])
+    return pid_of(instance_id)
 
 
 class Replicas:

@@ -181,7 +181,13 @@ def celery_processes(
         env.update({f"SCHEDULER_{key.upper()}": str(value) for key, value in settings.items()})
         if checkout is not None:
             env["PYTHONPATH"] = str(checkout)
-        argv = beat_argv() if kind == "beat" else worker_argv(name, concurrency=concurrency, queues=queues)
+        # An older release keeps the test tasks where it had them.
+        tasks = "tests.tasks" if checkout is not None and (checkout / "tests" / "tasks.py").exists() else None
+        argv = (
+            beat_argv()
+            if kind == "beat"
+            else worker_argv(name, concurrency=concurrency, queues=queues, **({"tasks": tasks} if tasks else {}))
+        )
         process = CeleryProcess(name, argv, env, tmp_path / f"{name}.log", cwd=checkout or ROOT).start()
         started.append(process)
         return process

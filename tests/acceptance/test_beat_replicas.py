@@ -17,7 +17,7 @@ from scheduler.models import Execution, Schedule
 from scheduler.owners import leases
 from tests.support import tasks as test_tasks
 from tests.support.factories import make_schedule
-from tests.support.processes import CeleryProcess, wait_until
+from tests.support.processes import CeleryProcess, pid_of, wait_until
 from tests.support.services import find_redis_server, free_port
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -39,7 +39,7 @@ def leader_process(processes: list[CeleryProcess], timeout: float = 20.0) -> Cel
         state = leases.current("beat")
         if not state.is_held:
             return None
-        pid = int(state.holder.rsplit("-", 2)[1])
+        pid = pid_of(state.holder)
         return next((p for p in processes if p.pid == pid), None)
 
     leader = wait_until(find, timeout=timeout)

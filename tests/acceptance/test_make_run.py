@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.processes import ROOT, wait_until
+from tests.support.processes import ROOT, pid_of, wait_until
 from tests.support.services import free_port
 
 #: A fresh SQLite file needs every migration before the admin answers.
@@ -173,7 +173,7 @@ def test_make_run__leader_killed__other_replica_leads_killed_one_restarts_admin_
         lease = wait_until(make_run.lease, timeout=30)
         assert lease, f"no beat took the lease; log tail:\n{make_run.log()[-4000:]}"
         holder, token = lease
-        killed_pid = int(holder.rsplit("-", 2)[1])
+        killed_pid = pid_of(holder)
         both = wait_until(lambda: len(make_run.beat_instances()) == 2, timeout=30)
         assert both, f"the standby beat never wrote its heartbeat; log tail:\n{make_run.log()[-4000:]}"
         before = make_run.beat_instances()

@@ -153,7 +153,7 @@ def manage(checkout: Path, env: dict[str, str], *args: str) -> str:
 
 #: Run by the older release's ``manage.py shell``: its own models create the schedules.
 CREATE_SCHEDULES = f"""
-import tests.support.tasks
+import tests.tasks  # the older release's place for them
 from scheduler.models import Schedule
 for index in range({SCHEDULES}):
     schedule = Schedule(name=f"upgrade-{{index:02d}}", task="tests.record", interval=1, kwargs={{"label": f"upgrade-{{index:02d}}"}})

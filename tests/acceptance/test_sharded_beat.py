@@ -20,7 +20,7 @@ from scheduler import dbclock, shards
 from scheduler.models import Execution, Lease, Schedule
 from scheduler.owners import schedules
 from tests.acceptance.test_beat_replicas import Start, assert_every_slot_once
-from tests.support.processes import CeleryProcess, wait_until
+from tests.support.processes import CeleryProcess, pid_of, wait_until
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -52,7 +52,7 @@ def make_schedules(count: int) -> list[Schedule]:
 
 
 def instance_pid(instance_id: str) -> int:
-    return int(instance_id.rsplit("-", 2)[1])
+    return pid_of(instance_id)
 
 
 def holders(count: int) -> dict[str, tuple[str, int]]:

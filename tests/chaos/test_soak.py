@@ -84,7 +84,7 @@ from scheduler.models import Execution, Schedule
 from scheduler.owners import leases, schedules
 from tests.support import invariants
 from tests.support import tasks as test_tasks
-from tests.support.processes import ROOT, CeleryProcess, wait_until
+from tests.support.processes import ROOT, CeleryProcess, pid_of, wait_until
 from tests.support.services import find_redis_server, free_port
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -268,7 +268,7 @@ def _lease_holders(beats: list[CeleryProcess]) -> list[CeleryProcess]:
     for name in shards.lease_names(count) if count > 1 else [LEASE_NAME]:
         state = leases.current(name)
         if state.is_held:
-            pids.add(int(state.holder.rsplit("-", 2)[1]))
+            pids.add(pid_of(state.holder))
     return [beat for beat in beats if beat.pid in pids and beat.alive()]
 
 

@@ -108,11 +108,20 @@ def exited(pid: int) -> bool:
         return True
 
 
+def pid_of(process_id: str) -> int:
+    """Return the pid in a process id: ``<host>:<pid>[:<token>]``, or an older release's ``<host>-<pid>-<token>``."""
+    if ":" in process_id:
+        return int(process_id.split(":")[1])
+    return int(process_id.rsplit("-", 2)[1])
+
+
 def beat_argv() -> list[str]:
     return [CELERY, "-A", "project", "beat", "-l", "info", "--pidfile="]
 
 
-def worker_argv(name: str, *, concurrency: int = 2, queues: str | None = None) -> list[str]:
+def worker_argv(
+    name: str, *, concurrency: int = 2, queues: str | None = None, tasks: str = "tests.support.tasks"
+) -> list[str]:
     return [
         CELERY,
         "-A",
@@ -127,7 +136,7 @@ def worker_argv(name: str, *, concurrency: int = 2, queues: str | None = None) -
         "-n",
         f"{name}@%h",
         "--include",
-        "tests.support.tasks",
+        tasks,
         "--without-gossip",
         "--without-mingle",
         "--without-heartbeat",
