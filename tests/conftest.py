@@ -182,12 +182,9 @@ def celery_processes(
         if checkout is not None:
             env["PYTHONPATH"] = str(checkout)
         # An older release keeps the test tasks where it had them.
-        tasks = "tests.tasks" if checkout is not None and (checkout / "tests" / "tasks.py").exists() else None
-        argv = (
-            beat_argv()
-            if kind == "beat"
-            else worker_argv(name, concurrency=concurrency, queues=queues, **({"tasks": tasks} if tasks else {}))
-        )
+        old_layout = checkout is not None and (checkout / "tests" / "tasks.py").exists()
+        tasks = "tests.tasks" if old_layout else "tests.support.tasks"
+        argv = beat_argv() if kind == "beat" else worker_argv(name, concurrency=concurrency, queues=queues, tasks=tasks)
         process = CeleryProcess(name, argv, env, tmp_path / f"{name}.log", cwd=checkout or ROOT).start()
         started.append(process)
         return process
