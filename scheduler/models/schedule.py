@@ -10,12 +10,12 @@ from typing import Any, cast
 from django.core.exceptions import NON_FIELD_ERRORS, ValidationError
 from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import connection, models, transaction
-from django.db.models import F, Q
+from django.db.models import BooleanField, ExpressionWrapper, F, Q
+from django.db.models.functions import Now
 
 from scheduler import limits, shards, timing
 from scheduler.conf import settings
 from scheduler.exceptions import ScheduleInvalid, ScheduleWriteRefused
-from scheduler.timing import overdue
 
 #: The one message for a schedule with no timing, or more than one.
 TIMING_REQUIRED = "Set exactly one of cron, interval or run at."
@@ -118,12 +118,26 @@ class ScheduleQuerySet(models.QuerySet):
     delete.alters_data = True  # type: ignore[attr-defined]  # as Django marks QuerySet.delete
     delete.queryset_only = True  # type: ignore[attr-defined]  # not on the manager, as Django's
 
-    def overdue(self, *, now: datetime) -> ScheduleQuerySet:
+    def overdue(self, *, now: datetime | Now) -> ScheduleQuerySet:
         """Return active schedules without a success for longer than their window (``scheduler.timing.overdue``).
 
-        Served by the partial index ``schedule_overdue`` in one index range scan.
+        Served by the partial index ``schedule_overdue`` in one index range
+        scan. ``now`` may be ``Now()``: the database clock, read in the same query.
         """
-        return self.filter(overdue.condition(now=now))
+        return self.filter(_overdue(now))
+
+    def not_overdue(self, *, now: datetime | Now) -> ScheduleQuerySet:
+        """Return the schedules ``overdue`` leaves out."""
+        return self.exclude(_overdue(now))
+
+    def with_overdue_flag(self) -> ScheduleQuerySet:
+        """Annotate ``is_overdue``: whether each schedule is overdue on the database clock."""
+        return self.annotate(is_overdue=ExpressionWrapper(_overdue(Now()), output_field=BooleanField()))
+
+
+def _overdue(now: datetime | Now) -> Q:
+    """The filter for overdue schedules at ``now`` (it matches the ``schedule_overdue`` index)."""
+    return Q(enabled=True, paused_reason="", overdue_at__isnull=False, overdue_at__lte=now)
 
 
 class Schedule(models.Model):
@@ -322,6 +336,10 @@ class Schedule(models.Model):
     @property
     def is_paused(self) -> bool:
         return bool(self.paused_reason)
+
+    def is_overdue_at(self, now: datetime) -> bool:
+        """Return whether this schedule, as loaded, is overdue at ``now``: the row's twin of ``objects.overdue``."""
+        return self.enabled and not self.is_paused and self.overdue_at is not None and self.overdue_at <= now
 
     @property
     def timing(self) -> timing.Timing:

@@ -28,8 +28,8 @@ from typing import Any
 
 from django.core.exceptions import ValidationError
 from django.db import models, router, transaction
-from django.db.models import Case, CharField, DateTimeField, F, Q, TextField, Value, When
-from django.db.models.functions import Cast, Concat, Now
+from django.db.models import Case, CharField, DateTimeField, F, Func, Q, TextField, Value, When
+from django.db.models.functions import Cast, Coalesce, Concat, Now
 
 from scheduler import dbclock, limits, shards
 from scheduler.models import Execution, Schedule
@@ -187,8 +187,8 @@ def count_run(schedule_id: int, *, status: str, error: str, started_at: datetime
     }
     if started_at is not None:  # an execution failed before it started leaves the last run as it was
         fields["last_run_at"] = started_at
-    if succeeded:  # the dead man's switch: a success moves the overdue deadline forward
-        fields.update(overdue.after_success())
+    if succeeded:  # the dead man's switch: a success moves the overdue deadline forward, on the database clock
+        fields.update(last_success_at=Now(), overdue_at=_SecondsAfter(Now(), Coalesce("alert_after", "cadence")))
     trips = Q(pause_after_failures__gt=0, pause_after_failures__lte=F("consecutive_failures") + 1, paused_reason="")
     if not succeeded:
         fields["last_error"] = error
@@ -290,3 +290,29 @@ def _follow_deadline_change(schedule: Schedule) -> None:
         last_success_at=schedule.last_success_at,
         since=schedule.owed_since or schedule.created_at,
     )
+
+
+class _SecondsAfter(Func):
+    """A datetime expression plus an integer expression of seconds (NULL seconds give NULL)."""
+
+    arity = 2
+    output_field = DateTimeField()
+
+    def as_sql(
+        self,
+        compiler: Any,
+        connection: Any,
+        function: str | None = None,
+        template: str | None = None,
+        arg_joiner: str | None = None,
+        **extra_context: Any,
+    ) -> tuple[str, tuple[Any, ...]]:
+        (moment, moment_params), (seconds, seconds_params) = (
+            compiler.compile(expression) for expression in self.get_source_expressions()
+        )
+        if connection.vendor == "sqlite":
+            # Django's own datetime arithmetic function on SQLite (microseconds on the right).
+            sql = f"django_format_dtdelta('+', {moment}, ({seconds}) * 1000000)"
+        else:
+            sql = f"({moment} + make_interval(secs => {seconds}))"
+        return sql, (*moment_params, *seconds_params)

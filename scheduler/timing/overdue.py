@@ -14,10 +14,10 @@ overdue" is one range scan of the partial index ``schedule_overdue`` however
 many schedules there are. ``scheduler.owners.schedules`` recomputes it
 (``deadline``) on an edit of the timing, the state or ``alert_after``, and
 every success moves it forward in the same UPDATE that counts the run
-(``after_success``, used by ``scheduler.owners.schedules.count_run``). The admin, the
-``schedules`` command, ``/metrics`` and ``/healthz/schedules`` all read it
-through ``Schedule.objects.overdue`` and ``is_overdue``. It imports no
-models (``scheduler.models.schedule`` imports it), only ``timing``.
+(``scheduler.owners.schedules.count_run``). The admin, the ``schedules``
+command, ``/metrics`` and ``/healthz/schedules`` all read it through
+``Schedule.objects.overdue`` and ``Schedule.is_overdue_at``. What is here
+is pure: no database, no models.
 """
 
 from __future__ import annotations
@@ -25,15 +25,8 @@ from __future__ import annotations
 import functools
 import math
 from datetime import datetime, timedelta, timezone
-from typing import TYPE_CHECKING, Any
-
-from django.db.models import BooleanField, DateTimeField, ExpressionWrapper, Func, Q
-from django.db.models.functions import Coalesce, Now
 
 from scheduler import timing
-
-if TYPE_CHECKING:
-    from scheduler.models import Schedule
 
 #: Cron gaps are measured over the slots after this instant, the same in every process.
 _ANCHOR = datetime(2024, 1, 1, tzinfo=timezone.utc)
@@ -70,54 +63,3 @@ def deadline(
     first = timing.next_slot(schedule_timing, after=since - _TICK) if since is not None else None
     bases = [moment for moment in (last_success_at, first) if moment is not None]
     return max(bases) + timedelta(seconds=window) if bases else None
-
-
-def condition(*, now: datetime | Now) -> Q:
-    """Return the filter for overdue schedules at ``now`` (matches the ``schedule_overdue`` index).
-
-    ``now`` may be ``Now()``: the database clock, read in the same query.
-    """
-    return Q(enabled=True, paused_reason="", overdue_at__isnull=False, overdue_at__lte=now)
-
-
-def flag() -> ExpressionWrapper:
-    """Return an annotation that is true for an overdue schedule, on the database clock."""
-    return ExpressionWrapper(condition(now=Now()), output_field=BooleanField())
-
-
-def is_overdue(schedule: Schedule, *, now: datetime) -> bool:
-    """Return whether ``schedule`` (as loaded) is overdue at ``now``: the row-level twin of ``condition``."""
-    return (
-        schedule.enabled and not schedule.is_paused and schedule.overdue_at is not None and schedule.overdue_at <= now
-    )
-
-
-def after_success() -> dict[str, Any]:
-    """Return the Schedule fields a successful run writes, as database-clock expressions for one UPDATE."""
-    return {"last_success_at": Now(), "overdue_at": _SecondsAfter(Now(), Coalesce("alert_after", "cadence"))}
-
-
-class _SecondsAfter(Func):
-    """A datetime expression plus an integer expression of seconds (NULL seconds give NULL)."""
-
-    arity = 2
-    output_field = DateTimeField()
-
-    def as_sql(
-        self,
-        compiler: Any,
-        connection: Any,
-        function: str | None = None,
-        template: str | None = None,
-        arg_joiner: str | None = None,
-        **extra_context: Any,
-    ) -> tuple[str, tuple[Any, ...]]:
-        (moment, moment_params), (seconds, seconds_params) = (
-            compiler.compile(expression) for expression in self.get_source_expressions()
-        )
-        if connection.vendor == "sqlite":
-            # Django's own datetime arithmetic function on SQLite (microseconds on the right).
-            sql = f"django_format_dtdelta('+', {moment}, ({seconds}) * 1000000)"
-        else:
-            sql = f"({moment} + make_interval(secs => {seconds}))"
-        return sql, (*moment_params, *seconds_params)

@@ -47,11 +47,10 @@ from scheduler.limits import (
     nests_deeper_than,
 )
 from scheduler.models import AuditEvent, Execution, Instance, Lease, OperatorProfile, Schedule
-from scheduler.models.schedule import EARLIEST, LATEST, POLICY_FIELDS, TIMING_REQUIRED
+from scheduler.models.schedule import EARLIEST, LATEST, POLICY_FIELDS, TIMING_REQUIRED, ScheduleQuerySet
 from scheduler.ops import audit, operations
 from scheduler.owners import leases
 from scheduler.tenancy import EVERY_TENANT, Scope, scope_of_user
-from scheduler.timing import overdue
 from scheduler.web import (
     cluster,
     metrics,
@@ -240,7 +239,7 @@ class OverdueFilter(admin.SimpleListFilter):
 
     def queryset(self, request: HttpRequest, queryset: QuerySet[Schedule]) -> QuerySet[Schedule]:
         if self.value() == "yes":
-            return queryset.filter(overdue.condition(now=Now()))
+            return cast(ScheduleQuerySet, queryset).overdue(now=Now())
         return queryset
 
 
@@ -465,7 +464,7 @@ class ScheduleAdmin(TenantScoped, ActionsNeedPermission, admin.ModelAdmin):
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[Schedule]:
         # Overdue on the database clock, the one successes are stamped with, in the list's own query.
-        return super().get_queryset(request).annotate(is_overdue=overdue.flag())
+        return cast(ScheduleQuerySet, super().get_queryset(request)).with_overdue_flag()
 
     # --- columns -------------------------------------------------------------------
 

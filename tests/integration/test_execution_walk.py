@@ -49,7 +49,6 @@ WALK = [
     "scheduler.worker.task",
     "scheduler.worker.renewer",
     "scheduler.worker.running",
-    "scheduler.timing.overdue",
 ]
 SHARED_GROUND = (
     "scheduler.conf",

@@ -29,7 +29,6 @@ from scheduler.models import Schedule
 from scheduler.models.schedule import integer_range
 from scheduler.ops import audit, operations
 from scheduler.tenancy import EVERY_TENANT
-from scheduler.timing.overdue import is_overdue
 
 #: Options of ``create`` and ``update`` that set one model field each: flag, field, argparse keywords.
 FIELD_OPTIONS: tuple[tuple[str, str, dict[str, Any]], ...] = (
@@ -187,7 +186,7 @@ Run "manage.py schedules ACTION --help" for the options of each action."""
     def _list(self, *, json: bool, overdue: bool, **options: Any) -> None:
         now = dbclock.now()  # the clock the finish path stamps successes with
         schedules = list(Schedule.objects.overdue(now=now) if overdue else Schedule.objects.all())
-        late = {s.pk for s in schedules if is_overdue(s, now=now)}
+        late = {s.pk for s in schedules if s.is_overdue_at(now)}
         rows = [
             {
                 "name": s.name,

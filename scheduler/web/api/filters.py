@@ -12,8 +12,7 @@ from django.db.models.functions import Now
 from django_filters.fields import IsoDateTimeField
 
 from scheduler.models import AuditEvent, Execution, Schedule
-from scheduler.models.schedule import EARLIEST, LATEST
-from scheduler.timing import overdue
+from scheduler.models.schedule import EARLIEST, LATEST, ScheduleQuerySet
 
 
 class IdFilter(django_filters.NumberFilter):
@@ -63,9 +62,8 @@ class ScheduleFilter(django_filters.FilterSet):
             return queryset.exclude(paused_reason="")
         return queryset.filter(enabled=False)
 
-    def filter_overdue(self, queryset: QuerySet[Schedule], name: str, value: bool) -> QuerySet[Schedule]:
-        late = overdue.condition(now=Now())
-        return queryset.filter(late) if value else queryset.exclude(late)
+    def filter_overdue(self, queryset: ScheduleQuerySet, name: str, value: bool) -> ScheduleQuerySet:
+        return queryset.overdue(now=Now()) if value else queryset.not_overdue(now=Now())
 
 
 class ExecutionFilter(django_filters.FilterSet):

@@ -24,7 +24,6 @@ from scheduler.models import AuditEvent, Execution, Lease, Schedule
 from scheduler.models.schedule import EARLIEST, LATEST, POLICY_FIELDS
 from scheduler.ops import operations
 from scheduler.ops.backfill import DEFAULT_LIMIT
-from scheduler.timing import overdue
 from scheduler.web.api.authentication import caller
 
 #: The timing fields: setting one replaces the others, as ``schedules update --cron`` does.
@@ -133,7 +132,7 @@ class ScheduleSerializer(ApiModelSerializer):
     def get_overdue(self, schedule: Schedule) -> bool:
         # One database-clock reading per response, shared by a list's rows.
         now = self.context.setdefault("db_now", dbclock.now())
-        return overdue.is_overdue(schedule, now=now)
+        return schedule.is_overdue_at(now)
 
     def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
         """Apply ``attrs`` to the schedule and validate it as the admin and the CLI do."""
