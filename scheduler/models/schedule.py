@@ -140,6 +140,16 @@ def _overdue(now: datetime | Now) -> Q:
     return Q(enabled=True, paused_reason="", overdue_at__isnull=False, overdue_at__lte=now)
 
 
+def argument_shape_problems(holder: Any) -> dict[str, str]:
+    """Return {field: message} for ``holder.args`` that is not a list or ``holder.kwargs`` not a dict."""
+    problems = {}
+    if not isinstance(holder.args, list):
+        problems["args"] = 'Arguments must be a JSON list, for example [1, "two"].'
+    if not isinstance(holder.kwargs, dict):
+        problems["kwargs"] = 'Keyword arguments must be a JSON object, for example {"key": 1}.'
+    return problems
+
+
 class Schedule(models.Model):
     class Overlap(models.TextChoices):
         #: Start a new run even while earlier ones are still running.
@@ -484,10 +494,8 @@ class Schedule(models.Model):
             timing.validate_timezone(self.timezone)
         except ScheduleInvalid as exc:
             add("timezone", str(exc))
-        if not isinstance(self.args, list):
-            add("args", 'Arguments must be a JSON list, for example [1, "two"].')
-        if not isinstance(self.kwargs, dict):
-            add("kwargs", 'Keyword arguments must be a JSON object, for example {"key": 1}.')
+        for field, message in argument_shape_problems(self).items():
+            add(field, message)
         if self.start_at and self.end_at and self.end_at <= self.start_at:
             add("end_at", "End must be after start.")
         for field in ("run_at", "start_at", "end_at"):

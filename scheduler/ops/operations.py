@@ -15,17 +15,19 @@ completed with the work's counts after, so a crash part-way leaves it
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+import copy
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from typing import TYPE_CHECKING, Any
 
-from django.core.exceptions import ValidationError
+from django.core.exceptions import NON_FIELD_ERRORS, ValidationError
 from django.db import transaction
 
 from scheduler import dbclock, outbox, shards, task_policy
 from scheduler.exceptions import BrokerUnavailable, SchedulerError, TaskRefused, first_line
 from scheduler.models import ApiToken, Execution, Schedule
+from scheduler.models.schedule import argument_shape_problems
 from scheduler.ops import audit, backfill, prune, reconcile, resharding
 from scheduler.outbox import broker
 from scheduler.owners import executions, schedules
@@ -39,6 +41,8 @@ RETRYABLE_STATUSES = Execution.FINAL_STATUSES | {Execution.Status.LOST}
 #: Executions an operator may cancel: not finished yet (a lost one is reconcile's to retry or fail).
 CANCELLABLE_STATUSES = Execution.IN_FLIGHT_STATUSES - {Execution.Status.LOST}
 CANCEL_ERROR = "Cancelled by an operator"
+#: What a run now may replace of the schedule's stored values, for that run only.
+RUN_OVERRIDES = ("args", "kwargs", "queue", "priority")
 #: A one-off time this little behind the database clock still counts as "now": it runs.
 RUN_AT_GRACE = timedelta(seconds=10)
 
@@ -182,13 +186,53 @@ def assign_shards(*, actor: audit.Actor) -> int:
 # --- executions -------------------------------------------------------------------------
 
 
-def run_now(schedule: Schedule, *, app: Celery, scope: Scope, actor: audit.Actor) -> ActionResult:
-    """Record an execution of ``schedule`` for now, outside its timing, audited; send it after commit."""
+def run_now(
+    schedule: Schedule,
+    *,
+    app: Celery,
+    scope: Scope,
+    actor: audit.Actor,
+    overrides: Mapping[str, Any] | None = None,
+) -> ActionResult:
+    """Record an execution of ``schedule`` for now, outside its timing, audited; send it after commit.
+
+    ``overrides`` replaces some of the stored ``RUN_OVERRIDES`` for this run
+    only: the execution records the values it ran with, the audit event
+    both (stored, used); the schedule keeps its own. A value the schedule
+    itself could not hold raises ``ValidationError`` by field, and nothing
+    is written.
+    """
+    overrides = dict(overrides or {})
+    check_run_overrides(schedule, overrides)
     ensure_task(app, schedule.task, tenant=schedule.tenant, scope=scope)
     with transaction.atomic():
-        result = _record_and_send(executions.run_now_for(schedule, now=dbclock.now()), app=app)
-        audit.record(actor, "run_now", schedule, changes={"execution": [None, result.execution.pk]})
+        execution = executions.run_now_for(schedule, now=dbclock.now(), overrides=overrides)
+        result = _record_and_send(execution, app=app)
+        changes = {field: [getattr(schedule, field), value] for field, value in overrides.items()}
+        audit.record(actor, "run_now", schedule, changes={"execution": [None, result.execution.pk], **changes})
     return result
+
+
+def check_run_overrides(schedule: Schedule, overrides: Mapping[str, Any]) -> None:
+    """Raise ``ValidationError`` by field unless each override is a value ``schedule`` could store itself."""
+    unknown = sorted(set(overrides) - set(RUN_OVERRIDES))
+    if unknown:
+        raise ValidationError(
+            {NON_FIELD_ERRORS: [f"A run now overrides only {', '.join(RUN_OVERRIDES)}; not {', '.join(unknown)}."]}
+        )
+    candidate = copy.copy(schedule)
+    for field, value in overrides.items():
+        setattr(candidate, field, value)
+    errors: dict[str, list[str]] = {}
+    try:
+        candidate.clean_fields(exclude=[field.name for field in Schedule._meta.fields if field.name not in overrides])
+    except ValidationError as exc:
+        errors = exc.message_dict
+    for field, message in argument_shape_problems(candidate).items():
+        if field in overrides and field not in errors:
+            errors[field] = [message]
+    if errors:
+        raise ValidationError(errors)
 
 
 def ensure_retryable(execution: Execution) -> None:

@@ -140,8 +140,11 @@ def execution_for(
     )
 
 
-def run_now_for(schedule: Schedule, *, now: datetime) -> Execution:
+def run_now_for(schedule: Schedule, *, now: datetime, overrides: Mapping[str, Any] | None = None) -> Execution:
     """Return an unsaved ``pending`` execution of ``schedule`` for ``now``, outside its timing.
+
+    ``overrides`` (``operations.RUN_OVERRIDES``, checked by the caller)
+    replace the schedule's values on this execution only.
 
     It is sent as soon as it commits, so it is stamped ``enqueued_at=now``
     already: an idle worker may claim it before its sender marks it
@@ -151,6 +154,8 @@ def run_now_for(schedule: Schedule, *, now: datetime) -> Execution:
     execution = execution_for(schedule, now, status=Status.PENDING, now=now, trigger=Execution.Trigger.MANUAL)
     execution.idempotency_key = run_now_key(schedule)
     execution.enqueued_at = now
+    for field, value in (overrides or {}).items():
+        setattr(execution, field, value)
     return execution
 
 

@@ -314,6 +314,26 @@ class BackfillForm(forms.Form):
         return cleaned
 
 
+class RunNowForm(forms.Form):
+    """One run's arguments, queue and priority: the schedule's own, unless changed here."""
+
+    args = forms.JSONField(required=False, help_text='JSON list, e.g. [1, "two"]')
+    kwargs = forms.JSONField(required=False, help_text='JSON object, e.g. {"key": 1}')
+    queue = forms.CharField(required=False, help_text="Empty: Celery's default queue")
+    priority = forms.IntegerField(required=False, help_text="Empty: no priority")
+
+    def __init__(self, schedule: Schedule, data: Any = None) -> None:
+        super().__init__(data, initial={field: getattr(schedule, field) for field in operations.RUN_OVERRIDES})
+        self.schedule = schedule
+
+    def overrides(self) -> dict[str, Any]:
+        """The fields changed from the schedule's stored values (a blank JSON box means an empty list or object)."""
+        blank: dict[str, Any] = {"args": [], "kwargs": {}}
+        values = {field: self.cleaned_data[field] for field in operations.RUN_OVERRIDES}
+        values = {field: blank.get(field) if value is None else value for field, value in values.items()}
+        return {field: value for field, value in values.items() if value != getattr(self.schedule, field)}
+
+
 class ScheduleForm(forms.ModelForm):
     run_at_now = forms.BooleanField(
         required=False,
@@ -574,8 +594,10 @@ class ScheduleAdmin(TenantScoped, ActionsNeedPermission, admin.ModelAdmin):
     def get_urls(self) -> list[Any]:
         view = self.admin_site.admin_view(self.backfill_view)
         act = self.admin_site.admin_view(self.object_action_view)
+        run = self.admin_site.admin_view(self.run_now_view)
         return [
             path("<int:pk>/backfill/", view, name="scheduler_schedule_backfill"),
+            path("<int:pk>/run/", run, name="scheduler_schedule_run"),
             path("<int:pk>/act/<slug:action>/", act, name="scheduler_schedule_act"),
             *super().get_urls(),
         ]
@@ -633,12 +655,40 @@ class ScheduleAdmin(TenantScoped, ActionsNeedPermission, admin.ModelAdmin):
             self.message_user(request, f"Schedule {schedule.name} {action}d.")
         return redirect("admin:scheduler_schedule_change", schedule.pk)
 
-    def _run_one_now(self, request: HttpRequest, schedule: Schedule) -> bool:
+    def run_now_view(self, request: HttpRequest, pk: int) -> HttpResponse:
+        """Run once now with other arguments, queue or priority; a value the schedule could not hold is a form error."""
+        schedule = get_object_or_404(self.get_queryset(request), pk=pk)
+        if not self.has_change_permission(request, schedule):
+            raise PermissionDenied("You may not run this schedule.")
+        form = RunNowForm(schedule, request.POST if request.method == "POST" else None)
+        if request.method == "POST" and form.is_valid():
+            try:
+                if self._run_one_now(request, schedule, overrides=form.overrides()):
+                    return redirect("admin:scheduler_schedule_change", schedule.pk)
+            except ValidationError as exc:
+                for field, problems in exc.message_dict.items():
+                    form.add_error(None if field == NON_FIELD_ERRORS else field, problems)
+        context = {
+            **self.admin_site.each_context(request),
+            "title": f"Run {schedule.name} now",
+            "schedule": schedule,
+            "form": form,
+            "opts": self.model._meta,
+        }
+        return TemplateResponse(request, "admin/scheduler/schedule/run_now.html", context)
+
+    def _run_one_now(
+        self, request: HttpRequest, schedule: Schedule, *, overrides: dict[str, Any] | None = None
+    ) -> bool:
         """Run ``schedule`` now and say so; return whether an execution was recorded."""
         app = celery_app()
         try:
             result = operations.run_now(
-                schedule, app=app, scope=scope_of_user(request.user), actor=audit.user_actor(request.user)
+                schedule,
+                app=app,
+                scope=scope_of_user(request.user),
+                actor=audit.user_actor(request.user),
+                overrides=overrides,
             )
         except operations.ActionRefused as exc:
             self.message_user(request, str(exc), level=messages.WARNING)

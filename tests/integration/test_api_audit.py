@@ -61,7 +61,7 @@ def test_audit__api_writes(redis_client: object) -> None:
     pk = created["id"]
     client.patch(f"/api/v1/schedules/{pk}/", {"description": "nightly sync"}, content_type="application/json")
     client.post(f"/api/v1/schedules/{pk}/pause/", {"reason": "vendor outage"}, content_type="application/json")
-    run = client.post(f"/api/v1/schedules/{pk}/run-now/").json()
+    run = client.post(f"/api/v1/schedules/{pk}/run-now/", content_type="application/json").json()
     client.delete(f"/api/v1/schedules/{pk}/")
 
     # Then: one event per write, by the token, with before and after

@@ -170,7 +170,7 @@ def test_api__a_superuser_and_an_all_tenants_operator_may_schedule_reserved_task
         content_type="application/json",
     )
     assert response.status_code == 201, response.content
-    run = unscoped.post(f"/api/v1/schedules/{world['housekeeping'].pk}/run-now/")
+    run = unscoped.post(f"/api/v1/schedules/{world['housekeeping'].pk}/run-now/", content_type="application/json")
     assert run.status_code == 201, run.content
 
 

@@ -157,9 +157,18 @@ Run "manage.py schedules ACTION --help" for the options of each action."""
             "Delete a schedule; its executions keep their history.",
             "  manage.py schedules delete nightly --dry-run",
         )
-        action(
-            "run-now", "Run a schedule's task once now, outside its timing.", "  manage.py schedules run-now nightly"
+        run_now = action(
+            "run-now",
+            "Run a schedule's task once now, outside its timing; optionally with other arguments, queue or priority.",
+            "  manage.py schedules run-now nightly\n"
+            "  manage.py schedules run-now nightly --args '[\"2026-11-01\"]' --kwargs '{\"full\": true}'",
         )
+        for flag, field, keywords in FIELD_OPTIONS:
+            if field in operations.RUN_OVERRIDES:
+                if keywords.get("type") is int:
+                    keywords = {**keywords, "type": _field_number(field)}
+                help_text = f"{keywords['help']}, for this run only"
+                run_now.add_argument(flag, dest=OPTION_DESTS.get(field, field), **{**keywords, "help": help_text})
         upcoming = action(
             "next",
             "Print the next fire times in the schedule's zone and in UTC.",
@@ -308,15 +317,21 @@ Run "manage.py schedules ACTION --help" for the options of each action."""
 
     def _run_now(self, name: str, *, json: bool, dry_run: bool, **options: Any) -> None:
         schedule = _get(name)
+        overrides = _changes(options)
         if dry_run:
+            operations.check_run_overrides(schedule, overrides)
             operations.ensure_task(celery_app(), schedule.task, tenant=schedule.tenant, scope=EVERY_TENANT)
             self.emit(
-                {"dry_run": True, "schedule": schedule.name, "task": schedule.task},
+                {"dry_run": True, "schedule": schedule.name, "task": schedule.task, "overrides": overrides},
                 as_json=json,
-                text=f"Would run schedule {name!r} now (task {schedule.task}).",
+                text=f"Would run schedule {name!r} now (task {schedule.task}"
+                + "".join(f", {field} {text_value(value)}" for field, value in overrides.items())
+                + ").",
             )
             return
-        result = operations.run_now(schedule, app=celery_app(), scope=EVERY_TENANT, actor=audit.CLI)
+        result = operations.run_now(
+            schedule, app=celery_app(), scope=EVERY_TENANT, actor=audit.CLI, overrides=overrides
+        )
         execution = result.execution
         text = sent_text(execution, f"of schedule {name!r}", result.broker_error)
         self.emit(

@@ -310,6 +310,15 @@ class BackfillReportSerializer(serializers.Serializer):
     not_recorded = serializers.IntegerField()
 
 
+class RunNowRequestSerializer(serializers.Serializer):
+    """What one run now changes of the schedule's stored values; a field left out keeps the stored one."""
+
+    args = serializers.JSONField(required=False, help_text="Positional arguments for this run only (a JSON list).")
+    kwargs = serializers.JSONField(required=False, help_text="Keyword arguments for this run only (a JSON object).")
+    queue = serializers.CharField(required=False, allow_blank=True, help_text="Queue for this run only.")
+    priority = serializers.IntegerField(required=False, allow_null=True, help_text="Priority for this run only.")
+
+
 class ActionResultSerializer(serializers.Serializer):
     """The execution an action recorded, and why it was not sent yet, if it was not."""
 

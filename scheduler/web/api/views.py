@@ -16,6 +16,7 @@ from datetime import datetime, timedelta
 from typing import Any, TypeVar
 from zoneinfo import ZoneInfo
 
+from django.core.exceptions import ValidationError as DjangoValidationError
 from django.db import transaction
 from django.db.models import Count, Min, QuerySet
 from django_filters.rest_framework import DjangoFilterBackend
@@ -220,11 +221,21 @@ class ScheduleViewSet(
             lambda schedule, actor, now: operations.set_schedule_enabled(schedule, False, actor=actor, now=now),
         )
 
-    @extend_schema(request=None, responses={201: s.ActionResultSerializer})
+    @extend_schema(request=s.RunNowRequestSerializer, responses={201: s.ActionResultSerializer})
     @action(detail=True, methods=["post"], url_path="run-now")
     def run_now(self, request: Request, pk: str) -> Response:
-        """Record an execution for now, outside the timing, and send it once recorded."""
-        return _recorded(request, self.get_object(), operations.run_now)
+        """Record an execution for now, outside the timing, and send it once recorded.
+
+        A body may override ``args``, ``kwargs``, ``queue`` and ``priority``
+        for this run only; they are checked as the schedule's own values are.
+        """
+        schedule = self.get_object()
+        params = s.RunNowRequestSerializer(data=request.data)
+        params.is_valid(raise_exception=True)
+        overrides = params.validated_data
+        return _recorded(
+            request, schedule, lambda source, **how: operations.run_now(source, overrides=overrides, **how)
+        )
 
     @extend_schema(parameters=[s.NextQuerySerializer], responses=s.NextSerializer)
     @action(detail=True, methods=["get"])
@@ -284,6 +295,8 @@ def _recorded(request: Request, source: Any, action: Callable[..., operations.Ac
         result = action(source, app=celery_app(), scope=caller(request).scope, actor=caller(request).actor)
     except operations.ActionRefused as exc:
         raise Refused(str(exc)) from None
+    except DjangoValidationError as exc:
+        raise s.drf_errors(exc) from None
     return Response(s.ActionResultSerializer(_action_result(result)).data, status=status.HTTP_201_CREATED)
 
 
