@@ -161,6 +161,16 @@ class Schedule(models.Model):
         #: Cancel the running one, then start the new one.
         CANCEL_PREVIOUS = "cancel_previous", "cancel previous"
 
+    class Origin(models.TextChoices):
+        #: Made in the admin, the API or the command line.
+        MANUAL = "manual", "admin, API or command line"
+        #: An entry of Celery's ``beat_schedule`` setting: the code owns it.
+        SETTINGS = "settings", "beat_schedule setting"
+        #: One of the app's own housekeeping schedules.
+        BUILTIN = "builtin", "built-in"
+        #: Imported from django-celery-beat or a schedules file.
+        IMPORT = "import", "import"
+
     class Misfire(models.TextChoices):
         #: Run every missed slot inside the catch-up window.
         RUN_ALL = "run_all", "run all"
@@ -192,6 +202,10 @@ class Schedule(models.Model):
     priority = models.PositiveSmallIntegerField(null=True, blank=True)
     description = models.TextField(blank=True, default="")
     tenant = models.CharField(max_length=100, blank=True, default="", db_index=True)
+    #: Where the schedule came from; a ``settings`` one is turned off when its entry leaves ``beat_schedule``.
+    origin = models.CharField(
+        max_length=20, choices=Origin.choices, default=Origin.MANUAL, db_default=Origin.MANUAL, editable=False
+    )
 
     # Timing: exactly one of cron, interval, run_at.
     cron = models.CharField(

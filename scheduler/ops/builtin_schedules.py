@@ -81,7 +81,9 @@ def ensure_builtin_schedules(app: Celery) -> list[str]:
         return []
     created = []
     for name, values in builtin_schedules(app).items():
-        if Schedule.objects.filter(Q(name=name) | Q(task=values["task"])).exists() or not _create(name, values):
+        # The deployer's schedules only: a tenant's schedule of the same name must not keep a built-in away.
+        deployers = Schedule.objects.filter(tenant="")
+        if deployers.filter(Q(name=name) | Q(task=values["task"])).exists() or not _create(name, values):
             continue
         created.append(name)
         logger.info(
@@ -94,7 +96,7 @@ def _create(name: str, values: dict[str, Any]) -> bool:
     """Insert one built-in; return False when another replica inserted it first."""
     try:
         with transaction.atomic():
-            schedules.create(name=name, **values)
+            schedules.create(name=name, origin=Schedule.Origin.BUILTIN, **values)
     except IntegrityError:
         return False
     return True

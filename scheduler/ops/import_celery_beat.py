@@ -200,7 +200,7 @@ def _aware(value: datetime | str | None, connection: BaseDatabaseWrapper) -> dat
 
 def _import_one(row: dict[str, Any], *, app: Celery, actor: audit.Actor, dry_run: bool) -> TaskOutcome:
     name = row["name"]
-    if Schedule.objects.filter(name=name).exists():
+    if Schedule.objects.filter(tenant="", name=name).exists():
         return TaskOutcome(name=name, outcome=EXISTS)
     try:
         fields, notes = _schedule_fields(row)
@@ -258,6 +258,7 @@ def _schedule_fields(row: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
         # django-celery-beat turns a task off for good once `expires` passes.
         "end_at": row["expires"],
         "timezone": "UTC",
+        "origin": Schedule.Origin.IMPORT,
         **timing,
     }
     return fields, notes

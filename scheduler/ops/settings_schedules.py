@@ -1,8 +1,17 @@
-"""Upsert the entries of Celery's ``beat_schedule`` setting as Schedule rows."""
+"""Celery's ``beat_schedule`` setting as schedules: the code owns its entries.
+
+Each entry is a schedule of the deployer (no tenant) with origin
+``settings``, created or updated at every beat start; what the setting does
+not say (the state, the counters, the history, the policies set in the
+admin) is kept. An entry gone from the setting turns its schedule off with
+``RETIRED_REASON``, keeping its history; an entry that comes back turns it
+on again. A schedule turned off for any other reason stays off.
+"""
 
 from __future__ import annotations
 
 import logging
+import math
 from datetime import timedelta
 from typing import Any
 
@@ -15,6 +24,11 @@ from scheduler.models import Schedule
 from scheduler.owners import schedules
 
 logger = logging.getLogger(__name__)
+
+#: Why a schedule made from ``beat_schedule`` was turned off; one with this reason is turned on when its entry returns.
+RETIRED_REASON = "Its entry is no longer in the beat_schedule setting"
+#: Entry options with no field here yet: named in a warning, not carried.
+UNCARRIED_OPTIONS = ("expires", "headers", "exchange", "routing_key", "countdown", "eta")
 
 
 def _timing_fields(value: Any) -> dict[str, Any]:
@@ -35,44 +49,82 @@ def _timing_fields(value: Any) -> dict[str, Any]:
     raise ValueError(f"unsupported schedule type {type(value).__name__}")
 
 
-def sync_beat_schedule(beat_schedule: dict[str, dict[str, Any]]) -> list[str]:
-    """Create or update one Schedule per ``beat_schedule`` entry; return their names.
+def _option_fields(name: str, options: dict[str, Any]) -> dict[str, Any]:
+    """Translate an entry's ``options`` (``apply_async``'s) into our fields.
 
-    Runtime state (``enabled``, counters, history) of an existing row is kept;
-    only what the setting defines is overwritten. An invalid entry is logged
-    and skipped, so one bad entry never stops the beat.
+    The soft time limit is the execution's ``timeout`` (the hard one follows
+    it by ``SCHEDULER_TIMEOUT_GRACE_SECONDS``); an entry with only a hard
+    limit gets it as its timeout.
+    """
+    limit = options.get("soft_time_limit") or options.get("time_limit")
+    uncarried = sorted(option for option in UNCARRIED_OPTIONS if option in options)
+    if uncarried:
+        logger.warning(
+            "beat_schedule entry %r: options %s are not carried to its schedule",
+            name,
+            ", ".join(uncarried),
+            extra={"action": "settings_schedule_options_dropped"},
+        )
+    return {
+        "queue": options.get("queue") or "",
+        "priority": options.get("priority"),
+        "timeout": math.ceil(limit) if limit else None,
+    }
+
+
+def _entry_fields(name: str, entry: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "task": entry["task"],
+        "args": list(entry.get("args") or []),
+        "kwargs": dict(entry.get("kwargs") or {}),
+        **_option_fields(name, entry.get("options") or {}),
+        **_timing_fields(entry["schedule"]),
+    }
+
+
+def sync_beat_schedule(beat_schedule: dict[str, dict[str, Any]]) -> list[str]:
+    """Create or update one schedule per ``beat_schedule`` entry, retire those whose entry is gone; return the synced names.
+
+    An invalid entry is logged and skipped, so one bad entry never stops
+    the beat; its schedule, if it has one, is left as it was.
     """
     synced = []
+    named = set()
     for name, entry in (beat_schedule or {}).items():
+        named.add(name)
         try:
-            options = entry.get("options") or {}
-            values = {
-                "task": entry["task"],
-                "args": list(entry.get("args") or []),
-                "kwargs": dict(entry.get("kwargs") or {}),
-                "queue": options.get("queue", ""),
-                **_timing_fields(entry["schedule"]),
-            }
+            values = _entry_fields(name, entry)
         except (KeyError, TypeError, ValueError) as exc:
             logger.error("beat_schedule entry %r ignored: %s", name, exc, extra={"action": "settings_schedule_invalid"})
             continue
-        for _ in range(2):  # a second replica may create the same row concurrently
-            try:
-                with transaction.atomic():
-                    schedule = Schedule.objects.select_for_update().filter(name=name).first() or Schedule(name=name)
-                    changed = schedule._state.adding or any(getattr(schedule, k) != v for k, v in values.items())
-                    if changed:
-                        for key, value in values.items():
-                            setattr(schedule, key, value)
-                        schedule.full_clean(validate_unique=False)
-                        schedules.save(schedule)
-                synced.append(name)
-                break
-            except IntegrityError:
-                continue
-            except ValidationError as exc:
-                logger.error(
-                    "beat_schedule entry %r ignored: %s", name, exc, extra={"action": "settings_schedule_invalid"}
-                )
-                break
+        if _upsert(name, values):
+            synced.append(name)
+    for name in schedules.retire(Schedule.Origin.SETTINGS, keep=named, reason=RETIRED_REASON):
+        logger.info("schedule %r turned off: %s", name, RETIRED_REASON, extra={"action": "settings_schedule_retired"})
     return synced
+
+
+def _upsert(name: str, values: dict[str, Any]) -> bool:
+    """Create or update the deployer's schedule ``name`` from its entry; return whether it is in step with it."""
+    values = {**values, "origin": Schedule.Origin.SETTINGS}
+    for _ in range(2):  # a second replica may create the same row concurrently
+        try:
+            with transaction.atomic():
+                # The deployer's own (no tenant): a tenant's schedule of the same name is another schedule.
+                found = Schedule.objects.select_for_update().filter(tenant="", name=name).first()
+                schedule = found or Schedule(name=name)
+                if not schedule.enabled and schedule.disabled_reason == RETIRED_REASON:
+                    values["enabled"] = True  # its entry is back
+                changed = schedule._state.adding or any(getattr(schedule, k) != v for k, v in values.items())
+                if changed:
+                    for key, value in values.items():
+                        setattr(schedule, key, value)
+                    schedule.full_clean(validate_unique=False)
+                    schedules.save(schedule)
+            return True
+        except IntegrityError:
+            continue
+        except ValidationError as exc:
+            logger.error("beat_schedule entry %r ignored: %s", name, exc, extra={"action": "settings_schedule_invalid"})
+            return False
+    return False

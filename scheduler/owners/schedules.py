@@ -21,7 +21,7 @@ here:
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -76,6 +76,17 @@ def set_enabled(schedule: Schedule, enabled: bool, *, now: datetime | None = Non
     """Turn ``schedule`` on (from its next slot after ``now``) or off."""
     schedule.enabled = enabled
     save(schedule, now=now)
+
+
+def retire(origin: str, *, keep: Collection[str], reason: str, now: datetime | None = None) -> list[str]:
+    """Turn off, with ``reason``, the deployer's enabled schedules of ``origin`` not named in ``keep``; return their names."""
+    gone = Schedule.objects.filter(tenant="", origin=origin, enabled=True).exclude(name__in=keep).order_by("pk")
+    names = []
+    for schedule in gone:
+        schedule.enabled, schedule.disabled_reason = False, reason
+        save(schedule, now=now)
+        names.append(schedule.name)
+    return names
 
 
 def delete(schedule: Schedule) -> None:

@@ -415,12 +415,13 @@ class ScheduleForm(forms.ModelForm):
 class ScheduleAdmin(TenantScoped, ActionsNeedPermission, admin.ModelAdmin):
     form = ScheduleForm
     paginator = EstimatedCountPaginator
-    list_display = ("name", "task", "timing_text", "timezone", "next_run", "last_run", "state")
+    list_display = ("name", "task", "timing_text", "timezone", "next_run", "last_run", "state", "origin")
     list_filter = (
         StateFilter,
         OverdueFilter,
         LastStatusFilter,
         "enabled",
+        "origin",
         input_filter("task"),
         input_filter("queue"),
         input_filter("tenant"),
@@ -428,12 +429,15 @@ class ScheduleAdmin(TenantScoped, ActionsNeedPermission, admin.ModelAdmin):
     # Exact, case-sensitive matches: each an index lookup (a substring or
     # case-insensitive search scans every row).
     search_fields = ("name__exact", "task__exact")
-    readonly_fields = ("next_fire_times", "recent_executions", "backfill_link", *RUNNING_STATE_FIELDS)
+    readonly_fields = ("origin", "next_fire_times", "recent_executions", "backfill_link", *RUNNING_STATE_FIELDS)
     show_full_result_count = False
     list_per_page = 50
     actions = ("run_now", "enable", "disable", "pause", "resume")
     fieldsets = (
-        (None, {"fields": ("name", "task", "args", "kwargs", "queue", "priority", "description", "tenant")}),
+        (
+            None,
+            {"fields": ("name", "task", "args", "kwargs", "queue", "priority", "description", "tenant", "origin")},
+        ),
         (
             "Timing",
             {

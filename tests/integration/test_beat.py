@@ -13,7 +13,6 @@ from project.celery import app
 from scheduler import dbclock, signals
 from scheduler.beat import LeaderScheduler, dispatch, liveness
 from scheduler.models import Execution, Instance, Schedule
-from scheduler.ops.settings_schedules import sync_beat_schedule
 from scheduler.owners import leases, schedules
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -125,28 +124,6 @@ def test_dispatch__a_broken_schedule_is_paused_and_the_others_still_fire(lease: 
     bad.refresh_from_db()
     assert "Gone/Away" in bad.paused_reason
     assert Execution.objects.filter(schedule=good).count() == 1
-
-
-def test_settings_beat_schedule__upserted_at_startup() -> None:
-    from celery.schedules import crontab
-
-    # Given Celery's own beat_schedule setting with an interval and a crontab entry
-    beat_schedule = {
-        "every ten": {"task": "scheduler.echo", "schedule": 10.0, "args": (1,)},
-        "nightly": {"task": "scheduler.echo", "schedule": crontab(minute="30", hour="2"), "options": {"queue": "q"}},
-        "broken": {"task": "scheduler.echo"},
-    }
-    # When synced twice (a second replica starting)
-    assert sync_beat_schedule(beat_schedule) == ["every ten", "nightly"]
-    Schedule.objects.filter(name="every ten").update(enabled=False)
-    sync_beat_schedule(beat_schedule)
-
-    # Then one row each, runtime state kept, the bad entry ignored
-    every = Schedule.objects.get(name="every ten")
-    nightly = Schedule.objects.get(name="nightly")
-    assert (every.interval, every.args, every.enabled) == (10, [1], False)
-    assert (nightly.cron, nightly.queue) == ("30 2 * * *", "q")
-    assert not Schedule.objects.filter(name="broken").exists()
 
 
 def test_database_outage__leader_steps_down_and_recovers(redis_url: str) -> None:

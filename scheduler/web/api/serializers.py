@@ -88,6 +88,7 @@ class ScheduleSerializer(ApiModelSerializer):
             "priority",
             "description",
             "tenant",
+            "origin",
             "cron",
             "interval",
             "run_at",
@@ -113,6 +114,7 @@ class ScheduleSerializer(ApiModelSerializer):
         )
         read_only_fields = (
             "id",
+            "origin",
             "disabled_reason",
             "next_run_at",
             "last_run_at",
