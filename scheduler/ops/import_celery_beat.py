@@ -206,7 +206,7 @@ def _import_one(row: dict[str, Any], *, app: Celery, actor: audit.Actor, dry_run
         fields, notes = _schedule_fields(row)
     except _Refused as exc:
         return TaskOutcome(name=name, outcome=REFUSED, reason=str(exc))
-    schedule = Schedule(**fields)
+    schedule = Schedule(**fields, origin=Schedule.Origin.IMPORT)
     try:
         operations.validate_schedule(schedule, app=app, scope=EVERY_TENANT)
     except ValidationError as exc:
@@ -258,7 +258,6 @@ def _schedule_fields(row: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
         # django-celery-beat turns a task off for good once `expires` passes.
         "end_at": row["expires"],
         "timezone": "UTC",
-        "origin": Schedule.Origin.IMPORT,
         **timing,
     }
     return fields, notes

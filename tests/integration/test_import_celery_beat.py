@@ -263,6 +263,7 @@ def test_import_celery_beat__json_reports_each_task_and_the_counts(periodic_task
         "timezone": "Europe/Berlin",
     }
     assert Schedule.objects.count() == 6
+    assert Schedule.objects.get(name="nightly-report").origin == Schedule.Origin.IMPORT
 
 
 def test_import_celery_beat__without_its_tables_is_one_line_error() -> None:
