@@ -3,12 +3,17 @@
 from __future__ import annotations
 
 import argparse
+import sys
+from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import asdict
 from functools import partial
+from pathlib import Path
 from typing import Any
 from zoneinfo import ZoneInfo
 
+import yaml
 from django.core.management.base import CommandError, CommandParser
 from django.db import transaction
 
@@ -27,7 +32,7 @@ from scheduler.management.base import (
 )
 from scheduler.models import Schedule
 from scheduler.models.schedule import integer_range
-from scheduler.ops import audit, operations
+from scheduler.ops import audit, operations, schedule_files
 from scheduler.tenancy import EVERY_TENANT
 
 #: Options of ``create`` and ``update`` that set one model field each: flag, field, argparse keywords.
@@ -74,7 +79,7 @@ MAX_FIRE_TIMES = 1000
 
 
 class Command(SchedulerCommand):
-    help = """Manage schedules: list, inspect, create, change, pause, delete and fire them.
+    help = """Manage schedules: list, inspect, create, change, pause, delete, fire, export and import them.
 
 examples:
   manage.py schedules list
@@ -98,7 +103,7 @@ Run "manage.py schedules ACTION --help" for the options of each action."""
                 description=f"{summary}\n\nexamples:\n{examples}",
                 formatter_class=parser.formatter_class,
             )
-            if name != "list":
+            if name not in ("list", "export", "import"):
                 sub.add_argument("name", metavar="NAME", help="the schedule's name")
             if writes:
                 self.add_common_arguments(sub)
@@ -169,6 +174,30 @@ Run "manage.py schedules ACTION --help" for the options of each action."""
                     keywords = {**keywords, "type": _field_number(field)}
                 help_text = f"{keywords['help']}, for this run only"
                 run_now.add_argument(flag, dest=OPTION_DESTS.get(field, field), **{**keywords, "help": help_text})
+        exporting = action(
+            "export",
+            "Print the schedules' definitions as YAML (for `schedules import`): what an operator sets, no run state.",
+            "  manage.py schedules export > schedules.yaml\n  manage.py schedules export --tenant acme",
+            writes=False,
+        )
+        exporting.add_argument("--tenant", metavar="NAME", help="only this tenant's schedules ('' for the deployer's)")
+        importing = action(
+            "import",
+            "Make the schedules say what a YAML file says (created, changed field by field); print the changes. "
+            "A file with one bad entry changes nothing; importing it twice changes nothing the second time.",
+            "  manage.py schedules import schedules.yaml --dry-run\n"
+            "  manage.py schedules import schedules.yaml --prune\n"
+            "  manage.py schedules export | ssh other-host manage.py schedules import -",
+        )
+        importing.add_argument("file", metavar="FILE", help="a file `schedules export` wrote; - reads standard input")
+        importing.add_argument(
+            "--prune", action="store_true", help="also turn off the enabled schedules the file does not name"
+        )
+        importing.add_argument(
+            "--tenant",
+            metavar="NAME",
+            help="only this tenant's schedules: other entries are refused, --prune looks at it only",
+        )
         upcoming = action(
             "next",
             "Print the next fire times in the schedule's zone and in UTC.",
@@ -233,6 +262,13 @@ Run "manage.py schedules ACTION --help" for the options of each action."""
         lines = [f"{key:<22} {text_value(value)}" for key, value in data.items()]
         lines += [f"{'timing':<22} {timing_text(schedule)}", f"{'state':<22} {state_text(schedule)}"]
         self.emit(data, as_json=json, text=lines)
+
+    def _export(self, *, json: bool, tenant: str | None, **options: Any) -> None:
+        chosen = Schedule.objects.order_by("tenant", "name")
+        if tenant is not None:
+            chosen = chosen.filter(tenant=tenant)
+        text = schedule_files.export(chosen)
+        self.emit(yaml.safe_load(text), as_json=json, text=text.rstrip("\n"))
 
     def _next(self, name: str, *, json: bool, count: int, **options: Any) -> None:
         schedule = _get(name)
@@ -315,6 +351,21 @@ Run "manage.py schedules ACTION --help" for the options of each action."""
             text=f"{verb} schedule {name!r}; its {kept} execution(s) keep their history.",
         )
 
+    def _import(self, *, file: str, json: bool, dry_run: bool, prune: bool, tenant: str | None, **options: Any) -> None:
+        text = _read(file)
+        changes = schedule_files.import_file(
+            text, app=celery_app(), actor=audit.CLI, tenant=tenant, prune=prune, dry_run=dry_run
+        )
+        counts = Counter(change.verb for change in changes)
+        summary = ", ".join(f"{counts[verb]} {verb}d" for verb in ("create", "update", "disable"))
+        lines = [_change_line(change) for change in changes if change.verb != "unchanged"]
+        lines.append(("Would make: " if dry_run else "") + f"{summary}, {counts['unchanged']} unchanged.")
+        self.emit(
+            {"dry_run": dry_run, "changes": [asdict(change) for change in changes], "counts": dict(counts)},
+            as_json=json,
+            text=lines,
+        )
+
     def _run_now(self, name: str, *, json: bool, dry_run: bool, **options: Any) -> None:
         schedule = _get(name)
         overrides = _changes(options)
@@ -384,6 +435,27 @@ def _add_field_options(parser: CommandParser, *, creating: bool) -> None:
         if keywords.get("type") is int:
             keywords = {**keywords, "type": _field_number(field)}
         parser.add_argument(flag, dest=dest, required=creating and field == "task", **keywords)
+
+
+def _read(file: str) -> str:
+    """Return the text of ``file`` (``-``: standard input); a file that cannot be read is a one-line error."""
+    if file == "-":
+        return sys.stdin.read()
+    try:
+        return Path(file).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise CommandError(f"cannot read {file}: {exc}") from None
+
+
+def _change_line(change: schedule_files.Change) -> str:
+    """One line of an import's diff: ``+ name`` created, ``~ name: field a -> b`` changed, ``- name`` turned off."""
+    who = f"{change.tenant}/{change.name}" if change.tenant else change.name
+    if change.verb == "create":
+        return f"+ {who}"
+    if change.verb == "disable":
+        return f"- {who} (turned off: not in the file)"
+    edits = "; ".join(f"{field} {text_value(old)} -> {text_value(new)}" for field, (old, new) in change.fields.items())
+    return f"~ {who}: {edits}"
 
 
 def _get(name: str) -> Schedule:
