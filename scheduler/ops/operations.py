@@ -28,7 +28,7 @@ from scheduler import dbclock, outbox, shards, task_policy
 from scheduler.exceptions import BrokerUnavailable, SchedulerError, TaskRefused, first_line
 from scheduler.models import ApiToken, Execution, Schedule
 from scheduler.models.schedule import argument_shape_problems
-from scheduler.ops import audit, backfill, prune, reconcile, resharding
+from scheduler.ops import audit, backfill, bulk, prune, reconcile, resharding
 from scheduler.outbox import broker
 from scheduler.owners import executions, schedules
 from scheduler.tenancy import Scope
@@ -307,6 +307,40 @@ def revoke_token(token: ApiToken, *, actor: audit.Actor) -> None:
 
 
 # --- long writes ------------------------------------------------------------------------
+
+
+def bulk_action(
+    action: str,
+    chosen: bulk.Filter,
+    *,
+    app: Celery,
+    scope: Scope,
+    actor: audit.Actor,
+    reason: str = "",
+    dry_run: bool = False,
+) -> bulk.BulkReport:
+    """Take ``action`` on every schedule ``chosen`` matches in ``scope`` (``bulk.act``), audited as one operation.
+
+    A dry run counts and records no event.
+    """
+
+    def may_run(task: str, tenant: str) -> bool:
+        try:
+            ensure_task(app, task, tenant=tenant, scope=scope)
+        except ActionRefused:
+            return False
+        return True
+
+    bulk.check(action, reason=reason)  # before the event: a refused action records none
+    wanted = {"filter": chosen.as_dict(), **({"reason": reason} if reason else {})}
+    tenant = scope.tenant if scope.is_bound else ""
+    with audit.operation(
+        actor, f"bulk_{action}", object_type="scheduler.schedule", changes=wanted, tenant=tenant, start=not dry_run
+    ) as op:
+        report = bulk.act(action, chosen, scope=scope, app=app, may_run=may_run, reason=reason, dry_run=dry_run)
+        counts = {"matched": report.matched, "changed": report.changed}
+        op.done({**counts, **({"broker_error": report.broker_error} if report.broker_error else {})})
+    return report
 
 
 def backfill_range(

@@ -134,6 +134,16 @@ def pause(schedule: Schedule, reason: str, *, now: datetime | None = None) -> No
     schedule.mark_saved(fields)
 
 
+def pause_many(ids: list[int], reason: str) -> int:
+    """Pause the schedules ``ids`` that are not paused yet, in one UPDATE; return how many it paused."""
+    return Schedule.objects.filter(pk__in=ids, paused_reason="").update(**pausing(reason), updated_at=Now())
+
+
+def disable_many(ids: list[int]) -> int:
+    """Turn off the schedules ``ids`` that are on, in one UPDATE (an off schedule has no next slot); return how many."""
+    return Schedule.objects.filter(pk__in=ids, enabled=True).update(enabled=False, next_run_at=None, updated_at=Now())
+
+
 def resume(schedule: Schedule, *, now: datetime | None = None) -> None:
     """Fire again from the next slot after ``now``; reset the circuit breaker's count."""
     schedule.paused_reason = ""

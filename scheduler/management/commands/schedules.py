@@ -32,7 +32,7 @@ from scheduler.management.base import (
 )
 from scheduler.models import Schedule
 from scheduler.models.schedule import integer_range
-from scheduler.ops import audit, operations, schedule_files
+from scheduler.ops import audit, bulk, operations, schedule_files
 from scheduler.tenancy import EVERY_TENANT
 
 #: Options of ``create`` and ``update`` that set one model field each: flag, field, argparse keywords.
@@ -76,6 +76,8 @@ VALUE_PARSERS: dict[str, Callable[[str], Any]] = {
 OPTION_DESTS = {"args": "task_args", "kwargs": "task_kwargs"}
 TIMING_OPTIONS = ("cron", "interval", "run_at")
 MAX_FIRE_TIMES = 1000
+#: Actions that take one NAME or a --filter (``scheduler.ops.bulk``).
+BULK_ACTIONS = ("enable", "disable", "pause", "resume", "run-now")
 
 
 class Command(SchedulerCommand):
@@ -103,7 +105,17 @@ Run "manage.py schedules ACTION --help" for the options of each action."""
                 description=f"{summary}\n\nexamples:\n{examples}",
                 formatter_class=parser.formatter_class,
             )
-            if name not in ("list", "export", "import"):
+            if name in BULK_ACTIONS:
+                sub.add_argument("name", metavar="NAME", nargs="?", help="the schedule's name (or --filter)")
+                sub.add_argument(
+                    "--filter",
+                    dest="filters",
+                    action="append",
+                    metavar="KEY=VALUE",
+                    help="every schedule that matches, in batches, instead of one NAME: name (* and ? match), "
+                    "task, queue, tenant, last_status, overdue (true/false); repeat to narrow",
+                )
+            elif name not in ("list", "export", "import"):
                 sub.add_argument("name", metavar="NAME", help="the schedule's name")
             if writes:
                 self.add_common_arguments(sub)
@@ -143,13 +155,14 @@ Run "manage.py schedules ACTION --help" for the options of each action."""
         action(
             "enable",
             "Turn a schedule on; it fires from its next slot after now.",
-            "  manage.py schedules enable nightly",
+            "  manage.py schedules enable nightly\n  manage.py schedules enable --filter queue=reports --dry-run",
         )
         action("disable", "Turn a schedule off, keeping its history.", "  manage.py schedules disable nightly")
         pause = action(
             "pause",
             "Pause a schedule with a reason; slots during the pause are not owed later.",
-            '  manage.py schedules pause nightly --reason "vendor outage"',
+            '  manage.py schedules pause nightly --reason "vendor outage"\n'
+            '  manage.py schedules pause --filter "name=billing-*" --filter tenant=acme --reason "vendor outage"',
         )
         pause.add_argument("--reason", default="", metavar="TEXT", help="why it is paused (default: Paused)")
         action(
@@ -215,9 +228,42 @@ Run "manage.py schedules ACTION --help" for the options of each action."""
 
     def handle(self, *args: Any, action: str, **options: Any) -> None:
         try:
-            getattr(self, "_" + action.replace("-", "_"))(**options)
+            if action in BULK_ACTIONS and (options.get("filters") or not options.get("name")):
+                self._bulk(action.replace("-", "_"), **options)
+            else:
+                getattr(self, "_" + action.replace("-", "_"))(**options)
         except SchedulerError as exc:
             raise CommandError(str(exc)) from None
+
+    def _bulk(
+        self, action: str, *, name: str | None, filters: list[str] | None, json: bool, dry_run: bool, **options: Any
+    ) -> None:
+        if name is not None:
+            raise CommandError("give one NAME or --filter, not both")
+        if not filters:
+            raise CommandError("give the schedule's NAME, or --filter KEY=VALUE for every schedule that matches")
+        if _changes(options):
+            raise CommandError("--args, --kwargs, --queue and --priority apply to one schedule's run, not to --filter")
+        report = operations.bulk_action(
+            action,
+            bulk.Filter.from_mapping(_filter(filters)),
+            app=celery_app(),
+            scope=EVERY_TENANT,
+            actor=audit.CLI,
+            reason=options.get("reason") or "",
+            dry_run=dry_run,
+        )
+        verb = action.replace("_", " ")
+        shown = ", ".join(report.first_names) + (", …" if report.matched > len(report.first_names) else "")
+        if dry_run:
+            text = f"Would {verb} {report.changed} of {report.matched} matching schedule(s)"
+        else:
+            done = "ran" if action == "run_now" else f"{verb}d"
+            text = f"{done.capitalize()} {report.changed} of {report.matched} matching schedule(s)"
+        lines = [text + (f": {shown}" if shown else ".")]
+        if report.broker_error:
+            lines.append(f"Not sent yet ({report.broker_error}): the beat leader sends them once the broker is back.")
+        self.emit(asdict(report), as_json=json, text=lines)
 
     # --- reading ---------------------------------------------------------------------
 
@@ -435,6 +481,22 @@ def _add_field_options(parser: CommandParser, *, creating: bool) -> None:
         if keywords.get("type") is int:
             keywords = {**keywords, "type": _field_number(field)}
         parser.add_argument(flag, dest=dest, required=creating and field == "task", **keywords)
+
+
+def _filter(given: list[str]) -> dict[str, Any]:
+    """Parse ``--filter KEY=VALUE`` options; ``overdue`` takes true or false."""
+    criteria: dict[str, Any] = {}
+    for item in given:
+        key, equals, value = item.partition("=")
+        if not equals or not key:
+            raise CommandError(f"--filter {item!r}: expected KEY=VALUE, for example name=nightly-*")
+        if key == "overdue":
+            if value.lower() not in ("true", "false"):
+                raise CommandError(f"--filter overdue={value}: expected true or false")
+            criteria[key] = value.lower() == "true"
+        else:
+            criteria[key] = value
+    return criteria
 
 
 def _read(file: str) -> str:

@@ -22,7 +22,7 @@ from scheduler.conf import settings
 from scheduler.limits import PAUSED_REASON_MAX_CHARS
 from scheduler.models import AuditEvent, Execution, Lease, Schedule
 from scheduler.models.schedule import EARLIEST, LATEST, POLICY_FIELDS
-from scheduler.ops import operations
+from scheduler.ops import bulk, operations
 from scheduler.ops.backfill import DEFAULT_LIMIT
 from scheduler.web.api.authentication import caller
 
@@ -310,6 +310,38 @@ class BackfillReportSerializer(serializers.Serializer):
     published = serializers.IntegerField()
     broker_error = serializers.CharField(allow_blank=True)
     not_recorded = serializers.IntegerField()
+
+
+class BulkFilterSerializer(serializers.Serializer):
+    """Which schedules: every criterion given must hold; at least one is needed."""
+
+    name = serializers.CharField(required=False, help_text="The name; * matches any run of characters, ? one.")
+    task = serializers.CharField(required=False)
+    queue = serializers.CharField(required=False, allow_blank=True)
+    tenant = serializers.CharField(required=False, allow_blank=True)
+    last_status = serializers.ChoiceField(choices=Execution.Status.choices, required=False)
+    overdue = serializers.BooleanField(required=False, allow_null=True, default=None)
+
+
+class BulkRequestSerializer(serializers.Serializer):
+    action = serializers.ChoiceField(choices=bulk.ACTIONS)
+    filter = BulkFilterSerializer()
+    reason = serializers.CharField(
+        required=False, allow_blank=True, default="", max_length=PAUSED_REASON_MAX_CHARS, help_text="For pause."
+    )
+    dry_run = serializers.BooleanField(
+        default=True, help_text="Count only (the default): how many match, how many would change, the first names."
+    )
+
+
+class BulkReportSerializer(serializers.Serializer):
+    action = serializers.CharField()
+    dry_run = serializers.BooleanField()
+    matched = serializers.IntegerField()
+    changed = serializers.IntegerField()
+    first_names = serializers.ListField(child=serializers.CharField())
+    executions = serializers.IntegerField()
+    broker_error = serializers.CharField(allow_blank=True)
 
 
 class RunNowRequestSerializer(serializers.Serializer):

@@ -36,7 +36,7 @@ from scheduler.celery_app import celery_app
 from scheduler.conf import settings
 from scheduler.exceptions import BackfillRefused, BackfillTooLarge, TaskRefused
 from scheduler.models import AuditEvent, Execution, Lease, Schedule
-from scheduler.ops import audit, operations
+from scheduler.ops import audit, bulk, operations
 from scheduler.web import cluster
 from scheduler.web.api import serializers as s
 from scheduler.web.api.authentication import caller
@@ -220,6 +220,32 @@ class ScheduleViewSet(
             request,
             lambda schedule, actor, now: operations.set_schedule_enabled(schedule, False, actor=actor, now=now),
         )
+
+    @extend_schema(request=s.BulkRequestSerializer, responses=s.BulkReportSerializer)
+    @action(detail=False, methods=["post"])
+    def bulk(self, request: Request) -> Response:
+        """Pause, resume, enable, disable or run now every schedule the filter matches, in batches.
+
+        Only the caller's tenant's schedules are matched. ``dry_run`` (the
+        default) counts what matches and what would change, and lists the
+        first names; the action itself is audited as one operation.
+        """
+        params = s.BulkRequestSerializer(data=request.data)
+        params.is_valid(raise_exception=True)
+        options = params.validated_data
+        try:
+            report = operations.bulk_action(
+                options["action"],
+                bulk.Filter.from_mapping(dict(options["filter"])),
+                app=celery_app(),
+                scope=caller(request).scope,
+                actor=caller(request).actor,
+                reason=options["reason"],
+                dry_run=options["dry_run"],
+            )
+        except bulk.BulkRefused as exc:
+            raise exceptions.ValidationError({"filter": [str(exc)]}) from None
+        return Response(s.BulkReportSerializer(asdict(report)).data)
 
     @extend_schema(request=s.RunNowRequestSerializer, responses={201: s.ActionResultSerializer})
     @action(detail=True, methods=["post"], url_path="run-now")
