@@ -77,8 +77,10 @@ def test_builtins__created_by_the_beat_kept_across_restarts_and_they_clean_up(ce
         -3000:
     ]
     for name in BUILTINS:
-        # Slots that came due while no beat ran are recorded missed, as their misfire policy says; nothing failed.
-        assert set(_finished(name)) <= {Status.SUCCEEDED, Status.MISSED}, (name, _finished(name))
+        # Slots that came due while no beat ran are recorded missed, as their misfire policy says, and
+        # a slot due while the last run still ran (a slow prune on a loaded machine) skipped, as their
+        # overlap policy says; nothing failed.
+        assert set(_finished(name)) <= {Status.SUCCEEDED, Status.MISSED, Status.SKIPPED}, (name, _finished(name))
 
     # ... the prune removed what is older than 30 days, keeping the schedule's newest 2
     assert set(Execution.objects.filter(schedule__name="history").values_list("idempotency_key", flat=True)) == {
