@@ -71,7 +71,7 @@ from bench.common import (
     table,
     write_results,
 )
-from tests.support.processes import CeleryProcess, beat_argv, pid_of
+from tests.support.processes import CeleryProcess, beat_argv, pid_of, wait_until
 
 SIGNALS = {"SIGKILL": signal.SIGKILL, "SIGTERM": signal.SIGTERM}
 REPLICAS = 3
@@ -134,18 +134,9 @@ class Cluster:
             replica.stop()
 
 
-def _wait(predicate: Callable[[], Any], timeout: float, interval: float = 0.05) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value or time.monotonic() >= deadline:
-            return value
-        time.sleep(interval)
-
-
 def _wait_ready(cluster: Cluster) -> None:
     for replica in cluster.replicas:
-        if not _wait(lambda r=replica: re.search(cluster.ready, r.log()), STARTUP_WAIT, 0.2):
+        if not wait_until(lambda r=replica: re.search(cluster.ready, r.log()), timeout=STARTUP_WAIT, interval=0.2):
             raise SystemExit(
                 f"{replica.name} did not start within {STARTUP_WAIT:.0f}s; log tail:\n{replica.log()[-3000:]}"
             )
@@ -162,18 +153,24 @@ def kill_leaders(cluster: Cluster, sig: int, kills: int, *, wait: float, rng: ra
     samples = []
     _wait_ready(cluster)
     for number in range(kills):
-        found = _wait(cluster.leader, STARTUP_WAIT, 0.1)
+        found = wait_until(cluster.leader, timeout=STARTUP_WAIT, interval=0.1)
         if not found:
             raise SystemExit(f"no leader within {STARTUP_WAIT:.0f}s before kill {number + 1}")
         leader, marker = found
-        if not _wait(lambda: cluster.steady(marker), STARTUP_WAIT, 0.1):
+        if not wait_until(lambda: cluster.steady(marker), timeout=STARTUP_WAIT, interval=0.1):
             raise SystemExit(f"the leader dispatched nothing within {STARTUP_WAIT:.0f}s before kill {number + 1}")
         time.sleep(rng.uniform(0.0, 1.0))  # kill at a random point of the one-second cycle
         details = cluster.describe_kill(marker)
         killed_at = time.time()
         os.kill(leader.pid, sig)
-        took = _wait(lambda: cluster.takeover_after(marker), wait, 0.01) if cluster.measures_takeover else None
-        dispatched = _wait(lambda: cluster.first_dispatch_after(marker, leader, killed_at), wait, 0.05)
+        took = (
+            wait_until(lambda: cluster.takeover_after(marker), timeout=wait, interval=0.01)
+            if cluster.measures_takeover
+            else None
+        )
+        dispatched = wait_until(
+            lambda: cluster.first_dispatch_after(marker, leader, killed_at), timeout=wait, interval=0.05
+        )
         gap = None if dispatched is None else dispatched - killed_at
         takeover = None if took is None else took - killed_at
         samples.append(
