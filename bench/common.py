@@ -305,31 +305,6 @@ def log_to_file(path: Path) -> None:
     logging.getLogger("scheduler").handlers = [handler]
 
 
-def worker_command(
-    name: str, concurrency: int, *, include: str = "bench.tasks", options: Sequence[str] = ()
-) -> list[str]:
-    """Return the command of a benchmark's Celery worker ``<name>@<host>``: prefork, quiet, no gossip or mingle."""
-    return [
-        CELERY,
-        "-A",
-        "project",
-        "worker",
-        "-P",
-        "prefork",
-        "-c",
-        str(concurrency),
-        "-n",
-        f"{name}@%h",
-        "--include",
-        include,
-        "-l",
-        "warning",
-        "--without-gossip",
-        "--without-mingle",
-        *options,
-    ]
-
-
 # --- measuring a process ----------------------------------------------------------------
 
 

@@ -120,15 +120,22 @@ def beat_argv() -> list[str]:
 
 
 def worker_argv(
-    name: str, *, concurrency: int = 2, queues: str | None = None, tasks: str = "tests.support.tasks"
+    name: str,
+    *,
+    concurrency: int = 2,
+    queues: str | None = None,
+    tasks: str = "tests.support.tasks",
+    log_level: str = "info",
+    heartbeat: bool = False,
 ) -> list[str]:
+    """Return the command of a Celery worker ``<name>@<host>``: prefork, no gossip or mingle, heartbeats on request."""
     return [
         CELERY,
         "-A",
         "project",
         "worker",
         "-l",
-        "info",
+        log_level,
         "-P",
         "prefork",
         "-c",
@@ -139,7 +146,7 @@ def worker_argv(
         tasks,
         "--without-gossip",
         "--without-mingle",
-        "--without-heartbeat",
+        *([] if heartbeat else ["--without-heartbeat"]),
         *(["-Q", queues] if queues else []),
     ]
 
