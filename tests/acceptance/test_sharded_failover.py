@@ -119,6 +119,11 @@ def assert_fenced_rows() -> None:
     assert not shared, f"one (lease, token) used by several replicas: {shared[:3]}"
 
 
+def all_fired_since(moment: datetime, schedules: list[Schedule]) -> bool:
+    """Every one of ``schedules`` has a slot after ``moment``."""
+    return Execution.objects.filter(scheduled_for__gt=moment).values("schedule").distinct().count() == len(schedules)
+
+
 def assert_sent(client: redis.Redis) -> None:
     """Every row past pending has its message, and every message names a row.
 
@@ -185,13 +190,9 @@ def test_join_and_leave__no_duplicate_no_gap_balanced_after_each_change(
     )
     settled = dbclock.now()
     # The survivors fire every schedule again, the killed one's included
-    assert wait_until(
-        lambda: (
-            Execution.objects.filter(scheduled_for__gt=settled).values("schedule").distinct().count() == len(schedules)
-        ),
-        timeout=REBALANCE_SECONDS,
-        interval=0.25,
-    ), "not every schedule fired after the last change"
+    assert wait_until(lambda: all_fired_since(settled, schedules), timeout=REBALANCE_SECONDS, interval=0.25), (
+        "not every schedule fired after the last change"
+    )
     for beat in beats:
         beat.stop()
 
@@ -282,13 +283,9 @@ def test_freeze__taken_after_ttl_old_tokens_fenced_and_rejoins(
         f"its log tail:\n{frozen.log()[-3000:]}"
     )
     rejoined = dbclock.now()
-    assert wait_until(
-        lambda: (
-            Execution.objects.filter(scheduled_for__gt=rejoined).values("schedule").distinct().count() == len(schedules)
-        ),
-        timeout=REBALANCE_SECONDS,
-        interval=0.25,
-    ), "not every schedule fired after the rejoin"
+    assert wait_until(lambda: all_fired_since(rejoined, schedules), timeout=REBALANCE_SECONDS, interval=0.25), (
+        "not every schedule fired after the rejoin"
+    )
     for beat in beats:
         beat.stop()
 
