@@ -8,8 +8,10 @@ import sys
 from collections.abc import Callable, Iterator
 
 import pytest
+from django.test import Client
 
 from scheduler.owners import leases
+from tests.integration.api_support import token_client
 from tests.support.processes import ROOT
 from tests.support.services import free_port
 
@@ -21,6 +23,12 @@ def lease() -> Iterator[leases.LeaseHandle]:
     assert handle is not None
     yield handle
     leases.release(handle)
+
+
+@pytest.fixture
+def operator() -> Client:
+    """An API client holding an operator's token (of no tenant)."""
+    return token_client("ops", role="operator")
 
 
 @pytest.fixture
