@@ -8,6 +8,7 @@ import sys
 from collections.abc import Callable, Iterator
 
 import pytest
+from celery import Celery
 from django.test import Client
 
 from scheduler.owners import leases
@@ -42,6 +43,16 @@ def broker_down() -> Iterator[None]:
         yield
     finally:
         app.conf.broker_url = configured
+
+
+@pytest.fixture
+def unreachable_app() -> Iterator[Celery]:
+    """A Celery app of its own whose broker is a loopback port nothing listens on."""
+    app = Celery("down", broker=f"redis://127.0.0.1:{free_port()}/0", set_as_current=False)
+    try:
+        yield app
+    finally:
+        app.close()
 
 
 @pytest.fixture

@@ -195,18 +195,14 @@ def test_queued__without_enqueued_at__sent_again_by_when_it_was_recorded(redis_c
     assert Execution.objects.get(pk=old.pk).enqueued_at == now
 
 
-def test_send__broker_unreachable__reported_and_rows_left_waiting() -> None:
+def test_send__broker_unreachable__reported_and_rows_left_waiting(unreachable_app: Celery) -> None:
     # Given an old pending execution and a broker nobody listens on
     now = dbclock.now()
     old = execution("old", status=Status.PENDING)
     backdate(old, created_at=now - timedelta(minutes=5))
-    down = Celery("down", broker="redis://127.0.0.1:9/0", set_as_current=False)
 
     # When reconciled
-    try:
-        report = reconcile(now=now, app=down)
-    finally:
-        down.close()
+    report = reconcile(now=now, app=unreachable_app)
 
     # Then nothing claims it was sent, the error says why, and the row waits for the next pass
     assert report.publish_error.startswith("broker unreachable")
