@@ -346,6 +346,21 @@ def percentile(values: Sequence[float], q: float) -> float | None:
     return ordered[min(len(ordered) - 1, max(0, math.ceil(q / 100 * len(ordered)) - 1))]
 
 
+def progress(message: str) -> None:
+    """Print a line of a benchmark's progress to stderr (stdout of a child carries its result)."""
+    print(message, file=sys.stderr, flush=True)
+
+
+def whole_numbers(text: str) -> list[int]:
+    """Return the comma-separated whole numbers of an option such as ``--replicas 1,2,4``."""
+    return [int(part) for part in text.split(",") if part.strip()]
+
+
+def dash_if_none(value: Any) -> Any:
+    """Return a table cell for ``value``: ``-`` where nothing was measured."""
+    return "-" if value is None else value
+
+
 def table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
     """Render rows as a plain-text table with right-aligned numbers."""
     cells = [[_cell(value) for value in row] for row in rows]

@@ -65,8 +65,10 @@ from bench.common import (
     RESULTS_DIR,
     add_databases_option,
     child_command,
+    dash_if_none,
     migrated_databases,
     peers_python,
+    progress,
     run_child,
     table,
     write_results,
@@ -84,10 +86,6 @@ PEER_LOCK_TIMEOUT = 10  # seconds, the tuned RedBeat configuration
 PEER_DEFAULT_WAIT = 120.0  # seconds a RedBeat standby has to take over with the default lock
 PEER_SEND = re.compile(r"^\[(\d+\.\d+): \w+/[^\]]*\] Scheduler: Sending due task", re.MULTILINE)
 PEER_LOCK = re.compile(r"lock -> `[^`]*` .*\((\d+(?:\.\d+)?)s\)")
-
-
-def _log(message: str) -> None:
-    print(message, file=sys.stderr, flush=True)
 
 
 # --- the kill loop, shared by the project and the peer -------------------------------------
@@ -176,7 +174,7 @@ def kill_leaders(cluster: Cluster, sig: int, kills: int, *, wait: float, rng: ra
         samples.append(
             {"pid": leader.pid, "killed_at": killed_at, "takeover_seconds": takeover, "gap_seconds": gap, **details}
         )
-        _log(
+        progress(
             f"  kill {number + 1}/{kills} ({signal.Signals(sig).name}): "
             + (f"takeover {takeover:.3f}s, " if takeover is not None else "")
             + (f"gap {gap:.2f}s" if gap is not None else f"no takeover within {wait:.0f}s")
@@ -268,7 +266,7 @@ def _measure_database(kills: int, logs: Path) -> list[dict[str, Any]]:
         schedule = Schedule(name=f"failover-{name.lower()}", task="bench.noop", interval=1)
         schedule.full_clean()
         schedules.save(schedule)
-        _log(f"{connection.vendor}, {name}: {REPLICAS} replicas, {kills} kills")
+        progress(f"{connection.vendor}, {name}: {REPLICAS} replicas, {kills} kills")
         cluster = ProjectCluster(schedule, name.lower())
         try:
             samples = kill_leaders(cluster, sig, kills, wait=TAKEOVER_WAIT, rng=rng)
@@ -396,7 +394,7 @@ def _measure_redbeat(
         ("redbeat, default lock", None, default_lock_kills, 1, PEER_DEFAULT_WAIT),
     ):
         for name, sig in SIGNALS.items() if rounds else ():
-            _log(f"{label}, {name}: {PEER_REPLICAS} replicas, {rounds * per_round} kills")
+            progress(f"{label}, {name}: {PEER_REPLICAS} replicas, {rounds * per_round} kills")
             samples: list[dict[str, Any]] = []
             counts: Counter[str] = Counter(sends=0, duplicates=0, misses=0)
             lock_seconds = None
@@ -428,10 +426,6 @@ def _measure_redbeat(
 
 
 # --- the orchestrator ----------------------------------------------------------------------
-
-
-def _fmt(value: float | None) -> Any:
-    return "-" if value is None else value
 
 
 def _previous_run() -> dict[str, Any]:
@@ -499,12 +493,12 @@ def main(argv: list[str] | None = None) -> int:
                 r["signal"],
                 r["kills"],
                 f"{r['takeovers']}/{r['kills']}",
-                _fmt(r.get("takeover_median_seconds")),
-                _fmt(r.get("takeover_p90_seconds")),
-                _fmt(r["gap_median_seconds"]),
-                _fmt(r.get("gap_p90_seconds")),
-                _fmt(before.get("gap_median_seconds")),
-                _fmt(before.get("gap_p90_seconds")),
+                dash_if_none(r.get("takeover_median_seconds")),
+                dash_if_none(r.get("takeover_p90_seconds")),
+                dash_if_none(r["gap_median_seconds"]),
+                dash_if_none(r.get("gap_p90_seconds")),
+                dash_if_none(before.get("gap_median_seconds")),
+                dash_if_none(before.get("gap_p90_seconds")),
                 r["duplicates"],
                 r["misses"],
             ]
