@@ -115,6 +115,16 @@ def pid_of(process_id: str) -> int:
     return int(process_id.rsplit("-", 2)[1])
 
 
+def instance_lock_waiters() -> int:
+    """Count the sessions blocked on another process's instance lock (PostgreSQL)."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT count(*) FROM pg_stat_activity "
+            "WHERE application_name = 'scheduler-instance-lock' AND wait_event_type = 'Lock'"
+        )
+        return cursor.fetchone()[0]
+
+
 def beat_argv() -> list[str]:
     return [CELERY, "-A", "project", "beat", "-l", "info", "--pidfile="]
 
