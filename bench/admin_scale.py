@@ -19,10 +19,10 @@ import time
 from typing import Any
 
 from bench.common import (
-    SCALE_SCHEDULE_COLUMNS,
-    insert_generated,
+    add_scale_arguments,
+    insert_scale_executions,
+    insert_scale_schedules,
     measure_at_scale,
-    scale_execution_columns,
     table,
     write_results,
 )
@@ -33,22 +33,12 @@ GOAL_SECONDS = 1.0
 def _load(schedules: int, executions: int) -> dict[str, float]:
     from django.db import connection
 
-    from scheduler.models import Execution, Schedule
-
-    timings = {}
+    timings = {"load_schedules_seconds": insert_scale_schedules(schedules, {"tenant": "'tenant-' || (g % 100)"})}
     started = time.monotonic()
-    insert_generated(
-        Schedule,
-        schedules,
-        {**SCALE_SCHEDULE_COLUMNS, "tenant": "'tenant-' || (g % 100)"},
-    )
-    timings["load_schedules_seconds"] = time.monotonic() - started
-    started = time.monotonic()
-    insert_generated(
-        Execution,
+    insert_scale_executions(
         executions,
+        schedules,
         {
-            **scale_execution_columns(schedules),
             "scheduled_for": "now() - make_interval(secs => g)",
             "status": "(ARRAY['succeeded','succeeded','succeeded','failed','missed','skipped'])[1 + g % 6]",
             "started_at": "now() - make_interval(secs => g)",
@@ -123,10 +113,7 @@ def _measure(repeat: int) -> list[dict[str, Any]]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--schedules", type=int, default=1_000_000)
-    parser.add_argument("--executions", type=int, default=10_000_000)
-    parser.add_argument("--repeat", type=int, default=5, help="renders per page (median reported)")
-    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    add_scale_arguments(parser, repeat=5, repeat_help="renders per page (median reported)")
     args = parser.parse_args(argv)
     if min(args.schedules, args.executions, args.repeat) < 1:
         parser.error("--schedules, --executions and --repeat must be at least 1")

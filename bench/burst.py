@@ -73,6 +73,7 @@ from bench.common import (
     peak_rss_mib,
     stop_process,
     table,
+    whole_numbers,
     write_results,
 )
 
@@ -441,10 +442,6 @@ def _child(
     return result
 
 
-def _numbers(text: str) -> list[int]:
-    return [int(part) for part in text.split(",") if part.strip()]
-
-
 # --- the orchestrator ---------------------------------------------------------------------
 
 
@@ -472,11 +469,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         batch_sizes, counts, replica_counts = (
-            _numbers(args.batch_sizes),
-            _numbers(args.schedules),
-            _numbers(args.replicas),
+            whole_numbers(args.batch_sizes),
+            whole_numbers(args.schedules),
+            whole_numbers(args.replicas),
         )
-        shard_counts = _numbers(args.shards)
+        shard_counts = whole_numbers(args.shards)
     except ValueError:
         parser.error("--schedules, --batch-sizes, --replicas and --shards take comma-separated whole numbers")
     kinds = [kind.strip() for kind in args.kind.split(",") if kind.strip()]

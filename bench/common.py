@@ -10,6 +10,7 @@ import platform
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from datetime import datetime, timezone
@@ -230,7 +231,7 @@ def insert_generated(model: Any, count: int, expressions: dict[str, str], *, tab
 
 #: Generated schedules of the at-scale benchmarks (admin pages, ``/metrics``): 50 tasks, every
 #: 1 to 11 minutes over five queues, one in ten disabled, due within the hour, a mix of last outcomes.
-SCALE_SCHEDULE_COLUMNS = {
+_SCALE_SCHEDULE_COLUMNS = {
     "name": "'schedule-' || g",
     "task": "'app.task_' || (g % 50)",
     "interval": "60 + (g % 600)",
@@ -244,7 +245,7 @@ SCALE_SCHEDULE_COLUMNS = {
 }
 
 
-def scale_execution_columns(schedules: int) -> dict[str, str]:
+def _scale_execution_columns(schedules: int) -> dict[str, str]:
     """Return the generated executions' columns the at-scale benchmarks share: spread over ``schedules`` rows."""
     return {
         "idempotency_key": "'bench:' || g",
@@ -252,6 +253,30 @@ def scale_execution_columns(schedules: int) -> dict[str, str]:
         "task": "'app.task_' || (g % 50)",
         "celery_task_id": "md5(g::text)",
     }
+
+
+def insert_scale_schedules(count: int, columns: dict[str, str]) -> float:
+    """Insert ``count`` generated schedules, ``columns`` over the shared ones; return the seconds it took."""
+    from scheduler.models import Schedule
+
+    started = time.monotonic()
+    insert_generated(Schedule, count, {**_SCALE_SCHEDULE_COLUMNS, **columns})
+    return time.monotonic() - started
+
+
+def insert_scale_executions(count: int, schedules: int, columns: dict[str, str]) -> None:
+    """Insert ``count`` generated executions spread over ``schedules`` schedules, ``columns`` over the shared ones."""
+    from scheduler.models import Execution
+
+    insert_generated(Execution, count, {**_scale_execution_columns(schedules), **columns})
+
+
+def add_scale_arguments(parser: argparse.ArgumentParser, *, repeat: int, repeat_help: str) -> None:
+    """Add an at-scale benchmark's options: the rows to load, ``--repeat`` measurements, and the child's switch."""
+    parser.add_argument("--schedules", type=int, default=1_000_000)
+    parser.add_argument("--executions", type=int, default=10_000_000)
+    parser.add_argument("--repeat", type=int, default=repeat, help=repeat_help)
+    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
 
 
 def measure_at_scale(module: str, schedules: int, executions: int, repeat: int) -> Any:
@@ -278,31 +303,6 @@ def log_to_file(path: Path) -> None:
     handler = logging.FileHandler(path)
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s %(message)s"))
     logging.getLogger("scheduler").handlers = [handler]
-
-
-def worker_command(
-    name: str, concurrency: int, *, include: str = "bench.tasks", options: Sequence[str] = ()
-) -> list[str]:
-    """Return the command of a benchmark's Celery worker ``<name>@<host>``: prefork, quiet, no gossip or mingle."""
-    return [
-        CELERY,
-        "-A",
-        "project",
-        "worker",
-        "-P",
-        "prefork",
-        "-c",
-        str(concurrency),
-        "-n",
-        f"{name}@%h",
-        "--include",
-        include,
-        "-l",
-        "warning",
-        "--without-gossip",
-        "--without-mingle",
-        *options,
-    ]
 
 
 # --- measuring a process ----------------------------------------------------------------
@@ -344,6 +344,21 @@ def percentile(values: Sequence[float], q: float) -> float | None:
         return None
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, max(0, math.ceil(q / 100 * len(ordered)) - 1))]
+
+
+def progress(message: str) -> None:
+    """Print a line of a benchmark's progress to stderr (stdout of a child carries its result)."""
+    print(message, file=sys.stderr, flush=True)
+
+
+def whole_numbers(text: str) -> list[int]:
+    """Return the comma-separated whole numbers of an option such as ``--replicas 1,2,4``."""
+    return [int(part) for part in text.split(",") if part.strip()]
+
+
+def dash_if_none(value: Any) -> Any:
+    """Return a table cell for ``value``: ``-`` where nothing was measured."""
+    return "-" if value is None else value
 
 
 def table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:

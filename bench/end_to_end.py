@@ -43,9 +43,9 @@ from bench.common import (
     measure_in_child,
     stop_process,
     table,
-    worker_command,
     write_results,
 )
+from tests.support.processes import worker_argv
 
 WORKERS = 2
 POLL_SECONDS = 0.05
@@ -79,11 +79,17 @@ def _start(command: list[str], log: Path, env: dict[str, str] | None = None) -> 
         )
 
 
+def _worker_command(name: str, concurrency: int) -> list[str]:
+    # Quiet, and with heartbeats: a deployed worker's.
+    return worker_argv(name, concurrency=concurrency, tasks="bench.tasks", log_level="warning", heartbeat=True)
+
+
 def _start_workers(concurrency: int, logs: Path) -> list[subprocess.Popen[Any]]:
     from project.celery import app
 
     workers = [
-        _start(worker_command(f"e2e-{number}", concurrency), logs / f"worker-{number}.log") for number in range(WORKERS)
+        _start(_worker_command(f"e2e-{number}", concurrency), logs / f"worker-{number}.log")
+        for number in range(WORKERS)
     ]
     deadline = time.monotonic() + 60
     while len({name for reply in app.control.ping(timeout=1.0) for name in reply if name.startswith("e2e-")}) < WORKERS:

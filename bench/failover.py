@@ -65,13 +65,15 @@ from bench.common import (
     RESULTS_DIR,
     add_databases_option,
     child_command,
+    dash_if_none,
     migrated_databases,
     peers_python,
+    progress,
     run_child,
     table,
     write_results,
 )
-from tests.support.processes import CeleryProcess, beat_argv, pid_of
+from tests.support.processes import CeleryProcess, beat_argv, pid_of, wait_until
 
 SIGNALS = {"SIGKILL": signal.SIGKILL, "SIGTERM": signal.SIGTERM}
 REPLICAS = 3
@@ -84,10 +86,6 @@ PEER_LOCK_TIMEOUT = 10  # seconds, the tuned RedBeat configuration
 PEER_DEFAULT_WAIT = 120.0  # seconds a RedBeat standby has to take over with the default lock
 PEER_SEND = re.compile(r"^\[(\d+\.\d+): \w+/[^\]]*\] Scheduler: Sending due task", re.MULTILINE)
 PEER_LOCK = re.compile(r"lock -> `[^`]*` .*\((\d+(?:\.\d+)?)s\)")
-
-
-def _log(message: str) -> None:
-    print(message, file=sys.stderr, flush=True)
 
 
 # --- the kill loop, shared by the project and the peer -------------------------------------
@@ -134,18 +132,9 @@ class Cluster:
             replica.stop()
 
 
-def _wait(predicate: Callable[[], Any], timeout: float, interval: float = 0.05) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value or time.monotonic() >= deadline:
-            return value
-        time.sleep(interval)
-
-
 def _wait_ready(cluster: Cluster) -> None:
     for replica in cluster.replicas:
-        if not _wait(lambda r=replica: re.search(cluster.ready, r.log()), STARTUP_WAIT, 0.2):
+        if not wait_until(lambda r=replica: re.search(cluster.ready, r.log()), timeout=STARTUP_WAIT, interval=0.2):
             raise SystemExit(
                 f"{replica.name} did not start within {STARTUP_WAIT:.0f}s; log tail:\n{replica.log()[-3000:]}"
             )
@@ -162,24 +151,30 @@ def kill_leaders(cluster: Cluster, sig: int, kills: int, *, wait: float, rng: ra
     samples = []
     _wait_ready(cluster)
     for number in range(kills):
-        found = _wait(cluster.leader, STARTUP_WAIT, 0.1)
+        found = wait_until(cluster.leader, timeout=STARTUP_WAIT, interval=0.1)
         if not found:
             raise SystemExit(f"no leader within {STARTUP_WAIT:.0f}s before kill {number + 1}")
         leader, marker = found
-        if not _wait(lambda: cluster.steady(marker), STARTUP_WAIT, 0.1):
+        if not wait_until(lambda: cluster.steady(marker), timeout=STARTUP_WAIT, interval=0.1):
             raise SystemExit(f"the leader dispatched nothing within {STARTUP_WAIT:.0f}s before kill {number + 1}")
         time.sleep(rng.uniform(0.0, 1.0))  # kill at a random point of the one-second cycle
         details = cluster.describe_kill(marker)
         killed_at = time.time()
         os.kill(leader.pid, sig)
-        took = _wait(lambda: cluster.takeover_after(marker), wait, 0.01) if cluster.measures_takeover else None
-        dispatched = _wait(lambda: cluster.first_dispatch_after(marker, leader, killed_at), wait, 0.05)
+        took = (
+            wait_until(lambda: cluster.takeover_after(marker), timeout=wait, interval=0.01)
+            if cluster.measures_takeover
+            else None
+        )
+        dispatched = wait_until(
+            lambda: cluster.first_dispatch_after(marker, leader, killed_at), timeout=wait, interval=0.05
+        )
         gap = None if dispatched is None else dispatched - killed_at
         takeover = None if took is None else took - killed_at
         samples.append(
             {"pid": leader.pid, "killed_at": killed_at, "takeover_seconds": takeover, "gap_seconds": gap, **details}
         )
-        _log(
+        progress(
             f"  kill {number + 1}/{kills} ({signal.Signals(sig).name}): "
             + (f"takeover {takeover:.3f}s, " if takeover is not None else "")
             + (f"gap {gap:.2f}s" if gap is not None else f"no takeover within {wait:.0f}s")
@@ -271,7 +266,7 @@ def _measure_database(kills: int, logs: Path) -> list[dict[str, Any]]:
         schedule = Schedule(name=f"failover-{name.lower()}", task="bench.noop", interval=1)
         schedule.full_clean()
         schedules.save(schedule)
-        _log(f"{connection.vendor}, {name}: {REPLICAS} replicas, {kills} kills")
+        progress(f"{connection.vendor}, {name}: {REPLICAS} replicas, {kills} kills")
         cluster = ProjectCluster(schedule, name.lower())
         try:
             samples = kill_leaders(cluster, sig, kills, wait=TAKEOVER_WAIT, rng=rng)
@@ -399,7 +394,7 @@ def _measure_redbeat(
         ("redbeat, default lock", None, default_lock_kills, 1, PEER_DEFAULT_WAIT),
     ):
         for name, sig in SIGNALS.items() if rounds else ():
-            _log(f"{label}, {name}: {PEER_REPLICAS} replicas, {rounds * per_round} kills")
+            progress(f"{label}, {name}: {PEER_REPLICAS} replicas, {rounds * per_round} kills")
             samples: list[dict[str, Any]] = []
             counts: Counter[str] = Counter(sends=0, duplicates=0, misses=0)
             lock_seconds = None
@@ -431,10 +426,6 @@ def _measure_redbeat(
 
 
 # --- the orchestrator ----------------------------------------------------------------------
-
-
-def _fmt(value: float | None) -> Any:
-    return "-" if value is None else value
 
 
 def _previous_run() -> dict[str, Any]:
@@ -502,12 +493,12 @@ def main(argv: list[str] | None = None) -> int:
                 r["signal"],
                 r["kills"],
                 f"{r['takeovers']}/{r['kills']}",
-                _fmt(r.get("takeover_median_seconds")),
-                _fmt(r.get("takeover_p90_seconds")),
-                _fmt(r["gap_median_seconds"]),
-                _fmt(r.get("gap_p90_seconds")),
-                _fmt(before.get("gap_median_seconds")),
-                _fmt(before.get("gap_p90_seconds")),
+                dash_if_none(r.get("takeover_median_seconds")),
+                dash_if_none(r.get("takeover_p90_seconds")),
+                dash_if_none(r["gap_median_seconds"]),
+                dash_if_none(r.get("gap_p90_seconds")),
+                dash_if_none(before.get("gap_median_seconds")),
+                dash_if_none(before.get("gap_p90_seconds")),
                 r["duplicates"],
                 r["misses"],
             ]

@@ -72,6 +72,7 @@ from bench.common import (
     peak_rss_mib,
     peers_python,
     percentile,
+    progress,
     run_child,
     stop_process,
     table,
@@ -89,10 +90,6 @@ TASK = "bench.noop"
 WEEK = 7 * 86400
 KINDS = ("ours", "peer")
 LABELS = {"ours": "this project (LeaderScheduler)", "peer": "django-celery-beat (DatabaseScheduler)"}
-
-
-def _log(message: str) -> None:
-    print(message, file=sys.stderr, flush=True)
 
 
 # --- inside a child process (Django configured) -----------------------------------------
@@ -319,7 +316,7 @@ def _child(kind: str, size: int, window: float, cap: float, logs: Path) -> dict[
     started = time.monotonic()
     last_run_at = (_load_ours if kind == "ours" else _load_peer)(size)
     result["load_seconds"] = time.monotonic() - started
-    _log(f"  loaded in {result['load_seconds']:.0f}s; beat running...")
+    progress(f"  loaded in {result['load_seconds']:.0f}s; beat running...")
     celery = str(Path(sys.executable).with_name("celery"))
     log = logs / f"{kind}-{size}.log"
     try:
@@ -437,7 +434,7 @@ def main(argv: list[str] | None = None) -> int:
             migrate({**env, "DJANGO_SETTINGS_MODULE": "bench.peer_settings"}, kinds["peer"])
         for size in sizes:
             for kind, python in kinds.items():
-                _log(f"{LABELS[kind]}: {size:,} schedules, {DUE_PER_SECOND} due every second...")
+                progress(f"{LABELS[kind]}: {size:,} schedules, {DUE_PER_SECOND} due every second...")
                 results.append(
                     run_child(
                         [

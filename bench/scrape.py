@@ -31,10 +31,10 @@ from importlib import import_module
 from typing import Any
 
 from bench.common import (
-    SCALE_SCHEDULE_COLUMNS,
-    insert_generated,
+    add_scale_arguments,
+    insert_scale_executions,
+    insert_scale_schedules,
     measure_at_scale,
-    scale_execution_columns,
     table,
     write_results,
 )
@@ -47,32 +47,22 @@ IN_FLIGHT = 3000
 def _load(schedules: int, executions: int) -> dict[str, float]:
     from django.db import connection
 
-    from scheduler.models import Execution, Schedule
-
-    timings = {}
-    started = time.monotonic()
-    insert_generated(
-        Schedule,
-        schedules,
-        {
-            **SCALE_SCHEDULE_COLUMNS,
-            "paused_reason": "CASE WHEN g % 50 = 1 THEN 'maintenance' ELSE '' END",
-            "cadence": "2 * (60 + (g % 600))",
-            "last_success_at": "now() - make_interval(secs => g % 2400)",
-            # Overdue when the last success is older than the cadence: most of them, the worst case for counting.
-            "overdue_at": "now() - make_interval(secs => g % 2400) + make_interval(secs => 2 * (60 + (g % 600)))",
-        },
-    )
-    timings["load_schedules_seconds"] = time.monotonic() - started
+    schedule_columns = {
+        "paused_reason": "CASE WHEN g % 50 = 1 THEN 'maintenance' ELSE '' END",
+        "cadence": "2 * (60 + (g % 600))",
+        "last_success_at": "now() - make_interval(secs => g % 2400)",
+        # Overdue when the last success is older than the cadence: most of them, the worst case for counting.
+        "overdue_at": "now() - make_interval(secs => g % 2400) + make_interval(secs => 2 * (60 + (g % 600)))",
+    }
+    timings = {"load_schedules_seconds": insert_scale_schedules(schedules, schedule_columns)}
     started = time.monotonic()
     with connection.cursor() as cursor:
         cursor.execute("ALTER TABLE scheduler_execution DISABLE TRIGGER USER")
     slot = "now() - make_interval(secs => g / 20.0)"
-    insert_generated(
-        Execution,
+    insert_scale_executions(
         executions,
+        schedules,
         {
-            **scale_execution_columns(schedules),
             "queue": "'queue-' || (g % 5)",
             "trigger": "(ARRAY['scheduled','scheduled','scheduled','scheduled','backfill','manual'])[1 + g % 6]",
             "scheduled_for": slot,
@@ -133,10 +123,7 @@ def _measure(repeat: int) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--schedules", type=int, default=1_000_000)
-    parser.add_argument("--executions", type=int, default=10_000_000)
-    parser.add_argument("--repeat", type=int, default=10, help="scrapes measured (median reported)")
-    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    add_scale_arguments(parser, repeat=10, repeat_help="scrapes measured (median reported)")
     args = parser.parse_args(argv)
     if min(args.schedules, args.executions, args.repeat) < 1 or args.executions <= IN_FLIGHT:
         parser.error(f"--schedules and --repeat must be at least 1, --executions more than {IN_FLIGHT}")

@@ -64,10 +64,13 @@ from bench.common import (
     add_databases_option,
     child_command,
     cpu_seconds,
+    dash_if_none,
     migrated_databases,
     percentile,
+    progress,
     run_child,
     table,
+    whole_numbers,
     write_results,
 )
 from scheduler import dbclock
@@ -82,10 +85,6 @@ CAUGHT_UP_SECONDS = 1.5  # the steady window starts once no schedule is due long
 DRAIN_SECONDS = 3.0  # how often the Redis queue (no worker) is emptied
 QUEUE = "celery"
 READY = r"beat replica \S+ started"
-
-
-def _log(message: str) -> None:
-    print(message, file=sys.stderr, flush=True)
 
 
 def spread(counts: list[int]) -> dict[str, Any]:
@@ -295,7 +294,7 @@ def _kill_loop(count: int, replicas: Replicas, sig: int, kills: int, rng: random
             }
         )
         summary = gap_summary(list(taken.values()))
-        _log(
+        progress(
             f"    kill {number + 1}/{kills} ({signal.Signals(sig).name}): {len(taken)}/{len(theirs)} shards taken, "
             + (f"median {summary['median_seconds']:.3f}s, max {summary['max_seconds']:.3f}s" if taken else "none")
         )
@@ -368,7 +367,7 @@ def _measure_database(
     threading.Thread(target=_drain, args=(os.environ["REDIS_URL"], stop), daemon=True).start()
     results = []
     for size in replica_counts:
-        _log(f"{connection.vendor}: {size} replica(s), {count} shards, {schedules} every-second schedules")
+        progress(f"{connection.vendor}: {size} replica(s), {count} shards, {schedules} every-second schedules")
         started = time.monotonic()
         first_id = _make_schedules(schedules)
         replicas = Replicas(env, logs, f"{connection.vendor}-{size}")
@@ -380,7 +379,7 @@ def _measure_database(
             if not wait_until(lambda: _caught_up(first_id), timeout=BALANCE_WAIT, interval=0.2):
                 raise SystemExit(f"the replicas did not catch up with the schedules within {BALANCE_WAIT:.0f}s")
             steady = _steady(count, replicas, seconds, first_id)
-            _log(
+            progress(
                 f"  steady: {steady['executions']} executions in {steady['window_seconds']:.1f}s, "
                 f"dispatches per replica {steady['dispatches']['per_replica']}, "
                 f"{steady['cpu_ms_per_execution'] or 0:.3f} CPU ms per execution"
@@ -411,14 +410,6 @@ def _measure_database(
 # --- the orchestrator ---------------------------------------------------------------------
 
 
-def _numbers(text: str) -> list[int]:
-    return [int(part) for part in text.split(",") if part.strip()]
-
-
-def _fmt(value: Any) -> Any:
-    return "-" if value is None else value
-
-
 def _print_tables(results: list[dict[str, Any]]) -> None:
     rows = []
     for r in results:
@@ -434,9 +425,9 @@ def _print_tables(results: list[dict[str, Any]]) -> None:
                 s["executions_per_second"],
                 f"{s['dispatches']['min']:,}-{s['dispatches']['max']:,}",
                 s["dispatches"]["mean"],
-                _fmt(s["dispatches"]["max_deviation_pct"]),
+                dash_if_none(s["dispatches"]["max_deviation_pct"]),
                 s["cpu_seconds"],
-                _fmt(s["cpu_ms_per_execution"]),
+                dash_if_none(s["cpu_ms_per_execution"]),
                 f"{min(per_replica):.3f}-{max(per_replica):.3f}" if per_replica else "-",
             ]
         )
@@ -470,9 +461,9 @@ def _print_tables(results: list[dict[str, Any]]) -> None:
                     name,
                     f["kills"],
                     f"{f['shards'] - f['not_taken']}/{f['shards']}",
-                    _fmt(f["median_seconds"]),
-                    _fmt(f["p90_seconds"]),
-                    _fmt(f["max_seconds"]),
+                    dash_if_none(f["median_seconds"]),
+                    dash_if_none(f["p90_seconds"]),
+                    dash_if_none(f["max_seconds"]),
                     r["slots"]["duplicates"],
                     r["slots"]["gaps"],
                 ]
@@ -519,7 +510,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--logs", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     try:
-        replica_counts = _numbers(args.replicas)
+        replica_counts = whole_numbers(args.replicas)
     except ValueError:
         parser.error("--replicas takes comma-separated whole numbers, e.g. 1,3,5")
     if not replica_counts or min(replica_counts) < 1:

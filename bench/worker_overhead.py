@@ -48,9 +48,9 @@ from bench.common import (
     run_child,
     stop_process,
     table,
-    worker_command,
     write_results,
 )
+from tests.support.processes import worker_argv
 
 KINDS = ("plain", "guarded", "guarded ad-hoc")
 WORKER_NAME = "bench-worker"
@@ -103,7 +103,7 @@ def _worker(app: Any, *, profile_dir: Path | None = None) -> Iterator[tuple[subp
         env[profiling.DIRECTORY_VARIABLE] = str(profile_dir)
         include += ",bench.profiling"
     worker = subprocess.Popen(
-        worker_command(WORKER_NAME, 2, include=include, options=["-Q", "bench.idle", "--without-heartbeat"]),
+        worker_argv(WORKER_NAME, concurrency=2, queues="bench.idle", tasks=include, log_level="warning"),
         cwd=ROOT,
         env=env,
         start_new_session=True,

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import logging
 from collections import Counter, defaultdict
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from datetime import datetime, timedelta
 
 from django.db import DatabaseError
@@ -108,6 +108,23 @@ def _capped_count(schedules: QuerySet[Schedule]) -> int:
     return schedules.order_by().values("pk")[:COUNT_CAP].count()
 
 
+def _counter_of_pseudo_status(
+    counts: dict[tuple[str, str, str], int], status: str, known: Iterable[str], counter: CounterMetricFamily
+) -> CounterMetricFamily:
+    """Fill ``counter`` with the tallies under the pseudo-status ``status``, by their third key.
+
+    Such a tally keeps its one label (a reason, a path) where an execution's keeps its trigger.
+    Each ``known`` label has its series, at 0 until one is counted.
+    """
+    by_label = dict.fromkeys(known, 0)
+    for (counted, _, label), count in counts.items():
+        if counted == status:
+            by_label[label] = by_label.get(label, 0) + count
+    for label, count in sorted(by_label.items()):
+        counter.add_metric([label], count)
+    return counter
+
+
 class DatabaseCollector(Collector):
     """Collects the scheduler's metrics from its tables."""
 
@@ -161,34 +178,30 @@ class DatabaseCollector(Collector):
         return total
 
     def _messages_refused(self, counts: dict[tuple[str, str, str], int]) -> CounterMetricFamily:
-        refused = CounterMetricFamily(
-            "scheduler_messages_refused",
-            "Messages refused by a worker, not run, because they were not sent for the execution they name "
-            "(task_mismatch: another task name; task_id_mismatch: another task id); the execution was left as it was.",
-            labels=["reason"],
+        return _counter_of_pseudo_status(
+            counts,
+            MESSAGE_REFUSED,
+            executions.REFUSAL_REASONS,
+            CounterMetricFamily(
+                "scheduler_messages_refused",
+                "Messages refused by a worker, not run, because they were not sent for the execution they name "
+                "(task_mismatch: another task name; task_id_mismatch: another task id); the execution was left as it was.",
+                labels=["reason"],
+            ),
         )
-        by_reason = dict.fromkeys(executions.REFUSAL_REASONS, 0)
-        for (status, _, reason), count in counts.items():
-            if status == MESSAGE_REFUSED:
-                by_reason[reason] = by_reason.get(reason, 0) + count
-        for reason, count in sorted(by_reason.items()):
-            refused.add_metric([reason], count)
-        return refused
 
     def _fastpath_fallbacks(self, counts: dict[tuple[str, str, str], int]) -> CounterMetricFamily:
-        fallbacks = CounterMetricFamily(
-            "scheduler_fastpath_fallbacks",
-            "Processes that left a fast path for its slow path (scheduler.fastpath: its self-check found a "
-            "difference, or an upstream internal it mirrors was missing or changed), by path; expected 0.",
-            labels=["path"],
+        return _counter_of_pseudo_status(
+            counts,
+            FASTPATH_FALLBACK,
+            FASTPATH_PATHS,
+            CounterMetricFamily(
+                "scheduler_fastpath_fallbacks",
+                "Processes that left a fast path for its slow path (scheduler.fastpath: its self-check found a "
+                "difference, or an upstream internal it mirrors was missing or changed), by path; expected 0.",
+                labels=["path"],
+            ),
         )
-        by_path = dict.fromkeys(FASTPATH_PATHS, 0)
-        for (status, _, path), count in counts.items():
-            if status == FASTPATH_FALLBACK:
-                by_path[path] = by_path.get(path, 0) + count
-        for path, count in sorted(by_path.items()):
-            fallbacks.add_metric([path], count)
-        return fallbacks
 
     def _task_duration(self) -> HistogramMetricFamily:
         histogram = HistogramMetricFamily(

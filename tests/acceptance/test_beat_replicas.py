@@ -11,13 +11,12 @@ from datetime import timedelta
 
 import pytest
 import redis
-from django.db import connection
 
 from scheduler.models import Execution, Schedule
 from scheduler.owners import leases
 from tests.support import tasks as test_tasks
 from tests.support.factories import make_schedule
-from tests.support.processes import CeleryProcess, pid_of, wait_until
+from tests.support.processes import CeleryProcess, instance_lock_waiters, pid_of, wait_until
 from tests.support.services import find_redis_server, free_port
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -148,16 +147,6 @@ LONG_TTL = {"lease_ttl_seconds": 15, "lease_renew_seconds": 2}
 FAST_TAKEOVER_SECONDS = 5.0
 
 
-def beat_lock_waiters() -> int:
-    """Count beat sessions blocked on another replica's instance lock (PostgreSQL)."""
-    with connection.cursor() as cursor:
-        cursor.execute(
-            "SELECT count(*) FROM pg_stat_activity "
-            "WHERE application_name = 'scheduler-instance-lock' AND wait_event_type = 'Lock'"
-        )
-        return cursor.fetchone()[0]
-
-
 @pytest.mark.parametrize("kill_signal", [signal.SIGTERM, signal.SIGKILL], ids=["sigterm", "sigkill"])
 def test_leader_stopped__follower_leads_well_within_the_ttl(
     celery_processes: Start, db_vendor: str, kill_signal: int
@@ -168,7 +157,7 @@ def test_leader_stopped__follower_leads_well_within_the_ttl(
     leader = leader_process(beats)
     before = leases.current("beat")
     if db_vendor == "postgresql":
-        assert wait_until(lambda: beat_lock_waiters() == 2, timeout=30), (
+        assert wait_until(lambda: instance_lock_waiters() == 2, timeout=30), (
             "the followers are not waiting on the leader's lock"
         )
 
@@ -199,7 +188,7 @@ def test_follower_waiting__stops_promptly_on_sigterm(celery_processes: Start, db
     follower = celery_processes("beat", "follower", follower_retry_seconds=60)
     follower.wait_for_log(r"beat replica \S+ started", timeout=30)
     if db_vendor == "postgresql":
-        assert wait_until(lambda: beat_lock_waiters() == 1, timeout=30), (
+        assert wait_until(lambda: instance_lock_waiters() == 1, timeout=30), (
             "the follower is not blocked on the leader's lock"
         )
     else:
@@ -217,7 +206,7 @@ def test_follower_waiting__stops_promptly_on_sigterm(celery_processes: Start, db
             f"the waiting follower did not stop on SIGTERM; log tail:\n{follower.log()[-3000:]}"
         ) from None
     if db_vendor == "postgresql":
-        assert wait_until(lambda: beat_lock_waiters() == 0, timeout=5), "the follower's lock wait outlived it"
+        assert wait_until(lambda: instance_lock_waiters() == 0, timeout=5), "the follower's lock wait outlived it"
     assert leader.alive()
     assert leases.current("beat").token == token
 

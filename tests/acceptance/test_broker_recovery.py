@@ -77,6 +77,25 @@ def confirmed(own: OwnBroker) -> bool:
     return marker is not None and marker.decode() == own.client.info("server")["run_id"]
 
 
+def sent_then_broker_restarted(label: str, own: OwnBroker, start: Start) -> tuple[list[int], float, CeleryProcess]:
+    """Record executions, wait until the leader sent them (no worker runs yet), restart the broker empty, start a worker.
+
+    Returns the executions' ids, when the broker answered again, and the worker.
+    """
+    ids = record(label)
+    assert wait_until(lambda: all_queued(ids), timeout=30), statuses(ids)
+    own.stop()
+    own.start()
+    answered = time.monotonic()
+    return ids, answered, start("worker", "worker1")
+
+
+def assert_all_succeed_within(ids: list[int], seconds: float, answered: float, beat: CeleryProcess) -> None:
+    """Wait up to ``seconds`` for every one of ``ids`` to succeed; fail with their statuses and the beat's log."""
+    done = wait_until(lambda: succeeded(ids) == len(ids), timeout=seconds, interval=0.5)
+    assert done, f"{statuses(ids)} {time.monotonic() - answered:.0f}s after the broker answered\n{beat.log()[-3000:]}"
+
+
 def test_broker_restarted_after_a_reacquire_before_the_first_check__what_the_leader_sent_since_runs(
     celery_processes: Start,
     own_broker: OwnBroker,  # noqa: F811 -- the fixture imported above
@@ -104,16 +123,9 @@ def test_broker_restarted_after_a_reacquire_before_the_first_check__what_the_lea
     assert again and again.holder == first.holder, (first, again)
 
     # When it sends executions (no worker runs yet), and the broker restarts empty before its next check
-    ids = record("reacquired")
-    assert wait_until(lambda: all_queued(ids), timeout=30), statuses(ids)
-    own_broker.stop()
-    own_broker.start()
-    answered = time.monotonic()
-    worker = celery_processes("worker", "worker1")
+    ids, answered, worker = sent_then_broker_restarted("reacquired", own_broker, celery_processes)
     # Then each runs within one broker check (and a margin) of the broker answering
-    bound = check + 15
-    done = wait_until(lambda: succeeded(ids) == len(ids), timeout=bound, interval=0.5)
-    assert done, f"{statuses(ids)} {time.monotonic() - answered:.0f}s after the broker answered\n{beat.log()[-3000:]}"
+    assert_all_succeed_within(ids, check + 15, answered, beat)
     assert beat.alive() and worker.alive()
 
 
@@ -145,15 +157,9 @@ def test_broker_restarted_while_a_reconcile_pass_is_stuck__the_broker_check_stil
     assert wait_until(lambda: Execution.objects.filter(pk=vanished.pk, status=Status.LOST).exists(), timeout=30)
 
     # When it sends executions (no worker runs yet), and the broker restarts empty
-    ids = record("stuck")
-    assert wait_until(lambda: all_queued(ids), timeout=30), statuses(ids)
-    own_broker.stop()
-    own_broker.start()
-    answered = time.monotonic()
-    worker = celery_processes("worker", "worker1")
+    ids, answered, worker = sent_then_broker_restarted("stuck", own_broker, celery_processes)
     # Then each runs within 60 s of the broker answering, the reconcile pass still stuck
-    done = wait_until(lambda: succeeded(ids) == len(ids), timeout=RECOVERY_SECONDS, interval=0.5)
-    assert done, f"{statuses(ids)} {time.monotonic() - answered:.0f}s after the broker answered\n{beat.log()[-3000:]}"
+    assert_all_succeed_within(ids, RECOVERY_SECONDS, answered, beat)
     assert Execution.objects.get(pk=vanished.pk).status == Status.LOST
     assert beat.alive() and worker.alive()
 

@@ -48,6 +48,15 @@ def queued_for_tenant_b() -> Execution:
     return execution
 
 
+def b_queued_and_a_worker(celery_processes: Start) -> tuple[Execution, dict[str, Any], CeleryProcess]:
+    """Return B's queued execution, its row as it is before any message, and a worker ready for messages."""
+    b = queued_for_tenant_b()
+    before = row_state(b)
+    worker = celery_processes("worker", "w1")
+    worker.wait_for_log(r"ready\.")
+    return b, before, worker
+
+
 def row_state(execution: Execution) -> dict[str, Any]:
     return Execution.objects.filter(pk=execution.pk).values().get()
 
@@ -75,14 +84,20 @@ def publish_as_the_beat_does(execution: Execution) -> None:
     outbox.publish(app, [executions.message_row(execution)], now=dbclock.now())
 
 
+def b_runs_once_from_its_own_message(b: Execution, redis_client: redis.Redis) -> Execution:
+    """Publish B's own message as the beat does; assert B's body ran once, as its first attempt, and succeeded."""
+    publish_as_the_beat_does(b)
+    done = wait_final(b)
+    assert (done.status, done.attempt, done.result) == (Execution.Status.SUCCEEDED, 1, "b")
+    assert [(run["execution_id"], run["label"]) for run in test_tasks.runs(redis_client)] == [(b.pk, "b")]
+    return done
+
+
 def test_messages_not_sent_for_the_execution__refused_then_its_own_runs_once(
     celery_processes: Start, redis_client: redis.Redis
 ) -> None:
     # Given tenant B's queued execution and a worker
-    b = queued_for_tenant_b()
-    before = row_state(b)
-    worker = celery_processes("worker", "w1")
-    worker.wait_for_log(r"ready\.")
+    b, before, worker = b_queued_and_a_worker(celery_processes)
     # When a message names B's execution with another task name (under B's own task id)
     app.send_task("tests.steps", args=[1, 0.0], task_id=b.celery_task_id, headers={HEADER: b.pk})
     # And another names it with B's task name under another task id
@@ -99,12 +114,9 @@ def test_messages_not_sent_for_the_execution__refused_then_its_own_runs_once(
     assert test_tasks.runs(redis_client) == [] and test_tasks.events(redis_client, test_tasks.STEPS_KEY) == []
     assert row_state(b) == before
     # When B's own message is published the way the beat publishes it
-    publish_as_the_beat_does(b)
     # Then B's body runs exactly once, as B's first attempt, and the row ends succeeded
-    done = wait_final(b)
-    assert (done.status, done.attempt, done.result) == (Execution.Status.SUCCEEDED, 1, "b")
+    done = b_runs_once_from_its_own_message(b, redis_client)
     assert done.celery_task_id == b.celery_task_id
-    assert [(run["execution_id"], run["label"]) for run in test_tasks.runs(redis_client)] == [(b.pk, "b")]
     assert len(refusals_logged(worker)) == 2
 
 
@@ -112,10 +124,7 @@ def test_message_of_an_unknown_task_naming_b__does_not_fail_b(
     celery_processes: Start, redis_client: redis.Redis
 ) -> None:
     # Given tenant B's queued execution and a worker
-    b = queued_for_tenant_b()
-    before = row_state(b)
-    worker = celery_processes("worker", "w1")
-    worker.wait_for_log(r"ready\.")
+    b, before, worker = b_queued_and_a_worker(celery_processes)
     # When a message of a task no worker knows names B's execution (the worker rejects it)
     app.send_task("no.such.task", task_id=b.celery_task_id, headers={HEADER: b.pk})
     # Then the rejection does not fail B: refused, logged and counted, the row untouched
@@ -125,20 +134,14 @@ def test_message_of_an_unknown_task_naming_b__does_not_fail_b(
     assert refused_counts() == {"task_mismatch": 1.0, "task_id_mismatch": 0.0}
     assert row_state(b) == before
     # And B's own message still runs it once
-    publish_as_the_beat_does(b)
-    done = wait_final(b)
-    assert (done.status, done.attempt, done.result) == (Execution.Status.SUCCEEDED, 1, "b")
-    assert [(run["execution_id"], run["label"]) for run in test_tasks.runs(redis_client)] == [(b.pk, "b")]
+    b_runs_once_from_its_own_message(b, redis_client)
 
 
 def test_celery_group_carrying_a_message_for_b__runs_nothing_against_b(
     celery_processes: Start, redis_client: redis.Redis
 ) -> None:
     # Given tenant B's queued execution and a worker
-    b = queued_for_tenant_b()
-    before = row_state(b)
-    worker = celery_processes("worker", "w1")
-    worker.wait_for_log(r"ready\.")
+    b, before, worker = b_queued_and_a_worker(celery_processes)
     # When a celery.group runs whose argument is a whole message for B's execution: B's task, B's header
     inner_id, group_id = str(uuid.uuid4()), str(uuid.uuid4())
     smuggled = signature("tests.record", kwargs={"label": "hijack"}, task_id=inner_id, headers={HEADER: b.pk})
@@ -158,7 +161,4 @@ def test_celery_group_carrying_a_message_for_b__runs_nothing_against_b(
     assert test_tasks.runs(redis_client) == []
     assert row_state(b) == before
     # When B's own message comes, B runs once
-    publish_as_the_beat_does(b)
-    done = wait_final(b)
-    assert (done.status, done.attempt, done.result) == (Execution.Status.SUCCEEDED, 1, "b")
-    assert [(run["execution_id"], run["label"]) for run in test_tasks.runs(redis_client)] == [(b.pk, "b")]
+    b_runs_once_from_its_own_message(b, redis_client)

@@ -53,6 +53,20 @@ def start_beat(start: Start, name: str, count: int) -> tuple[CeleryProcess, str]
     return beat, str(instance_id)
 
 
+def two_replicas_on_4_shards(
+    start: Start, settings: object, db_vendor: str
+) -> tuple[list[Schedule], tuple[CeleryProcess, str], tuple[CeleryProcess, str]]:
+    """Spread every-second schedules over 4 shards; start replicas a and b on 4; return them once they hold every shard."""
+    settings.SCHEDULER_SHARDS = 4  # type: ignore[attr-defined]
+    schedules = make_schedules(SCHEDULES[db_vendor])
+    a = start_beat(start, "a", 4)
+    b = start_beat(start, "b", 4)
+    assert wait_until(lambda: all_held_by(4, [a[0], b[0]]), timeout=START_SECONDS, interval=0.1), (
+        f"never settled: {holders(16)}"
+    )
+    return schedules, a, b
+
+
 def all_held_by(count: int, beats: list[CeleryProcess]) -> bool:
     """Every shard of ``count`` is held, each by one of ``beats``, and no shard past it is."""
     held = holders(max(count, 16))
@@ -99,13 +113,7 @@ def test_rolling_restart_with_another_shard_count__every_shard_stays_owned(
     celery_processes: Start, settings: object, db_vendor: str, redis_client: redis.Redis
 ) -> None:
     # Given every-second schedules spread over 4 shards and two replicas on 4
-    settings.SCHEDULER_SHARDS = 4  # type: ignore[attr-defined]
-    schedules = make_schedules(SCHEDULES[db_vendor])
-    a, a_id = start_beat(celery_processes, "a", 4)
-    b, b_id = start_beat(celery_processes, "b", 4)
-    assert wait_until(lambda: all_held_by(4, [a, b]), timeout=START_SECONDS, interval=0.1), (
-        f"never settled: {holders(16)}"
-    )
+    schedules, (a, a_id), (b, b_id) = two_replicas_on_4_shards(celery_processes, settings, db_vendor)
     started = dbclock.now()
 
     # When b is restarted with SCHEDULER_SHARDS = 8, as a rolling change would,
@@ -163,13 +171,7 @@ def test_set_while_the_replicas_run__4_to_8_to_2_to_1_to_4__no_gap_and_one_fence
     celery_processes: Start, settings: object, db_vendor: str, redis_client: redis.Redis
 ) -> None:
     # Given every-second schedules spread over 4 shards and two replicas on 4
-    settings.SCHEDULER_SHARDS = 4  # type: ignore[attr-defined]
-    schedules = make_schedules(SCHEDULES[db_vendor])
-    a, _ = start_beat(celery_processes, "a", 4)
-    b, _ = start_beat(celery_processes, "b", 4)
-    assert wait_until(lambda: all_held_by(4, [a, b]), timeout=START_SECONDS, interval=0.1), (
-        f"never settled: {holders(16)}"
-    )
+    schedules, (a, _), (b, _) = two_replicas_on_4_shards(celery_processes, settings, db_vendor)
     started = dbclock.now()
     time.sleep(2)
 

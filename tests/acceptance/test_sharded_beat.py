@@ -51,6 +51,15 @@ def make_schedules(count: int) -> list[Schedule]:
     return created
 
 
+def sharded_replicas(
+    start: Start, settings: object, size: Size, replicas: int
+) -> tuple[list[Schedule], list[CeleryProcess]]:
+    """Store ``size.shards`` as the shard count, make its every-second schedules, and start ``replicas`` beats."""
+    settings.SCHEDULER_SHARDS = size.shards  # type: ignore[attr-defined]
+    made = make_schedules(size.schedules)
+    return made, [start("beat", f"beat{index}", shards=size.shards) for index in range(replicas)]
+
+
 def instance_pid(instance_id: str) -> int:
     return pid_of(instance_id)
 
@@ -91,11 +100,9 @@ def test_steady_state__every_slot_once_spread_evenly_no_shard_changes_hands(
     celery_processes: Start, settings: object, db_vendor: str, redis_client: redis.Redis
 ) -> None:
     size = STEADY[db_vendor]
-    settings.SCHEDULER_SHARDS = size.shards  # type: ignore[attr-defined]
     # Given every-second schedules and replicas sharing the shards
-    schedules = make_schedules(size.schedules)
+    schedules, beats = sharded_replicas(celery_processes, settings, size, size.replicas)
     assert len({schedule.shard for schedule in schedules}) == size.shards
-    beats = [celery_processes("beat", f"beat{index}", shards=size.shards) for index in range(size.replicas)]
     assert wait_until(lambda: balanced(size.shards, beats), timeout=60, interval=0.25), (
         f"the shards never settled over the replicas: {Counter(h for h, _ in holders(size.shards).values())}"
     )

@@ -33,8 +33,8 @@ from tests.acceptance.test_sharded_beat import (
     balanced,
     holders,
     instance_pid,
-    make_schedules,
     messages_per_execution,
+    sharded_replicas,
 )
 from tests.support.processes import CeleryProcess, wait_until
 
@@ -119,6 +119,20 @@ def assert_fenced_rows() -> None:
     assert not shared, f"one (lease, token) used by several replicas: {shared[:3]}"
 
 
+def all_fire_then_stop(beats: list[CeleryProcess], schedules: list[Schedule], *, after: str) -> datetime:
+    """Wait until every one of ``schedules`` has a slot after now, then stop ``beats``; return that now."""
+    moment = dbclock.now()
+
+    def all_fired() -> bool:
+        fired = Execution.objects.filter(scheduled_for__gt=moment).values("schedule").distinct().count()
+        return fired == len(schedules)
+
+    assert wait_until(all_fired, timeout=REBALANCE_SECONDS, interval=0.25), f"not every schedule fired after {after}"
+    for beat in beats:
+        beat.stop()
+    return moment
+
+
 def assert_sent(client: redis.Redis) -> None:
     """Every row past pending has its message, and every message names a row.
 
@@ -139,10 +153,8 @@ def test_join_and_leave__no_duplicate_no_gap_balanced_after_each_change(
     celery_processes: Start, settings: object, db_vendor: str, redis_client: redis.Redis
 ) -> None:
     size = JOIN_LEAVE[db_vendor]
-    settings.SCHEDULER_SHARDS = size.shards  # type: ignore[attr-defined]
     # Given every-second schedules and two replicas sharing the shards
-    schedules = make_schedules(size.schedules)
-    beats = [celery_processes("beat", f"beat{index}", shards=size.shards) for index in range(2)]
+    schedules, beats = sharded_replicas(celery_processes, settings, size, 2)
     assert wait_until(lambda: balanced(size.shards, beats), timeout=60, interval=0.25), (
         f"two replicas never settled: {loads(size.shards)}"
     )
@@ -183,17 +195,8 @@ def test_join_and_leave__no_duplicate_no_gap_balanced_after_each_change(
     assert wait_until(lambda: balanced(size.shards, live), timeout=REBALANCE_SECONDS, interval=0.1), (
         f"{victim.name} SIGKILLed: not back within 20 % in {REBALANCE_SECONDS}s: {loads(size.shards)}"
     )
-    settled = dbclock.now()
     # The survivors fire every schedule again, the killed one's included
-    assert wait_until(
-        lambda: (
-            Execution.objects.filter(scheduled_for__gt=settled).values("schedule").distinct().count() == len(schedules)
-        ),
-        timeout=REBALANCE_SECONDS,
-        interval=0.25,
-    ), "not every schedule fired after the last change"
-    for beat in beats:
-        beat.stop()
+    settled = all_fire_then_stop(beats, schedules, after="the last change")
 
     # Then over the whole run: no slot twice, none skipped, every row under its shard's lease
     assert_no_duplicate_and_no_gap(schedules, since=settled)
@@ -239,10 +242,8 @@ def test_freeze__taken_after_ttl_old_tokens_fenced_and_rejoins(
     celery_processes: Start, settings: object, db_vendor: str, redis_client: redis.Redis
 ) -> None:
     size = FREEZE[db_vendor]
-    settings.SCHEDULER_SHARDS = size.shards  # type: ignore[attr-defined]
     # Given every-second schedules and three replicas sharing the shards
-    schedules = make_schedules(size.schedules)
-    beats = [celery_processes("beat", f"beat{index}", shards=size.shards) for index in range(size.replicas)]
+    schedules, beats = sharded_replicas(celery_processes, settings, size, size.replicas)
     assert wait_until(lambda: balanced(size.shards, beats), timeout=60, interval=0.25), (
         f"the replicas never settled: {loads(size.shards)}"
     )
@@ -281,16 +282,7 @@ def test_freeze__taken_after_ttl_old_tokens_fenced_and_rejoins(
         f"the resumed replica did not rejoin within {REBALANCE_SECONDS}s: {loads(size.shards)}; "
         f"its log tail:\n{frozen.log()[-3000:]}"
     )
-    rejoined = dbclock.now()
-    assert wait_until(
-        lambda: (
-            Execution.objects.filter(scheduled_for__gt=rejoined).values("schedule").distinct().count() == len(schedules)
-        ),
-        timeout=REBALANCE_SECONDS,
-        interval=0.25,
-    ), "not every schedule fired after the rejoin"
-    for beat in beats:
-        beat.stop()
+    rejoined = all_fire_then_stop(beats, schedules, after="the rejoin")
 
     # ... nothing was committed under its old tokens after the takeover:
     # per shard, every old-token slot precedes every newer-token slot

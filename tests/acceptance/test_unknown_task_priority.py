@@ -92,20 +92,9 @@ def test_malformed_message__rejected_and_its_execution_failed_with_the_reason(ce
     worker = celery_processes("worker", "w1")
     worker.wait_for_log(r"ready\.")
     # When its message arrives with an eta Celery cannot parse (Celery rejects it as an invalid task)
-    with app.producer_or_acquire() as producer:
-        producer.publish(
-            {"args": [], "kwargs": {"label": "malformed"}, "embed": {}},
-            serializer="json",
-            routing_key="celery",
-            exchange="",
-            headers={
-                "task": "tests.record",
-                "id": "malformed-1",
-                "lang": "py",
-                "eta": "not a date",
-                Execution.MESSAGE_HEADER: execution.pk,
-            },
-        )
+    test_tasks.publish_record_by_hand(
+        "malformed", "malformed-1", headers={"eta": "not a date", Execution.MESSAGE_HEADER: execution.pk}
+    )
     # Then the execution is failed with the reason, not left queued
     done = wait_until(
         lambda: Execution.objects.filter(pk=execution.pk, status=Execution.Status.FAILED).first(), timeout=60

@@ -326,14 +326,7 @@ def test_pickled_message__refused_by_the_worker(celery_processes: Start, redis_c
     # Given a worker (JSON only) and a message serialized with pickle, as an attacker with broker access would send
     worker = celery_processes("worker", "w1")
     worker.wait_for_log(r"ready\.")
-    with app.producer_or_acquire() as producer:
-        producer.publish(
-            {"args": [], "kwargs": {"label": "pickled"}, "embed": {}},
-            serializer="pickle",
-            routing_key="celery",
-            exchange="",
-            headers={"task": "tests.record", "id": "pickled-1", "lang": "py"},
-        )
+    test_tasks.publish_record_by_hand("pickled", "pickled-1", serializer="pickle")
     # Then the worker refuses to deserialize it and nothing runs
     worker.wait_for_log(r"untrusted content of type pickle")
     execution = scheduler.submit("tests.record", kwargs={"label": "after"})

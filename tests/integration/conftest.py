@@ -8,8 +8,11 @@ import sys
 from collections.abc import Callable, Iterator
 
 import pytest
+from celery import Celery
+from django.test import Client
 
 from scheduler.owners import leases
+from tests.integration.api_support import token_client
 from tests.support.processes import ROOT
 from tests.support.services import free_port
 
@@ -24,6 +27,12 @@ def lease() -> Iterator[leases.LeaseHandle]:
 
 
 @pytest.fixture
+def operator() -> Client:
+    """An API client holding an operator's token (of no tenant)."""
+    return token_client("ops", role="operator")
+
+
+@pytest.fixture
 def broker_down() -> Iterator[None]:
     """Point the project's Celery app at a loopback port nothing listens on."""
     from project.celery import app
@@ -34,6 +43,16 @@ def broker_down() -> Iterator[None]:
         yield
     finally:
         app.conf.broker_url = configured
+
+
+@pytest.fixture
+def unreachable_app() -> Iterator[Celery]:
+    """A Celery app of its own whose broker is a loopback port nothing listens on."""
+    app = Celery("down", broker=f"redis://127.0.0.1:{free_port()}/0", set_as_current=False)
+    try:
+        yield app
+    finally:
+        app.close()
 
 
 @pytest.fixture

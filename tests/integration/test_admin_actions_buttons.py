@@ -54,6 +54,13 @@ def _act(client: Client, schedule: Schedule, action: str, **data: str) -> object
 # --- schedule page buttons -------------------------------------------------------------
 
 
+def press_the_only_button(client: Client, execution: Execution, action: str, *, not_offered: str) -> object:
+    """Open ``execution``'s change page, check it offers ``action`` and not ``not_offered``, and press ``action``."""
+    page = client.get(f"/admin/scheduler/execution/{execution.pk}/change/").content.decode()
+    assert f'id="action-{action}"' in page and f'id="action-{not_offered}"' not in page
+    return client.post(f"/admin/scheduler/execution/{execution.pk}/act/{action}/", follow=True)
+
+
 def test_schedule_page__shows_its_buttons_and_a_backfill_link(staff: Client, schedule: Schedule) -> None:
     # When
     page = staff.get(f"/admin/scheduler/schedule/{schedule.pk}/change/").content.decode()
@@ -164,10 +171,8 @@ def test_buttons__need_the_csrf_token() -> None:
 def test_retry_button__a_new_execution_linked_to_the_failed_one(staff: Client, redis_url: str) -> None:
     # Given
     failed = make_execution("bad", status=Status.FAILED, error="boom")
-    page = staff.get(f"/admin/scheduler/execution/{failed.pk}/change/").content.decode()
-    assert 'id="action-retry"' in page and 'id="action-cancel"' not in page
     # When
-    response = staff.post(f"/admin/scheduler/execution/{failed.pk}/act/retry/", follow=True)
+    response = press_the_only_button(staff, failed, "retry", not_offered="cancel")
     # Then it shows the new execution
     retry = Execution.objects.get(retry_of=failed)
     assert (retry.status, retry.trigger) == (Status.QUEUED, Trigger.RETRY)
@@ -178,9 +183,7 @@ def test_retry_button__a_new_execution_linked_to_the_failed_one(staff: Client, r
 @pytest.mark.django_db(transaction=True)
 def test_cancel_button__cancels_a_running_execution(staff: Client, redis_url: str) -> None:
     running = make_execution("run", status=Status.RUNNING, celery_task_id="t-run")
-    page = staff.get(f"/admin/scheduler/execution/{running.pk}/change/").content.decode()
-    assert 'id="action-cancel"' in page and 'id="action-retry"' not in page
-    response = staff.post(f"/admin/scheduler/execution/{running.pk}/act/cancel/", follow=True)
+    response = press_the_only_button(staff, running, "cancel", not_offered="retry")
     running.refresh_from_db()
     assert running.status == Status.CANCELLED
     assert f"Execution {running.pk} cancelled." in response.content.decode()

@@ -30,11 +30,6 @@ def _fresh_throttle() -> None:
     cache.clear()
 
 
-@pytest.fixture
-def operator() -> Client:
-    return token_client("ops", role="operator")
-
-
 def model_errors(**fields: Any) -> dict[str, list[str]]:
     """Return the messages the admin's and the CLI's validation gives for a schedule with ``fields``."""
     try:

@@ -38,6 +38,11 @@ def five_hours(now: datetime) -> tuple[datetime, datetime, list[datetime]]:
     return start, end, [start + n * HOUR for n in range(5)]
 
 
+def ran_slot(schedule: Schedule, slot: datetime, status: str) -> Execution:
+    """Return the execution of ``schedule``'s ``slot``, under the beat's key, that ended ``status``."""
+    return make_execution(executions.key(schedule, slot), schedule=schedule, scheduled_for=slot, status=status)
+
+
 def sent_ids(client: redis.Redis, queue: str = "celery") -> list[int]:
     """Execution ids of the messages waiting in ``queue``."""
     return [json.loads(raw)["headers"][Execution.MESSAGE_HEADER] for raw in client.lrange(queue, 0, -1)]
@@ -50,13 +55,7 @@ def test_backfill__records_and_sends_the_slots_without_an_execution(redis_client
     )
     now = dbclock.now()
     start, end, slots = five_hours(now)
-    ran = make_execution(
-        executions.key(target, slots[2]),
-        schedule=target,
-        task=target.task,
-        scheduled_for=slots[2],
-        status=Status.SUCCEEDED,
-    )
+    ran = ran_slot(target, slots[2], Status.SUCCEEDED)
 
     # When backfilled
     report = backfill(target, start=start, end=end, now=now, app=app)
@@ -101,13 +100,7 @@ def test_backfill__dry_run_lists_the_slots_and_writes_nothing(redis_client: redi
     target = hourly()
     now = dbclock.now()
     start, end, slots = five_hours(now)
-    ran = make_execution(
-        executions.key(target, slots[0]),
-        schedule=target,
-        task=target.task,
-        scheduled_for=slots[0],
-        status=Status.MISSED,
-    )
+    ran = ran_slot(target, slots[0], Status.MISSED)
 
     report = backfill(target, start=start, end=end, now=now, dry_run=True, app=app)
 

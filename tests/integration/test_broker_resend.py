@@ -21,7 +21,6 @@ from scheduler.ops.reconcile import reconcile, resend_after_broker_restart, rese
 from scheduler.outbox import broker
 from scheduler.owners import executions, leases
 from tests.support.factories import make_execution, make_schedule
-from tests.support.services import free_port
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -133,17 +132,13 @@ def test_broker_restarted__a_plain_celery_call_its_worker_recorded_but_never_cla
     assert messages(redis_client)[recorded.pk]["id"] == "plain-1"
 
 
-def test_broker_unreachable__reported_and_nothing_changes() -> None:
+def test_broker_unreachable__reported_and_nothing_changes(unreachable_app: Celery) -> None:
     # Given a queued execution and a broker nobody listens on
     now = dbclock.now()
     queued = execution("queued", status=Status.QUEUED, enqueued_at=now - timedelta(minutes=1))
-    down = Celery("down", broker="redis://127.0.0.1:9/0", set_as_current=False)
 
     # When the leader checks the broker
-    try:
-        report = resend_after_broker_restart(now=now, app=down)
-    finally:
-        down.close()
+    report = resend_after_broker_restart(now=now, app=unreachable_app)
 
     # Then it says why, and the row waits for the next check
     assert report.publish_error.startswith("broker unreachable")
@@ -163,16 +158,12 @@ def test_broker_unreachable__reported_and_nothing_changes() -> None:
     ids=["unconfirmed_run", "confirm_run", "queues_holding_messages", "revoke"],
 )
 def test_broker_edge__a_broker_nobody_listens_on__broker_unavailable_caused_by_the_drivers_error(
-    call: Callable[[Celery], object],
+    call: Callable[[Celery], object], unreachable_app: Celery
 ) -> None:
     # Given a broker nobody listens on
-    down = Celery("down", broker=f"redis://127.0.0.1:{free_port()}/0", set_as_current=False)
     # When the beat asks it something
-    try:
-        with pytest.raises(BrokerUnavailable) as raised:
-            call(down)
-    finally:
-        down.close()
+    with pytest.raises(BrokerUnavailable) as raised:
+        call(unreachable_app)
     # Then the caller sees the project's error, with the driver's words and its error as the cause
     cause = raised.value.__cause__
     assert cause is not None and not isinstance(cause, BrokerUnavailable)

@@ -12,7 +12,6 @@ from typing import Any
 import pytest
 from celery import Celery
 from django.contrib.auth import get_user_model
-from django.db import connection
 from django.test import Client
 from django_celery_results.models import TaskResult
 
@@ -26,6 +25,7 @@ from scheduler.ops.builtin_schedules import BACKEND_CLEANUP, PRUNE_EXECUTIONS, e
 from scheduler.owners import schedules
 from tests.support.factories import make_past_execution, make_schedule
 from tests.support.processes import ROOT
+from tests.support.threads import run_at_once
 
 Status = Execution.Status
 BUILTINS = {PRUNE_EXECUTIONS, BACKEND_CLEANUP}
@@ -156,19 +156,10 @@ def test_two_beats_starting_at_once__one_row_each_and_no_error(monkeypatch: pyte
     errors: list[BaseException] = []
 
     def start_beat() -> None:
-        try:
-            created.extend(ensure_builtin_schedules(app))
-        except BaseException as exc:  # noqa: BLE001 -- surfaced by the assertion below
-            errors.append(exc)
-        finally:
-            connection.close()
+        created.extend(ensure_builtin_schedules(app))
 
     # When both start on their own connections
-    threads = [threading.Thread(target=start_beat) for _ in range(2)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(timeout=60)
+    run_at_once([start_beat, start_beat], errors, timeout=60)
 
     # Then neither failed, and each built-in was created exactly once
     assert not errors, errors

@@ -42,6 +42,15 @@ def _execution(apps: Any, key: str, **fields: Any) -> Any:
     return Execution.objects.create(idempotency_key=key, **fields)
 
 
+def _tallied(apps: Any) -> dict[str, int]:
+    """Return the executions the tally rows count, by status (summed over their other keys)."""
+    Tally = apps.get_model("scheduler", "ExecutionTally")
+    counts: dict[str, int] = {}
+    for status, count in Tally.objects.values_list("status", "count"):
+        counts[status] = counts.get(status, 0) + count
+    return counts
+
+
 def test_0008__slots_sent_counts_the_beats_own_rows_and_owed_since_starts_at_creation(migrate: Migrate) -> None:
     # Given, before 0008: a limited schedule with two fired slots, a missed one and a run-now, and an unlimited one
     apps = migrate("0007_admin_scale_indexes")
@@ -104,15 +113,12 @@ def test_0012__tallies_start_from_the_final_executions_and_schedules_learn_their
     # When 0012 runs
     apps = migrate("0012_observability")
     # Then the counters hold the three final executions, and the schedule its newest success
-    Tally = apps.get_model("scheduler", "ExecutionTally")
-    counts: dict[str, int] = {}
-    for status, count in Tally.objects.values_list("status", "count"):
-        counts[status] = counts.get(status, 0) + count
-    assert counts == {"succeeded": 2, "failed": 1}
+    assert _tallied(apps) == {"succeeded": 2, "failed": 1}
     Schedule = apps.get_model("scheduler", "Schedule")
     assert Schedule.objects.get(pk=schedule.pk).last_success_at == T0 + timedelta(minutes=1, seconds=2)
     # And an execution that becomes final afterwards is counted by the trigger
     Execution = apps.get_model("scheduler", "Execution")
+    Tally = apps.get_model("scheduler", "ExecutionTally")
     Execution.objects.filter(idempotency_key="k3").update(status="succeeded", finished_at=T0 + timedelta(minutes=4))
     assert sum(Tally.objects.filter(status="succeeded").values_list("count", flat=True)) == 3
 
@@ -135,8 +141,4 @@ def test_0019__totals_kept_new_finals_appended_and_the_way_back_folds_them(migra
     assert list(Increment.objects.values_list("status", flat=True).distinct()) == ["failed"]
     # And migrating back folds the increments into the totals, so nothing counted is lost
     apps = migrate("0018_schedule_pruned_through")
-    Tally = apps.get_model("scheduler", "ExecutionTally")
-    counts: dict[str, int] = {}
-    for status, count in Tally.objects.values_list("status", "count"):
-        counts[status] = counts.get(status, 0) + count
-    assert counts == {"succeeded": 1, "failed": 1}
+    assert _tallied(apps) == {"succeeded": 1, "failed": 1}

@@ -24,7 +24,7 @@ from scheduler.exceptions import SubmissionInvalid
 from scheduler.models import Execution, Schedule
 from scheduler.owners import schedules
 from scheduler.web.api.parsers import BoundedJSONParser, RequestTooLarge
-from tests.integration.api_support import make_schedule, tables, token_client
+from tests.integration.api_support import make_schedule, tables
 from tests.integration.command_support import refused, run
 from tests.support.admin_forms import schedule_form
 
@@ -64,11 +64,6 @@ OVER_SIZE = ["x" * (65536 - len('[""]') + 1)]
 @pytest.fixture(autouse=True)
 def _fresh_throttle() -> None:
     cache.clear()
-
-
-@pytest.fixture
-def operator() -> Client:
-    return token_client("ops", role="operator")
 
 
 @pytest.fixture
@@ -181,6 +176,24 @@ def test_api_body__deep_or_invalid_json_is_400(operator: Client, body: str, mess
     assert tables() == before
 
 
+def refused_by_the_api(operator: Client, fields: dict[str, Any], field: str, message: str) -> Schedule:
+    """Assert that creating a schedule with ``fields``, and changing an existing one to them, are both refused.
+
+    Each answer is a 400 whose only field error, on ``field``, says ``message``, and no row changes.
+    Returns the existing schedule.
+    """
+    existing = make_schedule("existing")
+    before = tables()
+    created = operator.post("/api/v1/schedules/", schedule_body(**fields), content_type="application/json")
+    changed = operator.patch(f"/api/v1/schedules/{existing.pk}/", fields, content_type="application/json")
+    for response in (created, changed):
+        assert response.status_code == 400, response.content
+        assert list(response.json()) == [field]
+        assert message in response.json()[field][0]
+    assert tables() == before
+    return existing
+
+
 # --- args and kwargs -----------------------------------------------------------------
 
 
@@ -206,19 +219,9 @@ def test_api_schedule__arguments_over_the_limits_are_a_field_error(
     operator: Client, fields: dict[str, Any], field: str, message: str
 ) -> None:
     # Given: a schedule whose arguments pass one limit by one byte or one level
-    existing = make_schedule("existing")
-    before = tables()
-
     # When: it is created, or an existing schedule is changed to it
-    created = operator.post("/api/v1/schedules/", schedule_body(**fields), content_type="application/json")
-    changed = operator.patch(f"/api/v1/schedules/{existing.pk}/", fields, content_type="application/json")
-
     # Then: 400 with a field error naming the limit, and nothing written
-    for response in (created, changed):
-        assert response.status_code == 400, response.content
-        assert list(response.json()) == [field]
-        assert message in response.json()[field][0]
-    assert tables() == before
+    refused_by_the_api(operator, fields, field, message)
 
 
 def test_api_schedule__arguments_at_the_limits_are_accepted(operator: Client) -> None:
@@ -322,14 +325,7 @@ def test_submit__arguments_over_the_limits_are_refused_before_anything_is_writte
 def test_api_schedule__text_over_its_cap_is_a_field_error(
     operator: Client, fields: dict[str, Any], field: str, message: str
 ) -> None:
-    existing = make_schedule("existing")
-    before = tables()
-    created = operator.post("/api/v1/schedules/", schedule_body(**fields), content_type="application/json")
-    changed = operator.patch(f"/api/v1/schedules/{existing.pk}/", fields, content_type="application/json")
-    for response in (created, changed):
-        assert response.status_code == 400, response.content
-        assert message in response.json()[field][0]
-    assert tables() == before
+    existing = refused_by_the_api(operator, fields, field, message)
     at_cap = {key: value[:-1] for key, value in fields.items()}
     assert (
         operator.patch(f"/api/v1/schedules/{existing.pk}/", at_cap, content_type="application/json").status_code == 200

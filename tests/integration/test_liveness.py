@@ -5,12 +5,11 @@ from __future__ import annotations
 import threading
 
 import pytest
-from django.db import connection
 
 from project.celery import app
 from scheduler.beat import LeaderScheduler, liveness
 from scheduler.owners import leases
-from tests.support.processes import wait_until
+from tests.support.processes import instance_lock_waiters, wait_until
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -32,15 +31,6 @@ def _waiting(holder: str, lease_name: str, timeout: float) -> tuple[threading.Th
     return thread, outcome
 
 
-def _lock_waiters() -> int:
-    with connection.cursor() as cursor:
-        cursor.execute(
-            "SELECT count(*) FROM pg_stat_activity "
-            "WHERE application_name = 'scheduler-instance-lock' AND wait_event_type = 'Lock'"
-        )
-        return cursor.fetchone()[0]
-
-
 def test_instance_lock__wait_ends_when_the_holder_session_ends(db_vendor: str) -> None:
     if db_vendor == "sqlite":
         # SQLite has neither advisory locks nor LISTEN: a follower just sleeps its retry delay
@@ -53,7 +43,7 @@ def test_instance_lock__wait_ends_when_the_holder_session_ends(db_vendor: str) -
     try:
         assert impatient.wait_for("a", "beat", timeout=0.2) is liveness.Wait.TIMEOUT
         thread, outcome = _waiting("a", "beat", timeout=30)
-        assert wait_until(lambda: _lock_waiters() == 1, timeout=10), "the follower is not blocked on the lock"
+        assert wait_until(lambda: instance_lock_waiters() == 1, timeout=10), "the follower is not blocked on the lock"
     finally:
         impatient.close()
         # When "a"'s session ends (its process died or shut down)
@@ -61,7 +51,7 @@ def test_instance_lock__wait_ends_when_the_holder_session_ends(db_vendor: str) -
     # Then the wait ends at once, saying the holder is gone, and leaves no lock behind
     thread.join(10)
     assert outcome == [liveness.Wait.GONE]
-    assert _lock_waiters() == 0
+    assert instance_lock_waiters() == 0
     again = liveness.InstanceLock("a")
     try:
         assert again.try_acquire(), "the waiter kept the holder's lock"
@@ -81,13 +71,13 @@ def test_release__notifies_a_waiting_follower(db_vendor: str) -> None:
     try:
         # ... and a follower waiting up to 30 s for it
         thread, outcome = _waiting("a", "beat", timeout=30)
-        assert wait_until(lambda: _lock_waiters() == 1, timeout=10), "the follower is not blocked on the lock"
+        assert wait_until(lambda: instance_lock_waiters() == 1, timeout=10), "the follower is not blocked on the lock"
         # When "a" releases the lease but lives on
         assert leases.release(handle)
         # Then the wait ends on the notification, with the holder's lock still held
         thread.join(10)
         assert outcome == [liveness.Wait.RELEASED]
         assert holder.try_acquire()
-        assert _lock_waiters() == 0
+        assert instance_lock_waiters() == 0
     finally:
         holder.close()

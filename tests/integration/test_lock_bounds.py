@@ -119,6 +119,16 @@ def still_leads(lease: leases.LeaseHandle) -> bool:
 # --- idle in transaction ---------------------------------------------------------------------
 
 
+def dispatch_leaving_one_locked(lease: leases.LeaseHandle, *, within: float) -> None:
+    """Dispatch once; assert it took under ``within`` seconds, fired only ``other``, and left one schedule locked."""
+    started = time.monotonic()
+    report = dispatch.dispatch_due(lease)
+    elapsed = time.monotonic() - started
+    assert elapsed < within, elapsed
+    assert [name for name, _ in report.fired] == ["other"]
+    assert report.locked == 1
+
+
 def test_session__idle_inside_a_transaction_past_the_bound__ended_by_the_server(settings: Any) -> None:
     # Given a lease TTL of 1 s: sessions may sit idle inside a transaction min(1, 30 / 2) = 1 s
     settings.SCHEDULER_LEASE_TTL_SECONDS = 1
@@ -170,13 +180,9 @@ def test_leader__cancel_previous_in_flight_row_locked__schedule_left_at_once_oth
     claim = running(previous)
     with held_by_another(lock_row(claim)):
         # When the leader dispatches
-        started = time.monotonic()
-        report = dispatch.dispatch_due(lease)
         # Then it did not wait for that transaction: the other schedule is committed,
         # the cancel_previous one left as it was for the next pass, and the leader still leads
-        assert time.monotonic() - started < 1.0
-        assert [name for name, _ in report.fired] == ["other"]
-        assert report.locked == 1
+        dispatch_leaving_one_locked(lease, within=1.0)
         assert Schedule.objects.get(pk=previous.pk).next_run_at == previous.next_run_at
         assert Execution.objects.get(pk=claim.execution_id).status == Status.RUNNING
         assert Schedule.objects.get(pk=other.pk).next_run_at > other.next_run_at
@@ -205,13 +211,9 @@ def test_leader__cancel_previous_in_flight_row_in_a_publishers_batch__left_at_on
     )
     with held_by_another(lambda: executions.pending_rows(limit=outbox.PUBLISH_BATCH, locked=True)):
         # When the leader dispatches
-        started = time.monotonic()
-        report = dispatch.dispatch_due(lease)
         # Then it did not wait for the publisher: the other schedule is committed, the
         # cancel_previous one left for the next pass, and the leader still leads
-        assert time.monotonic() - started < 1.0
-        assert [name for name, _ in report.fired] == ["other"]
-        assert report.locked == 1
+        dispatch_leaving_one_locked(lease, within=1.0)
         assert Execution.objects.get(pk=pending.pk).status == Status.PENDING
         assert still_leads(lease)
     # And once the batch is let go, the next pass cancels the execution and fires the slot
@@ -233,14 +235,9 @@ def test_leader__a_lock_nobody_names_in_advance__waits_a_bounded_time_and_commit
     )
     with held_by_another(insert):
         # When the leader dispatches
-        started = time.monotonic()
-        report = dispatch.dispatch_due(lease)
-        elapsed = time.monotonic() - started
         # Then its inserts waited at most its bound (a tenth of the TTL) and then a short one,
         # the other schedule is committed, the blocked one left, and the leader still leads
-        assert elapsed < dispatch.PASS_LOCK_WAITS * session_limits.leader_lock_wait_seconds(), elapsed
-        assert [name for name, _ in report.fired] == ["other"]
-        assert report.locked == 1
+        dispatch_leaving_one_locked(lease, within=dispatch.PASS_LOCK_WAITS * session_limits.leader_lock_wait_seconds())
         assert Schedule.objects.get(pk=blocked.pk).next_run_at == slot
         assert still_leads(lease)
     # And once the other transaction rolled back, the next pass fires the slot

@@ -30,7 +30,7 @@ from scheduler.owners import executions, leases, schedules
 from scheduler.owners.executions import Claim
 from tests.integration.test_metrics_counters import scrape, total
 from tests.support.factories import make_schedule
-from tests.support.threads import on_own_connection
+from tests.support.threads import on_own_connection, run_at_once
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -39,16 +39,6 @@ SCHEDULES = 12
 WORKERS = 8
 DURATION = 8.0  # seconds of contention
 BOUND = 60.0  # seconds: every thread must have stopped by then
-
-
-def _run_at_once(bodies: list[Callable[[], None]], errors: list[BaseException]) -> None:
-    """Run ``bodies`` at once, each on its own connection, until all return; fail if one is stuck past BOUND."""
-    threads = [threading.Thread(target=on_own_connection(body, errors)) for body in bodies]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(timeout=BOUND)
-    assert not any(thread.is_alive() for thread in threads), "a thread is stuck"
 
 
 def test_finishes_and_cancel_previous_ticks_at_once__no_deadlock_and_every_success_counted(
@@ -156,7 +146,7 @@ def test_final_inserts_whose_rows_meet_the_tallies_in_opposite_orders__no_deadlo
         return body
 
     # When both commit their batches, round after round, at the same instant
-    _run_at_once([committer(0, alpha, beta), committer(1, beta, alpha)], errors)
+    run_at_once([committer(0, alpha, beta), committer(1, beta, alpha)], errors, timeout=BOUND)
 
     # Then neither was a deadlock victim (nor waited out its lock timeout)
     assert not errors, errors
@@ -199,7 +189,7 @@ def test_schedule_delete__locks_the_schedule_before_its_executions() -> None:
         done.set()
 
     # When an operator deletes the schedule meanwhile
-    _run_at_once([worker, operator], errors)
+    run_at_once([worker, operator], errors, timeout=BOUND)
 
     # Then neither was a deadlock victim: the worker's outcome is recorded and the schedule is gone
     assert not errors, errors
@@ -241,7 +231,7 @@ def test_schedule_queryset_delete__locks_the_schedules_before_their_executions()
         Schedule.objects.filter(pk__in=[target.pk for target in targets]).delete()  # the admin's bulk delete
 
     # When an operator deletes both at once meanwhile
-    _run_at_once([worker, operator], errors)
+    run_at_once([worker, operator], errors, timeout=BOUND)
 
     # Then neither was a deadlock victim
     assert not errors, errors

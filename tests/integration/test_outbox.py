@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from datetime import timedelta
 
 import pytest
@@ -16,21 +15,10 @@ from scheduler.exceptions import BrokerUnavailable
 from scheduler.models import Execution, Schedule
 from scheduler.owners import executions, schedules
 from tests.support import tasks as test_tasks  # noqa: F401  (registers tests.record with the app)
-from tests.support.services import free_port
 
 pytestmark = pytest.mark.django_db
 
 Status = Execution.Status
-
-
-@pytest.fixture
-def down() -> Iterator[Celery]:
-    """A Celery app whose broker is a loopback port nothing listens on."""
-    unreachable = Celery("down", broker=f"redis://127.0.0.1:{free_port()}/0", set_as_current=False)
-    try:
-        yield unreachable
-    finally:
-        unreachable.close()
 
 
 def pending(schedule: Schedule, count: int) -> list[Execution]:
@@ -74,13 +62,15 @@ def test_broker_error__stops_the_pass_earlier_batches_queued_the_rest_pending(re
     assert redis_client.llen("good") == outbox.PUBLISH_BATCH
 
 
-def test_publish_pending__broker_nobody_listens_on__broker_unavailable_and_rows_stay_pending(down: Celery) -> None:
+def test_publish_pending__broker_nobody_listens_on__broker_unavailable_and_rows_stay_pending(
+    unreachable_app: Celery,
+) -> None:
     # Given pending rows, and a broker that refuses connections
     schedule = schedules.create(name="s", task="tests.record", interval=60)
     pending(schedule, 3)
     # When a pass publishes them
     with pytest.raises(BrokerUnavailable) as raised:
-        outbox.publish_pending(down)
+        outbox.publish_pending(unreachable_app)
     # Then the error is the project's, with the driver's words and its error as the cause
     cause = raised.value.__cause__
     assert isinstance(cause, (OperationalError, OSError)) and not isinstance(cause, BrokerUnavailable)
@@ -89,14 +79,16 @@ def test_publish_pending__broker_nobody_listens_on__broker_unavailable_and_rows_
     assert list(Execution.objects.values_list("status", flat=True)) == [Status.PENDING] * 3
 
 
-def test_publish__broker_nobody_listens_on__broker_unavailable_and_nothing_marked_queued(down: Celery) -> None:
+def test_publish__broker_nobody_listens_on__broker_unavailable_and_nothing_marked_queued(
+    unreachable_app: Celery,
+) -> None:
     # Given pending rows, and a broker that refuses connections
     schedule = schedules.create(name="s", task="tests.record", interval=60)
     pending(schedule, 2)
     rows = executions.message_rows(Execution.objects.all())
     # When they are published
     with pytest.raises(BrokerUnavailable) as raised:
-        outbox.publish(down, rows, now=dbclock.now())
+        outbox.publish(unreachable_app, rows, now=dbclock.now())
     # Then the cause is the driver's error, and nothing claims to be sent
     assert isinstance(raised.value.__cause__, (OperationalError, OSError))
     assert not Execution.objects.filter(status=Status.QUEUED).exists()

@@ -10,7 +10,6 @@ from typing import Any
 import pytest
 import redis
 from celery import Celery
-from django.db import connection
 
 from project.celery import app
 from scheduler import dbclock
@@ -20,6 +19,7 @@ from scheduler.models import Execution, Instance, Schedule
 from scheduler.ops.reconcile import ReconcileReport, reconcile
 from scheduler.owners import executions
 from tests.support.factories import make_execution, make_schedule
+from tests.support.threads import run_at_once
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -195,18 +195,14 @@ def test_queued__without_enqueued_at__sent_again_by_when_it_was_recorded(redis_c
     assert Execution.objects.get(pk=old.pk).enqueued_at == now
 
 
-def test_send__broker_unreachable__reported_and_rows_left_waiting() -> None:
+def test_send__broker_unreachable__reported_and_rows_left_waiting(unreachable_app: Celery) -> None:
     # Given an old pending execution and a broker nobody listens on
     now = dbclock.now()
     old = execution("old", status=Status.PENDING)
     backdate(old, created_at=now - timedelta(minutes=5))
-    down = Celery("down", broker="redis://127.0.0.1:9/0", set_as_current=False)
 
     # When reconciled
-    try:
-        report = reconcile(now=now, app=down)
-    finally:
-        down.close()
+    report = reconcile(now=now, app=unreachable_app)
 
     # Then nothing claims it was sent, the error says why, and the row waits for the next pass
     assert report.publish_error.startswith("broker unreachable")
@@ -394,20 +390,11 @@ def test_two_passes_at_once__each_change_made_once(redis_client: redis.Redis) ->
     start = threading.Barrier(2)
 
     def run() -> None:
-        try:
-            start.wait(timeout=10)
-            # The setup's now: a minute turning since would take the oldest audited slot out of the window.
-            reports.append(reconcile(now=now, repair=True, app=app))
-        except BaseException as exc:  # noqa: BLE001 -- surfaced by the assertion below
-            errors.append(exc)
-        finally:
-            connection.close()
+        start.wait(timeout=10)
+        # The setup's now: a minute turning since would take the oldest audited slot out of the window.
+        reports.append(reconcile(now=now, repair=True, app=app))
 
-    threads = [threading.Thread(target=run) for _ in range(2)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(timeout=60)
+    run_at_once([run, run], errors, timeout=60)
     assert not errors and len(reports) == 2
 
     # Then every change was made by exactly one of them

@@ -20,7 +20,7 @@ from scheduler.outbox import submissions
 from scheduler.owners import executions, leases
 from scheduler.owners.executions import Claim
 from scheduler.tenancy import EVERY_TENANT
-from tests.support.factories import make_schedule
+from tests.support.factories import make_execution, make_schedule
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -92,16 +92,14 @@ def test_trigger__slots_reconcile_repairs_stay_scheduled() -> None:
 # --- every attempt's error ---------------------------------------------------------------------
 
 
+def _queued(*, max_retries: int) -> Execution:
+    """A queued execution of ``scheduler.echo``, due now, allowed ``max_retries`` retries."""
+    return make_execution("k", status=Status.QUEUED, max_retries=max_retries, celery_task_id="c")
+
+
 def test_attempt_errors__each_retried_attempt_and_the_last_are_listed() -> None:
     # Given an execution allowed two retries that fails three times
-    execution = Execution.objects.create(
-        idempotency_key="k",
-        task="scheduler.echo",
-        scheduled_for=dbclock.now(),
-        status=Status.QUEUED,
-        max_retries=2,
-        celery_task_id="c",
-    )
+    execution = _queued(max_retries=2)
     for attempt in (1, 2):
         held = _claim(execution.pk)
         assert held.attempt == attempt
@@ -127,14 +125,7 @@ def test_attempt_errors__each_retried_attempt_and_the_last_are_listed() -> None:
 
 
 def test_attempt_errors__a_stale_holder_appends_nothing() -> None:
-    execution = Execution.objects.create(
-        idempotency_key="k",
-        task="scheduler.echo",
-        scheduled_for=dbclock.now(),
-        status=Status.QUEUED,
-        max_retries=3,
-        celery_task_id="c",
-    )
+    execution = _queued(max_retries=3)
     stale = _claim(execution.pk, "a@host:1")
     Execution.objects.filter(pk=execution.pk).update(claim_expires_at=dbclock.now() - timedelta(seconds=5))
     _claim(execution.pk, "b@host:2")
@@ -162,14 +153,7 @@ def test_attempt_errors__a_lost_attempt_retried_is_listed() -> None:
 def _one_retry(settings: Any) -> Execution:
     """An execution allowed one retry, with no lost-worker re-runs beyond it (``LOST_RETRIES`` 0)."""
     settings.SCHEDULER_LOST_RETRIES = 0
-    return Execution.objects.create(
-        idempotency_key="k",
-        task="scheduler.echo",
-        scheduled_for=dbclock.now(),
-        status=Status.QUEUED,
-        max_retries=1,
-        celery_task_id="c",
-    )
+    return _queued(max_retries=1)
 
 
 def _lose(held: Claim) -> None:

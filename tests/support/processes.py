@@ -115,20 +115,37 @@ def pid_of(process_id: str) -> int:
     return int(process_id.rsplit("-", 2)[1])
 
 
+def instance_lock_waiters() -> int:
+    """Count the sessions blocked on another process's instance lock (PostgreSQL)."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT count(*) FROM pg_stat_activity "
+            "WHERE application_name = 'scheduler-instance-lock' AND wait_event_type = 'Lock'"
+        )
+        return cursor.fetchone()[0]
+
+
 def beat_argv() -> list[str]:
     return [CELERY, "-A", "project", "beat", "-l", "info", "--pidfile="]
 
 
 def worker_argv(
-    name: str, *, concurrency: int = 2, queues: str | None = None, tasks: str = "tests.support.tasks"
+    name: str,
+    *,
+    concurrency: int = 2,
+    queues: str | None = None,
+    tasks: str = "tests.support.tasks",
+    log_level: str = "info",
+    heartbeat: bool = False,
 ) -> list[str]:
+    """Return the command of a Celery worker ``<name>@<host>``: prefork, no gossip or mingle, heartbeats on request."""
     return [
         CELERY,
         "-A",
         "project",
         "worker",
         "-l",
-        "info",
+        log_level,
         "-P",
         "prefork",
         "-c",
@@ -139,7 +156,7 @@ def worker_argv(
         tasks,
         "--without-gossip",
         "--without-mingle",
-        "--without-heartbeat",
+        *([] if heartbeat else ["--without-heartbeat"]),
         *(["-Q", queues] if queues else []),
     ]
 

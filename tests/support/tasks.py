@@ -37,6 +37,22 @@ SIDE_EFFECT_TABLE = "test_side_effect"
 WAIT_SECONDS = 60.0
 
 
+def publish_record_by_hand(
+    label: str, message_id: str, *, serializer: str = "json", headers: dict[str, Any] | None = None
+) -> None:
+    """Publish a ``tests.record`` message built by hand, as a client with broker access could, past ``send_task``."""
+    from project.celery import app
+
+    with app.producer_or_acquire() as producer:
+        producer.publish(
+            {"args": [], "kwargs": {"label": label}, "embed": {}},
+            serializer=serializer,
+            routing_key="celery",
+            exchange="",
+            headers={"task": "tests.record", "id": message_id, "lang": "py", **(headers or {})},
+        )
+
+
 def _client() -> redis.Redis:
     return redis.Redis.from_url(os.environ.get("TEST_RUNS_REDIS_URL") or settings.REDIS_URL)
 

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Sequence
 
 from django.db import connection
 
@@ -22,3 +23,13 @@ def on_own_connection(body: Callable[[], None], errors: list[BaseException]) -> 
             connection.close()
 
     return run
+
+
+def run_at_once(bodies: Sequence[Callable[[], None]], errors: list[BaseException], *, timeout: float) -> None:
+    """Run ``bodies`` at once, each on its own connection, until all return; fail if one is stuck past ``timeout``."""
+    threads = [threading.Thread(target=on_own_connection(body, errors)) for body in bodies]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=timeout)
+    assert not any(thread.is_alive() for thread in threads), "a thread is stuck"

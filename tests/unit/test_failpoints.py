@@ -215,24 +215,27 @@ def _state(pid: int) -> str:
 # --- hits ---------------------------------------------------------------------------------------
 
 
-def test_at_k__fires_on_the_kth_hit_only() -> None:
-    child = run_child(hit_code("publish.send", times=4), "publish.send=error@2")
-    assert child.stdout.splitlines() == [
-        "1 passed",
-        "2 kombu.exceptions.OperationalError",
-        "3 passed",
-        "4 passed",
-        "done",
-    ]
-
-
-def test_without_at_k__fires_on_every_hit() -> None:
-    child = run_child(hit_code("worker.claim.before", times=2), "worker.claim.before=error")
-    assert child.stdout.splitlines() == [
-        "1 django.db.utils.OperationalError",
-        "2 django.db.utils.OperationalError",
-        "done",
-    ]
+@pytest.mark.parametrize(
+    ("point", "times", "spec", "lines"),
+    [
+        (
+            "publish.send",
+            4,
+            "publish.send=error@2",
+            ["1 passed", "2 kombu.exceptions.OperationalError", "3 passed", "4 passed", "done"],
+        ),
+        (
+            "worker.claim.before",
+            2,
+            "worker.claim.before=error",
+            ["1 django.db.utils.OperationalError", "2 django.db.utils.OperationalError", "done"],
+        ),
+    ],
+    ids=["at-k-fires-on-the-kth-hit-only", "without-at-k-fires-on-every-hit"],
+)
+def test_error__fires_on_the_hits_it_names(point: str, times: int, spec: str, lines: list[str]) -> None:
+    child = run_child(hit_code(point, times=times), spec)
+    assert child.stdout.splitlines() == lines
 
 
 def test_shared_directory__counts_hits_across_processes_once_armed(tmp_path: Path) -> None:
