@@ -67,6 +67,7 @@ def _measure(repeat: int) -> list[dict[str, Any]]:
         Execution.objects.filter(schedule=schedule).order_by("-scheduled_for").first() or Execution.objects.first()
     )
     pages = {
+        "overview (the scheduler section)": "/admin/scheduler/",
         "schedule list": "/admin/scheduler/schedule/",
         "schedule list, page 100": "/admin/scheduler/schedule/?p=100",
         "schedule list, sorted by next run": "/admin/scheduler/schedule/?o=4",

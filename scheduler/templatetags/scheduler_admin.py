@@ -1,4 +1,4 @@
-"""Admin template tags: the warning the scheduler's admin pages show while no beat leads.
+"""Admin template tags: the warning the scheduler's admin pages show while no beat leads, and the overview.
 
 The app's own admin templates (``admin/scheduler/*.html``) put
 ``{% leader_warning %}`` above the messages. A host that wants it on every
@@ -12,7 +12,8 @@ from typing import Any
 
 from django import template
 
-from scheduler.web import health
+from scheduler.tenancy import scope_of_user
+from scheduler.web import health, overview
 
 register = template.Library()
 
@@ -39,3 +40,17 @@ def leader_warning(context: dict[str, Any]) -> dict[str, Any]:
         return {"problem": ""}
     request._scheduler_leader_warning = True  # noqa: SLF001 -- our own per-request flag, read back above
     return {"problem": leader_problem(context)}
+
+
+@register.inclusion_tag("scheduler/overview.html", takes_context=True)
+def scheduler_overview(context: dict[str, Any]) -> dict[str, Any]:
+    """The overview (``scheduler.web.overview``) of what the signed-in user's scope may see.
+
+    Which beats lead, by process id, is shown to users of every tenant only,
+    as the cluster page is; a tenant's operator sees whether one leads.
+    """
+    user = getattr(context.get("request"), "user", None)
+    if user is None or not (user.is_active and user.is_staff):
+        return {"overview": None}
+    scope = scope_of_user(user)
+    return {"overview": overview.overview(scope), "show_cluster": scope.every_tenant}
