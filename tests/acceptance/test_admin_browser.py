@@ -1,7 +1,7 @@
 """A real browser (Debian's chromium, headless) through the admin, with a real beat and worker.
 
 Saves screenshots of the schedule page (with its buttons), the execution
-list and the cluster page under docs/ (the README and docs/getting-started.md show them).
+list, the cluster page and the overview under docs/ (the README and docs/getting-started.md show them).
 """
 
 from __future__ import annotations
@@ -157,3 +157,9 @@ def test_admin_in_a_browser__create_preview_run_now_and_see_it_run(
     assert leader != "nobody", page.content()
     assert "worker" in page.inner_text("#cluster-instances")
     page.screenshot(path=str(DOCS / "admin-cluster.png"), full_page=True)
+
+    # The scheduler section opens on the overview: a beat leads, the schedule ran
+    page.goto(f"{base}/admin/scheduler/")
+    assert page.inner_text("#overview-leader") != "", page.content()
+    assert "no beat leads" not in page.inner_text("#overview-leader")
+    page.screenshot(path=str(DOCS / "admin-overview.png"), full_page=True)

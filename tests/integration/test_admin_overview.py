@@ -77,7 +77,7 @@ def test_overview__answers_each_question_and_links_to_the_list_behind_it() -> No
     page = root.get(PAGE).content.decode()
 
     # Then the overview names each, and links to the filtered lists
-    assert _row(page, "leader") == "host-1:42 (cluster)"
+    assert _row(page, "leader") == "host-1:42 — cluster page"
     assert _row(page, "overdue") == f"1: late-{TENANT_A}"
     assert _row(page, "failures") == f"{TENANT_TASK}: 1"
     assert re.fullmatch(rf"q-{TENANT_A}: \d+ s", _row(page, "queued")), _row(page, "queued")
