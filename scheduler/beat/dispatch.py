@@ -24,7 +24,7 @@ from scheduler.conf import settings
 from scheduler.exceptions import InFlightLocked, ScheduleInvalid
 from scheduler.failpoints import failpoint
 from scheduler.models import Execution, Schedule
-from scheduler.owners import executions, leases, schedules
+from scheduler.owners import executions, leases, pause_rules, schedules
 from scheduler.timing import policies
 
 logger = logging.getLogger(__name__)
@@ -266,6 +266,11 @@ def _left_for_later(parts: Sequence[list[_Planned]], why: str) -> None:
 def _plan(*, now: datetime, batch_size: int, shards: Collection[int] | None) -> tuple[list[_Planned], bool]:
     """Plan the on-time due schedules, then backlog ones within budget; return them and whether more are due."""
     due = Schedule.objects.due(now=now)
+    # A schedule a pause rule holds is not planned: its slots wait, and when the
+    # rule is lifted its catch-up window and misfire policy decide what runs.
+    held = pause_rules.held(pause_rules.in_force(max_age=0))
+    if held is not None:
+        due = due.exclude(held)
     if shards is not None:
         due = due.filter(shard__in=sorted(shards))
     on_time = list(due.filter(next_run_at__gte=now - BACKLOG_AFTER)[:batch_size])

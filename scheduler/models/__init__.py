@@ -8,6 +8,7 @@ from scheduler.models.execution import Execution
 from scheduler.models.instance import Instance
 from scheduler.models.lease import Lease
 from scheduler.models.operator_profile import OperatorProfile
+from scheduler.models.pause_rule import PauseRule
 from scheduler.models.schedule import Schedule
 from scheduler.models.shard_layout import ShardLayout
 from scheduler.models.tally import DurationTally, ExecutionTally
@@ -21,6 +22,7 @@ __all__ = (
     "Instance",
     "Lease",
     "OperatorProfile",
+    "PauseRule",
     "Schedule",
     "ShardLayout",
 )

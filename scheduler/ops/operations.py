@@ -24,13 +24,13 @@ from typing import TYPE_CHECKING, Any
 from django.core.exceptions import NON_FIELD_ERRORS, ValidationError
 from django.db import transaction
 
-from scheduler import dbclock, outbox, shards, task_policy
+from scheduler import dbclock, limits, outbox, shards, task_policy
 from scheduler.exceptions import BrokerUnavailable, SchedulerError, TaskRefused, first_line
-from scheduler.models import ApiToken, Execution, Schedule
+from scheduler.models import ApiToken, Execution, PauseRule, Schedule
 from scheduler.models.schedule import argument_shape_problems
 from scheduler.ops import audit, backfill, bulk, prune, reconcile, resharding
 from scheduler.outbox import broker
-from scheduler.owners import executions, schedules
+from scheduler.owners import executions, pause_rules, schedules
 from scheduler.tenancy import Scope
 
 if TYPE_CHECKING:
@@ -304,6 +304,89 @@ def revoke_token(token: ApiToken, *, actor: audit.Actor) -> None:
         token.revoked_at = dbclock.now()
         token.save(update_fields=["revoked_at"])
         audit.record(actor, "revoke", token, before=before, tenant=token.tenant)
+
+
+# --- pausing work by queue, task or tenant ----------------------------------------------
+
+
+@dataclass(frozen=True)
+class PauseResult:
+    rule: PauseRule
+    #: Waiting executions a drain cancelled.
+    cancelled: int = 0
+
+
+def pause_work(
+    *,
+    actor: audit.Actor,
+    scope: Scope,
+    queue: str = "",
+    task: str = "",
+    tenant: str | None = None,
+    everything: bool = False,
+    mode: str = PauseRule.Mode.HOLD,
+    reason: str = "",
+) -> PauseResult:
+    """Hold (or drain) the work a new pause rule matches, audited; return the rule and what a drain cancelled.
+
+    A caller bound to a tenant pauses that tenant's work only, whatever it
+    asks. The rule is committed before a drain cancels anything, so no
+    new claim slips in behind the cancellations.
+    """
+    whose = _pause_owner(scope, tenant=tenant, everything=everything)
+    if everything and (queue or task):
+        raise ActionRefused("Pause everything, or a queue or tasks: not both.")
+    if not (queue or task or everything or tenant is not None):
+        raise ActionRefused("Say what to pause: a queue, a task pattern, a tenant, or everything.")
+    if mode not in PauseRule.Mode.values:
+        raise ActionRefused(f"Mode {mode!r} is not one of {', '.join(PauseRule.Mode.values)}.")
+    problems = limits.text_problems(reason, limits.PAUSED_REASON_MAX_CHARS)
+    if problems:
+        raise ValidationError({"reason": problems})
+    fields = {**whose, "queue": queue, "task": task}
+    if PauseRule.objects.filter(**fields, mode=mode).exists():
+        raise ActionRefused("That work is paused so already.")
+    with transaction.atomic():
+        rule = pause_rules.create(**fields, mode=mode, reason=reason, created_by=actor.name)
+        audit.record(actor, "pause_work", rule, before={}, tenant=rule.tenant)
+    cancelled = 0
+    if mode == PauseRule.Mode.DRAIN:
+        condition = pause_rules.Rule.of(rule).condition()
+        cancelled = executions.cancel_waiting(condition, reason=f"Drained: {reason or 'paused'}", now=dbclock.now())
+    return PauseResult(rule, cancelled)
+
+
+def resume_work(rule: PauseRule, *, actor: audit.Actor, app: Celery) -> int:
+    """Lift ``rule``, audited, then send again what it held; return how many executions were sent.
+
+    Executions another rule still holds stay waiting. A broker that does
+    not answer leaves them ``queued``; reconcile sends them once it does.
+    """
+    with transaction.atomic():
+        audit.record(actor, "resume_work", rule, changes={"rule": [rule.describe(), None]})
+        pause_rules.delete(rule)
+    condition = pause_rules.Rule.of(rule).condition()
+    still_held = pause_rules.held(pause_rules.in_force(max_age=0))
+    if still_held is not None:
+        condition &= ~still_held
+    rows = executions.held_rows(condition)
+    try:
+        return len(outbox.publish(app, rows, now=dbclock.now())) if rows else 0
+    except BrokerUnavailable:
+        return 0
+
+
+def _pause_owner(scope: Scope, *, tenant: str | None, everything: bool) -> dict[str, Any]:
+    """Whose work a rule of this caller holds: its own tenant's when bound to one."""
+    if scope.is_bound:
+        if tenant not in (None, scope.tenant):
+            raise ActionRefused("You may pause your own tenant's work only.")
+        return {"tenant": scope.tenant, "every_tenant": False}
+    if not scope.every_tenant:
+        raise ActionRefused("You may not pause work: you are bound to no tenant.")
+    if tenant:
+        return {"tenant": tenant, "every_tenant": False}
+    return {"tenant": "", "every_tenant": True}
 
 
 # --- long writes ------------------------------------------------------------------------

@@ -36,7 +36,7 @@ from scheduler.failpoints import failpoint
 from scheduler.fastpath import publisher
 from scheduler.models import Execution, Instance, Schedule, tally
 from scheduler.outbox import broker
-from scheduler.owners import executions, instances, schedules
+from scheduler.owners import executions, instances, pause_rules, schedules
 from scheduler.timing import policies
 
 if TYPE_CHECKING:
@@ -266,6 +266,9 @@ def _unclaimed_queued(*, now: datetime, dry_run: bool, app: Celery) -> list[Chan
     cutoff = now - timedelta(seconds=settings.RECONCILE_QUEUED_AFTER_SECONDS)
     waited = Q(enqueued_at__lt=cutoff) | Q(enqueued_at__isnull=True, created_at__lt=cutoff)
     stale = Execution.objects.filter(waited, status__in=[Status.QUEUED, Status.RETRYING], scheduled_for__lt=cutoff)
+    held = pause_rules.held(pause_rules.in_force(max_age=0))
+    if held is not None:  # held by a pause rule: lifting the rule sends it (operations.resume_work)
+        stale = stale.exclude(held)
     rows = [
         row
         for row in stale.order_by("enqueued_at", "id").values(

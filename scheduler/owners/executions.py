@@ -975,6 +975,47 @@ def cancel_in_flight(schedule_ids: list[int], *, reason: str, now: datetime) -> 
     return [task_id for _, _, task_id in rows if task_id]
 
 
+def cancel_waiting(condition: Q, *, reason: str, now: datetime, batch_size: int = _BATCH) -> int:
+    """Record ``cancelled`` the waiting (pending, queued, retrying) executions ``condition`` matches; return how many.
+
+    A batch at a time, each its own statement, so a drain of a long queue
+    never locks it all at once; what runs already is left to finish.
+    """
+    cancelled = last = 0
+    waiting = Execution.objects.filter(condition, status__in=Execution.WAITING_STATUSES)
+    while True:
+        ids = list(waiting.filter(pk__gt=last).order_by("pk").values_list("pk", flat=True)[:batch_size])
+        if not ids:
+            return cancelled
+        last = ids[-1]
+        cancelled += _move(
+            Execution.objects.filter(pk__in=ids, status__in=Execution.WAITING_STATUSES),
+            Status.CANCELLED,
+            buffered=False,
+            finished_at=now,
+            claim_expires_at=None,
+            error=reason,
+        )
+
+
+def routing_of(*, execution_id: Any = None, key: str | None = None) -> tuple[int, dict[str, str]] | None:
+    """Return the id, and the task, queue and tenant (what pause rules match), of the execution named; ``None``: none."""
+    rows = Execution.objects.filter(pk=execution_id) if key is None else Execution.objects.filter(idempotency_key=key)
+    try:
+        found = rows.values_list("pk", "task", "queue", "tenant").first()
+    except (ValueError, TypeError):  # a header that is not an id: the claim refuses the message
+        return None
+    if found is None:
+        return None
+    pk, task, queue, tenant = found
+    return pk, {"task": task, "queue": queue, "tenant": tenant}
+
+
+def held_rows(condition: Q) -> list[dict[str, Any]]:
+    """The ``queued`` executions ``condition`` matches, as ``message_rows``: what a lifted hold sends again."""
+    return message_rows(Execution.objects.filter(condition, status=Status.QUEUED))
+
+
 def _cancel(rows: QuerySet[Execution], *, reason: str, now: datetime) -> int:
     in_flight = rows.filter(status__in=Execution.IN_FLIGHT_STATUSES)
     return _move(in_flight, Status.CANCELLED, buffered=False, finished_at=now, claim_expires_at=None, error=reason)

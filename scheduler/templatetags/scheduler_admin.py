@@ -11,8 +11,10 @@ from __future__ import annotations
 from typing import Any
 
 from django import template
+from django.db.models import Q
 
-from scheduler.tenancy import scope_of_user
+from scheduler.models import PauseRule
+from scheduler.tenancy import Scope, scope_of_user
 from scheduler.web import health, overview
 
 register = template.Library()
@@ -34,12 +36,29 @@ def leader_problem(context: dict[str, Any]) -> str:
 
 @register.inclusion_tag("scheduler/leader_warning.html", takes_context=True)
 def leader_warning(context: dict[str, Any]) -> dict[str, Any]:
-    """The no-leader warning (``<ul id="leader-warning">``) for signed-in staff, at most once per request."""
+    """The no-leader warning (``<ul id="leader-warning">``) and the pauses in force, for signed-in staff, once per request.
+
+    The pauses are those that hold the user's tenant's work (every pause, for
+    a user of every tenant): one read of the small pause rule table.
+    """
     request = context.get("request")
     if request is None or getattr(request, "_scheduler_leader_warning", False):
         return {"problem": ""}
     request._scheduler_leader_warning = True  # noqa: SLF001 -- our own per-request flag, read back above
-    return {"problem": leader_problem(context)}
+    problem = leader_problem(context)
+    user = getattr(request, "user", None)
+    if user is None or not (user.is_active and user.is_staff):
+        return {"problem": problem}
+    return {"problem": problem, "pauses": _pauses_seen_by(scope_of_user(user))}
+
+
+def _pauses_seen_by(scope: Scope) -> list[PauseRule]:
+    rules = PauseRule.objects.order_by("pk")
+    if scope.every_tenant:
+        return list(rules)
+    if scope.sees_nothing:
+        return []
+    return list(rules.filter(Q(every_tenant=True) | Q(tenant=scope.tenant)))
 
 
 @register.inclusion_tag("scheduler/overview.html", takes_context=True)

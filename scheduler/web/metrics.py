@@ -40,7 +40,7 @@ from prometheus_client.registry import Collector, CollectorRegistry
 from scheduler import dbclock, shards
 from scheduler.conf import settings
 from scheduler.fastpath.guard import PATHS as FASTPATH_PATHS
-from scheduler.models import Execution, Instance, Lease, Schedule, tally
+from scheduler.models import Execution, Instance, Lease, PauseRule, Schedule, tally
 from scheduler.models.tally import DURATION_BUCKETS, FASTPATH_FALLBACK, MESSAGE_REFUSED
 from scheduler.owners import executions, leases
 from scheduler.web import cluster
@@ -163,8 +163,20 @@ class DatabaseCollector(Collector):
             f"(dead man's switch; counted up to {COUNT_CAP}).",
             value=_capped_count(Schedule.objects.overdue(now=now)),
         )
+        yield self._pauses()
         yield from self._last_success()
         yield from self._instances(members)
+
+    def _pauses(self) -> GaugeMetricFamily:
+        pauses = GaugeMetricFamily(
+            "scheduler_pauses",
+            "Pause rules in force (manage.py pause): hold stops dispatching and claiming, drain also cancels.",
+            labels=["mode"],
+        )
+        counts = dict(PauseRule.objects.values_list("mode").annotate(n=Count("pk")).order_by())
+        for mode in PauseRule.Mode.values:
+            pauses.add_metric([mode], counts.get(mode, 0))
+        return pauses
 
     def _executions_total(self, counts: dict[tuple[str, str, str], int]) -> CounterMetricFamily:
         total = CounterMetricFamily(

@@ -1,9 +1,10 @@
 """The two operator groups, kept in step with the models after every ``migrate``.
 
 - **scheduler: operator**: manages schedules and runs the actions (run now,
-  pause, resume, backfill, retry and cancel executions); sees everything else.
-- **scheduler: viewer**: sees schedules, executions, leases, instances, the
-  audit trail and task results; changes nothing.
+  pause, resume, backfill, retry and cancel executions), pauses and resumes
+  work by queue, task or tenant; sees everything else.
+- **scheduler: viewer**: sees schedules, executions, leases, instances,
+  pauses, the audit trail and task results; changes nothing.
 
 Their names carry the app's prefix so they do not meet a host's own groups;
 releases before 0.1.0 called them "schedule operator" and "viewer" (migration
@@ -24,6 +25,7 @@ _VISIBLE = (
     ("scheduler", "lease"),
     ("scheduler", "instance"),
     ("scheduler", "auditevent"),
+    ("scheduler", "pauserule"),
     ("django_celery_results", "taskresult"),
 )
 
@@ -41,7 +43,8 @@ def ensure_groups(**kwargs: Any) -> None:
     from scheduler.ops.access_audit import unaudited
 
     view = [f"view_{model}" for _, model in _VISIBLE]
-    manage = ["add_schedule", "change_schedule", "delete_schedule"]
+    # A pause rule is added (pause) and deleted (resume), never edited.
+    manage = ["add_schedule", "change_schedule", "delete_schedule", "add_pauserule", "delete_pauserule"]
     permissions = {p.codename: p for p in Permission.objects.filter(codename__in=[*view, *manage])}
     if len(permissions) < len(view) + len(manage):
         return  # permissions not created yet (first migrate of a partial app set)

@@ -69,8 +69,8 @@ from scheduler import clock, logs, process_ids, tracing
 from scheduler.conf import settings
 from scheduler.exceptions import MessageRefused, NotInTask
 from scheduler.failpoints import failpoint
-from scheduler.models import Execution
-from scheduler.owners import executions
+from scheduler.models import Execution, PauseRule
+from scheduler.owners import executions, pause_rules
 from scheduler.owners.executions import Claim
 from scheduler.timing import policies
 from scheduler.worker.renewer import ClaimRenewer
@@ -97,6 +97,35 @@ class _RetryNotSent(Reject):
     A ``Reject`` (not requeued), as Celery's own when it cannot send a retry,
     and told apart from a body's error by the guard.
     """
+
+
+def _refuse_if_paused(target: dict[str, Any]) -> None:
+    """Raise ``Ignore`` when a pause rule holds the execution ``target`` names: it waits, or a drain cancels it.
+
+    The message is acknowledged either way; a held execution stays
+    ``queued``, and lifting the rule sends it again (``operations.resume_work``).
+    No query while no rule is in force.
+    """
+    rules = pause_rules.in_force()
+    if not rules:
+        return
+    found = executions.routing_of(**target)
+    if found is None:
+        return
+    execution_id, routing = found
+    rule = pause_rules.matching(rules, **routing)
+    if rule is None:
+        return
+    if rule.mode == PauseRule.Mode.DRAIN:
+        executions.cancel(execution_id, reason=f"Drained: {rule.reason or 'paused'}", now=clock.now())
+    logger.info(
+        "execution %s %s by pause rule %s: not run",
+        execution_id,
+        "cancelled" if rule.mode == PauseRule.Mode.DRAIN else "held",
+        rule.pk,
+        extra={"action": f"pause_{rule.mode}", "execution_id": execution_id},
+    )
+    raise Ignore()
 
 
 def current_execution() -> RunningExecution | None:
@@ -316,6 +345,7 @@ class ExecutionTask(Task):
                 now=clock.now(),
             )
             target = {"key": key}
+        _refuse_if_paused(target)
         claim = {"worker": worker, "task": self.name, "celery_task_id": task_id, **target}
         since = _renewer.now()
         execution = _reconnecting(executions.claim, **claim)

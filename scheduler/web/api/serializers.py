@@ -20,7 +20,7 @@ from scheduler import dbclock
 from scheduler.celery_app import celery_app
 from scheduler.conf import settings
 from scheduler.limits import PAUSED_REASON_MAX_CHARS
-from scheduler.models import AuditEvent, Execution, Lease, Schedule
+from scheduler.models import AuditEvent, Execution, Lease, PauseRule, Schedule
 from scheduler.models.schedule import EARLIEST, LATEST, POLICY_FIELDS
 from scheduler.ops import bulk, operations
 from scheduler.ops.backfill import DEFAULT_LIMIT
@@ -342,6 +342,57 @@ class BulkReportSerializer(serializers.Serializer):
     first_names = serializers.ListField(child=serializers.CharField())
     executions = serializers.IntegerField()
     broker_error = serializers.CharField(allow_blank=True)
+
+
+class PauseRuleSerializer(serializers.ModelSerializer):
+    """A pause in force: whose work, which queue and tasks, hold or drain."""
+
+    description = serializers.CharField(source="describe", read_only=True)
+
+    class Meta:
+        model = PauseRule
+        fields = (
+            "id",
+            "description",
+            "tenant",
+            "every_tenant",
+            "queue",
+            "task",
+            "mode",
+            "reason",
+            "created_by",
+            "created_at",
+        )
+        read_only_fields = fields
+
+
+class PauseRequestSerializer(serializers.Serializer):
+    """What to pause: a queue, a task pattern, a tenant (an unscoped caller's), or everything; at least one."""
+
+    queue = serializers.CharField(required=False, allow_blank=True, default="", max_length=200)
+    task = serializers.CharField(
+        required=False, allow_blank=True, default="", max_length=255, help_text="A task name; * and ? match."
+    )
+    tenant = serializers.CharField(
+        required=False,
+        allow_null=True,
+        default=None,
+        max_length=100,
+        help_text="A caller bound to a tenant pauses its own.",
+    )
+    everything = serializers.BooleanField(default=False)
+    mode = serializers.ChoiceField(choices=PauseRule.Mode.choices, default=PauseRule.Mode.HOLD)
+    reason = serializers.CharField(required=False, allow_blank=True, default="", max_length=PAUSED_REASON_MAX_CHARS)
+
+
+class PauseResultSerializer(serializers.Serializer):
+    rule = PauseRuleSerializer()
+    cancelled = serializers.IntegerField(help_text="Waiting executions a drain cancelled.")
+
+
+class ResumeResultSerializer(serializers.Serializer):
+    resumed = serializers.CharField(help_text="The pause lifted.")
+    sent = serializers.IntegerField(help_text="Held executions sent again.")
 
 
 class RunNowRequestSerializer(serializers.Serializer):

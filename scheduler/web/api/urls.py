@@ -20,6 +20,7 @@ router = SimpleRouter()
 router.register("schedules", views.ScheduleViewSet, basename="schedule")
 router.register("executions", views.ExecutionViewSet, basename="execution")
 router.register("audit-events", views.AuditEventViewSet, basename="auditevent")
+router.register("pauses", views.PauseViewSet, basename="pause")
 
 urlpatterns = [
     path("v1/", include(router.urls)),

@@ -18,7 +18,7 @@ from zoneinfo import ZoneInfo
 
 from django.core.exceptions import ValidationError as DjangoValidationError
 from django.db import transaction
-from django.db.models import Count, Min, QuerySet
+from django.db.models import Count, Min, Q, QuerySet
 from django_filters.rest_framework import DjangoFilterBackend
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter
@@ -35,7 +35,7 @@ from scheduler import dbclock, task_policy
 from scheduler.celery_app import celery_app
 from scheduler.conf import settings
 from scheduler.exceptions import BackfillRefused, BackfillTooLarge, TaskRefused
-from scheduler.models import AuditEvent, Execution, Lease, Schedule
+from scheduler.models import AuditEvent, Execution, Lease, PauseRule, Schedule
 from scheduler.ops import audit, bulk, operations
 from scheduler.web import cluster
 from scheduler.web.api import serializers as s
@@ -324,6 +324,49 @@ def _recorded(request: Request, source: Any, action: Callable[..., operations.Ac
     except DjangoValidationError as exc:
         raise s.drf_errors(exc) from None
     return Response(s.ActionResultSerializer(_action_result(result)).data, status=status.HTTP_201_CREATED)
+
+
+@extend_schema(tags=["pauses"])
+class PauseViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, ScopedViewSet):
+    """Pauses in force that hold the caller's work: create one to hold or drain work, delete it to resume."""
+
+    queryset = PauseRule.objects.order_by("pk")
+    serializer_class = s.PauseRuleSerializer
+
+    def get_queryset(self) -> QuerySet[Any]:
+        # A tenant's caller sees its own pauses and those of every tenant, which hold its work too.
+        scope = caller(self.request).scope
+        rules = PauseRule.objects.order_by("pk")
+        if scope.every_tenant:
+            return rules
+        return rules.filter(Q(every_tenant=True) | Q(tenant=scope.tenant)) if scope.tenant else rules.none()
+
+    @extend_schema(request=s.PauseRequestSerializer, responses={201: s.PauseResultSerializer})
+    def create(self, request: Request) -> Response:
+        """Hold (or drain) the work of a queue, tasks matching a pattern, a tenant, or everything."""
+        params = s.PauseRequestSerializer(data=request.data)
+        params.is_valid(raise_exception=True)
+        try:
+            result = operations.pause_work(
+                actor=caller(request).actor, scope=caller(request).scope, **params.validated_data
+            )
+        except operations.ActionRefused as exc:
+            raise Refused(str(exc)) from None
+        except DjangoValidationError as exc:
+            raise s.drf_errors(exc) from None
+        data = {"rule": result.rule, "cancelled": result.cancelled}
+        return Response(s.PauseResultSerializer(data).data, status=status.HTTP_201_CREATED)
+
+    @extend_schema(responses={200: s.ResumeResultSerializer})
+    def destroy(self, request: Request, pk: str) -> Response:
+        """Lift the pause and send again what it held; a pause of every tenant needs a caller of every tenant."""
+        rule = self.get_object()
+        if rule.every_tenant and not caller(request).scope.every_tenant:
+            raise exceptions.PermissionDenied(
+                "This pause holds every tenant's work: lifting it needs a caller of every tenant."
+            )
+        sent = operations.resume_work(rule, actor=caller(request).actor, app=celery_app())
+        return Response(s.ResumeResultSerializer({"resumed": rule.describe(), "sent": sent}).data)
 
 
 @extend_schema(tags=["executions"])
