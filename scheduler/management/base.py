@@ -28,7 +28,7 @@ from django.db import DatabaseError
 from django.db.models import Model
 from django.utils.dateparse import parse_datetime
 
-from scheduler.exceptions import BrokerUnavailable, first_line
+from scheduler.exceptions import BrokerUnavailable, SchedulerError, first_line
 from scheduler.models import Execution
 from scheduler.models.schedule import EARLIEST, LATEST, Schedule
 
@@ -118,6 +118,8 @@ class SchedulerCommand(BaseCommand):
             raise CommandError(f"database error: {first_line(exc)}") from None
         except BrokerUnavailable as exc:
             raise CommandError(f"broker unreachable: {first_line(exc)}") from None
+        except SchedulerError as exc:  # an action refused, with the reason an operator reads
+            raise CommandError(one_line(str(exc))) from None
 
     def emit(self, data: Any, *, as_json: bool, text: str | list[str] = "") -> None:
         """Print ``data`` as JSON, or ``text`` (a string or lines) for humans."""

@@ -113,7 +113,11 @@ def _refuse_if_paused(target: dict[str, Any]) -> None:
     if found is None:
         return
     execution_id, routing = found
-    rule = pause_rules.matching(rules, **routing)
+    if pause_rules.matching(rules, **routing) is None:
+        return
+    # Confirmed on fresh rules: a resume deletes its rule and then sends the
+    # held executions again, which a stale cache would hold once more, for good.
+    rule = pause_rules.matching(pause_rules.in_force(max_age=0), **routing)
     if rule is None:
         return
     if rule.mode == PauseRule.Mode.DRAIN:

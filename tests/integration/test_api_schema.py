@@ -23,7 +23,7 @@ from schemathesis.specs.openapi.checks import (
     status_code_conformance,
 )
 
-from scheduler.models import Execution
+from scheduler.models import Execution, PauseRule
 from scheduler.ops import audit
 from tests.integration.api_support import make_execution, make_schedule, tables, token_client
 
@@ -42,11 +42,12 @@ Targets = dict[str, dict[str, int]]
 
 
 def rows_to_aim_at(tenant: str) -> dict[str, int]:
-    """Create a schedule, a finished execution and an audit event of ``tenant``; return their ids by collection."""
+    """Create a schedule, a finished execution, an audit event and a pause of ``tenant``; return their ids by collection."""
     schedule = make_schedule(f"probe-{tenant or 'none'}", tenant=tenant)
     execution = make_execution(schedule, f"probe-{tenant or 'none'}-1", Execution.Status.FAILED)
     event = audit.record(audit.CLI, "create", schedule)
-    return {"schedules": schedule.pk, "executions": execution.pk, "audit-events": event.pk}
+    pause = PauseRule.objects.create(tenant=tenant, every_tenant=not tenant, queue=f"probe-{tenant or 'none'}")
+    return {"schedules": schedule.pk, "executions": execution.pk, "audit-events": event.pk, "pauses": pause.pk}
 
 
 @pytest.fixture(params=["every-tenant", TENANT])
