@@ -70,6 +70,14 @@ class Defaults:
     RECONCILE_INSTANCE_STALE_SECONDS: float = 3600.0
     #: The cluster page warns about a queue whose oldest ``queued`` execution has waited this long.
     QUEUED_WARNING_SECONDS: float = 300.0
+    #: How often the leader delivers the notifications due (its own thread); 0 turns delivery off.
+    NOTIFY_INTERVAL_SECONDS: float = 2.0
+    #: The first retry of a notification that could not be delivered waits this long, each next one twice as long.
+    NOTIFY_RETRY_SECONDS: float = 10.0
+    #: Attempts to deliver one notification before it is given up (shown in the admin).
+    NOTIFY_MAX_ATTEMPTS: int = 8
+    #: How long one delivery may take (an HTTP request, a mail), in seconds.
+    NOTIFY_TIMEOUT_SECONDS: float = 10.0
     #: ``/metrics`` exposes one ``scheduler_schedule_last_success_timestamp_seconds`` series per
     #: schedule only while there are at most this many schedules (label cardinality).
     METRICS_PER_SCHEDULE_LIMIT: int = 1000

@@ -1,4 +1,4 @@
-"""The leader's housekeeping: the reconcile pass and the broker check, each on a thread of its own.
+"""The leader's housekeeping: the reconcile pass, the broker check and notification delivery, each on a thread of its own.
 
 Neither delays a tick or a lease renewal by more than a bounded broker call
 (the first broker check under a new lease runs on the tick's thread, see
@@ -23,6 +23,7 @@ from django.db import connection
 
 from scheduler.conf import settings
 from scheduler.ops import reconcile
+from scheduler.outbox import notifications as outbox_notifications
 from scheduler.owners import leases
 
 if TYPE_CHECKING:
@@ -40,6 +41,8 @@ class Housekeeping:
         #: The thread of the last reconcile pass, and of the last broker check (``None`` before the first).
         self.reconciler: threading.Thread | None = None
         self.broker_checker: threading.Thread | None = None
+        self.notifier: threading.Thread | None = None
+        self._last_notify = 0.0  # monotonic
         self.last_reconcile = time.monotonic()  # the first pass runs one interval after start
         self._last_broker_check = 0.0  # monotonic
         #: (name, token) of the lease the last broker check ran under: the first check under another runs at once.
@@ -49,6 +52,22 @@ class Housekeeping:
         """Start, under ``lease``, the broker check and the reconcile pass that are due."""
         self.start_broker_check(lease)
         self.start_reconcile(lease)
+        self.start_notify(lease)
+
+    def start_notify(self, lease: leases.LeaseHandle) -> None:
+        """Deliver the notifications due every ``NOTIFY_INTERVAL_SECONDS``, in a thread of its own, one pass at a time.
+
+        Its own thread: a slow webhook never holds a tick, and a delivery
+        runs outside any transaction.
+        """
+        interval = settings.NOTIFY_INTERVAL_SECONDS
+        started = time.monotonic()
+        if not interval or started - self._last_notify < interval:
+            return
+        if self.notifier is not None and self.notifier.is_alive():
+            return
+        self._last_notify = started
+        self.notifier = _thread("scheduler-notify", self._notify, lease)
 
     def start_reconcile(self, lease: leases.LeaseHandle) -> None:
         """Start a reconcile pass every ``RECONCILE_INTERVAL_SECONDS``, in its own thread, one at a time."""
@@ -131,6 +150,15 @@ class Housekeeping:
         finally:
             if on_own_thread:
                 connection.close()  # this thread's own connection (Django's are per thread)
+
+    def _notify(self, lease: leases.LeaseHandle) -> None:
+        try:
+            if _still_held(lease) is not None:
+                outbox_notifications.deliver_due()
+        except Exception:  # housekeeping: log it, keep dispatching
+            logger.exception("notification delivery failed", extra={"action": "notify_failed"})
+        finally:
+            connection.close()  # this thread's own connection (Django's are per thread)
 
     def _log(self, report: reconcile.ReconcileReport) -> None:
         if report.changes or report.publish_error:

@@ -7,6 +7,7 @@ from scheduler.models.audit_event import AuditEvent
 from scheduler.models.execution import Execution
 from scheduler.models.instance import Instance
 from scheduler.models.lease import Lease
+from scheduler.models.notification import Notification, NotificationTarget
 from scheduler.models.operator_profile import OperatorProfile
 from scheduler.models.pause_rule import PauseRule
 from scheduler.models.schedule import Schedule
@@ -21,6 +22,8 @@ __all__ = (
     "ExecutionTally",
     "Instance",
     "Lease",
+    "Notification",
+    "NotificationTarget",
     "OperatorProfile",
     "PauseRule",
     "Schedule",

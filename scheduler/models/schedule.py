@@ -202,6 +202,8 @@ class Schedule(models.Model):
     priority = models.PositiveSmallIntegerField(null=True, blank=True)
     description = models.TextField(blank=True, default="")
     tenant = models.CharField(max_length=100, blank=True, default="", db_index=True)
+    #: Where its notifications go; none chosen: its tenant's default targets, else the deployer's.
+    notify = models.ManyToManyField("scheduler.NotificationTarget", blank=True, related_name="schedules")
     #: Where the schedule came from; a ``settings`` one is turned off when its entry leaves ``beat_schedule``.
     origin = models.CharField(
         max_length=20, choices=Origin.choices, default=Origin.MANUAL, db_default=Origin.MANUAL, editable=False

@@ -57,7 +57,7 @@ from scheduler.fastpath import bulk_insert
 from scheduler.fastpath.prepared import Param, Prepared, RowReader
 from scheduler.models import Execution, Schedule
 from scheduler.models.tally import MESSAGE_REFUSED, TallyIncrement
-from scheduler.owners import schedules
+from scheduler.owners import notifications, schedules
 
 logger = logging.getLogger(__name__)
 
@@ -736,6 +736,7 @@ def finish(held: Claim, *, status: str, result: Any = None, error: str = "", tra
         held.started_at,
         status=status,
         error=error,
+        execution_id=held.execution_id,
     )
     if not finished:
         logger.warning(
@@ -915,6 +916,7 @@ def fail_lost(execution: Execution, *, reason: str) -> bool:
         execution.started_at,
         status=Status.FAILED,
         error=reason,
+        execution_id=execution.pk,
     )
 
 
@@ -942,6 +944,7 @@ def fail_unrun(execution_id: int, *, task: str, celery_task_id: str, reason: str
         execution.started_at,
         status=Status.FAILED,
         error=reason,
+        execution_id=execution_id,
     )
 
 
@@ -1031,18 +1034,28 @@ def _record_outcome(
     *,
     status: str,
     error: str = "",
+    execution_id: int | None = None,
 ) -> bool:
-    """Write the final ``status`` with ``write`` (a conditional UPDATE); count it on the schedule when written."""
-    if schedule_id is None:  # one statement: the common ad-hoc path stays cheap
+    """Write the final ``status`` with ``write`` (a conditional UPDATE); count it on the schedule when written.
+
+    A failure (``failed``, ``timed_out``) of ``execution_id`` records its
+    notifications in the same transaction (``owners.notifications``).
+    """
+    notify = execution_id is not None and status in (Status.FAILED, Status.TIMED_OUT)
+    if schedule_id is None and not notify:  # one statement: the common ad-hoc path stays cheap
         return bool(write())
     with transaction.atomic():
         # Schedule row first, then the execution: the leader's order (module docstring).
-        if not Schedule.objects.select_for_update().filter(pk=schedule_id).values_list("pk", flat=True).first():
-            return bool(write())  # the schedule was deleted
+        if schedule_id is not None and not (
+            Schedule.objects.select_for_update().filter(pk=schedule_id).values_list("pk", flat=True).first()
+        ):
+            schedule_id = None  # the schedule was deleted
         finished = write()
         failpoint("outcome.in_transaction")
-        if finished:
+        if finished and schedule_id is not None:
             schedules.count_run(schedule_id, status=status, error=error, started_at=started_at)
+        if finished and notify:
+            notifications.record_failure(execution_id)  # type: ignore[arg-type]  # notify: not None
     return bool(finished)
 
 

@@ -46,7 +46,7 @@ from scheduler.limits import (
     depth_problem,
     nests_deeper_than,
 )
-from scheduler.models import AuditEvent, Execution, Instance, Lease, OperatorProfile, Schedule
+from scheduler.models import AuditEvent, Execution, Instance, Lease, NotificationTarget, OperatorProfile, Schedule
 from scheduler.models.schedule import EARLIEST, LATEST, POLICY_FIELDS, TIMING_REQUIRED, ScheduleQuerySet
 from scheduler.ops import audit, operations
 from scheduler.owners import leases
@@ -458,6 +458,7 @@ class ScheduleAdmin(TenantScoped, ActionsNeedPermission, admin.ModelAdmin):
             "Policies",
             {"fields": POLICY_FIELDS},
         ),
+        ("Notifications", {"fields": ("notify",)}),
         ("State", {"fields": ("enabled", "paused_reason", *RUNNING_STATE_FIELDS)}),
         ("Recent executions", {"fields": ("recent_executions", "backfill_link")}),
     )
@@ -760,6 +761,12 @@ class ScheduleAdmin(TenantScoped, ActionsNeedPermission, admin.ModelAdmin):
             "opts": self.model._meta,
         }
         return TemplateResponse(request, "admin/scheduler/schedule/backfill.html", context)
+
+    def formfield_for_manytomany(self, db_field: Any, request: HttpRequest, **kwargs: Any) -> Any:
+        if db_field.name == "notify":
+            # The user's tenant's targets only (every target, for a user of every tenant).
+            kwargs["queryset"] = scope_of_user(request.user).filter(NotificationTarget.objects.filter(enabled=True))
+        return super().formfield_for_manytomany(db_field, request, **kwargs)
 
     def save_model(self, request: HttpRequest, obj: Schedule, form: forms.ModelForm, change: bool) -> None:
         scope = scope_of_user(request.user)

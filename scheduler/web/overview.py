@@ -1,8 +1,9 @@
 """The operator's first screen: is everything all right? One answer per question, each linking to the list behind it.
 
 Who leads (or which shards have no owner), overdue schedules, failures in
-the last hour by task, the oldest ``queued`` execution per queue, and paused
-schedules, all within the caller's scope. Every part reads an index range
+the last hour by task, the oldest ``queued`` execution per queue, paused
+schedules and notifications that could not be delivered, all within the
+caller's scope. Every part reads an index range
 and is capped, so the page costs the same at a million schedules as at ten.
 """
 
@@ -16,8 +17,8 @@ from django.db.models.functions import Greatest
 
 from scheduler import dbclock, shards
 from scheduler.conf import settings
-from scheduler.models import Execution, Schedule
-from scheduler.owners import leases
+from scheduler.models import Execution, Notification, Schedule
+from scheduler.owners import leases, notifications
 from scheduler.tenancy import Scope
 from scheduler.web import cluster
 from scheduler.web.metrics import QUEUED_SAMPLE
@@ -57,10 +58,14 @@ class Overview:
     failures: list[tuple[str, int]]
     #: (queue, seconds its oldest queued execution has waited), longest first.
     oldest_queued: list[tuple[str, float]]
+    #: Notifications given up on (their attempts ran out), capped at ``COUNT_CAP``.
+    undelivered: int
 
     @property
     def all_right(self) -> bool:
-        return bool(self.leaders) and not (self.shards_without_owner or self.overdue.count or self.failures)
+        return bool(self.leaders) and not (
+            self.shards_without_owner or self.overdue.count or self.failures or self.undelivered
+        )
 
 
 def overview(scope: Scope) -> Overview:
@@ -77,6 +82,9 @@ def overview(scope: Scope) -> Overview:
         paused=_listed(schedules.exclude(paused_reason="").order_by("name")),
         failures=_failures(executions, now=now),
         oldest_queued=_oldest_queued(executions, now=now),
+        undelivered=scope.filter(Notification.objects.filter(notifications.undelivered()))
+        .values("pk")[:COUNT_CAP]
+        .count(),
     )
 
 

@@ -26,6 +26,8 @@ _VISIBLE = (
     ("scheduler", "instance"),
     ("scheduler", "auditevent"),
     ("scheduler", "pauserule"),
+    ("scheduler", "notificationtarget"),
+    ("scheduler", "notification"),
     ("django_celery_results", "taskresult"),
 )
 

@@ -11,7 +11,7 @@ from django.contrib.auth.models import Group
 from django.test import Client
 
 from scheduler import dbclock
-from scheduler.models import Execution, Schedule
+from scheduler.models import Execution, Notification, NotificationTarget, Schedule
 from scheduler.owners import leases
 from scheduler.web.permissions import OPERATOR_GROUP
 from tests.integration.api_support import TENANT_A, TENANT_B, TENANT_TASK, bind
@@ -56,6 +56,12 @@ def _seed(tenant: str) -> None:
         queue=f"q-{tenant}",
         scheduled_for=now - timedelta(minutes=10),
     )
+    target = NotificationTarget.objects.create(
+        name=f"hook-{tenant}", tenant=tenant, kind="webhook", address="http://x/"
+    )
+    Notification.objects.create(
+        key=f"k-{tenant}", target=target, event="execution_failed", tenant=tenant, gave_up_at=now
+    )
     # Old news: a failure two hours ago is not in the last hour
     make_execution(
         f"old-failure-{tenant}",
@@ -82,6 +88,7 @@ def test_overview__answers_each_question_and_links_to_the_list_behind_it() -> No
     assert _row(page, "failures") == f"{TENANT_TASK}: 1"
     assert re.fullmatch(rf"q-{TENANT_A}: \d+ s", _row(page, "queued")), _row(page, "queued")
     assert _row(page, "paused") == f"1: held-{TENANT_A}"
+    assert _row(page, "undelivered") == "1"
     assert 'href="/admin/scheduler/schedule/?overdue=yes"' in page
     assert 'href="/admin/scheduler/schedule/?state=paused"' in page
     assert f'href="/admin/scheduler/execution/?status__exact=failed&amp;task={TENANT_TASK}"' in page
@@ -106,6 +113,7 @@ def test_overview__a_tenants_operator_sees_only_that_tenant_and_not_the_beats_ho
     assert _row(page, "overdue") == f"1: late-{TENANT_B}"
     assert _row(page, "paused") == f"1: held-{TENANT_B}"
     assert re.fullmatch(rf"q-{TENANT_B}: \d+ s", _row(page, "queued"))
+    assert _row(page, "undelivered") == "1"
     assert TENANT_A not in page and "host-1" not in page
 
 
@@ -114,9 +122,10 @@ def test_overview__is_all_right_when_nothing_is_wrong() -> None:
     make_schedule("fine", interval=60)
     page = _client(superuser=True).get(PAGE).content.decode()
     assert "— all right" in page
-    assert [_row(page, row) for row in ("overdue", "failures", "queued", "paused")] == [
+    assert [_row(page, row) for row in ("overdue", "failures", "queued", "paused", "undelivered")] == [
         "none",
         "none",
         "nothing waits",
+        "none",
         "none",
     ]

@@ -1,0 +1,73 @@
+"""Notification targets, and the notifications owed to them: an outbox of its own, delivered by the beat leader."""
+
+from __future__ import annotations
+
+from django.db import models
+from django.db.models import Q
+from django.db.models.functions import Now
+
+
+class NotificationTarget(models.Model):
+    class Kind(models.TextChoices):
+        #: Django's mail (``EMAIL_*`` settings) to ``address``.
+        EMAIL = "email", "email"
+        #: A JSON POST to ``address``, signed with HMAC-SHA256 over the shared ``secret``.
+        WEBHOOK = "webhook", "webhook (signed JSON)"
+        #: A Slack-compatible incoming webhook at ``address``.
+        SLACK = "slack", "Slack incoming webhook"
+
+    name = models.CharField(max_length=200)
+    #: Whose: a tenant's target serves that tenant's schedules and executions; "" the deployer's.
+    tenant = models.CharField(max_length=100, blank=True, default="", db_index=True)
+    kind = models.CharField(max_length=10, choices=Kind.choices)
+    #: An e-mail address, or the URL to POST to.
+    address = models.CharField(max_length=500)
+    #: The webhook's shared secret (the receiver checks ``X-Scheduler-Signature`` with it).
+    secret = models.CharField(max_length=200, blank=True, default="")
+    #: Used for every schedule of its tenant that chooses no target (the deployer's: for every tenant's, last).
+    is_default = models.BooleanField(default=False)
+    enabled = models.BooleanField(default=True)
+
+    class Meta:
+        ordering = ("tenant", "name")
+        constraints = [models.UniqueConstraint(fields=["tenant", "name"], name="notification_target_name_per_tenant")]
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.kind})"
+
+
+class Notification(models.Model):
+    class Event(models.TextChoices):
+        #: An execution ended ``failed`` or ``timed_out`` with no retry left.
+        EXECUTION_FAILED = "execution_failed", "execution failed"
+
+    #: One event, one target, one row: the event's key makes a second recording of it a no-op.
+    key = models.CharField(max_length=200)
+    target = models.ForeignKey(NotificationTarget, on_delete=models.CASCADE, related_name="notifications")
+    event = models.CharField(max_length=30, choices=Event.choices)
+    tenant = models.CharField(max_length=100, blank=True, default="", db_index=True)
+    #: What is sent: the JSON body of a webhook, the text of a message.
+    payload = models.JSONField(default=dict)
+    created_at = models.DateTimeField(db_default=Now())
+    #: When the next delivery attempt may start (moved forward by each attempt: its backoff, or its time to finish).
+    next_attempt_at = models.DateTimeField(db_default=Now())
+    attempts = models.PositiveIntegerField(default=0)
+    last_error = models.TextField(blank=True, default="")
+    delivered_at = models.DateTimeField(null=True, blank=True)
+    #: Set once the attempts ran out: not tried again (``SCHEDULER_NOTIFY_MAX_ATTEMPTS``).
+    gave_up_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ("-created_at", "-id")
+        constraints = [models.UniqueConstraint(fields=["key", "target"], name="notification_once_per_target")]
+        indexes = [
+            # What the leader delivers next: not delivered, not given up, due.
+            models.Index(
+                fields=["next_attempt_at"],
+                name="notification_due",
+                condition=Q(delivered_at__isnull=True, gave_up_at__isnull=True),
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.event} → {self.target_id}"

@@ -1,0 +1,121 @@
+"""Delivering the notifications owed (``owners.notifications``): e-mail, signed webhooks, Slack; never inside a transaction.
+
+The beat leader's housekeeping calls ``deliver_due``. A webhook's body is
+the notification's JSON; its ``X-Scheduler-Signature`` is
+``sha256=<hex HMAC-SHA256 of "<timestamp>.<body>" with the target's secret>``
+and ``X-Scheduler-Timestamp`` the timestamp, so a receiver can check both
+and refuse an old replay; ``X-Scheduler-Delivery`` names the notification,
+the same on every attempt, so a receiver that got an attempt whose answer
+was lost can tell the next one apart. An answer other than 2xx, a timeout
+or a refused connection is a failed attempt, tried again after its backoff.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import logging
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+
+from django.core.mail import send_mail
+
+from scheduler import dbclock
+from scheduler.conf import settings
+from scheduler.exceptions import first_line
+from scheduler.models import Notification, NotificationTarget
+from scheduler.owners import notifications
+
+logger = logging.getLogger(__name__)
+
+SIGNATURE_HEADER = "X-Scheduler-Signature"
+TIMESTAMP_HEADER = "X-Scheduler-Timestamp"
+DELIVERY_HEADER = "X-Scheduler-Delivery"
+#: Notifications one pass delivers; the rest wait for the next pass.
+PASS_LIMIT = 50
+
+
+class DeliveryFailed(Exception):
+    """One attempt did not deliver: the reason, as the admin shows it."""
+
+
+@dataclass(frozen=True)
+class Delivered:
+    delivered: int
+    failed: int
+
+
+def sign(secret: str, timestamp: str, body: bytes) -> str:
+    """The signature header's value for ``body`` sent at ``timestamp``."""
+    digest = hmac.new(secret.encode(), timestamp.encode() + b"." + body, hashlib.sha256).hexdigest()
+    return f"sha256={digest}"
+
+
+def deliver_due(*, limit: int = PASS_LIMIT) -> Delivered:
+    """Try each due notification once; return how many were delivered and how many failed this time."""
+    delivered = failed = 0
+    for row in notifications.take_due(limit=limit, now=dbclock.now()):
+        try:
+            _send(row)
+        except DeliveryFailed as exc:
+            failed += 1
+            notifications.failed(row, str(exc), now=dbclock.now())
+            logger.warning(
+                "notification %s to %s not delivered (attempt %s): %s",
+                row.pk,
+                row.target,
+                row.attempts + 1,
+                exc,
+                extra={"action": "notification_failed", "notification": row.pk},
+            )
+        else:
+            delivered += 1
+            notifications.delivered(row)
+    return Delivered(delivered, failed)
+
+
+def text_of(row: Notification) -> str:
+    """The one-line message of a notification (e-mail subject, Slack text)."""
+    p = row.payload
+    what = f"schedule {p['schedule']!r}" if p.get("schedule") else f"task {p['task']}"
+    return f"[scheduler] {what}: execution {p['execution']} {p['status']} after attempt {p['attempt']}: {p['error']}"
+
+
+def _send(row: Notification) -> None:
+    target = row.target
+    try:
+        if target.kind == NotificationTarget.Kind.EMAIL:
+            send_mail(text_of(row)[:200], json.dumps(row.payload, indent=2), None, [target.address])
+        elif target.kind == NotificationTarget.Kind.SLACK:
+            _post(target.address, json.dumps({"text": text_of(row)}).encode(), {})
+        else:
+            body = json.dumps(row.payload, sort_keys=True).encode()
+            timestamp = str(int(time.time()))
+            headers = {
+                TIMESTAMP_HEADER: timestamp,
+                SIGNATURE_HEADER: sign(target.secret, timestamp, body),
+                DELIVERY_HEADER: str(row.pk),
+            }
+            _post(target.address, body, headers)
+    except DeliveryFailed:
+        raise
+    except Exception as exc:  # a mail server, DNS, TLS...: whatever failed, this attempt did
+        raise DeliveryFailed(first_line(exc)) from exc
+
+
+def _post(url: str, body: bytes, headers: dict[str, str]) -> None:
+    request = urllib.request.Request(
+        url, data=body, method="POST", headers={"Content-Type": "application/json", **headers}
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=settings.NOTIFY_TIMEOUT_SECONDS) as response:
+            status = response.status
+    except urllib.error.HTTPError as exc:
+        raise DeliveryFailed(f"HTTP {exc.code}") from None
+    except (urllib.error.URLError, TimeoutError, OSError) as exc:
+        raise DeliveryFailed(first_line(exc)) from None
+    if not 200 <= status < 300:
+        raise DeliveryFailed(f"HTTP {status}")

@@ -1,0 +1,66 @@
+"""The admin's notification targets and the notifications sent (or not) to them.
+
+Targets are the deployer's to manage: a webhook's URL is fetched by the
+beat leader, inside the deployer's network, so a user bound to a tenant
+sees its tenant's targets and what was sent to them, and changes nothing.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.contrib import admin
+from django.db.models import QuerySet
+from django.http import HttpRequest
+
+from scheduler.models import Notification, NotificationTarget
+from scheduler.tenancy import scope_of_user
+
+
+class _DeployerManages(admin.ModelAdmin):
+    def get_queryset(self, request: HttpRequest) -> QuerySet[Any]:
+        return scope_of_user(request.user).filter(super().get_queryset(request))
+
+    def _deployer(self, request: HttpRequest) -> bool:
+        return scope_of_user(request.user).every_tenant
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return self._deployer(request) and super().has_add_permission(request)
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return self._deployer(request) and super().has_change_permission(request, obj)
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return self._deployer(request) and super().has_delete_permission(request, obj)
+
+
+@admin.register(NotificationTarget)
+class NotificationTargetAdmin(_DeployerManages):
+    list_display = ("name", "tenant", "kind", "address", "is_default", "enabled")
+    list_filter = ("kind", "is_default", "enabled")
+    fields = ("name", "tenant", "kind", "address", "secret", "is_default", "enabled")
+
+
+@admin.register(Notification)
+class NotificationAdmin(_DeployerManages):
+    list_display = ("created_at", "event", "target", "tenant", "attempts", "delivered_at", "gave_up_at", "last_error")
+    list_filter = ("event", ("delivered_at", admin.EmptyFieldListFilter), ("gave_up_at", admin.EmptyFieldListFilter))
+    readonly_fields = (
+        "key",
+        "event",
+        "target",
+        "tenant",
+        "payload",
+        "created_at",
+        "next_attempt_at",
+        "attempts",
+        "last_error",
+        "delivered_at",
+        "gave_up_at",
+    )
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False  # recorded with their events only
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
