@@ -11,10 +11,8 @@ from __future__ import annotations
 from typing import Any
 
 from django import template
-from django.db.models import Q
 
-from scheduler.models import PauseRule
-from scheduler.tenancy import Scope, scope_of_user
+from scheduler.tenancy import scope_of_user
 from scheduler.web import health, overview
 
 register = template.Library()
@@ -49,16 +47,7 @@ def leader_warning(context: dict[str, Any]) -> dict[str, Any]:
     user = getattr(request, "user", None)
     if user is None or not (user.is_active and user.is_staff):
         return {"problem": problem}
-    return {"problem": problem, "pauses": _pauses_seen_by(scope_of_user(user))}
-
-
-def _pauses_seen_by(scope: Scope) -> list[PauseRule]:
-    rules = PauseRule.objects.order_by("pk")
-    if scope.every_tenant:
-        return list(rules)
-    if scope.sees_nothing:
-        return []
-    return list(rules.filter(Q(every_tenant=True) | Q(tenant=scope.tenant)))
+    return {"problem": problem, "pauses": list(overview.pauses_holding(scope_of_user(user)))}
 
 
 @register.inclusion_tag("scheduler/overview.html", takes_context=True)

@@ -1,8 +1,8 @@
 """The operator's first screen: is everything all right? One answer per question, each linking to the list behind it.
 
 Who leads (or which shards have no owner), overdue schedules, failures in
-the last hour by task, the oldest ``queued`` execution per queue, paused
-schedules and notifications that could not be delivered, all within the
+the last hour by task, the oldest ``queued`` execution per queue, pauses in force,
+paused schedules and notifications that could not be delivered, all within the
 caller's scope. Every part reads an index range
 and is capped, so the page costs the same at a million schedules as at ten.
 """
@@ -12,12 +12,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from django.db.models import Count, Min, QuerySet
+from django.db.models import Count, Min, Q, QuerySet
 from django.db.models.functions import Greatest
 
 from scheduler import dbclock, shards
 from scheduler.conf import settings
-from scheduler.models import Execution, Notification, Schedule
+from scheduler.models import Execution, Notification, PauseRule, Schedule
 from scheduler.owners import leases, notifications
 from scheduler.tenancy import Scope
 from scheduler.web import cluster
@@ -53,6 +53,8 @@ class Overview:
     #: Shard leases without a live holder (sharded only).
     shards_without_owner: list[str]
     overdue: Listed
+    #: The pause rules that hold the caller's work, described ("hold queue reports of every tenant").
+    pauses: list[str]
     paused: Listed
     #: (task, failures) in the last hour, most failures first.
     failures: list[tuple[str, int]]
@@ -79,6 +81,7 @@ def overview(scope: Scope) -> Overview:
         leaders=leaders,
         shards_without_owner=without_owner,
         overdue=_listed(schedules.overdue(now=now).order_by("overdue_at", "id")),
+        pauses=[rule.describe() for rule in pauses_holding(scope)],
         paused=_listed(schedules.exclude(paused_reason="").order_by("name")),
         failures=_failures(executions, now=now),
         oldest_queued=_oldest_queued(executions, now=now),
@@ -86,6 +89,14 @@ def overview(scope: Scope) -> Overview:
         .values("pk")[:COUNT_CAP]
         .count(),
     )
+
+
+def pauses_holding(scope: Scope) -> QuerySet[PauseRule]:
+    """The pause rules that hold work of ``scope``: its tenant's and every tenant's."""
+    rules = PauseRule.objects.order_by("pk")
+    if scope.every_tenant:
+        return rules
+    return rules.filter(Q(every_tenant=True) | Q(tenant=scope.tenant)) if scope.tenant else rules.none()
 
 
 def _leadership() -> tuple[list[str], list[str]]:

@@ -12,13 +12,14 @@ from typing import Any
 from django import forms
 from django.contrib import admin, messages
 from django.core.exceptions import ValidationError
-from django.db.models import Q, QuerySet
+from django.db.models import QuerySet
 from django.http import HttpRequest
 
 from scheduler.celery_app import celery_app
 from scheduler.models import PauseRule
 from scheduler.ops import audit, operations
 from scheduler.tenancy import scope_of_user
+from scheduler.web import overview
 
 
 class PauseForm(forms.ModelForm):
@@ -68,11 +69,7 @@ class PauseRuleAdmin(admin.ModelAdmin):
     actions = ("resume",)
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[PauseRule]:
-        scope = scope_of_user(request.user)
-        rules = super().get_queryset(request)
-        if scope.every_tenant:
-            return rules
-        return rules.filter(Q(every_tenant=True) | Q(tenant=scope.tenant)) if scope.tenant else rules.none()
+        return overview.pauses_holding(scope_of_user(request.user))
 
     def get_form(self, request: HttpRequest, obj: Any = None, change: bool = False, **kwargs: Any) -> Any:
         # The pause is taken in the form's clean(), where a refusal can still be a form error.

@@ -11,7 +11,7 @@ from django.contrib.auth.models import Group
 from django.test import Client
 
 from scheduler import dbclock
-from scheduler.models import Execution, Notification, NotificationTarget, Schedule
+from scheduler.models import Execution, Notification, NotificationTarget, PauseRule, Schedule
 from scheduler.owners import leases
 from scheduler.web.permissions import OPERATOR_GROUP
 from tests.integration.api_support import TENANT_A, TENANT_B, TENANT_TASK, bind
@@ -62,6 +62,7 @@ def _seed(tenant: str) -> None:
     Notification.objects.create(
         key=f"k-{tenant}", target=target, event="execution_failed", tenant=tenant, gave_up_at=now
     )
+    PauseRule.objects.create(tenant=tenant, queue=f"q-{tenant}")
     # Old news: a failure two hours ago is not in the last hour
     make_execution(
         f"old-failure-{tenant}",
@@ -89,6 +90,7 @@ def test_overview__answers_each_question_and_links_to_the_list_behind_it() -> No
     assert re.fullmatch(rf"q-{TENANT_A}: \d+ s", _row(page, "queued")), _row(page, "queued")
     assert _row(page, "paused") == f"1: held-{TENANT_A}"
     assert _row(page, "undelivered") == "1"
+    assert _row(page, "pauses") == f"hold queue q-{TENANT_A} of tenant {TENANT_A}"
     assert 'href="/admin/scheduler/schedule/?overdue=yes"' in page
     assert 'href="/admin/scheduler/schedule/?state=paused"' in page
     assert f'href="/admin/scheduler/execution/?status__exact=failed&amp;task={TENANT_TASK}"' in page
@@ -114,6 +116,7 @@ def test_overview__a_tenants_operator_sees_only_that_tenant_and_not_the_beats_ho
     assert _row(page, "paused") == f"1: held-{TENANT_B}"
     assert re.fullmatch(rf"q-{TENANT_B}: \d+ s", _row(page, "queued"))
     assert _row(page, "undelivered") == "1"
+    assert _row(page, "pauses") == f"hold queue q-{TENANT_B} of tenant {TENANT_B}"
     assert TENANT_A not in page and "host-1" not in page
 
 
@@ -122,10 +125,5 @@ def test_overview__is_all_right_when_nothing_is_wrong() -> None:
     make_schedule("fine", interval=60)
     page = _client(superuser=True).get(PAGE).content.decode()
     assert "— all right" in page
-    assert [_row(page, row) for row in ("overdue", "failures", "queued", "paused", "undelivered")] == [
-        "none",
-        "none",
-        "nothing waits",
-        "none",
-        "none",
-    ]
+    rows = ("overdue", "failures", "queued", "pauses", "paused", "undelivered")
+    assert [_row(page, row) for row in rows] == ["none", "none", "nothing waits", "none", "none", "none"]
