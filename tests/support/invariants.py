@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Sequence
-from datetime import datetime
+from datetime import datetime, timezone
 from itertools import pairwise
 from typing import Any
 
@@ -135,7 +135,10 @@ def fenced_violations(side_effects: list[tuple[int, int, int]], executions: Iter
 def max_stall(
     schedules: Iterable[Schedule], executions: Iterable[Execution], *, created_at: datetime, ended_at: datetime
 ) -> tuple[float, str]:
-    """Return the largest gap in seconds between two committed slots of an every-second schedule, and its schedule.
+    """Return the largest gap in seconds between two committed slots of an every-second schedule, and where it was.
+
+    Where: the schedule's name and the UTC time the gap began (``tick-01 after 08:47:40.123``), to
+    read against a fault timeline.
 
     Measured on the rows' ``created_at`` (the database clock at commit),
     from ``created_at`` to the last slot up to ``ended_at``: a schedule that
@@ -151,9 +154,9 @@ def max_stall(
             [lo]
             + [e.created_at.timestamp() for e in by_schedule[schedule.pk] if lo < e.scheduled_for.timestamp() <= hi]
         )
-        gap = max((later - earlier for earlier, later in pairwise(commits)), default=0.0)
+        gap, began = max(((later - earlier, earlier) for earlier, later in pairwise(commits)), default=(0.0, lo))
         if gap > worst:
-            worst, where = gap, schedule.name
+            worst, where = gap, f"{schedule.name} after {datetime.fromtimestamp(began, timezone.utc):%H:%M:%S.%f}"[:-3]
     return worst, where
 
 
