@@ -14,7 +14,6 @@ matches and writes nothing.
 from __future__ import annotations
 
 import functools
-import re
 from collections.abc import Callable
 from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Any
@@ -27,7 +26,7 @@ from scheduler import dbclock, limits, outbox
 from scheduler.exceptions import BrokerUnavailable, SchedulerError, first_line
 from scheduler.models import Execution, Schedule
 from scheduler.models.schedule import ScheduleQuerySet
-from scheduler.owners import executions, schedules
+from scheduler.owners import executions, pause_rules, schedules
 from scheduler.tenancy import Scope
 
 if TYPE_CHECKING:
@@ -85,8 +84,7 @@ class Filter:
         """The schedules in ``scope`` that match."""
         chosen = scope.filter(Schedule.objects.all())
         if self.name is not None:
-            pattern = re.escape(self.name).replace(r"\*", ".*").replace(r"\?", ".")
-            chosen = chosen.filter(name__regex=f"^{pattern}$")
+            chosen = chosen.filter(name__regex=pause_rules.glob_regex(self.name))
         for criterion in ("task", "queue", "tenant", "last_status"):
             value = getattr(self, criterion)
             if value is not None:
