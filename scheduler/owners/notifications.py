@@ -77,6 +77,8 @@ def take_due(*, limit: int, now: datetime) -> list[Notification]:
     transaction, so no other deliverer takes them while this one sends.
     """
     due = Notification.objects.filter(delivered_at__isnull=True, gave_up_at__isnull=True, next_attempt_at__lte=now)
+    if not due.exists():  # the usual case: no transaction (on SQLite one takes the database's write lock)
+        return []
     with transaction.atomic():
         rows = list(
             due.select_for_update(skip_locked=True).select_related("target").order_by("next_attempt_at", "pk")[:limit]
