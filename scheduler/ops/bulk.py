@@ -76,6 +76,8 @@ class Filter:
             wanted = bool if key == "overdue" else str
             if value is not None and not isinstance(value, wanted):
                 raise BulkRefused(f"filter {key} must be {'true or false' if wanted is bool else 'text'}")
+        if isinstance(given.get("name"), str) and pause_rules.glob_problem(given["name"]):
+            raise BulkRefused(f"filter name: {pause_rules.glob_problem(given['name'])}")
         if given.get("last_status") not in (None, *Execution.Status.values):
             raise BulkRefused(f"filter last_status must be one of {', '.join(Execution.Status.values)}")
         return cls(**given)

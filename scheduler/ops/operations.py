@@ -41,6 +41,8 @@ RETRYABLE_STATUSES = Execution.FINAL_STATUSES | {Execution.Status.LOST}
 #: Executions an operator may cancel: not finished yet (a lost one is reconcile's to retry or fail).
 CANCELLABLE_STATUSES = Execution.IN_FLIGHT_STATUSES - {Execution.Status.LOST}
 CANCEL_ERROR = "Cancelled by an operator"
+#: Pause rules one tenant (or the deployer) may have in force at once.
+MAX_PAUSE_RULES = 50
 #: What a run now may replace of the schedule's stored values, for that run only.
 RUN_OVERRIDES = ("args", "kwargs", "queue", "priority")
 #: A one-off time this little behind the database clock still counts as "now": it runs.
@@ -338,12 +340,17 @@ def pause_work(
         raise ActionRefused("Pause everything, or a queue or tasks: not both.")
     if not (queue or task or everything or tenant is not None):
         raise ActionRefused("Say what to pause: a queue, a task pattern, a tenant, or everything.")
+    if pause_rules.glob_problem(task):
+        raise ActionRefused(f"Task pattern refused: {pause_rules.glob_problem(task)}.")
     if mode not in PauseRule.Mode.values:
         raise ActionRefused(f"Mode {mode!r} is not one of {', '.join(PauseRule.Mode.values)}.")
     problems = limits.text_problems(reason, limits.PAUSED_REASON_MAX_CHARS)
     if problems:
         raise ValidationError({"reason": problems})
     fields = {**whose, "queue": queue, "task": task}
+    # Every rule is matched at each beat pass and each claim: a tenant may not pile them up.
+    if PauseRule.objects.filter(tenant=whose["tenant"]).count() >= MAX_PAUSE_RULES:
+        raise ActionRefused(f"At most {MAX_PAUSE_RULES} pauses in force; resume one first.")
     if PauseRule.objects.filter(**fields, mode=mode).exists():
         raise ActionRefused("That work is paused so already.")
     with transaction.atomic():

@@ -22,8 +22,19 @@ from scheduler.models import PauseRule
 
 #: How long a process keeps the rules it read before it reads them again.
 CACHE_SECONDS = 1.0
+#: Most ``*`` a pattern may hold: each one multiplies how long a regular
+#: expression engine that backtracks (Python's; SQLite's REGEXP is Python's)
+#: takes to refuse a name that does not match.
+GLOB_MAX_STARS = 4
 
 _cached: tuple[float, tuple[Rule, ...]] | None = None
+
+
+def glob_problem(pattern: str) -> str:
+    """Why ``pattern`` is refused ("" when it is not): too many ``*``."""
+    if pattern.count("*") > GLOB_MAX_STARS:
+        return f"a pattern may hold at most {GLOB_MAX_STARS} *, not {pattern.count('*')}"
+    return ""
 
 
 def glob_regex(pattern: str) -> str:

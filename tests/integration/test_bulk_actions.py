@@ -107,6 +107,7 @@ def test_cli__run_now_by_filter_records_and_sends_one_execution_each(redis_clien
         (("pause", "--filter", "colour=red"), "unknown filter colour; filters are "),
         (("pause", "--filter", "overdue=maybe"), "--filter overdue=maybe: expected true or false"),
         (("pause", "--filter", "last_status=great"), "filter last_status must be one of "),
+        (("pause", "--filter", "name=*a*a*a*a*a*"), "filter name: a pattern may hold at most 4 *, not 6"),
         (("pause", "--filter", "task=x", "--reason", "r" * 2000), "reason: "),
         (("run-now", "--filter", "task=x", "--queue", "q"), "apply to one schedule's run, not to --filter"),
     ],

@@ -141,12 +141,22 @@ def test_a_tenants_caller_pauses_its_own_tenants_work_only() -> None:
         ({}, "Say what to pause"),
         ({"everything": True, "queue": "q"}, "Pause everything, or a queue or tasks: not both."),
         ({"queue": "q", "mode": "explode"}, "Mode 'explode' is not one of hold, drain."),
+        ({"task": "*a*a*a*a*a*b"}, "Task pattern refused: a pattern may hold at most 4 \\*, not 6."),
     ],
 )
 def test_a_pause_that_says_nothing_clear_is_refused(what: dict[str, Any], message: str) -> None:
     with pytest.raises(operations.ActionRefused, match=message):
         _pause(**what)
     assert not PauseRule.objects.exists()
+
+
+def test_a_tenant_cannot_pile_up_pauses() -> None:
+    mine = Scope(tenant=TENANT_A)
+    for n in range(operations.MAX_PAUSE_RULES):
+        _pause(mine, queue=f"q{n}")
+    with pytest.raises(operations.ActionRefused, match="At most 50 pauses in force"):
+        _pause(mine, queue="one-more")
+    assert _pause(Scope(tenant=TENANT_B), queue="q0").tenant == TENANT_B  # another tenant's count is its own
 
 
 # --- CLI ------------------------------------------------------------------------------
