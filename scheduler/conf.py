@@ -78,6 +78,9 @@ class Defaults:
     NOTIFY_MAX_ATTEMPTS: int = 8
     #: How long one delivery may take (an HTTP request, a mail), in seconds.
     NOTIFY_TIMEOUT_SECONDS: float = 10.0
+    #: A lease that fences dispatch (the leadership, a shard's) without a holder this long is
+    #: announced to the deployer's notification targets, by the leader or any worker; 0: never.
+    NOTIFY_LEADERLESS_SECONDS: float = 60.0
     #: ``/metrics`` exposes one ``scheduler_schedule_last_success_timestamp_seconds`` series per
     #: schedule only while there are at most this many schedules (label cardinality).
     METRICS_PER_SCHEDULE_LIMIT: int = 1000

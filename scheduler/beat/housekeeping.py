@@ -1,4 +1,4 @@
-"""The leader's housekeeping: the reconcile pass, the broker check and notification delivery, each on a thread of its own.
+"""The leader's housekeeping: the reconcile pass, the broker check, and the watch and notification delivery, each on a thread of its own.
 
 Neither delays a tick or a lease renewal by more than a bounded broker call
 (the first broker check under a new lease runs on the tick's thread, see
@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 from django.db import connection
 
 from scheduler.conf import settings
-from scheduler.ops import reconcile
+from scheduler.ops import reconcile, watch
 from scheduler.outbox import notifications as outbox_notifications
 from scheduler.owners import leases
 
@@ -154,6 +154,7 @@ class Housekeeping:
     def _notify(self, lease: leases.LeaseHandle) -> None:
         try:
             if _still_held(lease) is not None:
+                watch.watch(overdue=True)
                 outbox_notifications.deliver_due()
         except Exception:  # housekeeping: log it, keep dispatching
             logger.exception("notification delivery failed", extra={"action": "notify_failed"})

@@ -7,7 +7,7 @@ from scheduler.models.audit_event import AuditEvent
 from scheduler.models.execution import Execution
 from scheduler.models.instance import Instance
 from scheduler.models.lease import Lease
-from scheduler.models.notification import Notification, NotificationTarget
+from scheduler.models.notification import Incident, Notification, NotificationTarget
 from scheduler.models.operator_profile import OperatorProfile
 from scheduler.models.pause_rule import PauseRule
 from scheduler.models.schedule import Schedule
@@ -20,6 +20,7 @@ __all__ = (
     "DurationTally",
     "Execution",
     "ExecutionTally",
+    "Incident",
     "Instance",
     "Lease",
     "Notification",

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from django.core.exceptions import ValidationError
+from django.core.validators import EmailValidator, URLValidator
 from django.db import models
 from django.db.models import Q
 from django.db.models.functions import Now
@@ -35,11 +37,32 @@ class NotificationTarget(models.Model):
     def __str__(self) -> str:
         return f"{self.name} ({self.kind})"
 
+    def clean(self) -> None:
+        """An e-mail target needs an address, the others an http(s) URL; a signed webhook needs its secret."""
+        if self.kind == self.Kind.EMAIL:
+            validator: EmailValidator | URLValidator = EmailValidator(message="Enter an e-mail address.")
+        else:
+            validator = URLValidator(schemes=["http", "https"], message="Enter an http:// or https:// URL.")
+        try:
+            validator(self.address)
+        except ValidationError as exc:
+            raise ValidationError({"address": exc.messages}) from None
+        if self.kind == self.Kind.WEBHOOK and not self.secret:
+            raise ValidationError({"secret": "A signed webhook needs the secret its receiver checks."})
+
 
 class Notification(models.Model):
     class Event(models.TextChoices):
         #: An execution ended ``failed`` or ``timed_out`` with no retry left.
         EXECUTION_FAILED = "execution_failed", "execution failed"
+        #: The circuit breaker paused a schedule (``pause_after_failures``).
+        SCHEDULE_PAUSED = "schedule_paused", "schedule paused by its circuit breaker"
+        #: A schedule has had no success for longer than its window (the dead man's switch), and when that ended.
+        SCHEDULE_OVERDUE = "schedule_overdue", "schedule overdue"
+        SCHEDULE_RECOVERED = "schedule_recovered", "schedule no longer overdue"
+        #: The leadership (or a shard's) has had no holder for ``SCHEDULER_NOTIFY_LEADERLESS_SECONDS``, and when one took it.
+        LEADERLESS = "leaderless", "no leader"
+        LEADER_BACK = "leader_back", "leader back"
 
     #: One event, one target, one row: the event's key makes a second recording of it a no-op.
     key = models.CharField(max_length=200)
@@ -71,3 +94,32 @@ class Notification(models.Model):
 
     def __str__(self) -> str:
         return f"{self.event} → {self.target_id}"
+
+
+class Incident(models.Model):
+    """A condition that was announced and has not ended yet: an overdue schedule, a lease nobody holds.
+
+    Its row exists exactly while the condition lasts, as last seen by a
+    watch pass (``scheduler.ops.watch``): opening one records the
+    notifications of its start, deleting it those of its end, each in the
+    same transaction. One per condition (``kind``, ``subject``), so two
+    watchers never announce it twice.
+    """
+
+    class Kind(models.TextChoices):
+        OVERDUE = "overdue", "schedule overdue"
+        LEADERLESS = "leaderless", "lease without holder"
+
+    kind = models.CharField(max_length=20, choices=Kind.choices)
+    #: What it is about: a schedule's id, a lease's name.
+    subject = models.CharField(max_length=200)
+    schedule = models.ForeignKey("scheduler.Schedule", null=True, blank=True, on_delete=models.CASCADE)
+    tenant = models.CharField(max_length=100, blank=True, default="")
+    opened_at = models.DateTimeField(db_default=Now())
+
+    class Meta:
+        ordering = ("-opened_at",)
+        constraints = [models.UniqueConstraint(fields=["kind", "subject"], name="incident_once_per_subject")]
+
+    def __str__(self) -> str:
+        return f"{self.kind} {self.subject}"

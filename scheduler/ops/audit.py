@@ -42,7 +42,7 @@ logger = logging.getLogger(__name__)
 _IGNORED = frozenset({"updated_at", "last_login", "token_hash"})
 #: Secrets whose change is recorded but never their value: ``HIDDEN`` stands
 #: for a value, ``CHANGED`` for a new one (a password's hash never reaches the trail).
-_MASKED = frozenset({"password"})
+_MASKED = frozenset({"password", "secret"})
 HIDDEN = "(hidden)"
 CHANGED = "(changed)"
 

@@ -26,7 +26,7 @@ from django.db import transaction
 
 from scheduler import dbclock, limits, outbox, shards, task_policy
 from scheduler.exceptions import BrokerUnavailable, SchedulerError, TaskRefused, first_line
-from scheduler.models import ApiToken, Execution, PauseRule, Schedule
+from scheduler.models import ApiToken, Execution, NotificationTarget, PauseRule, Schedule
 from scheduler.models.schedule import argument_shape_problems
 from scheduler.ops import audit, backfill, bulk, prune, reconcile, resharding
 from scheduler.outbox import broker
@@ -144,6 +144,23 @@ def delete_schedule(schedule: Schedule, *, actor: audit.Actor) -> None:
         before = audit.snapshot(schedule)
         schedules.delete(schedule)
         audit.record(actor, "delete", schedule, before=before, deleted=True)
+
+
+def save_target(target: NotificationTarget, *, actor: audit.Actor) -> None:
+    """Insert or write a notification target (already validated), audited; the secret is masked in the event."""
+    adding = target._state.adding
+    with transaction.atomic():
+        before = {} if adding else audit.snapshot(NotificationTarget.objects.filter(pk=target.pk).first())
+        target.save()
+        audit.record(actor, "create" if adding else "update", target, before=before)
+
+
+def delete_target(target: NotificationTarget, *, actor: audit.Actor) -> None:
+    """Delete a notification target (and what is still owed to it), audited."""
+    with transaction.atomic():
+        before = audit.snapshot(target)
+        target.delete()
+        audit.record(actor, "delete", target, before=before, deleted=True)
 
 
 def pause_schedule(schedule: Schedule, reason: str, *, actor: audit.Actor, now: datetime | None = None) -> None:

@@ -79,9 +79,7 @@ def deliver_due(*, limit: int = PASS_LIMIT) -> Delivered:
 
 def text_of(row: Notification) -> str:
     """The one-line message of a notification (e-mail subject, Slack text)."""
-    p = row.payload
-    what = f"schedule {p['schedule']!r}" if p.get("schedule") else f"task {p['task']}"
-    return f"[scheduler] {what}: execution {p['execution']} {p['status']} after attempt {p['attempt']}: {p['error']}"
+    return f"[scheduler] {row.payload.get('summary') or row.get_event_display()}"
 
 
 def _send(row: Notification) -> None:

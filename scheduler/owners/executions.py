@@ -1039,7 +1039,8 @@ def _record_outcome(
     """Write the final ``status`` with ``write`` (a conditional UPDATE); count it on the schedule when written.
 
     A failure (``failed``, ``timed_out``) of ``execution_id`` records its
-    notifications in the same transaction (``owners.notifications``).
+    notifications in the same transaction (``owners.notifications``), and so
+    does the circuit breaker's pause it caused.
     """
     notify = execution_id is not None and status in (Status.FAILED, Status.TIMED_OUT)
     if schedule_id is None and not notify:  # one statement: the common ad-hoc path stays cheap
@@ -1052,10 +1053,13 @@ def _record_outcome(
             schedule_id = None  # the schedule was deleted
         finished = write()
         failpoint("outcome.in_transaction")
+        tripped = False
         if finished and schedule_id is not None:
-            schedules.count_run(schedule_id, status=status, error=error, started_at=started_at)
+            tripped = schedules.count_run(schedule_id, status=status, error=error, started_at=started_at)
         if finished and notify:
             notifications.record_failure(execution_id)  # type: ignore[arg-type]  # notify: not None
+        if tripped and schedule_id is not None and execution_id is not None:  # a failure trips it, so one is named
+            notifications.record_paused(schedule_id, execution_id=execution_id)
     return bool(finished)
 
 

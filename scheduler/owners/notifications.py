@@ -1,9 +1,10 @@
-"""The notifications owed: the only writer of their rows. They are recorded with their event, delivered later.
+"""The notifications owed, and the incidents they announce: the only writer of both. Recorded with their event, delivered later.
 
-``record_failure`` runs in the transaction that writes the failed outcome,
-so a failure and its notifications commit together or not at all; the
-event's key makes a second recording (a retried transaction, two
-recorders) a no-op. Delivery (``scheduler.outbox.notifications``) takes a
+``record_failure`` and ``record_paused`` run in the transaction that writes
+the failed outcome, so a failure and its notifications commit together or
+not at all; ``open_incident`` and ``close_incident`` write the incident row
+and its notifications in one transaction too. The event's key makes a
+second recording (a retried transaction, two recorders) a no-op. Delivery (``scheduler.outbox.notifications``) takes a
 due row, moves its next attempt past the time a delivery may take, sends
 outside any transaction, and records the result: a row is sent once at a
 time, and one whose sender died is taken again once that time has passed.
@@ -19,7 +20,9 @@ from django.db.models import Q
 from django.db.models.functions import Now
 
 from scheduler.conf import settings
-from scheduler.models import Execution, Notification, NotificationTarget, Schedule
+from scheduler.models import Execution, Incident, Notification, NotificationTarget, Schedule
+
+Event = Notification.Event
 
 
 def targets_for(*, schedule_id: int | None, tenant: str) -> list[NotificationTarget]:
@@ -45,27 +48,86 @@ def record_failure(execution_id: int) -> int:
     )
     if execution is None:
         return 0
-    targets = targets_for(schedule_id=execution["schedule_id"], tenant=execution["tenant"])
+    what = f"schedule {execution['schedule__name']!r}" if execution["schedule__name"] else f"task {execution['task']}"
     payload = {
-        "event": Notification.Event.EXECUTION_FAILED,
         "execution": execution["pk"],
         "schedule": execution["schedule__name"],
         "task": execution["task"],
-        "tenant": execution["tenant"],
         "status": execution["status"],
         "attempt": execution["attempt"],
         "error": execution["error"][:2000],
         "finished_at": execution["finished_at"].isoformat() if execution["finished_at"] else None,
+        "summary": f"{what}: execution {execution['pk']} {execution['status']} after attempt {execution['attempt']}: "
+        f"{execution['error'][:300]}",
     }
-    rows = [
-        Notification(
-            key=f"execution_failed:{execution_id}:{execution['attempt']}",
-            target=target,
-            event=Notification.Event.EXECUTION_FAILED,
-            tenant=execution["tenant"],
-            payload=payload,
+    return _record(
+        Event.EXECUTION_FAILED,
+        f"execution_failed:{execution_id}:{execution['attempt']}",
+        schedule_id=execution["schedule_id"],
+        tenant=execution["tenant"],
+        payload=payload,
+    )
+
+
+def record_paused(schedule_id: int, *, execution_id: int) -> int:
+    """Record a notification that the circuit breaker paused schedule ``schedule_id`` (after ``execution_id`` failed)."""
+    schedule = Schedule.objects.filter(pk=schedule_id).values("name", "task", "tenant", "paused_reason").first()
+    if schedule is None:
+        return 0
+    payload = {
+        "schedule": schedule["name"],
+        "task": schedule["task"],
+        "execution": execution_id,
+        "reason": schedule["paused_reason"],
+        "summary": f"schedule {schedule['name']!r} paused: {schedule['paused_reason'][:300]}",
+    }
+    return _record(
+        Event.SCHEDULE_PAUSED,
+        f"schedule_paused:{schedule_id}:{execution_id}",
+        schedule_id=schedule_id,
+        tenant=schedule["tenant"],
+        payload=payload,
+    )
+
+
+def open_incident(
+    kind: str, subject: str, *, schedule_id: int | None = None, tenant: str = "", payload: dict[str, Any]
+) -> bool:
+    """Open the incident (``kind``, ``subject``) and record its notifications, unless it is open already; return whether it was opened.
+
+    ``payload`` is what its notifications say (a ``summary`` among it).
+    """
+    with transaction.atomic():
+        incident, created = Incident.objects.get_or_create(
+            kind=kind, subject=subject, defaults={"schedule_id": schedule_id, "tenant": tenant}
         )
-        for target in targets
+        if created:
+            event = _OPENS[kind]
+            _record(event, f"{event}:{subject}:{incident.pk}", schedule_id=schedule_id, tenant=tenant, payload=payload)
+    return created
+
+
+def close_incident(incident: Incident, *, payload: dict[str, Any]) -> bool:
+    """Close ``incident`` and record the notifications of its end, unless someone closed it first; return whether this did."""
+    with transaction.atomic():
+        closed = Incident.objects.filter(pk=incident.pk).delete()[0] > 0
+        if closed:
+            event = _CLOSES[incident.kind]
+            key = f"{event}:{incident.subject}:{incident.pk}"
+            _record(event, key, schedule_id=incident.schedule_id, tenant=incident.tenant, payload=payload)
+    return closed
+
+
+_OPENS: dict[str, str] = {Incident.Kind.OVERDUE: Event.SCHEDULE_OVERDUE, Incident.Kind.LEADERLESS: Event.LEADERLESS}
+_CLOSES: dict[str, str] = {Incident.Kind.OVERDUE: Event.SCHEDULE_RECOVERED, Incident.Kind.LEADERLESS: Event.LEADER_BACK}
+
+
+def _record(event: str, key: str, *, schedule_id: int | None, tenant: str, payload: dict[str, Any]) -> int:
+    """Record ``event`` once for each target of the schedule (or tenant); return how many notifications that made."""
+    body = {"event": event, "tenant": tenant, **payload}
+    rows = [
+        Notification(key=key, target=target, event=event, tenant=tenant, payload=body)
+        for target in targets_for(schedule_id=schedule_id, tenant=tenant)
     ]
     return len(Notification.objects.bulk_create(rows, ignore_conflicts=True))
 

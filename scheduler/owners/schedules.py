@@ -192,8 +192,10 @@ def advance(advances: Mapping[Advance, Iterable[int]]) -> None:
 # --- run counts and the circuit breaker -------------------------------------------------
 
 
-def count_run(schedule_id: int, *, status: str, error: str, started_at: datetime | None) -> None:
+def count_run(schedule_id: int, *, status: str, error: str, started_at: datetime | None) -> bool:
     """Count one final ``status`` on the schedule's run counters, in one UPDATE; trip its circuit breaker when due.
+
+    Return whether this tripped it (paused the schedule).
 
     The counters move as ``F()`` expressions, so nothing read earlier can be
     written back stale; a caller that also writes the execution locks the
@@ -229,6 +231,7 @@ def count_run(schedule_id: int, *, status: str, error: str, started_at: datetime
             logger.warning(
                 "schedule %s paused: %s", *paused, extra={"action": "schedule_paused", "schedule": paused[0]}
             )
+    return tripped
 
 
 # --- repairs ----------------------------------------------------------------------------

@@ -14,6 +14,7 @@ from django.db.models import QuerySet
 from django.http import HttpRequest
 
 from scheduler.models import Notification, NotificationTarget
+from scheduler.ops import audit, operations
 from scheduler.tenancy import scope_of_user
 
 
@@ -39,6 +40,16 @@ class NotificationTargetAdmin(_DeployerManages):
     list_display = ("name", "tenant", "kind", "address", "is_default", "enabled")
     list_filter = ("kind", "is_default", "enabled")
     fields = ("name", "tenant", "kind", "address", "secret", "is_default", "enabled")
+
+    def save_model(self, request: HttpRequest, obj: NotificationTarget, form: Any, change: bool) -> None:
+        operations.save_target(obj, actor=audit.user_actor(request.user))
+
+    def delete_model(self, request: HttpRequest, obj: NotificationTarget) -> None:
+        operations.delete_target(obj, actor=audit.user_actor(request.user))
+
+    def delete_queryset(self, request: HttpRequest, queryset: QuerySet[NotificationTarget]) -> None:
+        for target in queryset:  # each audited, as one deleted on its own page
+            self.delete_model(request, target)
 
 
 @admin.register(Notification)

@@ -1,8 +1,9 @@
-"""Celery signal receivers (observe, never veto): a worker's heartbeat, and messages a worker refused.
+"""Celery signal receivers (observe, never veto): a worker's heartbeat and watch, and messages a worker refused.
 
 The heartbeat thread (``scheduler.worker.heartbeat``) starts when the worker is
 ready and stops when it shuts down; it writes only after the worker's own
-consumer received the probe it sent through the broker.
+consumer received the probe it sent through the broker. The watch thread
+(``scheduler.ops.watch.Watcher``) starts and stops with it.
 
 A message whose task the worker does not know, or cannot accept, is
 rejected by Celery without a requeue: no worker would ever claim its
@@ -23,6 +24,7 @@ from django.db import DatabaseError, close_old_connections
 
 from scheduler.exceptions import MessageRefused
 from scheduler.models import Execution
+from scheduler.ops import watch
 from scheduler.owners import instances
 from scheduler.owners.executions import fail_unrun
 from scheduler.worker import heartbeat
@@ -30,17 +32,22 @@ from scheduler.worker import heartbeat
 logger = logging.getLogger(__name__)
 
 _heartbeat: heartbeat.Heartbeat | None = None
+_watcher: watch.Watcher | None = None
 
 
 @worker_ready.connect(dispatch_uid="scheduler.worker_heartbeat")
 def start_heartbeat(sender: Any = None, **kwargs: Any) -> None:
-    global _heartbeat
+    global _heartbeat, _watcher
     _heartbeat = heartbeat.Heartbeat(sender.app, getattr(sender, "hostname", "") or "")
     _heartbeat.start()
+    _watcher = watch.Watcher()
+    _watcher.start()
 
 
 @worker_shutdown.connect(dispatch_uid="scheduler.worker_heartbeat_stop")
 def stop_heartbeat(sender: Any = None, **kwargs: Any) -> None:
+    if _watcher is not None:
+        _watcher.stop(timeout=2.0)
     if _heartbeat is not None:
         # So that it does not write the row again after it is deleted below.
         _heartbeat.stop(timeout=2.0)

@@ -63,7 +63,15 @@ from celery import Task, current_task
 from celery.exceptions import Ignore, Reject, Retry, SoftTimeLimitExceeded, WorkerLostError
 from celery.signals import task_postrun, task_prerun, worker_init, worker_process_init
 from celery.worker.request import Request
-from django.db import DatabaseError, InterfaceError, OperationalError, close_old_connections, connection, connections
+from django.db import (
+    DEFAULT_DB_ALIAS,
+    DatabaseError,
+    InterfaceError,
+    OperationalError,
+    close_old_connections,
+    connection,
+    connections,
+)
 
 from scheduler import clock, logs, process_ids, tracing
 from scheduler.conf import settings
@@ -229,7 +237,47 @@ def _close_old_connections(sender: Task, **_: Any) -> None:
     in the settings). An eager call runs inside its caller's transaction: left alone.
     """
     if not getattr(sender.request, "is_eager", False):
+        _discard_interrupted_transaction()
         close_old_connections()
+
+
+def _discard_interrupted_transaction() -> None:
+    """Close this thread's connection if a transaction is open on it between tasks; open a fresh one next.
+
+    An exception raised by a signal handler (Celery's soft time limit) can
+    land inside Django's transaction bookkeeping: after ``BEGIN`` and before
+    Django noted the block, or in its exit before ``COMMIT``. The session is
+    then in a transaction Django does not know about, and never ends it: on
+    SQLite its write lock stops every process's writes; on PostgreSQL its
+    writes are never committed and its row locks held. Between two tasks no
+    transaction may be open, so one that is, is discarded (rolled back) with
+    the connection and Django's bookkeeping of it.
+    """
+    wrapper = connections[DEFAULT_DB_ALIAS]
+    raw = wrapper.connection
+    if raw is None:
+        return
+    if wrapper.vendor == "sqlite":
+        open_ = raw.in_transaction
+    else:  # psycopg: outside a transaction it is idle, and in autocommit as Django keeps it
+        from psycopg import pq  # only here: an install for SQLite alone has no psycopg
+
+        open_ = raw.info.transaction_status != pq.TransactionStatus.IDLE or raw.autocommit != wrapper.autocommit
+    if not (open_ or wrapper.in_atomic_block):
+        return
+    logger.warning(
+        "a transaction was left open on this process's database connection (a task interrupted inside "
+        "one); rolling it back and reconnecting",
+        extra={"action": "interrupted_transaction_discarded"},
+    )
+    try:
+        # Explicitly: a SQLite connection closed while a statement of it is
+        # still open lives on until that statement is freed, lock and all.
+        raw.rollback()
+        wrapper.close()
+    except Exception:  # noqa: BLE001 -- the driver's own errors too: whatever failed, a fresh connection follows
+        pass
+    del connections[DEFAULT_DB_ALIAS]  # a fresh wrapper: the interrupted block's bookkeeping goes with the old one
 
 
 # --- the guard -------------------------------------------------------------------------
@@ -380,6 +428,7 @@ class ExecutionTask(Task):
         except (Retry, _RetryNotSent):
             raise
         except SoftTimeLimitExceeded as exc:
+            _discard_interrupted_transaction()  # the limit may have struck inside the body's transaction
             reason = f"Soft time limit of {execution.timeout}s exceeded"
             _reconnecting(
                 executions.finish,

@@ -1,4 +1,9 @@
-"""Real beat and worker: a final failure reaches a webhook once, signed, after 500s, across a leader killed before delivery."""
+"""Real beat and worker: each event reaches a webhook once, signed.
+
+A final failure, after 500s and across a leader killed before delivery; an
+overdue schedule and its recovery; a circuit breaker's pause; a leadership
+nobody holds, and its return.
+"""
 
 from __future__ import annotations
 
@@ -10,7 +15,9 @@ from datetime import timedelta
 import pytest
 
 from scheduler import dbclock
-from scheduler.models import Execution, Notification, NotificationTarget
+from scheduler.conf import settings
+from scheduler.models import Execution, Incident, Notification, NotificationTarget
+from scheduler.owners import leases, schedules
 from tests.support.factories import make_schedule
 from tests.support.processes import CeleryProcess, wait_until
 from tests.support.webhook_server import webhook_server
@@ -45,3 +52,72 @@ def test_a_failure_is_delivered_once_signed_after_two_500s_though_the_leader_die
         assert received.requests[-1]["body"]["schedule"] == "doomed"
         note = Notification.objects.get()
         assert note.delivered_at is not None and note.attempts == 3
+
+
+def _events(received: object, event: str) -> list[dict[str, object]]:
+    return [request["body"] for request in received.answered_ok() if request["body"]["event"] == event]  # type: ignore[attr-defined]
+
+
+def test_an_overdue_schedule_notifies_once_then_its_recovery_once(celery_processes: Start) -> None:
+    with webhook_server() as (url, received):
+        # Given a schedule that fails every second and is overdue 3 s without a success, notifying a webhook
+        hook = NotificationTarget.objects.create(name="ops", kind="webhook", address=url, secret="s3cret")
+        schedule = make_schedule("flaky-feed", task="tests.fail", interval=1, alert_after=3)
+        schedule.notify.add(hook)
+        celery_processes("worker", "w1").wait_for_log(r"ready\.")
+        beat = celery_processes("beat", "beat1", notify_interval_seconds=0.2)
+        # When it has gone 3 s without a success
+        assert wait_until(lambda: _events(received, "schedule_overdue"), timeout=30), beat.log()[-3000:]
+        # and it is then fixed: the next run succeeds
+        schedule.task = "tests.record"
+        schedules.save(schedule)
+        assert wait_until(lambda: _events(received, "schedule_recovered"), timeout=30), beat.log()[-3000:]
+        time.sleep(2)  # a few more watch passes: nothing announced again
+    (overdue,) = _events(received, "schedule_overdue")
+    (recovered,) = _events(received, "schedule_recovered")
+    assert overdue["schedule"] == recovered["schedule"] == "flaky-feed"
+    assert "no longer overdue: it succeeded" in str(recovered["summary"])
+    assert not Incident.objects.exists()
+    assert all(request["signed"] for request in received.requests)
+
+
+def test_the_circuit_breaker_pausing_a_schedule_notifies_once(celery_processes: Start) -> None:
+    with webhook_server() as (url, received):
+        NotificationTarget.objects.create(name="ops", kind="webhook", address=url, secret="s3cret", is_default=True)
+        make_schedule("fragile", task="tests.fail", interval=1, pause_after_failures=2)
+        celery_processes("worker", "w1").wait_for_log(r"ready\.")
+        beat = celery_processes("beat", "beat1", notify_interval_seconds=0.2)
+        assert wait_until(lambda: _events(received, "schedule_paused"), timeout=30), beat.log()[-3000:]
+        time.sleep(2)
+    (paused,) = _events(received, "schedule_paused")
+    assert paused["schedule"] == "fragile"
+    assert str(paused["reason"]).startswith("Paused after 2 consecutive failures")
+    assert len(_events(received, "execution_failed")) == 2
+
+
+def test_a_leadership_nobody_holds_is_told_by_the_workers_and_its_return_by_the_leader(
+    celery_processes: Start,
+) -> None:
+    with webhook_server() as (url, received):
+        # Given the deployer's default webhook, two workers watching, and a leader
+        NotificationTarget.objects.create(name="ops", kind="webhook", address=url, secret="s3cret", is_default=True)
+        for name in ("w1", "w2"):
+            celery_processes("worker", name, notify_leaderless_seconds=2, notify_retry_seconds=0.2).wait_for_log(
+                r"ready\."
+            )
+        first = celery_processes("beat", "beat1", notify_leaderless_seconds=2)
+        assert wait_until(lambda: leases.current(settings.LEASE_NAME).is_held, timeout=30), first.log()[-3000:]
+        # When the only beat dies and nobody holds the lease for longer than 2 s
+        first.send(signal.SIGKILL)
+        assert wait_until(lambda: _events(received, "leaderless"), timeout=30)
+        assert not _events(received, "leader_back")
+        # and a beat starts again
+        second = celery_processes("beat", "beat2", notify_leaderless_seconds=2, notify_interval_seconds=0.2)
+        assert wait_until(lambda: _events(received, "leader_back"), timeout=30), second.log()[-3000:]
+        time.sleep(2)
+    # Then each was told once, though two workers watched
+    (leaderless,) = _events(received, "leaderless")
+    (back,) = _events(received, "leader_back")
+    assert leaderless["lease"] == back["lease"] == settings.LEASE_NAME
+    assert "the leadership has had no holder" in str(leaderless["summary"])
+    assert back["holder"] != leaderless["last_holder"]

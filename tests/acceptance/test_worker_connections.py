@@ -1,4 +1,4 @@
-"""A worker keeps its database connection across tasks, and replaces one the server dropped.
+"""A worker keeps its database connection across tasks, and replaces one the server dropped or a task left in a transaction.
 
 A body the server cut off from its database did not fail: it is run again
 as a lost attempt, which does not count against ``max_retries``.
@@ -15,11 +15,13 @@ from django.db import connection
 
 import scheduler
 from scheduler.models import Execution
+from scheduler.owners import schedules
 from tests.acceptance.test_fenced_and_checkpoint import fenced_events
 from tests.acceptance.test_worker_guard import wait_final, worker_pid
 from tests.support import tasks as test_tasks
+from tests.support.factories import make_schedule
 from tests.support.processes import CeleryProcess, wait_until
-from tests.support.tasks import connection_uses
+from tests.support.tasks import connection_uses, interrupted_in_transaction
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -84,3 +86,23 @@ def test_fenced_body_cut_off_from_its_database__runs_again_and_invoices_once(
     assert (done.status, done.attempt) == (Execution.Status.SUCCEEDED, 2), (done.error, worker.log()[-3000:])
     assert test_tasks.side_effects() == [(execution.pk, 2, worker_pid(execution))]
     assert [entry["error"] for entry in done.attempt_errors] == ["Database connection lost during attempt 1"]
+
+
+def test_a_transaction_left_open_by_a_task_is_rolled_back_before_the_next_task(
+    celery_processes: Callable[..., CeleryProcess], redis_client: redis.Redis
+) -> None:
+    # Given a worker with one pool process, and a task that leaves its connection in a transaction holding a lock
+    worker = celery_processes("worker", "w1", concurrency=1)
+    worker.wait_for_log(r"ready\.")
+    schedule = make_schedule("locked", interval=3600)
+    interrupted_in_transaction.delay(schedule.pk)
+    assert wait_until(lambda: redis_client.llen(test_tasks.LEFT_OPEN_KEY), timeout=20), worker.log()[-3000:]
+    # Then the next task on that process runs and is recorded, and the lock is gone: others write again
+    done = run(connection_uses)
+    assert done.status == Execution.Status.SUCCEEDED, (done.error, worker.log()[-3000:])
+    with connection.cursor() as cursor:
+        if connection.vendor == "postgresql":
+            cursor.execute("SET lock_timeout = '5s'")
+    schedule.name = "written"
+    schedules.save(schedule)
+    assert "a transaction was left open on this process's database connection" in worker.log()

@@ -23,7 +23,7 @@ from schemathesis.specs.openapi.checks import (
     status_code_conformance,
 )
 
-from scheduler.models import Execution, PauseRule
+from scheduler.models import Execution, NotificationTarget, PauseRule
 from scheduler.ops import audit
 from tests.integration.api_support import make_execution, make_schedule, tables, token_client
 
@@ -42,12 +42,21 @@ Targets = dict[str, dict[str, int]]
 
 
 def rows_to_aim_at(tenant: str) -> dict[str, int]:
-    """Create a schedule, a finished execution, an audit event and a pause of ``tenant``; return their ids by collection."""
+    """Create a schedule, a finished execution, an audit event, a pause and a notification target of ``tenant``; return their ids."""
     schedule = make_schedule(f"probe-{tenant or 'none'}", tenant=tenant)
     execution = make_execution(schedule, f"probe-{tenant or 'none'}-1", Execution.Status.FAILED)
     event = audit.record(audit.CLI, "create", schedule)
     pause = PauseRule.objects.create(tenant=tenant, every_tenant=not tenant, queue=f"probe-{tenant or 'none'}")
-    return {"schedules": schedule.pk, "executions": execution.pk, "audit-events": event.pk, "pauses": pause.pk}
+    target = NotificationTarget.objects.create(
+        name=f"probe-{tenant or 'none'}", tenant=tenant, kind="slack", address="http://127.0.0.1:9/"
+    )
+    return {
+        "schedules": schedule.pk,
+        "executions": execution.pk,
+        "audit-events": event.pk,
+        "pauses": pause.pk,
+        "notification-targets": target.pk,
+    }
 
 
 @pytest.fixture(params=["every-tenant", TENANT])

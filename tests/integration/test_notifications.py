@@ -1,7 +1,8 @@
-"""Notifications of final failures: recorded with the failure, delivered once to each target, retried with backoff."""
+"""Notifications: recorded with their event, delivered once to each target, retried with backoff; targets in the API."""
 
 from __future__ import annotations
 
+from datetime import timedelta
 from typing import Any
 
 import pytest
@@ -10,12 +11,15 @@ from django.contrib.auth.models import Group
 from django.core import mail
 from django.test import Client
 
-from scheduler.models import Execution, Notification, NotificationTarget, Schedule
+from scheduler import dbclock
+from scheduler.conf import settings as scheduler_settings
+from scheduler.models import AuditEvent, Execution, Incident, Lease, Notification, NotificationTarget, Schedule
+from scheduler.ops import watch
 from scheduler.outbox import notifications as delivery
-from scheduler.owners import executions
+from scheduler.owners import executions, leases
 from scheduler.web.permissions import OPERATOR_GROUP
-from tests.integration.api_support import TENANT_A, TENANT_B, bind
-from tests.support.factories import make_execution, make_schedule
+from tests.integration.api_support import TENANT_A, TENANT_B, bind, token_client
+from tests.support.factories import make_execution, make_schedule, succeed
 from tests.support.webhook_server import webhook_server
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -142,3 +146,125 @@ def test_admin__a_tenants_user_sees_its_targets_and_changes_none() -> None:
     )
     assert posted.status_code == 403
     assert NotificationTarget.objects.count() == 2
+
+
+# --- the events a watch pass and the circuit breaker announce ----------------------------
+
+
+def test_watch__an_overdue_schedule_opens_one_incident_and_its_success_closes_it() -> None:
+    _target("ops", address="http://127.0.0.1:9/", is_default=True)
+    # Given a schedule whose window passed without a success
+    schedule = make_schedule("feed", interval=60, alert_after=1, now=dbclock.now() - timedelta(minutes=5))
+    assert Schedule.objects.overdue(now=dbclock.now()).filter(pk=schedule.pk).exists()
+    # When two watch passes run: one incident, one notification
+    assert watch.watch(overdue=True).opened == 1
+    assert watch.watch(overdue=True).opened == 0
+    assert list(Notification.objects.values_list("event", flat=True)) == ["schedule_overdue"]
+    # When it succeeds: the next pass closes it, once
+    succeed(schedule, "ok")
+    assert watch.watch(overdue=True).closed == 1
+    assert watch.watch(overdue=True).closed == 0
+    assert sorted(Notification.objects.values_list("event", flat=True)) == ["schedule_overdue", "schedule_recovered"]
+    assert not Incident.objects.exists()
+
+
+def test_watch__a_lease_without_holder_past_the_threshold_is_announced_once_and_its_return_too(settings: Any) -> None:
+    settings.SCHEDULER_NOTIFY_LEADERLESS_SECONDS = 30
+    _target("ops", address="http://127.0.0.1:9/", is_default=True)
+    name = scheduler_settings.LEASE_NAME
+    # A lease that never had a holder is not watched; one whose holder left 10 s ago is not past the threshold
+    assert watch.watch(overdue=False) == watch.WatchReport()
+    Lease.objects.create(name=name, holder="gone:1:x", token=3, expires_at=dbclock.now() - timedelta(seconds=10))
+    assert watch.watch(overdue=False).opened == 0
+    # 40 s ago: announced, once, and the leadership is said to be without a holder
+    Lease.objects.filter(name=name).update(expires_at=dbclock.now() - timedelta(seconds=40))
+    assert watch.watch(overdue=False) == watch.WatchReport(opened=1, leaderless=True)
+    assert watch.watch(overdue=False) == watch.WatchReport(leaderless=True)
+    # A holder takes it: its return is announced once
+    handle = leases.acquire(name, holder="back:2:y", ttl=30)
+    assert handle is not None
+    assert watch.watch(overdue=False) == watch.WatchReport(closed=1)
+    assert watch.watch(overdue=False) == watch.WatchReport()
+    bodies = [n.payload for n in Notification.objects.order_by("pk")]
+    assert [(b["event"], b["lease"]) for b in bodies] == [("leaderless", name), ("leader_back", name)]
+    assert (bodies[0]["last_holder"], bodies[1]["holder"]) == ("gone:1:x", "back:2:y")
+
+
+def test_the_circuit_breaker_pausing_a_schedule_notifies_its_targets_with_the_failure() -> None:
+    _target("ops", address="http://127.0.0.1:9/", is_default=True)
+    schedule = make_schedule("fragile", interval=60, pause_after_failures=2)
+    _fail(schedule, "one")
+    assert Notification.objects.filter(event="schedule_paused").count() == 0
+    last = _fail(schedule, "two")
+    (paused,) = Notification.objects.filter(event="schedule_paused")
+    assert paused.payload["execution"] == last.pk
+    assert paused.payload["reason"].startswith("Paused after 2 consecutive failures")
+
+
+# --- targets in the API --------------------------------------------------------------------
+
+
+def _targets(client: Client) -> list[dict[str, Any]]:
+    return client.get("/api/v1/notification-targets/").json()
+
+
+def test_api__a_tenant_reads_its_own_targets_without_secrets_and_changes_none() -> None:
+    mine = _target("a-hook", address="http://127.0.0.1:9/", tenant=TENANT_A, secret="a-secret")
+    _target("b-hook", address="http://127.0.0.1:9/", tenant=TENANT_B, secret="b-secret")
+    _target("deployer", address="http://127.0.0.1:9/", secret="root-secret", is_default=True)
+    operator_a = token_client("ops-a", role="operator", tenant=TENANT_A)
+    listed = _targets(operator_a)
+    assert [t["name"] for t in listed] == ["a-hook"] and "secret" not in listed[0]
+    before = list(NotificationTarget.objects.values())
+    body = {"name": "ssrf", "kind": "webhook", "address": "http://169.254.169.254/", "secret": "x"}
+    assert operator_a.post("/api/v1/notification-targets/", body, content_type="application/json").status_code == 403
+    patch = operator_a.patch(
+        f"/api/v1/notification-targets/{mine.pk}/", {"address": "http://10.0.0.1/"}, content_type="application/json"
+    )
+    assert patch.status_code == 403
+    assert operator_a.delete(f"/api/v1/notification-targets/{mine.pk}/").status_code == 403
+    viewer = token_client("root-viewer", role="viewer")
+    assert viewer.post("/api/v1/notification-targets/", body, content_type="application/json").status_code == 403
+    assert list(NotificationTarget.objects.values()) == before
+    assert not AuditEvent.objects.exists()
+
+
+@pytest.mark.parametrize(
+    ("body", "field"),
+    [
+        ({"name": "x", "kind": "webhook", "address": "file:///etc/passwd", "secret": "s"}, "address"),
+        ({"name": "x", "kind": "webhook", "address": "http://127.0.0.1:9/"}, "secret"),
+        ({"name": "x", "kind": "email", "address": "not an address"}, "address"),
+        ({"name": "x", "kind": "pager", "address": "http://127.0.0.1:9/"}, "kind"),
+        ({"name": "taken", "kind": "slack", "address": "http://127.0.0.1:9/"}, "non_field_errors"),
+    ],
+)
+def test_api__a_bad_target_is_a_400_naming_its_field_and_changes_nothing(body: dict[str, Any], field: str) -> None:
+    _target("taken", address="http://127.0.0.1:9/", secret="s")
+    deployer = token_client("root", role="operator")
+    before = list(NotificationTarget.objects.values())
+    answer = deployer.post("/api/v1/notification-targets/", body, content_type="application/json")
+    assert answer.status_code == 400 and field in answer.json(), answer.content
+    assert list(NotificationTarget.objects.values()) == before
+
+
+def test_api__the_deployer_creates_changes_and_deletes_a_target_each_audited_with_the_secret_masked() -> None:
+    deployer = token_client("root", role="operator")
+    body = {"name": "ops", "tenant": TENANT_A, "kind": "webhook", "address": "https://hooks.example/x", "secret": "s1"}
+    created = deployer.post("/api/v1/notification-targets/", body, content_type="application/json")
+    assert created.status_code == 201, created.content
+    pk = created.json()["id"]
+    changed = deployer.patch(
+        f"/api/v1/notification-targets/{pk}/", {"secret": "s2", "is_default": True}, content_type="application/json"
+    )
+    assert changed.status_code == 200 and "secret" not in changed.json()
+    assert NotificationTarget.objects.get(pk=pk).secret == "s2"
+    assert deployer.delete(f"/api/v1/notification-targets/{pk}/").status_code == 204
+    events = list(AuditEvent.objects.order_by("pk").values_list("action", "object_type", "changes", "tenant"))
+    assert [(action, kind, tenant) for action, kind, _, tenant in events] == [
+        ("create", "scheduler.notificationtarget", TENANT_A),
+        ("update", "scheduler.notificationtarget", TENANT_A),
+        ("delete", "scheduler.notificationtarget", TENANT_A),
+    ]
+    assert "s1" not in str(events) and "s2" not in str(events)
+    assert events[1][2]["secret"] == ["(hidden)", "(changed)"]

@@ -17,7 +17,7 @@ from scheduler import dbclock
 from scheduler.models import Execution, Schedule
 from scheduler.owners import executions, schedules
 from tests.integration.api_support import token_client
-from tests.support.factories import make_schedule
+from tests.support.factories import make_schedule, succeed
 
 pytestmark = pytest.mark.django_db
 
@@ -30,21 +30,6 @@ def make(name: str, *, now: datetime = T0, **fields: object) -> Schedule:
     """A schedule of ``tests.record`` every 60 s unless ``fields`` say otherwise, saved at ``now`` (T0 by default)."""
     fields.setdefault("task", "tests.record")
     return make_schedule(name, now=now, **fields)
-
-
-def succeed(schedule: Schedule, key: str) -> None:
-    """Run one execution of ``schedule`` to success through the worker's claim and finish."""
-    execution, _ = executions.record_one(
-        Execution(
-            idempotency_key=key,
-            task=schedule.task,
-            schedule=schedule,
-            scheduled_for=dbclock.now(),
-            celery_task_id=key,
-        )
-    )
-    claimed = executions.claim(worker="w:1", task=schedule.task, celery_task_id=key, execution_id=execution.pk)
-    assert claimed is not None and executions.finish(executions.Claim.of(claimed), status=Execution.Status.SUCCEEDED)
 
 
 def test_save__deadline_is_two_intervals_after_the_first_slot() -> None:

@@ -7,7 +7,7 @@ from typing import Any
 
 from scheduler import dbclock
 from scheduler.models import Execution, Schedule
-from scheduler.owners import schedules
+from scheduler.owners import executions, schedules
 
 #: The fields that pick a schedule's timing; exactly one of them is set.
 _TIMING_FIELDS = {"interval", "cron", "run_at"}
@@ -61,3 +61,18 @@ def make_past_execution(
         finished_at=None if status in Execution.IN_FLIGHT_STATUSES else now - timedelta(days=age_days),
         **fields,
     )
+
+
+def succeed(schedule: Schedule, key: str) -> None:
+    """Run one execution of ``schedule`` to success through the worker's claim and finish."""
+    execution, _ = executions.record_one(
+        Execution(
+            idempotency_key=key,
+            task=schedule.task,
+            schedule=schedule,
+            scheduled_for=dbclock.now(),
+            celery_task_id=key,
+        )
+    )
+    claimed = executions.claim(worker="w:1", task=schedule.task, celery_task_id=key, execution_id=execution.pk)
+    assert claimed is not None and executions.finish(executions.Claim.of(claimed), status=Execution.Status.SUCCEEDED)

@@ -357,3 +357,28 @@ def _freeze_once_counted(client: redis.Redis, **fields: Any) -> None:
         _freeze(client, **fields)
 
     schedules.count_run = counted
+
+
+@shared_task(name="tests.interrupted_in_transaction", guarded=False)
+def interrupted_in_transaction(schedule_id: int) -> None:
+    """Leave this process's connection in a transaction Django does not know about, holding a lock.
+
+    The state a soft time limit leaves when it strikes inside Django's
+    transaction bookkeeping (after ``BEGIN``, before Django noted the block):
+    on SQLite the write lock, on PostgreSQL the schedule row's lock, in a
+    transaction nothing will end. Unguarded, so nothing of the guard's
+    touches the connection after it.
+    """
+    connection.ensure_connection()
+    raw = connection.connection
+    if connection.vendor == "sqlite":
+        raw.execute("BEGIN IMMEDIATE")
+    else:
+        raw.autocommit = False
+    placeholder = "?" if connection.vendor == "sqlite" else "%s"  # the drivers' own, not Django's
+    raw.execute(f"UPDATE scheduler_schedule SET total_runs = total_runs WHERE id = {placeholder}", [schedule_id])
+    _client().rpush(LEFT_OPEN_KEY, os.getpid())
+
+
+#: Redis list ``tests.interrupted_in_transaction`` appends its pid to once it left its transaction open.
+LEFT_OPEN_KEY = "tests:left-open"

@@ -8,6 +8,7 @@ admin's and the CLI's messages, as field errors.
 from __future__ import annotations
 
 import json
+from copy import copy
 from typing import Any
 
 from django.core.exceptions import NON_FIELD_ERRORS
@@ -20,7 +21,7 @@ from scheduler import dbclock
 from scheduler.celery_app import celery_app
 from scheduler.conf import settings
 from scheduler.limits import PAUSED_REASON_MAX_CHARS
-from scheduler.models import AuditEvent, Execution, Lease, PauseRule, Schedule
+from scheduler.models import AuditEvent, Execution, Lease, NotificationTarget, PauseRule, Schedule
 from scheduler.models.schedule import EARLIEST, LATEST, POLICY_FIELDS
 from scheduler.ops import bulk, operations
 from scheduler.ops.backfill import DEFAULT_LIMIT
@@ -365,6 +366,27 @@ class PauseRuleSerializer(serializers.ModelSerializer):
             "created_at",
         )
         read_only_fields = fields
+
+
+class NotificationTargetSerializer(serializers.ModelSerializer):
+    """Where notifications go. The secret is write-only: it is never shown again."""
+
+    class Meta:
+        model = NotificationTarget
+        fields = ("id", "name", "tenant", "kind", "address", "secret", "is_default", "enabled")
+        extra_kwargs = {"secret": {"write_only": True}}
+        # The model's constraint, checked by ``full_clean`` below with the message the admin shows.
+        validators: list[Any] = []
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        target = copy(self.instance) if self.instance is not None else NotificationTarget()
+        for name, value in attrs.items():
+            setattr(target, name, value)
+        try:
+            target.full_clean()
+        except DjangoValidationError as exc:
+            raise drf_errors(exc) from None
+        return attrs
 
 
 class PauseRequestSerializer(serializers.Serializer):

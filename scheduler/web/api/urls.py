@@ -21,6 +21,7 @@ router.register("schedules", views.ScheduleViewSet, basename="schedule")
 router.register("executions", views.ExecutionViewSet, basename="execution")
 router.register("audit-events", views.AuditEventViewSet, basename="auditevent")
 router.register("pauses", views.PauseViewSet, basename="pause")
+router.register("notification-targets", views.NotificationTargetViewSet, basename="notificationtarget")
 
 urlpatterns = [
     path("v1/", include(router.urls)),

@@ -35,7 +35,7 @@ from scheduler import dbclock, task_policy
 from scheduler.celery_app import celery_app
 from scheduler.conf import settings
 from scheduler.exceptions import BackfillRefused, BackfillTooLarge, TaskRefused
-from scheduler.models import AuditEvent, Execution, Lease, PauseRule, Schedule
+from scheduler.models import AuditEvent, Execution, Lease, NotificationTarget, PauseRule, Schedule
 from scheduler.ops import audit, bulk, operations
 from scheduler.web import cluster
 from scheduler.web.api import serializers as s
@@ -360,6 +360,44 @@ class PauseViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, ScopedViewS
         rule = self.get_object()
         sent = operations.resume_work(rule, actor=caller(request).actor, app=celery_app())
         return Response(s.ResumeResultSerializer({"resumed": rule.describe(), "sent": sent}).data)
+
+
+@extend_schema(tags=["notifications"])
+class NotificationTargetViewSet(
+    mixins.ListModelMixin,
+    mixins.RetrieveModelMixin,
+    mixins.CreateModelMixin,
+    mixins.UpdateModelMixin,
+    mixins.DestroyModelMixin,
+    ScopedViewSet,
+):
+    """Where notifications go: the caller's tenant's targets to read; only an operator of every tenant changes them.
+
+    A webhook's URL is fetched from inside the deployer's network, so a
+    caller bound to a tenant may not point one anywhere (as in the admin).
+    Every change is audited; the secret is masked in the audit trail.
+    """
+
+    queryset = NotificationTarget.objects.order_by("tenant", "name")
+    serializer_class = s.NotificationTargetSerializer
+    http_method_names = ["get", "post", "patch", "delete", "head", "options"]
+
+    def get_permissions(self) -> list[Any]:
+        if self.request.method in ("GET", "HEAD", "OPTIONS"):
+            return [HasRole()]
+        return [HasRole(), Unscoped()]
+
+    def perform_create(self, serializer: BaseSerializer[Any]) -> None:
+        serializer.instance = NotificationTarget(**serializer.validated_data)
+        operations.save_target(serializer.instance, actor=caller(self.request).actor)
+
+    def perform_update(self, serializer: BaseSerializer[Any]) -> None:
+        for name, value in serializer.validated_data.items():
+            setattr(serializer.instance, name, value)
+        operations.save_target(serializer.instance, actor=caller(self.request).actor)
+
+    def perform_destroy(self, instance: NotificationTarget) -> None:
+        operations.delete_target(instance, actor=caller(self.request).actor)
 
 
 @extend_schema(tags=["executions"])
