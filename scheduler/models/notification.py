@@ -17,11 +17,16 @@ class NotificationTarget(models.Model):
         WEBHOOK = "webhook", "webhook (signed JSON)"
         #: A Slack-compatible incoming webhook at ``address``.
         SLACK = "slack", "Slack incoming webhook"
+        #: Check-ins of each run of the schedules that choose it, to a monitor's ping URL:
+        #: ``<url>/start``, ``<url>``, ``<url>/fail`` (Healthchecks.io and compatible).
+        HEALTHCHECKS = "healthchecks", "check-in: Healthchecks.io-style ping URL"
+        #: The same to a Sentry Crons-style URL: ``?status=in_progress``, ``ok``, ``error``.
+        SENTRY_CRONS = "sentry_crons", "check-in: Sentry Crons-style URL"
 
     name = models.CharField(max_length=200)
     #: Whose: a tenant's target serves that tenant's schedules and executions; "" the deployer's.
     tenant = models.CharField(max_length=100, blank=True, default="", db_index=True)
-    kind = models.CharField(max_length=10, choices=Kind.choices)
+    kind = models.CharField(max_length=20, choices=Kind.choices)
     #: An e-mail address, or the URL to POST to.
     address = models.CharField(max_length=500)
     #: The webhook's shared secret (the receiver checks ``X-Scheduler-Signature`` with it).
@@ -49,6 +54,18 @@ class NotificationTarget(models.Model):
             raise ValidationError({"address": exc.messages}) from None
         if self.kind == self.Kind.WEBHOOK and not self.secret:
             raise ValidationError({"secret": "A signed webhook needs the secret its receiver checks."})
+        if self.is_check_in and self.is_default:
+            raise ValidationError(
+                {"is_default": "A check-in URL is one job's monitor: choose it on its schedule, not as a default."}
+            )
+
+    @property
+    def is_check_in(self) -> bool:
+        return self.kind in CHECK_IN_KINDS
+
+
+#: The kinds that check in each run of a schedule (start, success, failure) instead of telling about events.
+CHECK_IN_KINDS = frozenset({NotificationTarget.Kind.HEALTHCHECKS, NotificationTarget.Kind.SENTRY_CRONS})
 
 
 class Notification(models.Model):
@@ -60,6 +77,9 @@ class Notification(models.Model):
         #: A schedule has had no success for longer than its window (the dead man's switch), and when that ended.
         SCHEDULE_OVERDUE = "schedule_overdue", "schedule overdue"
         SCHEDULE_RECOVERED = "schedule_recovered", "schedule no longer overdue"
+        #: An attempt of a schedule that chose a check-in target started, and one succeeded (check-ins only).
+        RUN_STARTED = "run_started", "run started"
+        RUN_SUCCEEDED = "run_succeeded", "run succeeded"
         #: The leadership (or a shard's) has had no holder for ``SCHEDULER_NOTIFY_LEADERLESS_SECONDS``, and when one took it.
         LEADERLESS = "leaderless", "no leader"
         LEADER_BACK = "leader_back", "leader back"

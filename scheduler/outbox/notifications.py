@@ -1,4 +1,4 @@
-"""Delivering the notifications owed (``owners.notifications``): e-mail, signed webhooks, Slack; never inside a transaction.
+"""Delivering the notifications owed (``owners.notifications``): e-mail, signed webhooks, Slack, check-ins; never inside a transaction.
 
 The beat leader's housekeeping calls ``deliver_due``. A webhook's body is
 the notification's JSON; its ``X-Scheduler-Signature`` is
@@ -6,7 +6,8 @@ the notification's JSON; its ``X-Scheduler-Signature`` is
 and ``X-Scheduler-Timestamp`` the timestamp, so a receiver can check both
 and refuse an old replay; ``X-Scheduler-Delivery`` names the notification,
 the same on every attempt, so a receiver that got an attempt whose answer
-was lost can tell the next one apart. An answer other than 2xx, a timeout
+was lost can tell the next one apart. A check-in is a POST to the
+monitor's URL (``check_in_url``) with the one-line text as its body. An answer other than 2xx, a timeout
 or a refused connection is a failed attempt, tried again after its backoff.
 """
 
@@ -18,7 +19,9 @@ import json
 import logging
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
+import uuid
 from dataclasses import dataclass
 
 from django.core.mail import send_mail
@@ -89,6 +92,8 @@ def _send(row: Notification) -> None:
             send_mail(text_of(row)[:200], json.dumps(row.payload, indent=2), None, [target.address])
         elif target.kind == NotificationTarget.Kind.SLACK:
             _post(target.address, json.dumps({"text": text_of(row)}).encode(), {})
+        elif target.is_check_in:
+            _post(check_in_url(target, row), text_of(row).encode(), {"Content-Type": "text/plain"})
         else:
             body = json.dumps(row.payload, sort_keys=True).encode()
             timestamp = str(int(time.time()))
@@ -102,6 +107,31 @@ def _send(row: Notification) -> None:
         raise
     except Exception as exc:  # a mail server, DNS, TLS...: whatever failed, this attempt did
         raise DeliveryFailed(first_line(exc)) from exc
+
+
+#: What each event tells a check-in monitor: Healthchecks.io's path suffix, Sentry Crons' status.
+_CHECK_IN = {
+    Notification.Event.RUN_STARTED: ("/start", "in_progress"),
+    Notification.Event.RUN_SUCCEEDED: ("", "ok"),
+    Notification.Event.EXECUTION_FAILED: ("/fail", "error"),
+}
+
+
+def check_in_url(target: NotificationTarget, row: Notification) -> str:
+    """The URL a check-in of ``row``'s run goes to.
+
+    A run id names the attempt, the same at its start and its end, so a
+    monitor pairs them when runs overlap: Healthchecks.io's ``rid``, Sentry's
+    ``check_in_id``.
+    """
+    suffix, status = _CHECK_IN[row.event]  # type: ignore[index]  # an event check-ins get (targets_for)
+    run_id = str(uuid.uuid5(uuid.NAMESPACE_URL, f"execution:{row.payload['execution']}:{row.payload['attempt']}"))
+    url = target.address
+    if target.kind == NotificationTarget.Kind.HEALTHCHECKS:
+        url, query = url.rstrip("/") + suffix, {"rid": run_id}
+    else:
+        query = {"status": status, "check_in_id": run_id}
+    return f"{url}{'&' if '?' in url else '?'}{urllib.parse.urlencode(query)}"
 
 
 def _post(url: str, body: bytes, headers: dict[str, str]) -> None:

@@ -55,7 +55,7 @@ from scheduler.exceptions import InFlightLocked, MessageRefused
 from scheduler.failpoints import failpoint
 from scheduler.fastpath import bulk_insert
 from scheduler.fastpath.prepared import Param, Prepared, RowReader
-from scheduler.models import Execution, Schedule
+from scheduler.models import Execution, Notification, Schedule
 from scheduler.models.tally import MESSAGE_REFUSED, TallyIncrement
 from scheduler.owners import notifications, schedules
 
@@ -516,6 +516,10 @@ def claim(
         return None
     execution = _ROW.read(using, row)
     failpoint("worker.claim.after")
+    if notifications.checks_in(execution.schedule_id):
+        # Just after the claim, not in its statement: a process that dies in
+        # between loses this start's check-in; its outcome's still goes.
+        notifications.record_run(execution.pk, Notification.Event.RUN_STARTED)
     if execution.timeout:
         _hold_to_time_limit(Claim.of(execution), execution.timeout)
     return execution
@@ -767,6 +771,7 @@ def finish_in_transaction(held: Claim) -> bool:
         held.schedule_id,
         held.started_at,
         status=Status.SUCCEEDED,
+        execution_id=held.execution_id,
     )
 
 
@@ -1058,6 +1063,13 @@ def _record_outcome(
             tripped = schedules.count_run(schedule_id, status=status, error=error, started_at=started_at)
         if finished and notify:
             notifications.record_failure(execution_id)  # type: ignore[arg-type]  # notify: not None
+        elif (
+            finished
+            and status == Status.SUCCEEDED
+            and execution_id is not None
+            and notifications.checks_in(schedule_id)
+        ):
+            notifications.record_run(execution_id, Notification.Event.RUN_SUCCEEDED)
         if tripped and schedule_id is not None and execution_id is not None:  # a failure trips it, so one is named
             notifications.record_paused(schedule_id, execution_id=execution_id)
     return bool(finished)

@@ -12,6 +12,7 @@ time, and one whose sender died is taken again once that time has passed.
 
 from __future__ import annotations
 
+import time
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -21,22 +22,91 @@ from django.db.models.functions import Now
 
 from scheduler.conf import settings
 from scheduler.models import Execution, Incident, Notification, NotificationTarget, Schedule
+from scheduler.models.notification import CHECK_IN_KINDS
 
 Event = Notification.Event
 
 
-def targets_for(*, schedule_id: int | None, tenant: str) -> list[NotificationTarget]:
-    """The enabled targets of a schedule's (or a tenant's) notifications: its own, else its tenant's defaults, else the deployer's."""
-    if schedule_id is not None:
-        chosen = list(
-            Schedule.notify.through.objects.filter(schedule_id=schedule_id).values_list(
-                "notificationtarget_id", flat=True
-            )
-        )
-        if chosen:
-            return list(NotificationTarget.objects.filter(pk__in=chosen, enabled=True, tenant=tenant))
-    defaults = NotificationTarget.objects.filter(is_default=True, enabled=True)
+def targets_for(*, schedule_id: int | None, tenant: str, event: str) -> list[NotificationTarget]:
+    """The enabled targets ``event`` of a schedule (or a tenant) goes to.
+
+    Told targets: the schedule's own, else its tenant's defaults, else the
+    deployer's. Check-in targets are only ever the schedule's own, and get
+    only the runs: each start and success, and the final failure.
+    """
+    chosen = (
+        list(NotificationTarget.objects.filter(schedules__pk=schedule_id, enabled=True, tenant=tenant))
+        if schedule_id is not None
+        else []
+    )
+    check_ins = [target for target in chosen if target.is_check_in]
+    if event in RUN_EVENTS:
+        return check_ins
+    told = [target for target in chosen if not target.is_check_in] or _defaults(tenant)
+    return told + (check_ins if event == Event.EXECUTION_FAILED else [])
+
+
+def _defaults(tenant: str) -> list[NotificationTarget]:
+    defaults = NotificationTarget.objects.filter(is_default=True, enabled=True).exclude(kind__in=CHECK_IN_KINDS)
     return list(defaults.filter(tenant=tenant)) or (list(defaults.filter(tenant="")) if tenant else [])
+
+
+RUN_EVENTS = frozenset({Event.RUN_STARTED, Event.RUN_SUCCEEDED})
+#: (monotonic time read, the ids of the schedules that chose an enabled check-in target).
+_checked_in: tuple[float, frozenset[int]] | None = None
+
+
+def checks_in(schedule_id: int | None, *, max_age: float = 1.0) -> bool:
+    """Whether schedule ``schedule_id`` chose a check-in target: read at most every ``max_age`` seconds per process.
+
+    Asked by every claim and success, so one query a second, not one a run.
+    """
+    global _checked_in
+    if schedule_id is None:
+        return False
+    now = time.monotonic()
+    if _checked_in is None or now - _checked_in[0] >= max_age:
+        chosen = Schedule.notify.through.objects.filter(
+            notificationtarget__kind__in=CHECK_IN_KINDS, notificationtarget__enabled=True
+        )
+        _checked_in = (now, frozenset(chosen.values_list("schedule_id", flat=True)))
+    return schedule_id in _checked_in[1]
+
+
+def forget_check_ins() -> None:
+    """Read which schedules check in afresh next time (this process changed their targets)."""
+    global _checked_in
+    _checked_in = None
+
+
+def record_run(execution_id: int, event: str) -> int:
+    """Record a check-in of execution ``execution_id``'s attempt starting or succeeding (``RUN_EVENTS``); return how many.
+
+    The caller asked ``checks_in`` first: a schedule without check-ins costs nothing.
+    """
+    execution = (
+        Execution.objects.filter(pk=execution_id)
+        .values("pk", "schedule_id", "schedule__name", "task", "tenant", "status", "attempt")
+        .first()
+    )
+    if execution is None:
+        return 0
+    payload = {
+        "execution": execution["pk"],
+        "schedule": execution["schedule__name"],
+        "task": execution["task"],
+        "status": execution["status"],
+        "attempt": execution["attempt"],
+        "summary": f"schedule {execution['schedule__name']!r}: execution {execution['pk']} attempt "
+        f"{execution['attempt']} {'started' if event == Event.RUN_STARTED else 'succeeded'}",
+    }
+    return _record(
+        event,
+        f"{event}:{execution_id}:{execution['attempt']}",
+        schedule_id=execution["schedule_id"],
+        tenant=execution["tenant"],
+        payload=payload,
+    )
 
 
 def record_failure(execution_id: int) -> int:
@@ -127,7 +197,7 @@ def _record(event: str, key: str, *, schedule_id: int | None, tenant: str, paylo
     body = {"event": event, "tenant": tenant, **payload}
     rows = [
         Notification(key=key, target=target, event=event, tenant=tenant, payload=body)
-        for target in targets_for(schedule_id=schedule_id, tenant=tenant)
+        for target in targets_for(schedule_id=schedule_id, tenant=tenant, event=event)
     ]
     return len(Notification.objects.bulk_create(rows, ignore_conflicts=True))
 

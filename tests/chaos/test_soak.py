@@ -106,6 +106,10 @@ STALL_BOUND_SECONDS = 2 * SETTINGS["lease_ttl_seconds"]
 #: A frozen pool child stays stopped past its claim, and long enough for a
 #: reconcile pass to find the claim expired and let a successor take it.
 FREEZE_SECONDS = SETTINGS["claim_seconds"] + SETTINGS["reconcile_interval_seconds"] + 1
+#: SQLite has one writer: a process frozen inside a write transaction (``freeze_in_fenced``,
+#: ``freeze_in_transaction``) holds it, and every other writer waits until the fault ends. There
+#: dispatch may stall as long as the fault plus the bound (docs/testing.md); PostgreSQL waits on nobody.
+SQLITE_STALL_BOUND_SECONDS = FREEZE_SECONDS + STALL_BOUND_SECONDS
 LONG_INTERVAL_SECONDS = 10
 LONG_BODY_SECONDS = 4
 #: Long bodies work in steps (see ``tests.record``), so a frozen one resumes
@@ -608,6 +612,7 @@ def test_chaos_soak__every_slot_once_nothing_run_twice_nothing_lost(
     unsuccessful.sort(key=lambda row: (row["status"] not in Execution.FINAL_STATUSES, row["id"]))  # final ones first
     # 4. no every-second schedule went longer than 2 x the lease TTL without a committed slot
     stall, stalled = invariants.max_stall(created, executions, created_at=started_at, ended_at=ended_at)
+    stall_bound = SQLITE_STALL_BOUND_SECONDS if connection.vendor == "sqlite" else STALL_BOUND_SECONDS
     raised_while_down = sum(
         1 for event in events if event["event"] == "raise" and any(down <= event["at"] <= up for down, up in outages)
     )
@@ -637,7 +642,7 @@ def test_chaos_soak__every_slot_once_nothing_run_twice_nothing_lost(
         "rerun_after_interruption": rerun_after_interruption,
         "max_stall_s": round(stall, 2),
         "max_stall_schedule": stalled,
-        "stall_bound_s": STALL_BOUND_SECONDS,
+        "stall_bound_s": stall_bound,
         "not_final": dict(open_rows),
         "window": [started_at.isoformat(), ended_at.isoformat()],
         "unsuccessful": unsuccessful[:40],
@@ -671,7 +676,7 @@ def test_chaos_soak__every_slot_once_nothing_run_twice_nothing_lost(
     assert not open_rows, summary
     assert not unsuccessful, summary
     assert not without_body, summary
-    assert stall <= STALL_BOUND_SECONDS, summary
+    assert stall <= stall_bound, summary
 
 
 def _iso(moment: datetime | None) -> str | None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import uuid
 from datetime import timedelta
 from typing import Any
 
@@ -16,7 +17,7 @@ from scheduler.conf import settings as scheduler_settings
 from scheduler.models import AuditEvent, Execution, Incident, Lease, Notification, NotificationTarget, Schedule
 from scheduler.ops import watch
 from scheduler.outbox import notifications as delivery
-from scheduler.owners import executions, leases
+from scheduler.owners import executions, leases, notifications
 from scheduler.web.permissions import OPERATOR_GROUP
 from tests.integration.api_support import TENANT_A, TENANT_B, bind, token_client
 from tests.support.factories import make_execution, make_schedule, succeed
@@ -111,7 +112,6 @@ def test_successes_and_retries_notify_nobody_and_a_second_recording_is_a_no_op()
     execution = make_execution("ok", status=Status.SUCCEEDED)
     assert not Notification.objects.exists()
     failed = _fail(None, "failed")
-    from scheduler.owners import notifications
 
     notifications.record_failure(failed.pk)  # again: the event's key makes it a no-op
     assert Notification.objects.count() == 1
@@ -268,3 +268,49 @@ def test_api__the_deployer_creates_changes_and_deletes_a_target_each_audited_wit
     ]
     assert "s1" not in str(events) and "s2" not in str(events)
     assert events[1][2]["secret"] == ["(hidden)", "(changed)"]
+
+
+# --- check-ins ------------------------------------------------------------------------------
+
+
+def test_check_ins__each_run_pings_start_then_success_or_failure_with_one_run_id() -> None:
+    with webhook_server() as (url, received):
+        # Given a schedule checking in to a Healthchecks-style and a Sentry-Crons-style monitor, told nowhere else
+        healthchecks = _target("hc", "healthchecks", address=url)
+        sentry = _target("sentry", "sentry_crons", address=f"{url}/cron/nightly/key/")
+        schedule = make_schedule("nightly", interval=60)
+        schedule.notify.add(healthchecks, sentry)
+        notifications.forget_check_ins()
+        # When one run succeeds and the next fails for good
+        succeed(schedule, "ok")
+        failed = _fail(schedule, "boom")
+        assert delivery.deliver_due().delivered == 6
+    paths = sorted(request["path"] for request in received.requests)
+    ok_id, failed_id = (str(uuid.uuid5(uuid.NAMESPACE_URL, f"execution:{pk}:1")) for pk in (_pk("ok"), failed.pk))
+    # Then the monitors got the run's start and end, paired by its id; a run that failed unstarted gets its failure
+    assert paths == sorted(
+        [
+            f"/hook/start?rid={ok_id}",
+            f"/hook?rid={ok_id}",
+            f"/hook/fail?rid={failed_id}",
+            f"/hook/cron/nightly/key/?status=in_progress&check_in_id={ok_id}",
+            f"/hook/cron/nightly/key/?status=ok&check_in_id={ok_id}",
+            f"/hook/cron/nightly/key/?status=error&check_in_id={failed_id}",
+        ]
+    )
+    assert not any(request["signed"] for request in received.requests)  # plain text, no secret to sign with
+
+
+def _pk(key: str) -> int:
+    return Execution.objects.values_list("pk", flat=True).get(idempotency_key=key)
+
+
+def test_check_ins__none_for_a_schedule_without_one_and_a_check_in_is_never_a_default() -> None:
+    _target("ops", address="http://127.0.0.1:9/", is_default=True)
+    notifications.forget_check_ins()
+    succeed(make_schedule("plain", interval=60), "ok")
+    assert not Notification.objects.exists()
+    deployer = token_client("root", role="operator")
+    body = {"name": "hc", "kind": "healthchecks", "address": "https://hc-ping.example/abc", "is_default": True}
+    answer = deployer.post("/api/v1/notification-targets/", body, content_type="application/json")
+    assert answer.status_code == 400 and "is_default" in answer.json()

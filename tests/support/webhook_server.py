@@ -47,7 +47,10 @@ def webhook_server(secret: str = "s3cret", *, failures: list[int] | None = None)
                 received.requests.append(
                     {
                         "headers": headers,
-                        "body": json.loads(body),
+                        "path": self.path,
+                        "body": json.loads(body)
+                        if headers.get("Content-Type") == "application/json"
+                        else body.decode(),
                         "signed": received.valid(headers, body),
                         "status": status,
                     }

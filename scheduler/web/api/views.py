@@ -388,13 +388,16 @@ class NotificationTargetViewSet(
         return [HasRole(), Unscoped()]
 
     def perform_create(self, serializer: BaseSerializer[Any]) -> None:
-        serializer.instance = NotificationTarget(**serializer.validated_data)
-        operations.save_target(serializer.instance, actor=caller(self.request).actor)
+        target = NotificationTarget(**serializer.validated_data)
+        operations.save_target(target, actor=caller(self.request).actor)
+        serializer.instance = target
 
     def perform_update(self, serializer: BaseSerializer[Any]) -> None:
+        target: NotificationTarget = self.get_object()
         for name, value in serializer.validated_data.items():
-            setattr(serializer.instance, name, value)
-        operations.save_target(serializer.instance, actor=caller(self.request).actor)
+            setattr(target, name, value)
+        operations.save_target(target, actor=caller(self.request).actor)
+        serializer.instance = target
 
     def perform_destroy(self, instance: NotificationTarget) -> None:
         operations.delete_target(instance, actor=caller(self.request).actor)
