@@ -42,6 +42,8 @@ class Housekeeping:
         self.reconciler: threading.Thread | None = None
         self.broker_checker: threading.Thread | None = None
         self.notifier: threading.Thread | None = None
+        #: Runs on the notifier's thread, one pass at a time.
+        self.watch = watch.LeaderWatch()
         self._last_notify = 0.0  # monotonic
         self.last_reconcile = time.monotonic()  # the first pass runs one interval after start
         self._last_broker_check = 0.0  # monotonic
@@ -154,7 +156,7 @@ class Housekeeping:
     def _notify(self, lease: leases.LeaseHandle) -> None:
         try:
             if _still_held(lease) is not None:
-                watch.watch(overdue=True)
+                self.watch.run()
                 outbox_notifications.deliver_due()
         except Exception:  # housekeeping: log it, keep dispatching
             logger.exception("notification delivery failed", extra={"action": "notify_failed"})

@@ -15,8 +15,9 @@ Celery's ``before_task_publish`` and ``after_task_publish`` signals are
 sent only when something listens to them (the fast path skips them
 otherwise, which is most of their cost); ``task-sent`` events, protocol 1,
 publishing from inside a task (parent and root ids), task-level
-``expires``, and routes to a named exchange take ``send_task``, as does
-every broker other than Redis. Nothing waits for these messages' results,
+``expires``, routes to a named exchange, and a schedule's own message
+options (``expires``, ``headers``, ``exchange``, ``routing_key``) take
+``send_task``, as does every broker other than Redis. Nothing waits for these messages' results,
 so the result backend is not told of them (``on_task_call``).
 
 Mirrors, checked against celery 5.7.0 and kombu 5.7.0 (``requirements.txt``):
@@ -65,6 +66,7 @@ from scheduler import tracing
 from scheduler.conf import settings
 from scheduler.fastpath.guard import BREAKAGE, FastPath
 from scheduler.models import Execution
+from scheduler.models.schedule import MESSAGE_OPTION_FIELDS
 from scheduler.outbox import broker
 from scheduler.timing import policies
 
@@ -102,6 +104,11 @@ def time_limits(timeout: int | None) -> dict[str, float]:
     if not timeout:
         return {}
     return {"soft_time_limit": float(timeout), "time_limit": float(timeout) + settings.TIMEOUT_GRACE_SECONDS}
+
+
+def has_message_options(row: dict[str, Any]) -> bool:
+    """Whether the row's schedule sets Celery message options (``MESSAGE_OPTION_FIELDS``): ``send_task`` sends it."""
+    return any(row.get(name) for name in MESSAGE_OPTION_FIELDS)
 
 
 def start_at(row: dict[str, Any]) -> datetime:
@@ -218,7 +225,7 @@ class Publisher:
         """Return Celery's messages for ``rows``, and the rows only ``send_task`` can express."""
         messages, slow = [], []
         for row in rows:
-            message = self._message(row, now=now)
+            message = None if has_message_options(row) else self._message(row, now=now)
             if message is None:
                 slow.append(row)
             else:
@@ -426,7 +433,12 @@ class Publisher:
     def _options(self, row: dict[str, Any], *, now: datetime) -> dict[str, Any]:
         options: dict[str, Any] = {
             "task_id": row["celery_task_id"] or None,
-            "headers": {Execution.MESSAGE_HEADER: row["id"], **tracing.message_headers(row)},
+            # The schedule's own headers first: they never override the execution's (``RESERVED_HEADERS``).
+            "headers": {
+                **(row.get("headers") or {}),
+                Execution.MESSAGE_HEADER: row["id"],
+                **tracing.message_headers(row),
+            },
             "producer": self.producer,
             # Fail fast: a broker outage must not stall the caller.
             "retry": False,
@@ -436,9 +448,14 @@ class Publisher:
             options["queue"] = row["queue"]
         if row["priority"] is not None:
             options["priority"] = row["priority"]
+        for name in ("exchange", "routing_key"):
+            if row.get(name):
+                options[name] = row[name]
         eta = start_at(row)
         if eta > now:
             options["eta"] = eta
+        if row.get("expires"):
+            options["expires"] = eta + timedelta(seconds=row["expires"])
         return options
 
 

@@ -48,6 +48,16 @@ POLICY_FIELDS = (
     "pause_after_failures",
     "alert_after",
 )
+#: Celery's message options the executions of a schedule are sent with.
+MESSAGE_OPTION_FIELDS = ("expires", "headers", "exchange", "routing_key")
+#: Message headers Celery's protocol or this scheduler sets: a schedule's own may not name them.
+RESERVED_HEADERS = frozenset(
+    {
+        "lang", "task", "id", "shadow", "eta", "expires", "group", "group_index", "retries", "timelimit",
+        "root_id", "parent_id", "argsrepr", "kwargsrepr", "origin", "ignore_result", "stamped_headers",
+        "stamps", "replaced_task_nesting", "traceparent", "tracestate", "execution_id",
+    }
+)  # fmt: skip
 #: Fields whose change moves the dead man's switch deadline (``overdue_at``).
 DEADLINE_FIELDS = (*TIMING_FIELDS, "alert_after")
 #: Timing fields whose edit starts the schedule afresh: slots before the edit are no longer owed.
@@ -140,6 +150,17 @@ def _overdue(now: datetime | Now) -> Q:
     return Q(enabled=True, paused_reason="", overdue_at__isnull=False, overdue_at__lte=now)
 
 
+def header_problems(headers: Any) -> list[str]:
+    """Return why ``headers`` cannot be a schedule's extra message headers (none: they can)."""
+    if not isinstance(headers, dict):
+        return ["Must be a JSON object."]
+    problem = limits.argument_problem(headers, label="Message headers")
+    if problem:
+        return [problem]
+    reserved = sorted(RESERVED_HEADERS & set(headers))
+    return [f"Celery or the scheduler sets these headers: {', '.join(reserved)}."] if reserved else []
+
+
 def argument_shape_problems(holder: Any) -> dict[str, str]:
     """Return {field: message} for ``holder.args`` that is not a list or ``holder.kwargs`` not a dict."""
     problems = {}
@@ -200,6 +221,16 @@ class Schedule(models.Model):
     kwargs = models.JSONField(default=dict, blank=True, help_text="JSON object of keyword arguments.")
     queue = models.CharField(max_length=200, blank=True, default="")
     priority = models.PositiveSmallIntegerField(null=True, blank=True)
+    # Celery's message options (``apply_async``'s), sent as they are: ``beat_schedule`` entries carry them.
+    expires = models.PositiveIntegerField(
+        null=True,
+        blank=True,
+        validators=[MinValueValidator(1)],
+        help_text="Seconds after its slot past which a worker does not start an execution (recorded cancelled).",
+    )
+    headers = models.JSONField(default=dict, blank=True, help_text="JSON object of extra message headers.")
+    exchange = models.CharField(max_length=200, blank=True, default="")
+    routing_key = models.CharField(max_length=200, blank=True, default="")
     description = models.TextField(blank=True, default="")
     tenant = models.CharField(max_length=100, blank=True, default="", db_index=True)
     #: Where its notifications go; none chosen: its tenant's default targets, else the deployer's.
@@ -380,7 +411,13 @@ class Schedule(models.Model):
             max_runs=self.max_runs,
             dst_gap=self.dst_gap,
             dst_fold=self.dst_fold,
+            hash_key=self.hash_key,
         )
+
+    @property
+    def hash_key(self) -> str:
+        """What its cron's ``H`` fields are hashed from: its tenant and name, so every process computes the same slots."""
+        return f"{self.tenant}/{self.name}"
 
     def next_slot_after(self, after: datetime) -> datetime | None:
         """Return this schedule's first slot strictly after ``after`` (``max_runs`` counts the slots sent)."""
@@ -503,7 +540,7 @@ class Schedule(models.Model):
             add(NON_FIELD_ERRORS, TIMING_REQUIRED)
         if self.cron:
             try:
-                timing.validate_cron(self.cron)
+                timing.validate_cron(self.cron, hash_key=self.hash_key)
             except ScheduleInvalid as exc:
                 add("cron", str(exc))
         try:
@@ -512,6 +549,8 @@ class Schedule(models.Model):
             add("timezone", str(exc))
         for field, message in argument_shape_problems(self).items():
             add(field, message)
+        for message in header_problems(self.headers):
+            add("headers", message)
         if self.start_at and self.end_at and self.end_at <= self.start_at:
             add("end_at", "End must be after start.")
         for field in ("run_at", "start_at", "end_at"):

@@ -229,15 +229,9 @@ def _schedule_fields(row: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
     kind = kinds[0]
     if row[f"{kind}__id"] is None:
         raise _Refused(f"its {kind} schedule (id {row[f'{kind}_id']}) does not exist")
-    if row["expire_seconds"] is not None:
-        # Dropping it would let late messages run that used to expire unrun.
-        raise _Refused(
-            f"expire_seconds={row['expire_seconds']} has no equivalent here (messages do not expire); "
-            "clear it in django-celery-beat to import the task without it"
-        )
     one_off = bool(row["one_off"])
     enabled = bool(row["enabled"])
-    notes = _unsupported_options(row)
+    notes = []
     if one_off and enabled and row["total_run_count"]:
         # django-celery-beat turns a one-off off on its next check after it ran.
         enabled = False
@@ -252,6 +246,11 @@ def _schedule_fields(row: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
         "kwargs": _json(row["kwargs"], "kwargs", default={}),
         "queue": row["queue"] or "",
         "priority": row["priority"],
+        # Its messages' options, as django-celery-beat sends them (``expire_seconds`` counts from the send, here from the slot).
+        "expires": max(row["expire_seconds"], 1) if row["expire_seconds"] is not None else None,
+        "headers": _json(row["headers"], "headers", default={}),
+        "exchange": row["exchange"] or "",
+        "routing_key": row["routing_key"] or "",
         "description": row["description"] or "",
         "enabled": enabled,
         "start_at": row["start_time"],
@@ -312,19 +311,3 @@ def _json(text: str | None, field: str, *, default: Any) -> Any:
         return json.loads(text)
     except json.JSONDecodeError as exc:
         raise _Refused(f"{field} is not valid JSON: {exc.msg} at position {exc.pos}") from None
-
-
-def _unsupported_options(row: dict[str, Any]) -> list[str]:
-    """Return one note per message option the task sets that schedules here do not have."""
-    notes = [
-        f"{label} {row[column]!r} is not carried over (no equivalent here)"
-        for column, label in (("exchange", "exchange"), ("routing_key", "routing key"))
-        if row[column]
-    ]
-    try:
-        headers = json.loads(row["headers"] or "{}")
-    except json.JSONDecodeError:
-        headers = row["headers"]
-    if headers:
-        notes.append(f"headers {row['headers']} are not carried over (no equivalent)")
-    return notes

@@ -25,7 +25,7 @@ from django.db.models import Field
 
 from scheduler.exceptions import SchedulerError
 from scheduler.models import Schedule
-from scheduler.models.schedule import POLICY_FIELDS
+from scheduler.models.schedule import MESSAGE_OPTION_FIELDS, POLICY_FIELDS
 from scheduler.ops import audit, operations
 from scheduler.tenancy import EVERY_TENANT
 
@@ -39,6 +39,7 @@ DEFINITION_FIELDS = (
     "kwargs",
     "queue",
     "priority",
+    *MESSAGE_OPTION_FIELDS,
     "description",
     "cron",
     "interval",

@@ -27,8 +27,9 @@ logger = logging.getLogger(__name__)
 
 #: Why a schedule made from ``beat_schedule`` was turned off; one with this reason is turned on when its entry returns.
 RETIRED_REASON = "Its entry is no longer in the beat_schedule setting"
-#: Entry options with no field here yet: named in a warning, not carried.
-UNCARRIED_OPTIONS = ("expires", "headers", "exchange", "routing_key", "countdown", "eta")
+#: Entry options with no field here: named in a warning, not carried. A schedule's slot is its start
+#: time, so there is nothing to delay; ``expires`` as a moment (not seconds) has no field either.
+UNCARRIED_OPTIONS = ("countdown", "eta")
 
 
 def _timing_fields(value: Any) -> dict[str, Any]:
@@ -54,21 +55,31 @@ def _option_fields(name: str, options: dict[str, Any]) -> dict[str, Any]:
 
     The soft time limit is the execution's ``timeout`` (the hard one follows
     it by ``SCHEDULER_TIMEOUT_GRACE_SECONDS``); an entry with only a hard
-    limit gets it as its timeout.
+    limit gets it as its timeout. ``expires`` in seconds counts from each
+    slot; an ``exchange`` may be given as kombu's ``Exchange``.
     """
     limit = options.get("soft_time_limit") or options.get("time_limit")
-    uncarried = sorted(option for option in UNCARRIED_OPTIONS if option in options)
+    expires = options.get("expires")
+    uncarried = [option for option in UNCARRIED_OPTIONS if option in options]
+    if expires is not None and not isinstance(expires, (int, float)):
+        uncarried.append("expires (a moment, not seconds)")
+        expires = None
     if uncarried:
         logger.warning(
             "beat_schedule entry %r: options %s are not carried to its schedule",
             name,
-            ", ".join(uncarried),
+            ", ".join(sorted(uncarried)),
             extra={"action": "settings_schedule_options_dropped"},
         )
+    exchange = options.get("exchange") or ""
     return {
         "queue": options.get("queue") or "",
         "priority": options.get("priority"),
         "timeout": math.ceil(limit) if limit else None,
+        "expires": max(math.ceil(expires), 1) if expires is not None else None,
+        "headers": dict(options.get("headers") or {}),
+        "exchange": getattr(exchange, "name", exchange),
+        "routing_key": options.get("routing_key") or "",
     }
 
 

@@ -1,6 +1,6 @@
 """The watch pass: open and close the incidents operators are told about (``owners.notifications``).
 
-Two conditions are watched:
+The leader's watch (``LeaderWatch``) also records each run's check-ins. Two conditions are watched:
 
 - a schedule overdue (the dead man's switch, ``Schedule.objects.overdue``),
   and its recovery; watched by the beat leader's housekeeping, since only a
@@ -23,7 +23,7 @@ from __future__ import annotations
 import logging
 import threading
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from django.db import close_old_connections, connection
 from django.db.models import Exists, OuterRef
@@ -39,6 +39,9 @@ logger = logging.getLogger(__name__)
 
 #: Incidents of each kind one pass opens (and, apart, closes) at most; the next pass goes on.
 PASS_LIMIT = 100
+#: How far a pass looks back for check-ins past the last one's end, and on a new leader's first pass.
+CHECK_IN_OVERLAP = timedelta(seconds=60)
+CHECK_IN_LOOKBACK = timedelta(minutes=10)
 
 
 @dataclass(frozen=True)
@@ -49,11 +52,33 @@ class WatchReport:
     leaderless: bool = False
 
 
-def watch(*, overdue: bool, limit: int = PASS_LIMIT) -> WatchReport:
+class LeaderWatch:
+    """The leader's watch: overdue schedules and their recovery, the leases, and each run's check-ins.
+
+    Check-ins are read from the runs that started or succeeded since the
+    last pass, looking back ``CHECK_IN_OVERLAP`` further each time (a
+    row's time is its statement's, and its transaction may commit later),
+    and never more than ``CHECK_IN_LOOKBACK`` (a leader's first pass, or
+    one after a long time without the lease).
+    """
+
+    def __init__(self) -> None:
+        self._check_ins_through: datetime | None = None
+
+    def run(self, *, limit: int = PASS_LIMIT) -> WatchReport:
+        now = dbclock.now()
+        earliest = now - CHECK_IN_LOOKBACK
+        since = max((self._check_ins_through or earliest) - CHECK_IN_OVERLAP, earliest)
+        notifications.record_check_ins(since=since, until=now)
+        self._check_ins_through = now
+        return watch(overdue=True, limit=limit, now=now)
+
+
+def watch(*, overdue: bool, limit: int = PASS_LIMIT, now: datetime | None = None) -> WatchReport:
     """One pass over the leases and, with ``overdue``, the overdue schedules; return what changed."""
     opened = closed = 0
     if overdue:
-        now = dbclock.now()
+        now = now or dbclock.now()
         opened += _open_overdue(now, limit=limit)
         closed += _close_recovered(now, limit=limit)
     leases_opened, leases_closed, leaderless = _watch_leases()

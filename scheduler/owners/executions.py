@@ -55,7 +55,8 @@ from scheduler.exceptions import InFlightLocked, MessageRefused
 from scheduler.failpoints import failpoint
 from scheduler.fastpath import bulk_insert
 from scheduler.fastpath.prepared import Param, Prepared, RowReader
-from scheduler.models import Execution, Notification, Schedule
+from scheduler.models import Execution, Schedule
+from scheduler.models.schedule import MESSAGE_OPTION_FIELDS
 from scheduler.models.tally import MESSAGE_REFUSED, TallyIncrement
 from scheduler.owners import notifications, schedules
 
@@ -330,16 +331,23 @@ _AD_HOC = Prepared(_ad_hoc_sql)
 # --- messages -------------------------------------------------------------------------
 
 
+#: What a message takes from the execution's schedule: its jitter and Celery's message options.
+SCHEDULE_MESSAGE_FIELDS = {name: F(f"schedule__{name}") for name in ("jitter", *MESSAGE_OPTION_FIELDS)}
+
+
 def message_row(execution: Execution) -> dict[str, Any]:
-    """Return what ``outbox.publish`` needs of one execution."""
-    return {field: getattr(execution, field) for field in MESSAGE_FIELDS}
+    """Return what ``outbox.publish`` needs of one execution sent now: its schedule's message options, no jitter."""
+    row = {field: getattr(execution, field) for field in MESSAGE_FIELDS}
+    if execution.schedule_id is not None:
+        row.update(Schedule.objects.filter(pk=execution.schedule_id).values(*MESSAGE_OPTION_FIELDS).first() or {})
+    return row
 
 
 def message_rows(executions: QuerySet[Execution]) -> list[dict[str, Any]]:
     """Return ``executions`` as the rows ``outbox.publish`` sends, with their status."""
     return list(
         executions.order_by("scheduled_for", "id").values(
-            *MESSAGE_FIELDS, "schedule_id", "status", jitter=F("schedule__jitter")
+            *MESSAGE_FIELDS, "schedule_id", "status", **SCHEDULE_MESSAGE_FIELDS
         )
     )
 
@@ -350,7 +358,7 @@ def pending_rows(*, limit: int, locked: bool = False) -> list[dict[str, Any]]:
     ``locked`` (inside a transaction) locks the rows returned and passes over
     rows another transaction holds, so concurrent publishers take different
     batches (``FOR UPDATE SKIP LOCKED`` of the execution rows only; the
-    schedule is outer-joined for its jitter). SQLite has no row locks and
+    schedule is outer-joined for its message fields). SQLite has no row locks and
     Django ignores the clause there: a writer holds the whole database, so
     publishers are serialised at their ``mark_queued``, and two that read
     the same rows first both send them (the worker claims each once); the
@@ -359,7 +367,7 @@ def pending_rows(*, limit: int, locked: bool = False) -> list[dict[str, Any]]:
     rows = Execution.objects.filter(status=Status.PENDING, buffered=False)
     if locked:
         rows = rows.select_for_update(skip_locked=True, of=("self",))
-    values = rows.order_by("created_at", "id").values(*MESSAGE_FIELDS, "schedule_id", jitter=F("schedule__jitter"))
+    values = rows.order_by("created_at", "id").values(*MESSAGE_FIELDS, "schedule_id", **SCHEDULE_MESSAGE_FIELDS)
     return list(values[:limit])
 
 
@@ -516,10 +524,6 @@ def claim(
         return None
     execution = _ROW.read(using, row)
     failpoint("worker.claim.after")
-    if notifications.checks_in(execution.schedule_id):
-        # Just after the claim, not in its statement: a process that dies in
-        # between loses this start's check-in; its outcome's still goes.
-        notifications.record_run(execution.pk, Notification.Event.RUN_STARTED)
     if execution.timeout:
         _hold_to_time_limit(Claim.of(execution), execution.timeout)
     return execution
@@ -771,7 +775,6 @@ def finish_in_transaction(held: Claim) -> bool:
         held.schedule_id,
         held.started_at,
         status=Status.SUCCEEDED,
-        execution_id=held.execution_id,
     )
 
 
@@ -953,6 +956,19 @@ def fail_unrun(execution_id: int, *, task: str, celery_task_id: str, reason: str
     )
 
 
+def cancel_expired(execution_id: int, *, task: str, celery_task_id: str, reason: str) -> bool:
+    """Record a waiting execution ``cancelled`` with ``reason``: its message expired before a worker started it.
+
+    Only the message sent for it (its task name and task id) cancels it, and
+    only while it waits. Not a run: its schedule's counters stay as they
+    were. Returns whether the row changed.
+    """
+    waiting = Execution.objects.filter(
+        pk=execution_id, status__in=Execution.WAITING_STATUSES, task=task, celery_task_id=celery_task_id
+    )
+    return bool(_move(waiting, Status.CANCELLED, finished_at=Now(), claim_expires_at=None, error=reason))
+
+
 def cancel(execution_id: int, *, reason: str, now: datetime) -> bool:
     """Record the execution ``cancelled`` at ``now`` if it has not finished; return whether it changed.
 
@@ -1063,13 +1079,6 @@ def _record_outcome(
             tripped = schedules.count_run(schedule_id, status=status, error=error, started_at=started_at)
         if finished and notify:
             notifications.record_failure(execution_id)  # type: ignore[arg-type]  # notify: not None
-        elif (
-            finished
-            and status == Status.SUCCEEDED
-            and execution_id is not None
-            and notifications.checks_in(schedule_id)
-        ):
-            notifications.record_run(execution_id, Notification.Event.RUN_SUCCEEDED)
         if tripped and schedule_id is not None and execution_id is not None:  # a failure trips it, so one is named
             notifications.record_paused(schedule_id, execution_id=execution_id)
     return bool(finished)

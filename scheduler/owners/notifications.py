@@ -12,7 +12,6 @@ time, and one whose sender died is taken again once that time has passed.
 
 from __future__ import annotations
 
-import time
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -52,61 +51,53 @@ def _defaults(tenant: str) -> list[NotificationTarget]:
 
 
 RUN_EVENTS = frozenset({Event.RUN_STARTED, Event.RUN_SUCCEEDED})
-#: (monotonic time read, the ids of the schedules that chose an enabled check-in target).
-_checked_in: tuple[float, frozenset[int]] | None = None
 
 
-def checks_in(schedule_id: int | None, *, max_age: float = 1.0) -> bool:
-    """Whether schedule ``schedule_id`` chose a check-in target: read at most every ``max_age`` seconds per process.
+def record_check_ins(*, since: datetime, until: datetime) -> int:
+    """Record the check-ins of the runs that started, or succeeded, in (``since``, ``until``]; return how many are new.
 
-    Asked by every claim and success, so one query a second, not one a run.
+    Only for schedules that chose an enabled check-in target. Read from the
+    executions' rows by the leader's watch, not written by the worker's
+    claim or outcome: the worker's path stays free of it, and a check-in is
+    at most a watch interval late. Each run's key makes a second recording
+    (overlapping windows, a new leader) a no-op.
     """
-    global _checked_in
-    if schedule_id is None:
-        return False
-    now = time.monotonic()
-    if _checked_in is None or now - _checked_in[0] >= max_age:
-        chosen = Schedule.notify.through.objects.filter(
-            notificationtarget__kind__in=CHECK_IN_KINDS, notificationtarget__enabled=True
+    checked_in = Schedule.notify.through.objects.filter(
+        notificationtarget__kind__in=CHECK_IN_KINDS, notificationtarget__enabled=True
+    ).values_list("schedule_id", flat=True)
+    started = Q(started_at__gt=since, started_at__lte=until)
+    succeeded = Q(status=Execution.Status.SUCCEEDED, finished_at__gt=since, finished_at__lte=until)
+    runs = (
+        Execution.objects.filter(started | succeeded, schedule_id__in=checked_in)
+        .order_by("started_at", "pk")
+        .values(
+            "pk", "schedule_id", "schedule__name", "task", "tenant", "status", "attempt", "started_at", "finished_at"
         )
-        _checked_in = (now, frozenset(chosen.values_list("schedule_id", flat=True)))
-    return schedule_id in _checked_in[1]
-
-
-def forget_check_ins() -> None:
-    """Read which schedules check in afresh next time (this process changed their targets)."""
-    global _checked_in
-    _checked_in = None
-
-
-def record_run(execution_id: int, event: str) -> int:
-    """Record a check-in of execution ``execution_id``'s attempt starting or succeeding (``RUN_EVENTS``); return how many.
-
-    The caller asked ``checks_in`` first: a schedule without check-ins costs nothing.
-    """
-    execution = (
-        Execution.objects.filter(pk=execution_id)
-        .values("pk", "schedule_id", "schedule__name", "task", "tenant", "status", "attempt")
-        .first()
     )
-    if execution is None:
-        return 0
-    payload = {
-        "execution": execution["pk"],
-        "schedule": execution["schedule__name"],
-        "task": execution["task"],
-        "status": execution["status"],
-        "attempt": execution["attempt"],
-        "summary": f"schedule {execution['schedule__name']!r}: execution {execution['pk']} attempt "
-        f"{execution['attempt']} {'started' if event == Event.RUN_STARTED else 'succeeded'}",
-    }
-    return _record(
-        event,
-        f"{event}:{execution_id}:{execution['attempt']}",
-        schedule_id=execution["schedule_id"],
-        tenant=execution["tenant"],
-        payload=payload,
-    )
+    due = []
+    for run in runs:
+        if run["started_at"] and since < run["started_at"] <= until:
+            due.append((Event.RUN_STARTED, "started", run))
+        if run["status"] == Execution.Status.SUCCEEDED and run["finished_at"] and since < run["finished_at"] <= until:
+            due.append((Event.RUN_SUCCEEDED, "succeeded", run))
+    # Windows overlap (see ``ops.watch``): what was recorded already is passed over without a write.
+    keys = {f"{event}:{run['pk']}:{run['attempt']}" for event, _, run in due}
+    recorded_before = set(Notification.objects.filter(key__in=keys).values_list("key", flat=True))
+    recorded = 0
+    for event, verb, run in due:
+        key = f"{event}:{run['pk']}:{run['attempt']}"
+        if key in recorded_before:
+            continue
+        payload = {
+            "execution": run["pk"],
+            "schedule": run["schedule__name"],
+            "task": run["task"],
+            "status": run["status"],
+            "attempt": run["attempt"],
+            "summary": f"schedule {run['schedule__name']!r}: execution {run['pk']} attempt {run['attempt']} {verb}",
+        }
+        recorded += _record(event, key, schedule_id=run["schedule_id"], tenant=run["tenant"], payload=payload)
+    return recorded
 
 
 def record_failure(execution_id: int) -> int:

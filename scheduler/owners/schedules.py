@@ -31,7 +31,7 @@ from django.db import models, router, transaction
 from django.db.models import Case, CharField, DateTimeField, F, Func, Q, TextField, Value, When
 from django.db.models.functions import Cast, Coalesce, Concat, Now
 
-from scheduler import dbclock, limits, shards
+from scheduler import dbclock, limits, shards, timing
 from scheduler.models import Execution, Schedule
 from scheduler.models.schedule import DEADLINE_FIELDS, OWED_FIELDS
 from scheduler.timing import overdue
@@ -63,6 +63,9 @@ def save(schedule: Schedule, *, now: datetime | None = None, fields: Iterable[st
     else:
         changed = schedule.changed_fields()
         written = changed if fields is None else {*fields, *(changed & {"disabled_reason"})}
+        if timing.is_hashed(schedule.cron) and written & changed & {"name", "tenant"}:
+            changed |= {"cron"}  # its H fields hash the tenant and name: renamed, its slots move
+            written |= {"cron"}
         if written & changed & set(DEADLINE_FIELDS):
             with transaction.atomic(using=_db(schedule)):
                 written |= _follow_timing_change(schedule, written & changed, now=now)

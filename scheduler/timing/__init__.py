@@ -29,6 +29,8 @@ from __future__ import annotations
 
 import copy
 import functools
+import hashlib
+import heapq
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
@@ -59,6 +61,8 @@ _MAX_SILENCE = timedelta(days=50 * 366)
 DST_GAP_POLICIES = ("shift", "skip")
 DST_FOLD_POLICIES = ("first", "last", "both")
 
+#: Cron expressions one schedule may carry (``;``-separated), so a pass over its slots stays cheap.
+MAX_CRON_SPECS = 8
 #: field names in croniter's expanded order (seconds last even when written first)
 _FIELD_NAMES = ("minute", "hour", "day-of-month", "month", "day-of-week", "second")
 #: the same fields in the order they are written in a 6-field expression
@@ -68,7 +72,17 @@ _HOUR = 1
 # croniter.croniter splits on ASCII whitespace only; count fields the same way.
 _FIELD_RE = re.compile(r"\S+", re.ASCII)
 # croniter's own syntax for hashed (H) and random (R) values.
-_HASH_OR_RANDOM_RE = re.compile(r"^[hr](\(\d+-\d+\))?(/\d+)?$", re.ASCII | re.IGNORECASE)
+_HASH_RE = re.compile(r"^h(?:\((\d+)-(\d+)\))?(?:/(\d+))?$", re.ASCII | re.IGNORECASE)
+#: The values an ``H`` field spreads over, by field (days of the month: those every month has).
+_HASH_RANGES = {
+    "minute": (0, 59),
+    "hour": (0, 23),
+    "day-of-month": (1, 28),
+    "month": (1, 12),
+    "day-of-week": (0, 6),
+    "second": (0, 59),
+}
+_RANDOM_RE = re.compile(r"^r(\(\d+-\d+\))?(/\d+)?$", re.ASCII | re.IGNORECASE)
 _ALIASES = ("@yearly", "@annually", "@monthly", "@weekly", "@daily", "@midnight", "@hourly")
 
 
@@ -98,6 +112,8 @@ class Timing:
     dst_gap: str = "shift"
     #: what an ambiguous wall time does: one of DST_FOLD_POLICIES
     dst_fold: str = "first"
+    #: what a cron's ``H`` fields are hashed from (a schedule's tenant and name): the same slots everywhere
+    hash_key: str = ""
 
     def __post_init__(self) -> None:
         given = (("cron", self.cron), ("interval", self.interval), ("run_at", self.run_at))
@@ -106,7 +122,7 @@ class Timing:
             got = " and ".join(kinds) if kinds else "none"
             raise ScheduleInvalid(f"Exactly one of cron, interval or run_at must be set, got {got}")
         if self.cron is not None:
-            validate_cron(self.cron)
+            validate_cron(self.cron, hash_key=self.hash_key)
         if self.interval is not None and (not _is_count(self.interval) or self.interval == 0):
             raise ScheduleInvalid(f"Interval must be a positive whole number of seconds, got {self.interval!r}")
         validate_timezone(self.timezone)
@@ -132,24 +148,54 @@ def describe(timing: Timing) -> str:
         return f"once at {timing.run_at.astimezone(ZoneInfo(timing.timezone)):%Y-%m-%d %H:%M:%S %Z}"
     if timing.interval is not None:
         return f"every {timing.interval} second{'s' if timing.interval != 1 else ''}"
+    assert timing.cron is not None
     options = cron_descriptor.Options()
     options.use_24hour_time_format = True
-    try:
-        words = cron_descriptor.get_description(timing.cron, options)
-    except Exception:  # noqa: BLE001 -- a description is cosmetic; the expression itself is valid
-        words = timing.cron
-    return f"{words} ({timing.timezone})"
+    described = []
+    for spec in cron_specs(timing.cron):
+        expr = resolved_cron(spec, hash_key=timing.hash_key)
+        try:
+            described.append(cron_descriptor.get_description(expr, options))
+        except Exception:  # noqa: BLE001 -- a description is cosmetic; the expression itself is valid
+            described.append(expr)
+    return f"{'; and '.join(described)} ({timing.timezone})"
 
 
-def validate_cron(expr: str) -> None:
+def is_hashed(expr: str | None) -> bool:
+    """Whether the cron expression has ``H`` fields (its slots then depend on its ``hash_key``)."""
+    specs = (expr or "").split(";")
+    return any(_HASH_RE.match(part) for spec in specs for field in _FIELD_RE.findall(spec) for part in field.split(","))
+
+
+def resolved_cron(expr: str, *, hash_key: str = "") -> str:
+    """The expression with each ``H`` field replaced by the values it stands for under ``hash_key``."""
+    if not is_hashed(expr):
+        return expr
+    return "; ".join(_parse_cron(spec, hash_key).text for spec in cron_specs(expr))
+
+
+def validate_cron(expr: str, *, hash_key: str = "") -> None:
     """Raise ScheduleInvalid, saying what is wrong, unless expr is a usable cron expression.
 
     An expression that is well formed but never matches (``0 0 30 2 *``) is
-    accepted; next_slot returns None for it.
+    accepted; next_slot returns None for it. ``H`` fields are hashed from
+    ``hash_key``; any key shows whether the expression is well formed.
     """
     if not isinstance(expr, str) or not expr.strip():
         raise ScheduleInvalid("Cron expression is required")
-    _parse_cron(expr)
+    specs = cron_specs(expr)
+    if len(specs) > MAX_CRON_SPECS:
+        raise ScheduleInvalid(f"At most {MAX_CRON_SPECS} cron expressions, separated by ';'; got {len(specs)}")
+    for spec in specs:
+        _parse_cron(spec, hash_key)
+
+
+def cron_specs(expr: str) -> list[str]:
+    """The cron expressions of ``expr``: one, or several separated by ``;`` (their slots are merged)."""
+    specs = [spec.strip() for spec in expr.split(";")]
+    if len(specs) > 1 and not all(specs):
+        raise ScheduleInvalid(f"Invalid cron expression {expr!r}: an empty expression between ';'")
+    return specs
 
 
 def validate_timezone(name: str) -> None:
@@ -346,8 +392,21 @@ def _interval_slots(timing: Timing, *, after: datetime, upper: datetime | None) 
 
 
 def _cron_slots(timing: Timing, *, after: datetime, upper: datetime | None) -> Iterator[datetime]:
+    """Each spec's slots, merged in order; an instant two specs share is one slot."""
     assert timing.cron is not None
-    cron = _parse_cron(timing.cron)
+    specs = cron_specs(timing.cron)
+    if len(specs) == 1:
+        yield from _spec_slots(timing, specs[0], after=after, upper=upper)
+        return
+    last: datetime | None = None
+    for instant in heapq.merge(*(_spec_slots(timing, spec, after=after, upper=upper) for spec in specs)):
+        if instant != last:
+            last = instant
+            yield instant
+
+
+def _spec_slots(timing: Timing, spec: str, *, after: datetime, upper: datetime | None) -> Iterator[datetime]:
+    cron = _parse_cron(spec, timing.hash_key)
     tz = ZoneInfo(timing.timezone)
     every_hour = cron.every_hour
     gap = "skip" if every_hour else timing.dst_gap
@@ -461,10 +520,12 @@ def _fold_width(wall: datetime, tz: ZoneInfo) -> timedelta:
 class _Cron:
     prototype: croniter[datetime]  # never iterated itself; copied per search
     every_hour: bool
+    #: The expression croniter reads: the one written, with its H fields resolved.
+    text: str
 
 
 @functools.lru_cache(maxsize=1024)
-def _parse_cron(expr: str) -> _Cron:
+def _parse_cron(expr: str, hash_key: str = "") -> _Cron:
     fields = _FIELD_RE.findall(expr)
     if not fields:
         # Only non-ASCII whitespace, which croniter does not split on either.
@@ -476,24 +537,60 @@ def _parse_cron(expr: str) -> _Cron:
     else:
         raise ScheduleInvalid(f"Cron expression must have 5 or 6 fields, got {len(fields)}")
     for position, field in enumerate(fields):
-        if any(_HASH_OR_RANDOM_RE.match(part) for part in field.split(",")):
-            # 'R' differs from process to process and 'H' needs a hash id we
-            # do not have; either way replicas would disagree on the slots.
+        if any(_RANDOM_RE.match(part) for part in field.split(",")):
+            # 'R' differs from process to process: replicas would disagree on the slots.
             raise ScheduleInvalid(
                 f"Invalid cron expression {expr!r}: {_field_name(position, seconds_first)} field "
-                f"{field!r} uses H or R, which are not supported"
+                f"{field!r} uses R (random), which is not supported; H spreads schedules the same way everywhere"
             )
+    resolved = [
+        _resolve_hashes(field, _field_name(position, seconds_first), expr=expr, hash_key=hash_key)
+        for position, field in enumerate(fields)
+    ]
     try:
         # A fixed start time: croniter would otherwise read the clock.
-        prototype = croniter(
-            expr,
-            _NAIVE_EPOCH,
-            ret_type=datetime,
-            second_at_beginning=seconds_first,
-        )
+        prototype = croniter(" ".join(resolved), _NAIVE_EPOCH, ret_type=datetime, second_at_beginning=seconds_first)
     except CroniterError as exc:
-        raise ScheduleInvalid(_explain(expr, fields, seconds_first, exc)) from exc
-    return _Cron(prototype=prototype, every_hour=prototype.expanded[_HOUR] == ["*"])
+        raise ScheduleInvalid(_explain(expr, resolved, seconds_first, exc)) from exc
+    return _Cron(prototype=prototype, every_hour=prototype.expanded[_HOUR] == ["*"], text=" ".join(resolved))
+
+
+def _resolve_hashes(field: str, name: str, *, expr: str, hash_key: str) -> str:
+    """Return the cron field with each ``H`` part replaced by the value (or stepped range) it stands for.
+
+    ``H`` is one value in the field's range, ``H(a-b)`` one in ``a-b``,
+    ``H/n`` and ``H(a-b)/n`` every n from a hashed start below n. Each field
+    hashes ``hash_key`` with its own name (SHA-256), so fields spread
+    independently and every process computes the same values. Days of the
+    month spread over 1-28, so that every month has each.
+    """
+    parts = []
+    for part in field.split(","):
+        match = _HASH_RE.match(part)
+        if match is None:
+            parts.append(part)
+            continue
+        low, high = _HASH_RANGES[name]
+        if match.group(1) is not None:
+            first, last = int(match.group(1)), int(match.group(2))
+            if not low <= first <= last <= high:
+                raise ScheduleInvalid(
+                    f"Invalid cron expression {expr!r}: {name} field {field!r}: the range of H must lie "
+                    f"within {low}-{high}, first to last"
+                )
+            low, high = first, last
+        step = int(match.group(3)) if match.group(3) is not None else None
+        if step == 0:
+            raise ScheduleInvalid(
+                f"Invalid cron expression {expr!r}: {name} field {field!r}: a step must be at least 1"
+            )
+        digest = int.from_bytes(hashlib.sha256(f"{hash_key}\x00{name}".encode()).digest()[:8], "big")
+        width = high - low + 1
+        if step is None:
+            parts.append(str(low + digest % width))
+        else:
+            parts.append(f"{low + digest % min(step, width)}-{high}/{step}")
+    return ",".join(parts)
 
 
 def _explain(expr: str, fields: list[str], seconds_first: bool, exc: CroniterError) -> str:

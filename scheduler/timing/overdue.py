@@ -39,14 +39,20 @@ def cadence(schedule_timing: timing.Timing) -> int | None:
         return 2 * schedule_timing.interval
     if schedule_timing.cron is None:
         return None
-    gap = _cron_gap(schedule_timing.cron, schedule_timing.timezone, schedule_timing.dst_gap, schedule_timing.dst_fold)
+    gap = _cron_gap(
+        schedule_timing.cron,
+        schedule_timing.timezone,
+        schedule_timing.dst_gap,
+        schedule_timing.dst_fold,
+        schedule_timing.hash_key,
+    )
     return None if gap is None else math.ceil(2 * gap.total_seconds())
 
 
 @functools.lru_cache(maxsize=1024)
-def _cron_gap(cron: str, zone: str, dst_gap: str, dst_fold: str) -> timedelta | None:
+def _cron_gap(cron: str, zone: str, dst_gap: str, dst_fold: str, hash_key: str) -> timedelta | None:
     # start_at, end_at and max_runs bound the slots, not the spacing between them.
-    shape = timing.Timing(cron=cron, timezone=zone, dst_gap=dst_gap, dst_fold=dst_fold)
+    shape = timing.Timing(cron=cron, timezone=zone, dst_gap=dst_gap, dst_fold=dst_fold, hash_key=hash_key)
     return timing.longest_gap(shape, since=_ANCHOR)
 
 

@@ -47,7 +47,14 @@ from scheduler.limits import (
     nests_deeper_than,
 )
 from scheduler.models import AuditEvent, Execution, Instance, Lease, NotificationTarget, OperatorProfile, Schedule
-from scheduler.models.schedule import EARLIEST, LATEST, POLICY_FIELDS, TIMING_REQUIRED, ScheduleQuerySet
+from scheduler.models.schedule import (
+    EARLIEST,
+    LATEST,
+    MESSAGE_OPTION_FIELDS,
+    POLICY_FIELDS,
+    TIMING_REQUIRED,
+    ScheduleQuerySet,
+)
 from scheduler.ops import audit, operations
 from scheduler.owners import leases
 from scheduler.tenancy import EVERY_TENANT, Scope, scope_of_user
@@ -458,6 +465,7 @@ class ScheduleAdmin(TenantScoped, ActionsNeedPermission, admin.ModelAdmin):
             "Policies",
             {"fields": POLICY_FIELDS},
         ),
+        ("Message options", {"fields": MESSAGE_OPTION_FIELDS, "classes": ("collapse",)}),
         ("Notifications", {"fields": ("notify",)}),
         ("State", {"fields": ("enabled", "paused_reason", *RUNNING_STATE_FIELDS)}),
         ("Recent executions", {"fields": ("recent_executions", "backfill_link")}),

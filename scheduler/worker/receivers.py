@@ -1,4 +1,4 @@
-"""Celery signal receivers (observe, never veto): a worker's heartbeat and watch, and messages a worker refused.
+"""Celery signal receivers (observe, never veto): a worker's heartbeat and watch, messages refused or expired.
 
 The heartbeat thread (``scheduler.worker.heartbeat``) starts when the worker is
 ready and stops when it shuts down; it writes only after the worker's own
@@ -19,14 +19,14 @@ import logging
 import socket
 from typing import Any
 
-from celery.signals import task_rejected, task_unknown, worker_ready, worker_shutdown
+from celery.signals import task_rejected, task_revoked, task_unknown, worker_ready, worker_shutdown
 from django.db import DatabaseError, close_old_connections
 
 from scheduler.exceptions import MessageRefused
 from scheduler.models import Execution
 from scheduler.ops import watch
 from scheduler.owners import instances
-from scheduler.owners.executions import fail_unrun
+from scheduler.owners.executions import cancel_expired, fail_unrun
 from scheduler.worker import heartbeat
 
 logger = logging.getLogger(__name__)
@@ -117,3 +117,34 @@ def _fail_refused(message: Any, reason: str) -> None:
             reason,
             extra={"action": "execution_failed", "execution_id": execution_id},
         )
+
+
+# --- messages that expired ---------------------------------------------------------------
+# A schedule's ``expires`` becomes its messages' expiry: a worker that gets one
+# too late does not run it and sends ``task_revoked`` with ``expired``. Left
+# waiting, its execution would be sent again by reconcile, and expire again.
+
+#: Why an execution whose message expired was not run.
+EXPIRED_REASON = "Its message expired before a worker started it (the schedule's expires)"
+
+
+@task_revoked.connect(dispatch_uid="scheduler.cancel_expired")
+def cancel_expired_message(sender: Any = None, request: Any = None, expired: bool = False, **kwargs: Any) -> None:
+    if not expired or request is None:
+        return
+    execution_id = getattr(request, Execution.MESSAGE_HEADER, None) or (getattr(request, "headers", None) or {}).get(
+        Execution.MESSAGE_HEADER
+    )
+    if execution_id is None:
+        return  # a plain Celery call
+    close_old_connections()
+    try:
+        cancel_expired(
+            int(execution_id),
+            task=str(getattr(sender, "name", "") or ""),
+            celery_task_id=str(getattr(request, "id", "") or ""),
+            reason=EXPIRED_REASON,
+        )
+    except (DatabaseError, TypeError, ValueError):
+        # The row stays waiting; reconcile sends it again, and its expiry cancels it then.
+        logger.exception("an expired execution was not recorded cancelled", extra={"action": "expired_not_recorded"})

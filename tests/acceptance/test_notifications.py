@@ -92,7 +92,9 @@ def test_the_circuit_breaker_pausing_a_schedule_notifies_once(celery_processes: 
     (paused,) = _events(received, "schedule_paused")
     assert paused["schedule"] == "fragile"
     assert str(paused["reason"]).startswith("Paused after 2 consecutive failures")
-    assert len(_events(received, "execution_failed")) == 2
+    # Each failure was told once: the two that tripped it, and any sent before the pause
+    failed = Execution.objects.filter(status=Execution.Status.FAILED).count()
+    assert failed >= 2 and len(_events(received, "execution_failed")) == failed
 
 
 def test_a_leadership_nobody_holds_is_told_by_the_workers_and_its_return_by_the_leader(

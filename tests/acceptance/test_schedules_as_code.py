@@ -1,13 +1,22 @@
-"""Real beats: an entry removed from ``beat_schedule`` turns its schedule off at the next beat start."""
+"""Real beats and workers: an entry removed from ``beat_schedule`` turns its schedule off; ``expires`` holds."""
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+import redis
 
+from project.celery import app
 from scheduler.models import Execution, Schedule
+from scheduler.ops import audit, operations
 from scheduler.ops.settings_schedules import RETIRED_REASON
+from scheduler.tenancy import EVERY_TENANT
+from scheduler.worker.receivers import EXPIRED_REASON
+from tests.support import tasks as test_tasks
+from tests.support.factories import make_schedule
 from tests.support.processes import ROOT, CeleryProcess, beat_argv, wait_until
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -50,3 +59,25 @@ def test_an_entry_removed_from_beat_schedule_turns_its_schedule_off_at_the_next_
         assert wait_until(lambda: Execution.objects.filter(schedule__name="stays").count() > before + 1, timeout=30)
     finally:
         second.stop()
+
+
+def test_a_schedules_expires_cancels_what_a_worker_gets_too_late_without_running_it(
+    celery_processes: Callable[..., CeleryProcess], redis_client: redis.Redis
+) -> None:
+    # Given a run of a schedule whose messages expire 2 s after their slot, sent while no worker runs
+    schedule = make_schedule("perishable", task="tests.record", interval=3600, expires=2)
+    result = operations.run_now(schedule, app=app, scope=EVERY_TENANT, actor=audit.CLI)
+    assert result.broker_error == ""
+    time.sleep(3)
+    # When a worker starts and gets it
+    worker = celery_processes("worker", "w1")
+    worker.wait_for_log(r"ready\.")
+    # Then it is recorded cancelled, with the reason, and its body never ran
+    done = wait_until(
+        lambda: Execution.objects.filter(pk=result.execution.pk, status__in=Execution.FINAL_STATUSES).first(),
+        timeout=30,
+    )
+    assert done, worker.log()[-3000:]
+    assert (done.status, done.error) == (Execution.Status.CANCELLED, EXPIRED_REASON)
+    assert test_tasks.events(redis_client) == []
+    assert Schedule.objects.get(pk=schedule.pk).total_runs == 0

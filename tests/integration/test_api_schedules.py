@@ -209,3 +209,48 @@ def test_submit__takes_a_tenant() -> None:
 def test_bad_query__400_never_500(operator: Client, query: str) -> None:
     schedule = make_schedule("one")
     assert operator.get(query.format(pk=schedule.pk)).status_code == 400
+
+
+@pytest.mark.parametrize(
+    ("options", "field", "message"),
+    [
+        ({"headers": ["x"]}, "headers", "Must be a JSON object."),
+        (
+            {"headers": {"execution_id": 1, "x": 2}},
+            "headers",
+            "Celery or the scheduler sets these headers: execution_id.",
+        ),
+        ({"expires": 0}, "expires", "greater than or equal to 1"),
+    ],
+)
+def test_message_options__bad_ones_are_400s_naming_the_field_and_change_nothing(
+    options: dict[str, Any], field: str, message: str
+) -> None:
+    operator = token_client("root", role="operator")
+    before = tables()
+    body = {"name": "made", "task": "scheduler.echo", "interval": 60, **options}
+    answer = operator.post("/api/v1/schedules/", body, content_type="application/json")
+    assert answer.status_code == 400 and any(message in text for text in answer.json()[field]), answer.content
+    assert tables() == before
+
+
+def test_message_options__are_read_and_written_like_the_other_fields() -> None:
+    operator = token_client("root", role="operator")
+    body = {
+        "name": "made",
+        "task": "scheduler.echo",
+        "interval": 60,
+        "expires": 30,
+        "headers": {"x-team": "billing"},
+        "exchange": "billing",
+        "routing_key": "billing.made",
+    }
+    created = operator.post("/api/v1/schedules/", body, content_type="application/json")
+    assert created.status_code == 201, created.content
+    shown = operator.get(f"/api/v1/schedules/{created.json()['id']}/").json()
+    assert {name: shown[name] for name in ("expires", "headers", "exchange", "routing_key")} == {
+        "expires": 30,
+        "headers": {"x-team": "billing"},
+        "exchange": "billing",
+        "routing_key": "billing.made",
+    }

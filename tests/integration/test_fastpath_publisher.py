@@ -217,3 +217,43 @@ def test_kombu_message_changed__self_check_sends_by_send_task(
     assert "x_new_property" in warning.getMessage()
     assert fallbacks_counted("publisher") == 1
     assert fallbacks_counted("bulk_insert") == 0
+
+
+def test_a_schedules_message_options_go_out_with_its_messages_as_send_task_sends_them(
+    redis_client: redis.Redis, fast_path: FastPath
+) -> None:
+    # Given a schedule with Celery's message options and one without, both due now
+    now = dbclock.now()
+    options = schedules.create(
+        name="options",
+        task="tests.record",
+        interval=60,
+        expires=30,
+        headers={"x-team": "billing"},
+        routing_key="celery",
+    )
+    plain = schedules.create(name="plain", task="tests.record", interval=60)
+    executions.insert(
+        [executions.execution_for(s, now, status=Execution.Status.PENDING, now=now) for s in (options, plain)]
+    )
+    sent: dict[str, dict[str, Any]] = {}
+
+    def capture(sender: str, headers: dict[str, Any], routing_key: str, **_: Any) -> None:
+        sent[headers["id"]] = {**headers, "routing_key": routing_key}
+
+    signals.before_task_publish.connect(capture)
+    try:
+        # When they are sent (the one with options by send_task: the fast path expresses none of them)
+        with publisher.connect(app) as sender:
+            sender.send(executions.message_rows(Execution.objects.all()), now=now)
+    finally:
+        signals.before_task_publish.disconnect(capture)
+    # Then the one with options went out by send_task with them; its own header names its execution
+    row = Execution.objects.get(schedule=options)
+    message = sent[row.celery_task_id]
+    assert message["x-team"] == "billing" and message["execution_id"] == row.pk
+    assert message["routing_key"] == "celery"
+    assert message["expires"] == (row.scheduled_for + timedelta(seconds=30)).isoformat()
+    # and the plain one has none of them
+    assert "x-team" not in sent[Execution.objects.get(schedule=plain).celery_task_id]
+    assert not fast_path.fallen

@@ -40,10 +40,7 @@ EXPECTED_LINES = {
     "bad-cron": "bad-cron: refused: cron: Invalid cron expression '61 * * * *': minute field '61' is out of range 0-59",
     "celery.backend_cleanup": "celery.backend_cleanup: imported (cron 0 4 * * * in UTC)",
     "existing": "existing: exists (a schedule of that name is left alone)",
-    "expiring-messages": (
-        "expiring-messages: refused: expire_seconds=60 has no equivalent here (messages do not expire); "
-        "clear it in django-celery-beat to import the task without it"
-    ),
+    "expiring-messages": "expiring-messages: imported (every 60s)",
     "first-monday": (
         "first-monday: refused: its crontab restricts both day of month (1) and day of week (1): "
         "Celery runs on days matching both, cron here on days matching either"
@@ -51,11 +48,7 @@ EXPECTED_LINES = {
     "gone-task": "gone-task: refused: task: Unknown task 'myproject.gone': no task with that name is registered.",
     "launch": "launch: imported (once at 2030-07-01T08:00:00+00:00, disabled)",
     "nightly-report": "nightly-report: imported (cron 0 3 * * 1-5 in Europe/Berlin)",
-    "poll-once": (
-        "poll-once: imported (every 120s, one-off); exchange 'legacy' is not carried over (no equivalent here); "
-        "routing key 'legacy.poll' is not carried over (no equivalent here); "
-        'headers {"trace": "on"} are not carried over (no equivalent)'
-    ),
+    "poll-once": "poll-once: imported (every 120s, one-off)",
     "ran-once": (
         "ran-once: imported (every 30s, one-off, disabled); "
         "the one-off already ran in django-celery-beat, so it is imported disabled"
@@ -157,12 +150,13 @@ def test_import_celery_beat__creates_what_has_an_equivalent_and_refuses_the_rest
 
     # Then each gets its line, sorted by name, and a summary
     assert lines[:-1] == [EXPECTED_LINES[name] for name in sorted(EXPECTED_LINES)]
-    assert lines[-1] == "5 imported, 1 exist(s), 6 refused (periodic tasks in database 'default')."
+    assert lines[-1] == "6 imported, 1 exist(s), 5 refused (periodic tasks in database 'default')."
     assert set(Schedule.objects.values_list("name", flat=True)) == {
         "nightly-report",
         "poll-once",
         "launch",
         "ran-once",
+        "expiring-messages",
         "celery.backend_cleanup",
         "existing",
     }
@@ -217,7 +211,7 @@ def test_import_celery_beat__running_it_again_creates_nothing(periodic_tasks: No
     lines = run().splitlines()
 
     # Then every imported task now exists, the refused ones are refused again, and no row changed
-    assert lines[-1] == "0 imported, 6 exist(s), 6 refused (periodic tasks in database 'default')."
+    assert lines[-1] == "0 imported, 7 exist(s), 5 refused (periodic tasks in database 'default')."
     assert "poll-once: exists (a schedule of that name is left alone)" in lines
     assert EXPECTED_LINES["sunrise"] in lines
     assert {s.name: (s.pk, s.updated_at) for s in Schedule.objects.all()} == before
@@ -231,7 +225,7 @@ def test_import_celery_beat__dry_run_writes_nothing(periodic_tasks: None) -> Non
     assert "nightly-report: would be imported (cron 0 3 * * 1-5 in Europe/Berlin)" in lines
     assert EXPECTED_LINES["bad-cron"] in lines
     assert lines[-1] == (
-        "Dry run, nothing changed: 5 would be imported, 1 exist(s), 6 refused (periodic tasks in database 'default')."
+        "Dry run, nothing changed: 6 would be imported, 1 exist(s), 5 refused (periodic tasks in database 'default')."
     )
     assert list(Schedule.objects.values_list("name", flat=True)) == ["existing"]
 
@@ -242,12 +236,14 @@ def test_import_celery_beat__json_reports_each_task_and_the_counts(periodic_task
 
     # Then it holds the counts, every outcome with its reason or notes, and the fields each schedule got
     assert (report["database"], report["dry_run"]) == ("default", False)
-    assert report["counts"] == {"imported": 5, "exists": 1, "refused": 6}
+    assert report["counts"] == {"imported": 6, "exists": 1, "refused": 5}
     tasks = {task["name"]: task for task in report["tasks"]}
     assert tasks["sunrise"]["outcome"] == "refused"
     assert tasks["sunrise"]["reason"].startswith("solar schedules (sunrise at ")
     assert tasks["existing"] == {"name": "existing", "outcome": "exists", "reason": "", "notes": [], "schedule": None}
-    assert tasks["poll-once"]["notes"][0] == "exchange 'legacy' is not carried over (no equivalent here)"
+    poll_once = Schedule.objects.get(name="poll-once")
+    assert (poll_once.exchange, poll_once.routing_key, poll_once.headers) == ("legacy", "legacy.poll", {"trace": "on"})
+    assert Schedule.objects.get(name="expiring-messages").expires == 60
     assert tasks["nightly-report"]["schedule"] == {
         "name": "nightly-report",
         "task": "scheduler.echo",
@@ -255,6 +251,10 @@ def test_import_celery_beat__json_reports_each_task_and_the_counts(periodic_task
         "kwargs": {"fmt": "pdf"},
         "queue": "reports",
         "priority": 5,
+        "expires": None,
+        "headers": {},
+        "exchange": "",
+        "routing_key": "",
         "description": "The nightly PDF.",
         "enabled": True,
         "start_at": "2030-05-01T00:00:00Z",
@@ -262,7 +262,7 @@ def test_import_celery_beat__json_reports_each_task_and_the_counts(periodic_task
         "cron": "0 3 * * 1-5",
         "timezone": "Europe/Berlin",
     }
-    assert Schedule.objects.count() == 6
+    assert Schedule.objects.count() == 7
     assert Schedule.objects.get(name="nightly-report").origin == Schedule.Origin.IMPORT
 
 

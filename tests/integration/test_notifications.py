@@ -21,6 +21,7 @@ from scheduler.owners import executions, leases, notifications
 from scheduler.web.permissions import OPERATOR_GROUP
 from tests.integration.api_support import TENANT_A, TENANT_B, bind, token_client
 from tests.support.factories import make_execution, make_schedule, succeed
+from tests.support.processes import wait_until
 from tests.support.webhook_server import webhook_server
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -280,10 +281,12 @@ def test_check_ins__each_run_pings_start_then_success_or_failure_with_one_run_id
         sentry = _target("sentry", "sentry_crons", address=f"{url}/cron/nightly/key/")
         schedule = make_schedule("nightly", interval=60)
         schedule.notify.add(healthchecks, sentry)
-        notifications.forget_check_ins()
-        # When one run succeeds and the next fails for good
+        # When one run succeeds and the next fails for good, and the leader's watch passes twice
         succeed(schedule, "ok")
         failed = _fail(schedule, "boom")
+        leader = watch.LeaderWatch()
+        leader.run()
+        leader.run()  # its window overlaps the last one's: nothing is recorded twice
         assert delivery.deliver_due().delivered == 6
     paths = sorted(request["path"] for request in received.requests)
     ok_id, failed_id = (str(uuid.uuid5(uuid.NAMESPACE_URL, f"execution:{pk}:1")) for pk in (_pk("ok"), failed.pk))
@@ -307,10 +310,25 @@ def _pk(key: str) -> int:
 
 def test_check_ins__none_for_a_schedule_without_one_and_a_check_in_is_never_a_default() -> None:
     _target("ops", address="http://127.0.0.1:9/", is_default=True)
-    notifications.forget_check_ins()
     succeed(make_schedule("plain", interval=60), "ok")
+    watch.LeaderWatch().run()
     assert not Notification.objects.exists()
     deployer = token_client("root", role="operator")
     body = {"name": "hc", "kind": "healthchecks", "address": "https://hc-ping.example/abc", "is_default": True}
     answer = deployer.post("/api/v1/notification-targets/", body, content_type="application/json")
     assert answer.status_code == 400 and "is_default" in answer.json()
+
+
+def test_a_receiver_slower_than_the_timeout_is_a_failed_attempt_and_the_next_one_delivers(settings: Any) -> None:
+    settings.SCHEDULER_NOTIFY_TIMEOUT_SECONDS = 0.5
+    with webhook_server(delays=[2.0]) as (url, received):
+        _target("ops", address=url, secret="s3cret", is_default=True)
+        _fail(None, "failed")
+        first = delivery.deliver_due()
+        second = delivery.deliver_due()
+        # The slow request is answered too, after the sender gave up: delivery is at least once, by one delivery id
+        assert wait_until(lambda: len(received.answered_ok()) == 2, timeout=10)
+    assert (first.failed, second.delivered) == (1, 1)
+    note = Notification.objects.get()
+    assert note.delivered_at is not None and note.attempts == 2
+    assert len({request["headers"]["X-Scheduler-Delivery"] for request in received.requests}) == 1

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import logging
+from datetime import datetime, timezone
 
 import pytest
 from celery.schedules import crontab
+from kombu import Exchange
 
 from project.celery import app
 from scheduler.models import Schedule
@@ -13,6 +15,8 @@ from scheduler.ops.builtin_schedules import PRUNE_EXECUTIONS, ensure_builtin_sch
 from scheduler.ops.settings_schedules import RETIRED_REASON, sync_beat_schedule
 from scheduler.owners import schedules
 from tests.support.factories import make_execution, make_schedule
+
+UTC = timezone.utc
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -44,14 +48,28 @@ def test_entries__upserted_with_their_options_and_runtime_state_kept() -> None:
     assert not Schedule.objects.filter(name="broken").exists()
 
 
-def test_entries__a_hard_limit_alone_is_the_timeout_and_options_not_carried_are_named(
+def test_entries__every_message_option_is_carried_and_only_countdown_and_eta_are_named_as_not(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    entry = {"task": "scheduler.echo", "schedule": 60, "options": {"time_limit": 30, "expires": 10, "headers": {}}}
+    options = {
+        "time_limit": 30,
+        "expires": 9.5,
+        "headers": {"x-team": "billing"},
+        "exchange": Exchange("billing", type="direct"),
+        "routing_key": "billing.nightly",
+        "countdown": 5,
+    }
+    moment = {"task": "scheduler.echo", "schedule": 60, "options": {"expires": datetime(2030, 1, 1, tzinfo=UTC)}}
     with caplog.at_level(logging.WARNING, logger="scheduler.ops.settings_schedules"):
-        sync_beat_schedule({"limited": entry})
-    assert Schedule.objects.get(name="limited").timeout == 30
-    assert "options expires, headers are not carried" in caplog.text
+        sync_beat_schedule(
+            {"limited": {"task": "scheduler.echo", "schedule": 60, "options": options}, "moment": moment}
+        )
+    limited = Schedule.objects.get(name="limited")
+    assert (limited.timeout, limited.expires, limited.headers) == (30, 10, {"x-team": "billing"})
+    assert (limited.exchange, limited.routing_key) == ("billing", "billing.nightly")
+    assert "entry 'limited': options countdown are not carried" in caplog.text
+    assert "entry 'moment': options expires (a moment, not seconds) are not carried" in caplog.text
+    assert Schedule.objects.get(name="moment").expires is None
 
 
 def test_an_entry_gone_turns_its_schedule_off_keeping_history_and_back_on_when_it_returns() -> None:

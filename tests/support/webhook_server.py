@@ -6,6 +6,7 @@ import hashlib
 import hmac
 import json
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -20,6 +21,8 @@ class Received:
     secret: str
     #: Answer these statuses first, in order, then 200.
     failures: list[int] = field(default_factory=list)
+    #: Wait this many seconds before answering the first requests, in order, then answer at once.
+    delays: list[float] = field(default_factory=list)
     requests: list[dict[str, Any]] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -34,14 +37,19 @@ class Received:
 
 
 @contextmanager
-def webhook_server(secret: str = "s3cret", *, failures: list[int] | None = None) -> Iterator[tuple[str, Received]]:
+def webhook_server(
+    secret: str = "s3cret", *, failures: list[int] | None = None, delays: list[float] | None = None
+) -> Iterator[tuple[str, Received]]:
     """Serve on a free loopback port; yield its URL and what it receives."""
-    received = Received(secret, list(failures or []))
+    received = Received(secret, list(failures or []), list(delays or []))
 
     class Handler(BaseHTTPRequestHandler):
         def do_POST(self) -> None:
             body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
             headers = dict(self.headers.items())
+            with received.lock:
+                delay = received.delays.pop(0) if received.delays else 0.0
+            time.sleep(delay)  # a slow receiver: the sender may have given up meanwhile
             with received.lock:
                 status = received.failures.pop(0) if received.failures else 200
                 received.requests.append(

@@ -8,7 +8,15 @@ from zoneinfo import ZoneInfo
 import pytest
 
 from scheduler.exceptions import ScheduleInvalid
-from scheduler.timing import Timing, next_slot, slots_between, validate_cron, validate_timezone
+from scheduler.timing import (
+    Timing,
+    describe,
+    next_slot,
+    resolved_cron,
+    slots_between,
+    validate_cron,
+    validate_timezone,
+)
 
 UTC = timezone.utc
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
@@ -92,11 +100,41 @@ def test_validate_cron__rejects_missing_expression(expr: str | None) -> None:
         validate_cron(expr)  # type: ignore[arg-type]  # None is the point of the test
 
 
-@pytest.mark.parametrize("expr", ["R * * * *", "0 H * * *", "H(0-29)/5 * * * *"])
-def test_validate_cron__rejects_random_and_hashed_values(expr: str) -> None:
-    # Replicas must agree on every slot; R differs per process, H needs a hash id.
-    with pytest.raises(ScheduleInvalid, match="uses H or R, which are not supported"):
+@pytest.mark.parametrize("expr", ["R * * * *", "0 R * * *", "R(0-29)/5 * * * *"])
+def test_validate_cron__rejects_random_values(expr: str) -> None:
+    # Replicas must agree on every slot; R differs per process.
+    with pytest.raises(ScheduleInvalid, match=r"uses R \(random\), which is not supported"):
         validate_cron(expr)
+
+
+@pytest.mark.parametrize("expr", ["H H * * *", "H(0-29)/10 * * * *", "H H(9-17) * * 1-5", "H H * * * *"])
+def test_hashed_cron__the_same_slots_for_the_same_key_in_any_process_and_spread_by_key(expr: str) -> None:
+    after = utc(2026, 3, 2)
+
+    def slots(key: str) -> list[datetime]:
+        timing = Timing(cron=expr, hash_key=key)
+        return slots_between(timing, since=after, until=after + timedelta(days=2))
+
+    # The same key: the same slots, computed afresh (no cache, no clock, no randomness)
+    assert slots("acme/nightly") == slots("acme/nightly")
+    assert slots("acme/nightly") and all(slot > after for slot in slots("acme/nightly"))
+    # Other keys land elsewhere: 20 schedules do not all share one slot
+    assert len({tuple(slots(f"acme/job-{n}")) for n in range(20)}) > 1
+
+
+def test_hashed_cron__stays_within_its_range_and_step() -> None:
+    for n in range(200):
+        timing = Timing(cron="H(0-29)/10 H(9-17) * * *", hash_key=f"t/{n}")
+        slot = next_slot(timing, after=utc(2026, 3, 2))
+        assert slot is not None and 9 <= slot.hour <= 17 and slot.minute % 10 < 10 and slot.minute < 30
+
+
+def test_hashed_cron__is_described_and_previewed_with_the_values_it_stands_for() -> None:
+    timing = Timing(cron="H H * * *", hash_key="acme/nightly")
+    resolved = resolved_cron(timing.cron, hash_key=timing.hash_key)  # type: ignore[arg-type]
+    minute, hour = (int(field) for field in resolved.split()[:2])
+    assert next_slot(timing, after=utc(2026, 3, 2)) == utc(2026, 3, 2, hour, minute)
+    assert describe(timing) == f"At {hour:02d}:{minute:02d} (UTC)"
 
 
 def test_validate_cron__accepts_expression_that_never_matches() -> None:
@@ -554,3 +592,62 @@ def test_slots_between__empty_when_until_not_after_since() -> None:
 
     assert slots_between(timing, since=utc(2025, 6, 1), until=utc(2025, 6, 1)) == []
     assert slots_between(timing, since=utc(2025, 6, 2), until=utc(2025, 6, 1)) == []
+
+
+@pytest.mark.parametrize(
+    ("expr", "message"),
+    [
+        ("H(30-10) * * * *", "minute field 'H(30-10)': the range of H must lie within 0-59, first to last"),
+        ("0 H(0-24) * * *", "hour field 'H(0-24)': the range of H must lie within 0-23, first to last"),
+        ("H/0 * * * *", "minute field 'H/0': a step must be at least 1"),
+        ("0 0 H(1-31) * *", "day-of-month field 'H(1-31)': the range of H must lie within 1-28, first to last"),
+    ],
+)
+def test_hashed_cron__a_bad_range_or_step_is_refused_naming_its_field(expr: str, message: str) -> None:
+    with pytest.raises(ScheduleInvalid) as excinfo:
+        validate_cron(expr, hash_key="t/n")
+    assert str(excinfo.value) == f"Invalid cron expression {expr!r}: {message}"
+
+
+def test_hashed_cron__aliases_and_plain_fields_are_left_as_written() -> None:
+    assert resolved_cron("@hourly", hash_key="t/n") == "@hourly"
+    assert resolved_cron("5 H 1 * *", hash_key="t/n").split()[::2] == ["5", "1", "*"]
+
+
+def test_hashed_cron__the_hash_is_pinned_a_new_release_moves_no_ones_slots() -> None:
+    # What docs/scheduling.md shows; a change here would move every H schedule's slots on upgrade.
+    assert resolved_cron("H H * * *", hash_key="acme/nightly") == "34 23 * * *"
+
+
+def test_several_specs__slots_are_merged_and_a_shared_slot_fires_once() -> None:
+    # Weekdays at 9, Saturdays at 12, and every day at 9 again: Monday 9:00 is one slot, not two
+    timing = Timing(cron="0 9 * * 1-5; 0 12 * * 6; 0 9 * * *", timezone="Europe/Berlin")
+    slots = slots_between(timing, since=utc(2026, 3, 1, 23), until=utc(2026, 3, 8, 23))  # Mon 2 .. Sun 8 March
+    berlin = [slot.astimezone(ZoneInfo("Europe/Berlin")) for slot in slots]
+    assert [(moment.day, moment.hour) for moment in berlin] == [
+        (2, 9),
+        (3, 9),
+        (4, 9),
+        (5, 9),
+        (6, 9),
+        (7, 9),
+        (7, 12),
+        (8, 9),
+    ]
+    assert describe(Timing(cron="0 9 * * 1-5; 0 12 * * 6")) == (
+        "At 09:00, Monday through Friday; and At 12:00, only on Saturday (UTC)"
+    )
+
+
+@pytest.mark.parametrize(
+    ("expr", "message"),
+    [
+        ("0 9 * * *;", "Invalid cron expression '0 9 * * *;': an empty expression between ';'"),
+        ("0 9 * * *; 61 * * * *", "Invalid cron expression '61 * * * *': minute field '61' is out of range 0-59"),
+        ("; ".join(["0 9 * * *"] * 9), "At most 8 cron expressions, separated by ';'; got 9"),
+    ],
+)
+def test_several_specs__each_is_checked_and_their_number_bounded(expr: str, message: str) -> None:
+    with pytest.raises(ScheduleInvalid) as excinfo:
+        validate_cron(expr)
+    assert str(excinfo.value) == message

@@ -26,10 +26,10 @@ class Command(SchedulerCommand):
     help = """Create a schedule for each of django-celery-beat's periodic tasks that has an equivalent here.
 
 Crontab (with its time zone), interval and clocked tasks carry over with their
-task, arguments, queue, priority, enabled state, one-off, start, expiry and
-description. Solar schedules, expire_seconds and crontabs that restrict both
-day of month and day of week are refused with the reason; exchange, routing
-key and headers are reported as not carried over. A task whose name already
+task, arguments, queue, priority, message options (exchange, routing key,
+headers, expire_seconds), enabled state, one-off, start, expiry and
+description. Solar schedules and crontabs that restrict both day of month
+and day of week are refused with the reason. A task whose name already
 has a schedule is left alone, so running the import again creates nothing.
 django-celery-beat's tables are only read, with SQL: its package need not be
 installed.

@@ -22,7 +22,7 @@ from scheduler.celery_app import celery_app
 from scheduler.conf import settings
 from scheduler.limits import PAUSED_REASON_MAX_CHARS
 from scheduler.models import AuditEvent, Execution, Lease, NotificationTarget, PauseRule, Schedule
-from scheduler.models.schedule import EARLIEST, LATEST, POLICY_FIELDS
+from scheduler.models.schedule import EARLIEST, LATEST, MESSAGE_OPTION_FIELDS, POLICY_FIELDS
 from scheduler.ops import bulk, operations
 from scheduler.ops.backfill import DEFAULT_LIMIT
 from scheduler.web.api.authentication import caller
@@ -87,6 +87,7 @@ class ScheduleSerializer(ApiModelSerializer):
             "kwargs",
             "queue",
             "priority",
+            *MESSAGE_OPTION_FIELDS,
             "description",
             "tenant",
             "origin",
