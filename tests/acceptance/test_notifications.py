@@ -123,3 +123,23 @@ def test_a_leadership_nobody_holds_is_told_by_the_workers_and_its_return_by_the_
     assert leaderless["lease"] == back["lease"] == settings.LEASE_NAME
     assert "the leadership has had no holder" in str(leaderless["summary"])
     assert back["holder"] != leaderless["last_holder"]
+
+
+def test_a_schedules_check_in_monitor_gets_each_runs_start_and_success(celery_processes: Start) -> None:
+    with webhook_server() as (url, received):
+        # Given a schedule checking in to a Healthchecks-style monitor, a worker and a leader
+        monitor = NotificationTarget.objects.create(name="hc", kind="healthchecks", address=url)
+        schedule = make_schedule("nightly", task="tests.record", interval=2)
+        schedule.notify.add(monitor)
+        celery_processes("worker", "w1").wait_for_log(r"ready\.")
+        beat = celery_processes("beat", "beat1", notify_interval_seconds=0.2)
+        # When two runs have succeeded and been told
+        assert wait_until(lambda: len(received.answered_ok()) >= 4, timeout=30), beat.log()[-3000:]
+        beat.stop()
+    # Then each run pinged its start and then its success, under its own run id
+    by_run: dict[str, list[str]] = {}
+    for request in received.requests:
+        path, _, run_id = request["path"].partition("?rid=")
+        by_run.setdefault(run_id, []).append(path)
+    done = [paths for paths in by_run.values() if "/hook" in paths]
+    assert len(done) >= 2 and all(paths == ["/hook/start", "/hook"] for paths in done), by_run
