@@ -3,13 +3,14 @@
 ``record_failure`` and ``record_paused`` run in the transaction that writes
 the failed outcome, so a failure and its notifications commit together or
 not at all; ``open_incident`` and ``close_incident`` write the incident row
-and its notifications in one transaction too. The event's key makes a
-second recording (a retried transaction, two recorders) a no-op. Delivery (``scheduler.outbox.notifications``) takes a
+and its notifications in one transaction too. ``record_check_ins`` reads
+the runs of the schedules that check in from their executions' rows. The
+event's key makes a second recording (a retried transaction, two
+recorders) a no-op. Delivery (``scheduler.outbox.notifications``) takes a
 due row, moves its next attempt past the time a delivery may take, sends
 outside any transaction, and records the result: a row is sent once at a
 time, and one whose sender died is taken again once that time has passed.
 """
-
 from __future__ import annotations
 
 from datetime import datetime, timedelta
@@ -24,6 +25,8 @@ from scheduler.models import Execution, Incident, Notification, NotificationTarg
 from scheduler.models.notification import CHECK_IN_KINDS
 
 Event = Notification.Event
+#: The events of a run that only check-in targets get.
+RUN_EVENTS = frozenset({Event.RUN_STARTED, Event.RUN_SUCCEEDED})
 
 
 def targets_for(*, schedule_id: int | None, tenant: str, event: str) -> list[NotificationTarget]:
@@ -48,9 +51,6 @@ def targets_for(*, schedule_id: int | None, tenant: str, event: str) -> list[Not
 def _defaults(tenant: str) -> list[NotificationTarget]:
     defaults = NotificationTarget.objects.filter(is_default=True, enabled=True).exclude(kind__in=CHECK_IN_KINDS)
     return list(defaults.filter(tenant=tenant)) or (list(defaults.filter(tenant="")) if tenant else [])
-
-
-RUN_EVENTS = frozenset({Event.RUN_STARTED, Event.RUN_SUCCEEDED})
 
 
 def record_check_ins(*, since: datetime, until: datetime) -> int:
