@@ -111,9 +111,13 @@ def _open_overdue(now: datetime, *, limit: int) -> int:
 
 
 def _close_recovered(now: datetime, *, limit: int) -> int:
-    incidents = Incident.objects.filter(
-        kind=Incident.Kind.OVERDUE, schedule__in=Schedule.objects.not_overdue(now=now)
-    ).select_related("schedule")[:limit]
+    # Probed by primary key per open incident, never a list of every schedule that is not overdue.
+    still_overdue = Schedule.objects.overdue(now=now).filter(pk=OuterRef("schedule_id"))
+    incidents = (
+        Incident.objects.filter(kind=Incident.Kind.OVERDUE)
+        .filter(~Exists(still_overdue))
+        .select_related("schedule")[:limit]
+    )
     closed = 0
     for incident in incidents:
         schedule = incident.schedule
@@ -138,6 +142,7 @@ def _watch_leases() -> tuple[int, int, bool]:
     view = cluster.shard_view()
     names = [state.name for state in view.leases] or [settings.LEASE_NAME]
     open_ = {incident.subject: incident for incident in Incident.objects.filter(kind=Incident.Kind.LEADERLESS)}
+    open_after = set(open_)
     opened = closed = 0
     for name in names:
         state = view.state(name)
@@ -154,6 +159,7 @@ def _watch_leases() -> tuple[int, int, bool]:
             "summary": f"{what} has had no holder for {without:.0f}s: nothing it fences is dispatched",
         }
         opened += notifications.open_incident(Incident.Kind.LEADERLESS, name, payload=payload)
+        open_after.add(name)  # by this pass or, just before, another watcher's
     for name, incident in open_.items():
         state = view.state(name)
         if state.is_held or name not in names:  # held again, or no longer a lease that fences (a new shard count)
@@ -166,8 +172,8 @@ def _watch_leases() -> tuple[int, int, bool]:
                 else f"lease {name} no longer fences dispatch (shard count {view.count})",
             }
             closed += notifications.close_incident(incident, payload=payload)
-    leaderless = Incident.objects.filter(kind=Incident.Kind.LEADERLESS, subject=names[0]).exists()
-    return opened, closed, leaderless
+            open_after.discard(name)
+    return opened, closed, names[0] in open_after
 
 
 class Watcher:

@@ -11,6 +11,7 @@ due row, moves its next attempt past the time a delivery may take, sends
 outside any transaction, and records the result: a row is sent once at a
 time, and one whose sender died is taken again once that time has passed.
 """
+
 from __future__ import annotations
 
 from datetime import datetime, timedelta
@@ -62,9 +63,13 @@ def record_check_ins(*, since: datetime, until: datetime) -> int:
     at most a watch interval late. Each run's key makes a second recording
     (overlapping windows, a new leader) a no-op.
     """
-    checked_in = Schedule.notify.through.objects.filter(
-        notificationtarget__kind__in=CHECK_IN_KINDS, notificationtarget__enabled=True
-    ).values_list("schedule_id", flat=True)
+    checked_in = list(
+        Schedule.notify.through.objects.filter(
+            notificationtarget__kind__in=CHECK_IN_KINDS, notificationtarget__enabled=True
+        ).values_list("schedule_id", flat=True)
+    )
+    if not checked_in:  # the usual case: no look at the executions at all
+        return 0
     started = Q(started_at__gt=since, started_at__lte=until)
     succeeded = Q(status=Execution.Status.SUCCEEDED, finished_at__gt=since, finished_at__lte=until)
     runs = (
