@@ -134,8 +134,8 @@ class FreezableProxy:
                 if not data:
                     break
                 target.sendall(data)
-        except OSError:
-            pass
+        except (OSError, ValueError):
+            pass  # closed: by the peer, or by close() (select() raises ValueError on a closed socket)
         for sock in (source, target):
             try:
                 sock.shutdown(socket.SHUT_RDWR)
