@@ -182,6 +182,9 @@ class Execution(models.Model):
     #: Progress a task saved with ``current_execution().checkpoint(data)``; the
     #: next attempt reads it to resume where the last one stopped.
     progress = models.JSONField(null=True, blank=True, db_column="checkpoint")
+    #: ``<limit id>:<value>`` of the concurrency limit that governs it, set when a worker first
+    #: takes it under one (``scheduler.owners.concurrency``): a ``queued`` row with a key waits for a slot.
+    concurrency_key = models.CharField(max_length=255, blank=True, default="", db_default="")
     error = models.TextField(blank=True, default="")
     #: The error of every earlier attempt, oldest first: ``[{"attempt": n, "error": "...", "at": ISO}]``.
     attempt_errors = models.JSONField(default=list, blank=True)
@@ -214,6 +217,12 @@ class Execution(models.Model):
                 fields=["status", "queue"],
                 name="execution_current",
                 condition=Q(status__in=["pending", "queued", "running"]),
+            ),
+            # A claim under a concurrency limit counts its key's running and waiting rows.
+            models.Index(
+                fields=["concurrency_key", "status", "id"],
+                name="execution_concurrency",
+                condition=~Q(concurrency_key=""),
             ),
         ]
 

@@ -15,6 +15,7 @@ what the broker took before it failed is marked ``queued``, the rest stays
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from contextlib import AbstractContextManager, ExitStack, nullcontext
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
@@ -26,7 +27,7 @@ from scheduler.conf import settings
 from scheduler.failpoints import failpoint
 from scheduler.fastpath import publisher
 from scheduler.outbox import broker
-from scheduler.owners import executions
+from scheduler.owners import concurrency, executions
 
 if TYPE_CHECKING:
     from celery import Celery
@@ -99,6 +100,24 @@ def publish_pending(app: Celery, *, limit: int | None = None) -> int:
                 executions.mark_queued([row["id"] for row in batch], now=now)
                 failpoint("publish.after_mark_queued")
             sent += len(batch)
+    return sent
+
+
+def offer_slots(app: Celery, keys: Iterable[str], *, max_age: float = concurrency.CACHE_SECONDS) -> list[int]:
+    """Send the executions waiting for a slot of each of ``keys`` that may run now, oldest first; return their ids.
+
+    Called by a worker whose execution left its slot, and by every reconcile
+    pass (a worker that died frees its slot only when reconcile marks its
+    execution lost). A broker failure raises ``BrokerUnavailable``; what was
+    not sent is offered again by the next pass.
+    """
+    limits = {limit.pk: limit.limit for limit in concurrency.in_force(max_age=max_age)}
+    now = dbclock.now()
+    sent: list[int] = []
+    for key in keys:
+        rows = executions.offer_waiting(key, limits.get(concurrency.limit_id(key)), now=now)
+        if rows:
+            sent += publish(app, rows, now=now)
     return sent
 
 

@@ -35,17 +35,21 @@ from typing import Any, cast
 from django.db import IntegrityError, connections, transaction
 from django.db.models import (
     Case,
+    Count,
     DateTimeField,
     Exists,
     ExpressionWrapper,
     F,
+    Func,
     OuterRef,
     PositiveIntegerField,
     Q,
     QuerySet,
+    Subquery,
     When,
 )
 from django.db.models.functions import Now
+from django.db.models.lookups import LessThan
 from django.db.models.sql import InsertQuery, UpdateQuery
 from django.db.transaction import TransactionManagementError
 
@@ -56,9 +60,10 @@ from scheduler.failpoints import failpoint
 from scheduler.fastpath import bulk_insert
 from scheduler.fastpath.prepared import Param, Prepared, RowReader
 from scheduler.models import Execution, Schedule
+from scheduler.models.execution import ExecutionQuerySet
 from scheduler.models.schedule import MESSAGE_OPTION_FIELDS
 from scheduler.models.tally import MESSAGE_REFUSED, TallyIncrement
-from scheduler.owners import notifications, schedules
+from scheduler.owners import concurrency, notifications, schedules
 
 logger = logging.getLogger(__name__)
 
@@ -489,7 +494,13 @@ def loss_retries_left(held: Claim) -> bool:
 
 @tracing.traced("scheduler.claim", tracing.claiming_attributes, tracing.claimed_attributes)
 def claim(
-    *, worker: str, task: str, celery_task_id: str, execution_id: int | None = None, key: str = ""
+    *,
+    worker: str,
+    task: str,
+    celery_task_id: str,
+    execution_id: int | None = None,
+    key: str = "",
+    slot: concurrency.Slot | None = None,
 ) -> Execution | None:
     """Claim the execution ``execution_id`` (or the one with ``key``) for ``worker``; return it as claimed.
 
@@ -503,6 +514,14 @@ def claim(
     read). A running row claimed again belongs to a worker that stopped
     renewing, so it gets the next attempt.
 
+    Under a concurrency limit (``slot``), the execution takes its key first,
+    and the claim's UPDATE also requires fewer than ``slot.limit`` others of
+    the key running or waiting ahead of it (``_under_limit``); on PostgreSQL
+    the claims of one key queue on an advisory lock taken in the claim's
+    transaction, so each one counts the claims committed before it (SQLite
+    has one writer at a time). ``None`` then may mean it waits for a slot
+    (``wait_for_slot``).
+
     ``None`` means nothing was claimable (a duplicate delivery). A message
     that was not sent for the execution raises ``MessageRefused``, counted
     by reason, and changes nothing: told apart from a duplicate by one read
@@ -513,14 +532,21 @@ def claim(
     target = execution_id if by_id else key
     values = {"target": target, "worker": worker, "task": task, "celery_task_id": celery_task_id}
     failpoint("worker.claim.before")
-    row = _CLAIM.execute(using, (by_id, settings.CLAIM_SECONDS), values)
+    if slot is None:
+        row = _CLAIM.execute(using, (by_id, settings.CLAIM_SECONDS, False), values)
+    else:
+        _named(execution_id, key).filter(status__in=Execution.WAITING_STATUSES).exclude(
+            concurrency_key=slot.key
+        ).update(concurrency_key=slot.key)
+        with transaction.atomic(using=using):
+            if connections[using].vendor == "postgresql":
+                with connections[using].cursor() as cursor:
+                    cursor.execute("SELECT pg_advisory_xact_lock(%s, hashtext(%s))", [_SLOT_LOCK_CLASS, slot.key])
+            values.update(concurrency_key=slot.key, limit=slot.limit)
+            row = _CLAIM.execute(using, (by_id, settings.CLAIM_SECONDS, True), values)
     if row is None:
-        rows = (
-            Execution.objects.filter(pk=execution_id)
-            if execution_id is not None
-            else Execution.objects.filter(idempotency_key=key)
-        )
-        _refuse_unless_sent_for(rows.values_list("pk", "task", "celery_task_id").first(), task, celery_task_id)
+        found = _named(execution_id, key).values_list("pk", "task", "celery_task_id").first()
+        _refuse_unless_sent_for(found, task, celery_task_id)
         return None
     execution = _ROW.read(using, row)
     failpoint("worker.claim.after")
@@ -529,7 +555,14 @@ def claim(
     return execution
 
 
-def _claim_sql(using: str, by_id: bool, claim_seconds: float) -> tuple[str, list[Any]]:
+def _named(execution_id: int | None, key: str) -> ExecutionQuerySet:
+    """The execution a message names: by id, else by its ad-hoc key."""
+    if execution_id is not None:
+        return Execution.objects.filter(pk=execution_id)
+    return Execution.objects.filter(idempotency_key=key)
+
+
+def _claim_sql(using: str, by_id: bool, claim_seconds: float, limited: bool) -> tuple[str, list[Any]]:
     """The claim's UPDATE ... RETURNING, compiled once per database (``Prepared``)."""
     # The message's own task name and task id are matched, never written.
     sent_for = Execution.objects.filter(
@@ -539,6 +572,8 @@ def _claim_sql(using: str, by_id: bool, claim_seconds: float) -> tuple[str, list
         target = sent_for.filter(pk=Param("target", Execution._meta.pk))
     else:
         target = sent_for.filter(idempotency_key=Param("target", _field("idempotency_key")))
+    if limited:
+        target = target.filter(_under_limit())
     sql, params = _update_sql(
         _moving(target.claimable(), Status.RUNNING),
         using,
@@ -550,15 +585,118 @@ def _claim_sql(using: str, by_id: bool, claim_seconds: float) -> tuple[str, list
         attempt=Case(
             When(status=Status.RUNNING, then=_NEXT_ATTEMPT), default=F("attempt"), output_field=PositiveIntegerField()
         ),
+        **({"concurrency_key": Param("concurrency_key", _field("concurrency_key"))} if limited else {}),
     )
     return f"{sql} RETURNING {_ROW.columns(using)}", params
 
+
+def _under_limit() -> LessThan:
+    """Fewer than the limit of the key's others run, or wait ahead of this one (oldest first)."""
+    the_key = Execution.objects.filter(concurrency_key=Param("concurrency_key", _field("concurrency_key")))
+    others = the_key.filter(
+        (Q(status=Status.RUNNING) & ~Q(pk=OuterRef("pk"))) | Q(status__in=_AHEAD, pk__lt=OuterRef("pk"))
+    )
+    counted = Subquery(others.order_by().annotate(n=Func(F("pk"), function="COUNT")).values("n"))
+    return LessThan(counted, Param("limit", PositiveIntegerField()))
+
+
+#: Waiting rows of a key that a newer one may not pass (a due retry does not hold the line).
+_AHEAD = (Status.PENDING, Status.QUEUED)
+#: The first key of the advisory locks a key's claims queue on (PostgreSQL); the second is the key's hash.
+_SLOT_LOCK_CLASS = 0x5C0C
 
 #: The statements a worker runs for every task, compiled once per process (``scheduler.fastpath.prepared``).
 _CLAIM = Prepared(_claim_sql)
 _ROW = RowReader(Execution)
 
 #: Why a message was refused: it names the execution under another task name, or another task id.
+# --- waiting for a concurrency slot -----------------------------------------------------
+
+#: An execution offered a slot this recently has its message on the way: it is not offered again yet.
+OFFER_GRACE_SECONDS = 5.0
+
+
+def wait_for_slot(*, execution_id: int | None = None, key: str = "") -> tuple[str, int] | None:
+    """Leave the execution a limited claim did not take waiting for a slot; return its key and place in line.
+
+    ``None``: it does not wait (it ran, ended, or has no key: the claim found
+    it was not claimable). Its message is acknowledged and nothing is sent
+    for it until a slot frees (``offer_waiting``): ``enqueued_at`` is
+    cleared to say so.
+    """
+    named = _named(execution_id, key).claimable()  # not claimable (a retry not due yet): not the limit's doing
+    rows = named.filter(status__in=(Status.QUEUED, Status.RETRYING)).exclude(concurrency_key="")
+    found = rows.values_list("pk", "concurrency_key").first()
+    if found is None:
+        return None
+    pk, concurrency_key = found
+    rows.update(enqueued_at=None)
+    ahead = Execution.objects.filter(concurrency_key=concurrency_key, status__in=_AHEAD, pk__lt=pk).count()
+    return concurrency_key, ahead + 1
+
+
+def offer_waiting(concurrency_key: str, limit: int | None, *, now: datetime) -> list[dict[str, Any]]:
+    """Take the oldest executions waiting for a slot of ``concurrency_key`` that are free now; return their messages.
+
+    As many as the key has slots free, less those offered within
+    ``OFFER_GRACE_SECONDS`` (their messages are on the way). ``limit``
+    ``None``: the limit is gone, and every waiting execution of the key is
+    let go. Each is taken by one conditional UPDATE (``mark_resent``), so
+    two processes offering at once do not both take it.
+    """
+    keyed = Execution.objects.filter(concurrency_key=concurrency_key)
+    waiting = keyed.filter(status__in=(Status.QUEUED, Status.RETRYING)).order_by("pk")
+    if limit is None:
+        ids = list(waiting.values_list("pk", flat=True)[:_BATCH])
+        Execution.objects.filter(pk__in=ids).update(concurrency_key="", enqueued_at=now)
+        return message_rows(Execution.objects.filter(pk__in=ids))
+    cutoff = now - timedelta(seconds=OFFER_GRACE_SECONDS)
+    on_the_way = waiting.filter(enqueued_at__gte=cutoff, enqueued_at__lte=now)
+    free = limit - keyed.filter(status=Status.RUNNING).count() - on_the_way.count()
+    if free <= 0:
+        return []
+    due = waiting.filter(Q(enqueued_at__isnull=True) | Q(enqueued_at__lt=cutoff)).exclude(
+        status=Status.RETRYING, enqueued_at__gt=now
+    )
+    taken = [
+        pk
+        for pk, enqueued_at in due.values_list("pk", "enqueued_at")[:free]
+        if mark_resent(pk, was_enqueued_at=enqueued_at, now=now)
+    ]
+    return message_rows(Execution.objects.filter(pk__in=taken)) if taken else []
+
+
+def waiting_keys(*, limit: int = _BATCH) -> list[str]:
+    """The keys some execution waits for a slot of (at most ``limit``)."""
+    waiting = Execution.objects.filter(status__in=(Status.QUEUED, Status.RETRYING)).exclude(concurrency_key="")
+    return list(waiting.order_by().values_list("concurrency_key", flat=True).distinct()[:limit])
+
+
+def slot_usage(prefix: str) -> list[tuple[str, int, int]]:
+    """(key, running, waiting) of each key starting with ``prefix`` that runs or waits, busiest first."""
+    rows = (
+        Execution.objects.filter(
+            concurrency_key__startswith=prefix, status__in=(Status.RUNNING, Status.QUEUED, Status.RETRYING)
+        )
+        .order_by()
+        .values("concurrency_key")
+        .annotate(
+            running=Count("pk", filter=Q(status=Status.RUNNING)),
+            waiting=Count("pk", filter=~Q(status=Status.RUNNING)),
+        )
+    )
+    usage = [(row["concurrency_key"], row["running"], row["waiting"]) for row in rows]
+    return sorted(usage, key=lambda entry: (-entry[1], -entry[2], entry[0]))
+
+
+def place_in_line(execution: Execution) -> int | None:
+    """Where ``execution`` waits for a slot of its key (1: next); ``None`` when it does not wait."""
+    if not execution.concurrency_key or execution.status not in (Status.QUEUED, Status.RETRYING):
+        return None
+    ahead = Execution.objects.filter(concurrency_key=execution.concurrency_key, status__in=_AHEAD, pk__lt=execution.pk)
+    return ahead.count() + 1
+
+
 TASK_MISMATCH = "task_mismatch"
 TASK_ID_MISMATCH = "task_id_mismatch"
 REFUSAL_REASONS = (TASK_MISMATCH, TASK_ID_MISMATCH)

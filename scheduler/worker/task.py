@@ -73,12 +73,12 @@ from django.db import (
     connections,
 )
 
-from scheduler import clock, logs, process_ids, tracing
+from scheduler import clock, logs, outbox, process_ids, tracing
 from scheduler.conf import settings
-from scheduler.exceptions import MessageRefused, NotInTask
+from scheduler.exceptions import BrokerUnavailable, MessageRefused, NotInTask
 from scheduler.failpoints import failpoint
 from scheduler.models import Execution, PauseRule
-from scheduler.owners import executions, pause_rules
+from scheduler.owners import concurrency, executions, pause_rules
 from scheduler.owners.executions import Claim
 from scheduler.timing import policies
 from scheduler.worker.renewer import ClaimRenewer
@@ -90,6 +90,8 @@ logger = logging.getLogger(__name__)
 _REQUEST_ATTR = "scheduler_execution"
 #: Attribute of the Celery request context that holds the ``Claim`` (the fencing token).
 _CLAIM_ATTR = "scheduler_claim"
+#: The request attribute that holds the concurrency slot its execution runs under, if any.
+_SLOT_ATTR = "scheduler_slot"
 #: Results longer than this (as JSON) are stored truncated.
 RESULT_SUMMARY_MAX_CHARS = 10_000
 #: A message that finds its retry due within this long waits for it rather than being refused:
@@ -105,6 +107,57 @@ class _RetryNotSent(Reject):
     A ``Reject`` (not requeued), as Celery's own when it cannot send a retry,
     and told apart from a body's error by the guard.
     """
+
+
+def _slot_of(target: dict[str, Any], args: Any, kwargs: Any) -> concurrency.Slot | None:
+    """The concurrency slot the execution ``target`` names must take; ``None`` when no limit governs it.
+
+    No query while no limit is in force.
+    """
+    limits = concurrency.in_force()
+    if not limits:
+        return None
+    found = executions.routing_of(**target)
+    if found is None:
+        return None
+    limit = concurrency.governing(limits, **found[1])
+    if limit is None:
+        return None
+    return limit.slot(args if isinstance(args, (list, tuple)) else (), kwargs if isinstance(kwargs, dict) else {})
+
+
+def _offer_freed_slot(app: Any, slot: concurrency.Slot) -> None:
+    """After an execution left ``slot``: send the oldest ones waiting for it. A failure waits for reconcile's pass."""
+    try:
+        outbox.offer_slots(app, [slot.key])
+    except (BrokerUnavailable, DatabaseError) as error:
+        logger.warning(
+            "could not offer the freed slot of %s: %s; the next reconcile pass offers it",
+            slot.key,
+            error,
+            extra={"action": "offer_failed"},
+        )
+
+
+def _wait_for_slot(target: dict[str, Any], slot: concurrency.Slot) -> None:
+    """Raise ``Ignore`` when the claim found no free slot: the execution waits ``queued`` until one frees.
+
+    The message is acknowledged; the execution is sent again when a slot of
+    its key frees (``outbox.offer_slots``), oldest first.
+    """
+    waiting = executions.wait_for_slot(**target)
+    if waiting is None:
+        return
+    key, place = waiting
+    logger.info(
+        "execution %s waits for a slot of %s (limit %s): number %s in line",
+        target.get("execution_id") or target.get("key"),
+        key,
+        slot.limit,
+        place,
+        extra={"action": "concurrency_wait", "execution_id": target.get("execution_id"), "concurrency_key": key},
+    )
+    raise Ignore()
 
 
 def _refuse_if_paused(target: dict[str, Any]) -> None:
@@ -398,9 +451,13 @@ class ExecutionTask(Task):
             )
             target = {"key": key}
         _refuse_if_paused(target)
-        claim = {"worker": worker, "task": self.name, "celery_task_id": task_id, **target}
+        slot = _slot_of(target, args, kwargs)
+        claim = {"worker": worker, "task": self.name, "celery_task_id": task_id, "slot": slot, **target}
         since = _renewer.now()
         execution = _reconnecting(executions.claim, **claim)
+        if execution is None and slot is not None:
+            _wait_for_slot(target, slot)
+        setattr(self.request, _SLOT_ATTR, slot)
         if execution is None:
             due_in = executions.retry_due_in(**target)
             if due_in is not None and due_in <= EARLY_RETRY_WAIT_SECONDS:
@@ -412,6 +469,14 @@ class ExecutionTask(Task):
     # --- run and record --------------------------------------------------------------
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        slot: concurrency.Slot | None = getattr(self.request, _SLOT_ATTR, None)
+        try:
+            return self._run_and_record(*args, **kwargs)
+        finally:
+            if slot is not None:  # whatever the outcome, the execution left its slot
+                _offer_freed_slot(self.app, slot)
+
+    def _run_and_record(self, *args: Any, **kwargs: Any) -> Any:
         execution: RunningExecution | None = getattr(self.request, _REQUEST_ATTR, None)
         claim: Claim | None = getattr(self.request, _CLAIM_ATTR, None)
         if execution is None or claim is None:
