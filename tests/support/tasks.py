@@ -382,3 +382,20 @@ def interrupted_in_transaction(schedule_id: int) -> None:
 
 #: Redis list ``tests.interrupted_in_transaction`` appends its pid to once it left its transaction open.
 LEFT_OPEN_KEY = "tests:left-open"
+
+
+@shared_task(name="tests.limited")
+def limited(customer: int, steps: int = 5, seconds: float = 0.1) -> int:
+    """Work in ``steps`` steps, keeping each step's start and end (wall clock) in the execution's checkpoint.
+
+    ``checkpoint()`` saves only while this attempt holds the execution, so the
+    record is of steps run under a claim: what a concurrency limit bounds.
+    """
+    running = scheduler.current_execution()
+    spans = list(running.last_checkpoint or [])
+    for _ in range(steps):
+        started = time.time()
+        time.sleep(seconds)
+        spans.append([started, time.time()])
+        running.checkpoint(spans)
+    return customer
