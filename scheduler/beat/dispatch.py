@@ -24,7 +24,7 @@ from scheduler.conf import settings
 from scheduler.exceptions import InFlightLocked, ScheduleInvalid
 from scheduler.failpoints import failpoint
 from scheduler.models import Execution, Schedule
-from scheduler.owners import executions, leases, pause_rules, schedules
+from scheduler.owners import executions, leases, schedules, work_rules
 from scheduler.timing import policies
 
 logger = logging.getLogger(__name__)
@@ -268,7 +268,7 @@ def _plan(*, now: datetime, batch_size: int, shards: Collection[int] | None) -> 
     due = Schedule.objects.due(now=now)
     # A schedule a pause rule holds is not planned: its slots wait, and when the
     # rule is lifted its catch-up window and misfire policy decide what runs.
-    held = pause_rules.held(pause_rules.in_force(max_age=0))
+    held = work_rules.held(work_rules.pauses_in_force(max_age=0))
     if held is not None:
         due = due.exclude(held)
     if shards is not None:

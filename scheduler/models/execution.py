@@ -183,8 +183,8 @@ class Execution(models.Model):
     #: next attempt reads it to resume where the last one stopped.
     progress = models.JSONField(null=True, blank=True, db_column="checkpoint")
     #: ``<limit id>:<value>`` of the concurrency limit that governs it, set when a worker first
-    #: takes it under one (``scheduler.owners.concurrency``): a ``queued`` row with a key waits for a slot.
-    concurrency_key = models.CharField(max_length=255, blank=True, default="", db_default="")
+    #: takes it under one (``scheduler.owners.work_rules``): a ``queued`` row with a key waits for a slot.
+    concurrency_key = models.CharField(max_length=255, null=True, blank=True)
     error = models.TextField(blank=True, default="")
     #: The error of every earlier attempt, oldest first: ``[{"attempt": n, "error": "...", "at": ISO}]``.
     attempt_errors = models.JSONField(default=list, blank=True)
@@ -222,7 +222,7 @@ class Execution(models.Model):
             models.Index(
                 fields=["concurrency_key", "status", "id"],
                 name="execution_concurrency",
-                condition=~Q(concurrency_key=""),
+                condition=Q(concurrency_key__isnull=False),
             ),
         ]
 

@@ -26,7 +26,7 @@ from scheduler import dbclock, limits, outbox
 from scheduler.exceptions import BrokerUnavailable, SchedulerError, first_line
 from scheduler.models import Execution, Schedule
 from scheduler.models.schedule import ScheduleQuerySet
-from scheduler.owners import executions, pause_rules, schedules
+from scheduler.owners import executions, schedules, work_rules
 from scheduler.tenancy import Scope
 
 if TYPE_CHECKING:
@@ -76,8 +76,8 @@ class Filter:
             wanted = bool if key == "overdue" else str
             if value is not None and not isinstance(value, wanted):
                 raise BulkRefused(f"filter {key} must be {'true or false' if wanted is bool else 'text'}")
-        if isinstance(given.get("name"), str) and pause_rules.glob_problem(given["name"]):
-            raise BulkRefused(f"filter name: {pause_rules.glob_problem(given['name'])}")
+        if isinstance(given.get("name"), str) and work_rules.glob_problem(given["name"]):
+            raise BulkRefused(f"filter name: {work_rules.glob_problem(given['name'])}")
         if given.get("last_status") not in (None, *Execution.Status.values):
             raise BulkRefused(f"filter last_status must be one of {', '.join(Execution.Status.values)}")
         return cls(**given)
@@ -86,7 +86,7 @@ class Filter:
         """The schedules in ``scope`` that match."""
         chosen = scope.filter(Schedule.objects.all())
         if self.name is not None:
-            chosen = chosen.filter(name__regex=pause_rules.glob_regex(self.name))
+            chosen = chosen.filter(name__regex=work_rules.glob_regex(self.name))
         for criterion in ("task", "queue", "tenant", "last_status"):
             value = getattr(self, criterion)
             if value is not None:

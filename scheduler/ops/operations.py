@@ -26,11 +26,11 @@ from django.db import transaction
 
 from scheduler import dbclock, limits, outbox, shards, task_policy
 from scheduler.exceptions import BrokerUnavailable, SchedulerError, TaskRefused, first_line
-from scheduler.models import ApiToken, Execution, NotificationTarget, PauseRule, Schedule
+from scheduler.models import ApiToken, ConcurrencyLimit, Execution, NotificationTarget, PauseRule, Schedule
 from scheduler.models.schedule import argument_shape_problems
 from scheduler.ops import audit, backfill, bulk, prune, reconcile, resharding
 from scheduler.outbox import broker
-from scheduler.owners import executions, pause_rules, schedules
+from scheduler.owners import executions, schedules, work_rules
 from scheduler.tenancy import Scope
 
 if TYPE_CHECKING:
@@ -43,6 +43,8 @@ CANCELLABLE_STATUSES = Execution.IN_FLIGHT_STATUSES - {Execution.Status.LOST}
 CANCEL_ERROR = "Cancelled by an operator"
 #: Pause rules one tenant (or the deployer) may have in force at once.
 MAX_PAUSE_RULES = 50
+#: Every limit is matched at each claim: a tenant may not pile them up.
+MAX_CONCURRENCY_LIMITS = 50
 #: What a run now may replace of the schedule's stored values, for that run only.
 RUN_OVERRIDES = ("args", "kwargs", "queue", "priority")
 #: A one-off time this little behind the database clock still counts as "now": it runs.
@@ -161,6 +163,63 @@ def delete_target(target: NotificationTarget, *, actor: audit.Actor) -> None:
         before = audit.snapshot(target)
         target.delete()
         audit.record(actor, "delete", target, before=before, deleted=True)
+
+
+def save_limit(limit: ConcurrencyLimit, *, actor: audit.Actor, scope: Scope, app: Celery) -> None:
+    """Insert or write a concurrency limit, audited; then offer the slots a higher limit frees.
+
+    A caller bound to a tenant limits its own tenant's work only, and may
+    not change a limit of every tenant. Raises ``ValidationError`` (by
+    field) for a limit that cannot be kept, and changes nothing then.
+    """
+    adding = limit._state.adding
+    before_row = None if adding else ConcurrencyLimit.objects.filter(pk=limit.pk).first()
+    if adding:
+        limit.created_by = actor.name
+    if scope.is_bound:
+        if before_row is not None and before_row.every_tenant:
+            raise ActionRefused("A limit of every tenant is changed by a user of every tenant only.")
+        limit.tenant, limit.every_tenant = scope.tenant, False
+    elif not scope.every_tenant:
+        raise ActionRefused("You may not limit work: you are bound to no tenant.")
+    else:
+        limit.every_tenant = not limit.tenant
+    problems = work_rules.limit_problems(limit)
+    if adding and ConcurrencyLimit.objects.filter(tenant=limit.tenant).count() >= MAX_CONCURRENCY_LIMITS:
+        problems.setdefault(NON_FIELD_ERRORS, []).append(
+            f"At most {MAX_CONCURRENCY_LIMITS} concurrency limits per tenant; delete one first."
+        )
+    if ConcurrencyLimit.objects.filter(tenant=limit.tenant, name=limit.name).exclude(pk=limit.pk).exists():
+        problems.setdefault("name", []).append("A limit of that name exists already.")
+    if problems:
+        raise ValidationError(problems)
+    with transaction.atomic():
+        before = audit.snapshot(before_row) if before_row is not None else {}
+        work_rules.save_limit(limit)
+        audit.record(actor, "create" if adding else "update", limit, before=before, tenant=limit.tenant)
+    _offer_slots_of(limit, app)
+
+
+def delete_limit(limit: ConcurrencyLimit, *, actor: audit.Actor, scope: Scope, app: Celery) -> None:
+    """Delete a concurrency limit, audited; what waited for its slots is sent."""
+    if limit.every_tenant and not scope.every_tenant:
+        raise ActionRefused("A limit of every tenant is deleted by a user of every tenant only.")
+    if not scope.allows(limit.tenant) and not limit.every_tenant:
+        raise ActionRefused("You may delete your own tenant's limits only.")
+    with transaction.atomic():
+        before = audit.snapshot(limit)
+        work_rules.delete_limit(limit)
+        audit.record(actor, "delete", limit, before=before, deleted=True, tenant=limit.tenant)
+    _offer_slots_of(limit, app)
+
+
+def _offer_slots_of(limit: ConcurrencyLimit, app: Celery) -> None:
+    """Send what waits for the limit's slots and may run now (a broker down: reconcile's next pass sends it)."""
+    keys = [key for key, _, waiting in executions.slot_usage(f"{limit.pk}:") if waiting]
+    try:
+        outbox.offer_slots(app, keys, max_age=0)
+    except BrokerUnavailable:
+        pass
 
 
 def pause_schedule(schedule: Schedule, reason: str, *, actor: audit.Actor, now: datetime | None = None) -> None:
@@ -357,8 +416,8 @@ def pause_work(
         raise ActionRefused("Pause everything, or a queue or tasks: not both.")
     if not (queue or task or everything or tenant is not None):
         raise ActionRefused("Say what to pause: a queue, a task pattern, a tenant, or everything.")
-    if pause_rules.glob_problem(task):
-        raise ActionRefused(f"Task pattern refused: {pause_rules.glob_problem(task)}.")
+    if work_rules.glob_problem(task):
+        raise ActionRefused(f"Task pattern refused: {work_rules.glob_problem(task)}.")
     if mode not in PauseRule.Mode.values:
         raise ActionRefused(f"Mode {mode!r} is not one of {', '.join(PauseRule.Mode.values)}.")
     problems = limits.text_problems(reason, limits.PAUSED_REASON_MAX_CHARS)
@@ -371,11 +430,11 @@ def pause_work(
     if PauseRule.objects.filter(**fields, mode=mode).exists():
         raise ActionRefused("That work is paused so already.")
     with transaction.atomic():
-        rule = pause_rules.create(**fields, mode=mode, reason=reason, created_by=actor.name)
+        rule = work_rules.create_pause(**fields, mode=mode, reason=reason, created_by=actor.name)
         audit.record(actor, "pause_work", rule, before={}, tenant=rule.tenant)
     cancelled = 0
     if mode == PauseRule.Mode.DRAIN:
-        condition = pause_rules.Rule.of(rule).condition()
+        condition = work_rules.Rule.of(rule).condition()
         cancelled = executions.cancel_waiting(condition, reason=f"Drained: {reason or 'paused'}", now=dbclock.now())
     return PauseResult(rule, cancelled)
 
@@ -388,9 +447,9 @@ def resume_work(rule: PauseRule, *, actor: audit.Actor, app: Celery) -> int:
     """
     with transaction.atomic():
         audit.record(actor, "resume_work", rule, changes={"rule": [rule.describe(), None]})
-        pause_rules.delete(rule)
-    condition = pause_rules.Rule.of(rule).condition()
-    still_held = pause_rules.held(pause_rules.in_force(max_age=0))
+        work_rules.delete_pause(rule)
+    condition = work_rules.Rule.of(rule).condition()
+    still_held = work_rules.held(work_rules.pauses_in_force(max_age=0))
     if still_held is not None:
         condition &= ~still_held
     rows = executions.held_rows(condition)

@@ -36,7 +36,7 @@ from scheduler.failpoints import failpoint
 from scheduler.fastpath import publisher
 from scheduler.models import Execution, Instance, Schedule, tally
 from scheduler.outbox import broker
-from scheduler.owners import executions, instances, pause_rules, schedules
+from scheduler.owners import executions, instances, schedules, work_rules
 from scheduler.timing import policies
 
 if TYPE_CHECKING:
@@ -269,10 +269,10 @@ def _unclaimed_queued(*, now: datetime, dry_run: bool, app: Celery) -> list[Chan
     cutoff = now - timedelta(seconds=settings.RECONCILE_QUEUED_AFTER_SECONDS)
     waited = Q(enqueued_at__lt=cutoff) | Q(enqueued_at__isnull=True, created_at__lt=cutoff)
     stale = Execution.objects.filter(waited, status__in=[Status.QUEUED, Status.RETRYING], scheduled_for__lt=cutoff)
-    held = pause_rules.held(pause_rules.in_force(max_age=0))
+    held = work_rules.held(work_rules.pauses_in_force(max_age=0))
     if held is not None:  # held by a pause rule: lifting the rule sends it (operations.resume_work)
         stale = stale.exclude(held)
-    stale = stale.filter(concurrency_key="")  # waiting for a concurrency slot: _offer_free_slots sends it
+    stale = stale.filter(concurrency_key__isnull=True)  # waiting for a concurrency slot: _offer_free_slots sends it
     rows = [
         row
         for row in stale.order_by("enqueued_at", "id").values(

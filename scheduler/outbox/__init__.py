@@ -27,7 +27,7 @@ from scheduler.conf import settings
 from scheduler.failpoints import failpoint
 from scheduler.fastpath import publisher
 from scheduler.outbox import broker
-from scheduler.owners import concurrency, executions
+from scheduler.owners import executions, work_rules
 
 if TYPE_CHECKING:
     from celery import Celery
@@ -103,7 +103,7 @@ def publish_pending(app: Celery, *, limit: int | None = None) -> int:
     return sent
 
 
-def offer_slots(app: Celery, keys: Iterable[str], *, max_age: float = concurrency.CACHE_SECONDS) -> list[int]:
+def offer_slots(app: Celery, keys: Iterable[str], *, max_age: float = work_rules.CACHE_SECONDS) -> list[int]:
     """Send the executions waiting for a slot of each of ``keys`` that may run now, oldest first; return their ids.
 
     Called by a worker whose execution left its slot, and by every reconcile
@@ -111,11 +111,11 @@ def offer_slots(app: Celery, keys: Iterable[str], *, max_age: float = concurrenc
     execution lost). A broker failure raises ``BrokerUnavailable``; what was
     not sent is offered again by the next pass.
     """
-    limits = {limit.pk: limit.limit for limit in concurrency.in_force(max_age=max_age)}
+    limits = {limit.pk: limit.limit for limit in work_rules.limits_in_force(max_age=max_age)}
     now = dbclock.now()
     sent: list[int] = []
     for key in keys:
-        rows = executions.offer_waiting(key, limits.get(concurrency.limit_id(key)), now=now)
+        rows = executions.offer_waiting(key, limits.get(work_rules.limit_id(key)), now=now)
         if rows:
             sent += publish(app, rows, now=now)
     return sent

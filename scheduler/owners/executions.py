@@ -63,7 +63,7 @@ from scheduler.models import Execution, Schedule
 from scheduler.models.execution import ExecutionQuerySet
 from scheduler.models.schedule import MESSAGE_OPTION_FIELDS
 from scheduler.models.tally import MESSAGE_REFUSED, TallyIncrement
-from scheduler.owners import concurrency, notifications, schedules
+from scheduler.owners import notifications, schedules, work_rules
 
 logger = logging.getLogger(__name__)
 
@@ -500,7 +500,7 @@ def claim(
     celery_task_id: str,
     execution_id: int | None = None,
     key: str = "",
-    slot: concurrency.Slot | None = None,
+    slot: work_rules.Slot | None = None,
 ) -> Execution | None:
     """Claim the execution ``execution_id`` (or the one with ``key``) for ``worker``; return it as claimed.
 
@@ -625,7 +625,7 @@ def wait_for_slot(*, execution_id: int | None = None, key: str = "") -> tuple[st
     cleared to say so.
     """
     named = _named(execution_id, key).claimable()  # not claimable (a retry not due yet): not the limit's doing
-    rows = named.filter(status__in=(Status.QUEUED, Status.RETRYING)).exclude(concurrency_key="")
+    rows = named.filter(status__in=(Status.QUEUED, Status.RETRYING)).filter(concurrency_key__isnull=False)
     found = rows.values_list("pk", "concurrency_key").first()
     if found is None:
         return None
@@ -648,7 +648,7 @@ def offer_waiting(concurrency_key: str, limit: int | None, *, now: datetime) -> 
     waiting = keyed.filter(status__in=(Status.QUEUED, Status.RETRYING)).order_by("pk")
     if limit is None:
         ids = list(waiting.values_list("pk", flat=True)[:_BATCH])
-        Execution.objects.filter(pk__in=ids).update(concurrency_key="", enqueued_at=now)
+        Execution.objects.filter(pk__in=ids).update(concurrency_key=None, enqueued_at=now)
         return message_rows(Execution.objects.filter(pk__in=ids))
     cutoff = now - timedelta(seconds=OFFER_GRACE_SECONDS)
     on_the_way = waiting.filter(enqueued_at__gte=cutoff, enqueued_at__lte=now)
@@ -668,7 +668,7 @@ def offer_waiting(concurrency_key: str, limit: int | None, *, now: datetime) -> 
 
 def waiting_keys(*, limit: int = _BATCH) -> list[str]:
     """The keys some execution waits for a slot of (at most ``limit``)."""
-    waiting = Execution.objects.filter(status__in=(Status.QUEUED, Status.RETRYING)).exclude(concurrency_key="")
+    waiting = Execution.objects.filter(status__in=(Status.QUEUED, Status.RETRYING), concurrency_key__isnull=False)
     return list(waiting.order_by().values_list("concurrency_key", flat=True).distinct()[:limit])
 
 
@@ -678,6 +678,7 @@ def slot_usage(prefix: str) -> list[tuple[str, int, int]]:
         Execution.objects.filter(
             concurrency_key__startswith=prefix, status__in=(Status.RUNNING, Status.QUEUED, Status.RETRYING)
         )
+        .filter(concurrency_key__isnull=False)
         .order_by()
         .values("concurrency_key")
         .annotate(
@@ -687,6 +688,16 @@ def slot_usage(prefix: str) -> list[tuple[str, int, int]]:
     )
     usage = [(row["concurrency_key"], row["running"], row["waiting"]) for row in rows]
     return sorted(usage, key=lambda entry: (-entry[1], -entry[2], entry[0]))
+
+
+def limit_usage() -> dict[int, tuple[int, int]]:
+    """{limit id: (running, waiting)} over all its keys, for the limits anything runs or waits under."""
+    usage: dict[int, tuple[int, int]] = {}
+    for key, running, waiting in slot_usage(""):
+        pk = work_rules.limit_id(key)
+        before = usage.get(pk, (0, 0))
+        usage[pk] = (before[0] + running, before[1] + waiting)
+    return usage
 
 
 def place_in_line(execution: Execution) -> int | None:

@@ -46,7 +46,16 @@ from scheduler.limits import (
     depth_problem,
     nests_deeper_than,
 )
-from scheduler.models import AuditEvent, Execution, Instance, Lease, NotificationTarget, OperatorProfile, Schedule
+from scheduler.models import (
+    AuditEvent,
+    ConcurrencyLimit,
+    Execution,
+    Instance,
+    Lease,
+    NotificationTarget,
+    OperatorProfile,
+    Schedule,
+)
 from scheduler.models.schedule import (
     EARLIEST,
     LATEST,
@@ -56,7 +65,7 @@ from scheduler.models.schedule import (
     ScheduleQuerySet,
 )
 from scheduler.ops import audit, operations
-from scheduler.owners import leases
+from scheduler.owners import executions, leases, work_rules
 from scheduler.tenancy import EVERY_TENANT, Scope, scope_of_user
 from scheduler.web import (
     cluster,
@@ -927,7 +936,7 @@ class ExecutionAdmin(TenantScoped, ActionsNeedPermission, ReadOnlyAdmin):
     raw_id_fields = ("schedule", "retry_of")
     list_select_related = ("schedule",)
     list_per_page = 50
-    readonly_fields = ("attempt_history", "task_result_link", "traceback_text")
+    readonly_fields = ("attempt_history", "task_result_link", "traceback_text", "waiting_for_slot")
     exclude = ("traceback", "attempt_errors")
     change_form_template = "admin/scheduler/execution/change_form.html"
 
@@ -1062,6 +1071,15 @@ class ExecutionAdmin(TenantScoped, ActionsNeedPermission, ReadOnlyAdmin):
     def duration(self, execution: Execution) -> str:
         seconds = execution.duration_seconds
         return "—" if seconds is None else f"{seconds:.2f}s"
+
+    @admin.display(description="waiting for a concurrency slot")
+    def waiting_for_slot(self, execution: Execution) -> str:
+        place = executions.place_in_line(execution)
+        if place is None or execution.concurrency_key is None:
+            return "-"
+        limit = ConcurrencyLimit.objects.filter(pk=work_rules.limit_id(execution.concurrency_key)).first()
+        key = execution.concurrency_key.split(":", 1)[1] or "(all)"
+        return f"number {place} in line for key {key} of limit {limit.name if limit else '(deleted)'}"
 
     @admin.display(description="errors of every attempt")
     def attempt_history(self, execution: Execution) -> str:

@@ -40,7 +40,7 @@ from prometheus_client.registry import Collector, CollectorRegistry
 from scheduler import dbclock, shards
 from scheduler.conf import settings
 from scheduler.fastpath.guard import PATHS as FASTPATH_PATHS
-from scheduler.models import Execution, Instance, Lease, PauseRule, Schedule, tally
+from scheduler.models import ConcurrencyLimit, Execution, Instance, Lease, PauseRule, Schedule, tally
 from scheduler.models.tally import DURATION_BUCKETS, FASTPATH_FALLBACK, MESSAGE_REFUSED
 from scheduler.owners import executions, leases
 from scheduler.web import cluster
@@ -164,6 +164,7 @@ class DatabaseCollector(Collector):
             value=_capped_count(Schedule.objects.overdue(now=now)),
         )
         yield self._pauses()
+        yield from self._concurrency()
         yield from self._last_success()
         yield from self._instances(members)
 
@@ -177,6 +178,28 @@ class DatabaseCollector(Collector):
         for mode in PauseRule.Mode.values:
             pauses.add_metric([mode], counts.get(mode, 0))
         return pauses
+
+    def _concurrency(self) -> Iterator[GaugeMetricFamily]:
+        """Each concurrency limit: its limit per key, and how many run and wait under it (all its keys)."""
+        labels = ["limit", "tenant"]
+        limit = GaugeMetricFamily(
+            "scheduler_concurrency_limit", "How many executions may run at once per key of the limit.", labels=labels
+        )
+        running = GaugeMetricFamily(
+            "scheduler_concurrency_running", "Executions running under the limit, all its keys.", labels=labels
+        )
+        waiting = GaugeMetricFamily(
+            "scheduler_concurrency_waiting",
+            "Executions waiting queued for a slot of the limit, all its keys.",
+            labels=labels,
+        )
+        usage = executions.limit_usage()
+        for row in ConcurrencyLimit.objects.order_by("pk"):
+            names = [row.name, row.tenant]
+            limit.add_metric(names, row.limit)
+            running.add_metric(names, usage.get(row.pk, (0, 0))[0])
+            waiting.add_metric(names, usage.get(row.pk, (0, 0))[1])
+        yield from (limit, running, waiting)
 
     def _executions_total(self, counts: dict[tuple[str, str, str], int]) -> CounterMetricFamily:
         total = CounterMetricFamily(

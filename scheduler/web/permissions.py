@@ -2,9 +2,9 @@
 
 - **scheduler: operator**: manages schedules and runs the actions (run now,
   pause, resume, backfill, retry and cancel executions), pauses and resumes
-  work by queue, task or tenant; sees everything else.
+  work by queue, task or tenant, keeps concurrency limits; sees everything else.
 - **scheduler: viewer**: sees schedules, executions, leases, instances,
-  pauses, the audit trail and task results; changes nothing.
+  pauses, concurrency limits, the audit trail and task results; changes nothing.
 
 Their names carry the app's prefix so they do not meet a host's own groups;
 releases before 0.1.0 called them "schedule operator" and "viewer" (migration
@@ -26,6 +26,7 @@ _VISIBLE = (
     ("scheduler", "instance"),
     ("scheduler", "auditevent"),
     ("scheduler", "pauserule"),
+    ("scheduler", "concurrencylimit"),
     ("scheduler", "notificationtarget"),
     ("scheduler", "notification"),
     ("django_celery_results", "taskresult"),
@@ -46,7 +47,10 @@ def ensure_groups(**kwargs: Any) -> None:
 
     view = [f"view_{model}" for _, model in _VISIBLE]
     # A pause rule is added (pause) and deleted (resume), never edited.
-    manage = ["add_schedule", "change_schedule", "delete_schedule", "add_pauserule", "delete_pauserule"]
+    manage = [
+        *("add_schedule", "change_schedule", "delete_schedule", "add_pauserule", "delete_pauserule"),
+        *("add_concurrencylimit", "change_concurrencylimit", "delete_concurrencylimit"),
+    ]
     permissions = {p.codename: p for p in Permission.objects.filter(codename__in=[*view, *manage])}
     if len(permissions) < len(view) + len(manage):
         return  # permissions not created yet (first migrate of a partial app set)

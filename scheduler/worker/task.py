@@ -78,7 +78,7 @@ from scheduler.conf import settings
 from scheduler.exceptions import BrokerUnavailable, MessageRefused, NotInTask
 from scheduler.failpoints import failpoint
 from scheduler.models import Execution, PauseRule
-from scheduler.owners import concurrency, executions, pause_rules
+from scheduler.owners import executions, work_rules
 from scheduler.owners.executions import Claim
 from scheduler.timing import policies
 from scheduler.worker.renewer import ClaimRenewer
@@ -109,24 +109,24 @@ class _RetryNotSent(Reject):
     """
 
 
-def _slot_of(target: dict[str, Any], args: Any, kwargs: Any) -> concurrency.Slot | None:
+def _slot_of(target: dict[str, Any], args: Any, kwargs: Any) -> work_rules.Slot | None:
     """The concurrency slot the execution ``target`` names must take; ``None`` when no limit governs it.
 
     No query while no limit is in force.
     """
-    limits = concurrency.in_force()
+    limits = work_rules.limits_in_force()
     if not limits:
         return None
     found = executions.routing_of(**target)
     if found is None:
         return None
-    limit = concurrency.governing(limits, **found[1])
+    limit = work_rules.governing(limits, **found[1])
     if limit is None:
         return None
     return limit.slot(args if isinstance(args, (list, tuple)) else (), kwargs if isinstance(kwargs, dict) else {})
 
 
-def _offer_freed_slot(app: Any, slot: concurrency.Slot) -> None:
+def _offer_freed_slot(app: Any, slot: work_rules.Slot) -> None:
     """After an execution left ``slot``: send the oldest ones waiting for it. A failure waits for reconcile's pass."""
     try:
         outbox.offer_slots(app, [slot.key])
@@ -139,7 +139,7 @@ def _offer_freed_slot(app: Any, slot: concurrency.Slot) -> None:
         )
 
 
-def _wait_for_slot(target: dict[str, Any], slot: concurrency.Slot) -> None:
+def _wait_for_slot(target: dict[str, Any], slot: work_rules.Slot) -> None:
     """Raise ``Ignore`` when the claim found no free slot: the execution waits ``queued`` until one frees.
 
     The message is acknowledged; the execution is sent again when a slot of
@@ -167,18 +167,18 @@ def _refuse_if_paused(target: dict[str, Any]) -> None:
     ``queued``, and lifting the rule sends it again (``operations.resume_work``).
     No query while no rule is in force.
     """
-    rules = pause_rules.in_force()
+    rules = work_rules.pauses_in_force()
     if not rules:
         return
     found = executions.routing_of(**target)
     if found is None:
         return
     execution_id, routing = found
-    if pause_rules.matching(rules, **routing) is None:
+    if work_rules.matching(rules, **routing) is None:
         return
     # Confirmed on fresh rules: a resume deletes its rule and then sends the
     # held executions again, which a stale cache would hold once more, for good.
-    rule = pause_rules.matching(pause_rules.in_force(max_age=0), **routing)
+    rule = work_rules.matching(work_rules.pauses_in_force(max_age=0), **routing)
     if rule is None:
         return
     if rule.mode == PauseRule.Mode.DRAIN:
@@ -469,7 +469,7 @@ class ExecutionTask(Task):
     # --- run and record --------------------------------------------------------------
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        slot: concurrency.Slot | None = getattr(self.request, _SLOT_ATTR, None)
+        slot: work_rules.Slot | None = getattr(self.request, _SLOT_ATTR, None)
         try:
             return self._run_and_record(*args, **kwargs)
         finally:

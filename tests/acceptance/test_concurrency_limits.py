@@ -18,7 +18,7 @@ import pytest
 
 import scheduler
 from scheduler.models import ConcurrencyLimit, Execution
-from scheduler.owners import concurrency
+from scheduler.owners import work_rules
 from tests.support import tasks as test_tasks
 from tests.support.processes import CeleryProcess, wait_until
 
@@ -38,7 +38,7 @@ RECONCILE = {"reconcile_interval_seconds": 1, "reconcile_queued_after_seconds": 
 @pytest.fixture
 def limited_cluster(celery_processes: Start) -> list[CeleryProcess]:
     """A limit of 3 per customer, a beat, and 3 workers of 4 processes each, ready."""
-    concurrency.save(
+    work_rules.save_limit(
         ConcurrencyLimit(name="per customer", every_tenant=True, task="tests.limited", key="customer", limit=LIMIT)
     )
     celery_processes("beat", "beat1", **CLAIMS, **RECONCILE)
@@ -93,7 +93,7 @@ def test_fifty_executions_of_one_key__at_most_three_at_once_all_finish_oldest_fi
     assert wait_until(
         lambda: (
             Execution.objects.filter(pk__in=waiting_ids, status=Status.QUEUED, enqueued_at=None)
-            .exclude(concurrency_key="")
+            .filter(concurrency_key__isnull=False)
             .count()
             == len(waiting_ids)
         ),

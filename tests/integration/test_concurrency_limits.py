@@ -11,12 +11,17 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
+from django.contrib.auth import get_user_model
+from django.contrib.auth.models import Group
+from django.test import Client
 
 from project.celery import app
 from scheduler import dbclock, outbox
-from scheduler.models import ConcurrencyLimit, Execution
+from scheduler.models import AuditEvent, ConcurrencyLimit, Execution
 from scheduler.ops import reconcile
-from scheduler.owners import concurrency, executions
+from scheduler.owners import executions, work_rules
+from scheduler.web.permissions import OPERATOR_GROUP
+from tests.integration.api_support import TENANT_A, TENANT_B, bind
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -26,14 +31,14 @@ TASK = "tests.record"
 
 @pytest.fixture(autouse=True)
 def _fresh_limits() -> None:
-    concurrency.forget()
+    work_rules.forget()
 
 
-def per_customer(limit: int = 2, **fields: Any) -> concurrency.Limit:
-    row = concurrency.save(
+def per_customer(limit: int = 2, **fields: Any) -> work_rules.Limit:
+    row = work_rules.save_limit(
         ConcurrencyLimit(name="per customer", every_tenant=True, task="tests.*", key="customer", limit=limit, **fields)
     )
-    return concurrency.Limit.of(row)
+    return work_rules.Limit.of(row)
 
 
 def queued(customer: object, *, label: str = "") -> Execution:
@@ -48,7 +53,7 @@ def queued(customer: object, *, label: str = "") -> Execution:
     )
 
 
-def claim(execution: Execution, limit: concurrency.Limit) -> Execution | None:
+def claim(execution: Execution, limit: work_rules.Limit) -> Execution | None:
     return executions.claim(
         worker="w@host:1",
         task=execution.task,
@@ -130,11 +135,11 @@ def test_offer_waiting__a_deleted_limit_lets_every_waiting_execution_go() -> Non
         assert claim(execution, limit) is None
         executions.wait_for_slot(execution_id=execution.pk)
 
-    concurrency.delete(ConcurrencyLimit.objects.get(pk=limit.pk))
+    work_rules.delete_limit(ConcurrencyLimit.objects.get(pk=limit.pk))
     offered = outbox.offer_slots(app, executions.waiting_keys(), max_age=0)
 
     assert sorted(offered) == [execution.pk for execution in waiting]
-    assert not Execution.objects.filter(pk__in=offered).exclude(concurrency_key="").exists()
+    assert not Execution.objects.filter(pk__in=offered).filter(concurrency_key__isnull=False).exists()
 
 
 def test_reconcile__frees_the_slot_of_a_dead_worker_and_offers_it_to_the_oldest_waiting(redis_url: str) -> None:
@@ -160,14 +165,105 @@ def test_reconcile__frees_the_slot_of_a_dead_worker_and_offers_it_to_the_oldest_
 
 
 def test_key_problem__only_argument_names_and_positions() -> None:
-    assert concurrency.key_problem("customer_id") == ""
-    assert concurrency.key_problem("{customer_id}-{0}") == ""
+    assert work_rules.key_problem("customer_id") == ""
+    assert work_rules.key_problem("{customer_id}-{0}") == ""
     for bad in ("{0.__class__}", "{customer[0]}", "{customer!r}", "{customer:>10}", "no fields here!", "{"):
-        assert concurrency.key_problem(bad), bad
+        assert work_rules.key_problem(bad), bad
 
 
 def test_key_value__missing_arguments_share_the_empty_key_and_long_values_are_digested() -> None:
-    assert concurrency.key_value("customer", (), {"customer": 7}) == "7"
-    assert concurrency.key_value("{0}-{region}", ("acme",), {"region": "eu"}) == "acme-eu"
-    assert concurrency.key_value("customer", (), {}) == ""
-    assert concurrency.key_value("customer", (), {"customer": "x" * 500}).startswith("sha256-")
+    assert work_rules.key_value("customer", (), {"customer": 7}) == "7"
+    assert work_rules.key_value("{0}-{region}", ("acme",), {"region": "eu"}) == "acme-eu"
+    assert work_rules.key_value("customer", (), {}) == ""
+    assert work_rules.key_value("customer", (), {"customer": "x" * 500}).startswith("sha256-")
+
+
+# --- admin and metrics ----------------------------------------------------------------
+
+
+def _admin(tenant: str = "") -> Client:
+    user = bind(get_user_model().objects.create_user(f"op-{tenant or 'all'}", password="pw", is_staff=True), tenant)
+    user.groups.add(Group.objects.get(name=OPERATOR_GROUP))
+    client = Client()
+    client.force_login(user)
+    return client
+
+
+def _form(**fields: Any) -> dict[str, Any]:
+    return {
+        "name": "reports",
+        "tenant": "",
+        "task": "reports.*",
+        "queue": "",
+        "key": "customer_id",
+        "limit": 3,
+        **fields,
+    }
+
+
+def test_admin__an_operator_adds_a_limit_audited_and_bad_input_is_a_form_error_that_changes_nothing() -> None:
+    admin = _admin()
+    # Bad input: each a form error naming the field, and no row
+    for bad, message in (
+        ({"key": "{0.__class__}"}, "may only name arguments"),
+        ({"limit": 0}, "A limit lets at least 1 run at once."),
+        ({"task": "a*b*c*d*e*f"}, "at most 4 *"),
+        ({"name": ""}, "This field is required"),
+    ):
+        page = admin.post("/admin/scheduler/concurrencylimit/add/", _form(**bad))
+        assert page.status_code == 200 and message in page.content.decode(), bad
+    assert not ConcurrencyLimit.objects.exists()
+    assert not AuditEvent.objects.filter(object_type="scheduler.concurrencylimit").exists()
+
+    # A good one is kept, of every tenant, audited
+    added = admin.post("/admin/scheduler/concurrencylimit/add/", _form(), follow=True)
+    assert added.status_code == 200
+    limit = ConcurrencyLimit.objects.get()
+    assert (limit.every_tenant, limit.key, limit.limit, limit.created_by) == (True, "customer_id", 3, "op-all")
+    assert AuditEvent.objects.filter(object_type="scheduler.concurrencylimit", action="create").count() == 1
+    # and a second of the same name is refused
+    page = admin.post("/admin/scheduler/concurrencylimit/add/", _form())
+    assert "A limit of that name exists already." in page.content.decode()
+
+
+def test_admin__a_tenants_operator_limits_its_own_work_and_cannot_touch_another_tenants_or_every_tenants_limit() -> (
+    None
+):
+    everyone = work_rules.save_limit(ConcurrencyLimit(name="global", every_tenant=True, limit=10))
+    theirs = work_rules.save_limit(ConcurrencyLimit(name="theirs", tenant=TENANT_B, limit=1))
+    admin = _admin(TENANT_A)
+
+    # It adds a limit: of its own tenant, whatever tenant it names
+    admin.post("/admin/scheduler/concurrencylimit/add/", _form(tenant=TENANT_B), follow=True)
+    mine = ConcurrencyLimit.objects.get(name="reports")
+    assert (mine.tenant, mine.every_tenant) == (TENANT_A, False)
+    # it sees its own and every tenant's, not another tenant's
+    listing = admin.get("/admin/scheduler/concurrencylimit/").content.decode()
+    assert "reports" in listing and "global" in listing and "theirs" not in listing
+    assert admin.get(f"/admin/scheduler/concurrencylimit/{theirs.pk}/change/").status_code in (302, 404)
+    # and it can change neither every tenant's limit nor delete it
+    admin.post(f"/admin/scheduler/concurrencylimit/{everyone.pk}/change/", _form(name="global", limit=1))
+    admin.post(f"/admin/scheduler/concurrencylimit/{everyone.pk}/delete/", {"post": "yes"})
+    admin.post(f"/admin/scheduler/concurrencylimit/{theirs.pk}/delete/", {"post": "yes"})
+    assert ConcurrencyLimit.objects.get(pk=everyone.pk).limit == 10
+    assert ConcurrencyLimit.objects.filter(pk=theirs.pk).exists()
+
+
+def test_admin_and_metrics__show_running_over_limit_per_key_and_each_waiting_executions_place() -> None:
+    limit = per_customer(1)
+    assert claim(queued(7), limit) is not None
+    waiting = [queued(7), queued(7)]
+    for execution in waiting:
+        assert claim(execution, limit) is None
+        executions.wait_for_slot(execution_id=execution.pk)
+    admin = _admin()
+
+    page = admin.get(f"/admin/scheduler/concurrencylimit/{limit.pk}/change/").content.decode()
+    assert "<td>7</td><td>1 / 1</td><td>2</td>" in page
+    second = admin.get(f"/admin/scheduler/execution/{waiting[1].pk}/change/").content.decode()
+    assert "number 2 in line for key 7 of limit per customer" in second
+
+    text = Client().get("/metrics").content.decode()
+    assert 'scheduler_concurrency_limit{limit="per customer",tenant=""} 1.0' in text
+    assert 'scheduler_concurrency_running{limit="per customer",tenant=""} 1.0' in text
+    assert 'scheduler_concurrency_waiting{limit="per customer",tenant=""} 2.0' in text

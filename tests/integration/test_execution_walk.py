@@ -39,7 +39,7 @@ pytestmark = pytest.mark.django_db(transaction=True)
 #: The walk docs/architecture.md describes, in order.
 WALK = [
     "scheduler.beat.dispatch",
-    "scheduler.owners.pause_rules",
+    "scheduler.owners.work_rules",
     "scheduler.timing",
     "scheduler.timing.policies",
     "scheduler.owners.leases",

@@ -261,7 +261,11 @@ def test_field_preparation_changed__self_check_inserts_by_bulk_create(
 ) -> None:
     # Given a Django whose CharField now strips its values, which the fast path passes by as they are
     original = models.CharField.get_prep_value
-    monkeypatch.setattr(models.CharField, "get_prep_value", lambda field, value: original(field, value).strip())
+    monkeypatch.setattr(
+        models.CharField,
+        "get_prep_value",
+        lambda field, value: None if value is None else original(field, value).strip(),
+    )
     source = schedule()
     rows = _slots(source, 3)
     for row in rows:

@@ -18,7 +18,7 @@ from scheduler import dbclock
 from scheduler.beat import dispatch
 from scheduler.models import AuditEvent, Execution, PauseRule, Schedule
 from scheduler.ops import audit, operations
-from scheduler.owners import leases, pause_rules
+from scheduler.owners import leases, work_rules
 from scheduler.tenancy import EVERY_TENANT, Scope
 from scheduler.web.permissions import OPERATOR_GROUP
 from tests.integration import command_support
@@ -35,7 +35,7 @@ refused = partial(command_support.refused)
 @pytest.fixture(autouse=True)
 def _fresh() -> None:
     cache.clear()
-    pause_rules.forget()
+    work_rules.forget()
 
 
 def _pause(scope: Scope = EVERY_TENANT, **what: Any) -> PauseRule:
@@ -65,7 +65,7 @@ WORK = [
 def test_a_rule_matches_the_same_work_in_sql_and_in_python(what: dict[str, Any], held: list[int]) -> None:
     # Given executions of several tasks, queues and tenants, and one rule
     rows = [make_execution(f"work-{n}", status=Status.QUEUED, **work) for n, work in enumerate(WORK)]
-    rule = pause_rules.Rule.of(_pause(**what))
+    rule = work_rules.Rule.of(_pause(**what))
     # Then the SQL filter and the Python match agree, and hold exactly the expected work
     in_python = [n for n, work in enumerate(WORK) if rule.matches(**work)]
     in_sql = sorted(rows.index(row) for row in Execution.objects.filter(rule.condition()))
@@ -76,7 +76,7 @@ def test_everything_or_anything_else_still_holds_everything() -> None:
     make_execution("one", status=Status.QUEUED, queue="q")
     _pause(queue="other")
     _pause(everything=True)
-    condition = pause_rules.held(pause_rules.in_force(max_age=0))
+    condition = work_rules.held(work_rules.pauses_in_force(max_age=0))
     assert condition is not None and Execution.objects.filter(condition).count() == 1
 
 

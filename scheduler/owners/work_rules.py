@@ -1,0 +1,271 @@
+"""The rules on work: pauses that hold it and limits on how much of it runs at once; the only writer of their rows.
+
+Both match work by its task, queue and tenant, and each process reads both
+at most once every ``CACHE_SECONDS`` (``pauses_in_force``,
+``limits_in_force``), in one read, so a new rule governs the next claims
+within that long.
+
+A pause rule holds the work it matches: the beat dispatches none of its
+schedules' slots (``held``), and a worker claims none of its executions
+(``matching``), which wait ``queued`` until the rule is lifted; the beat
+reads the rules at each pass.
+
+A concurrency limit caps how many executions of the work it matches run at
+once across every worker: all of it under one key, or one key per value of
+a declared argument. The worker's claim enforces it in the claim's own
+statement (``scheduler.owners.executions.claim``); an execution over the
+limit waits ``queued`` and is offered again, oldest first, when a slot of
+its key frees.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import operator
+import re
+import string
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from django.db.models import Q
+
+from scheduler.models import ConcurrencyLimit, PauseRule
+
+#: How long a process keeps the rules it read before it reads them again.
+CACHE_SECONDS = 1.0
+#: Most ``*`` a pattern may hold: each one multiplies how long a regular
+#: expression engine that backtracks (Python's; SQLite's REGEXP is Python's)
+#: takes to refuse a name that does not match.
+GLOB_MAX_STARS = 4
+
+_cached: tuple[float, tuple[Rule, ...], tuple[Limit, ...]] | None = None
+
+
+def glob_problem(pattern: str) -> str:
+    """Why ``pattern`` is refused ("" when it is not): too many ``*``."""
+    if pattern.count("*") > GLOB_MAX_STARS:
+        return f"a pattern may hold at most {GLOB_MAX_STARS} *, not {pattern.count('*')}"
+    return ""
+
+
+def glob_regex(pattern: str) -> str:
+    """The anchored regular expression of a shell-style ``pattern`` (``*`` any run, ``?`` one character).
+
+    The same expression filters in SQL (``__regex``) and in Python, so both agree on what matches.
+    """
+    return "^" + re.escape(pattern).replace(r"\*", ".*").replace(r"\?", ".") + "$"
+
+
+@dataclass(frozen=True)
+class Rule:
+    """A pause rule as read: matched against work by its task, queue and tenant."""
+
+    pk: int
+    tenant: str
+    every_tenant: bool
+    queue: str
+    task: str
+    mode: str
+    reason: str
+
+    @classmethod
+    def of(cls, row: PauseRule) -> Rule:
+        return cls(row.pk, row.tenant, row.every_tenant, row.queue, row.task, row.mode, row.reason)
+
+    def matches(self, *, task: str, queue: str, tenant: str) -> bool:
+        return (
+            (self.every_tenant or tenant == self.tenant)
+            and (not self.queue or queue == self.queue)
+            and (not self.task or re.match(glob_regex(self.task), task) is not None)
+        )
+
+    def condition(self) -> Q:
+        """The filter for rows (schedules or executions: ``task``, ``queue``, ``tenant``) this rule matches."""
+        # Every row: a Q() would vanish when OR-ed with the other rules' filters.
+        condition = ~Q(pk__in=[]) if self.every_tenant else Q(tenant=self.tenant)
+        if self.queue:
+            condition &= Q(queue=self.queue)
+        if self.task:
+            condition &= Q(task__regex=glob_regex(self.task))
+        return condition
+
+
+def create_pause(**fields: object) -> PauseRule:
+    """Insert a rule; return it. Processes see it within ``CACHE_SECONDS``; this one at once."""
+    row = PauseRule.objects.create(**fields)
+    forget()
+    return row
+
+
+def delete_pause(rule: PauseRule) -> None:
+    PauseRule.objects.filter(pk=rule.pk).delete()
+    forget()
+
+
+def forget() -> None:
+    """Read the rules afresh next time (this process changed them)."""
+    global _cached
+    _cached = None
+
+
+def _read(max_age: float) -> tuple[float, tuple[Rule, ...], tuple[Limit, ...]]:
+    global _cached
+    now = time.monotonic()
+    if _cached is None or now - _cached[0] >= max_age:
+        pauses = tuple(Rule.of(row) for row in PauseRule.objects.order_by("pk"))
+        limits = tuple(Limit.of(row) for row in ConcurrencyLimit.objects.order_by("pk"))
+        _cached = (now, pauses, limits)
+    return _cached
+
+
+def pauses_in_force(*, max_age: float = CACHE_SECONDS) -> tuple[Rule, ...]:
+    """Return the pause rules in force, as read at most ``max_age`` seconds ago in this process."""
+    return _read(max_age)[1]
+
+
+def limits_in_force(*, max_age: float = CACHE_SECONDS) -> tuple[Limit, ...]:
+    """Return the concurrency limits in force, as read at most ``max_age`` seconds ago in this process."""
+    return _read(max_age)[2]
+
+
+def matching(rules: tuple[Rule, ...], *, task: str, queue: str, tenant: str) -> Rule | None:
+    """Return the rule that holds this work (a drain before a hold), or ``None``."""
+    found = [rule for rule in rules if rule.matches(task=task, queue=queue, tenant=tenant)]
+    return min(found, key=lambda rule: (rule.mode != PauseRule.Mode.DRAIN, rule.pk), default=None)
+
+
+def held(rules: tuple[Rule, ...]) -> Q | None:
+    """The filter for rows any of ``rules`` matches; ``None`` when there are none."""
+    if not rules:
+        return None
+    return functools.reduce(operator.or_, (rule.condition() for rule in rules))
+
+
+# --- concurrency limits -------------------------------------------------------------
+
+#: A key value longer than this is stored as its digest (the column holds 255 characters).
+VALUE_MAX_LENGTH = 200
+
+_FIELD = re.compile(r"^(?:[A-Za-z_][A-Za-z0-9_]*|[0-9]+)$")
+
+
+@dataclass(frozen=True)
+class Slot:
+    """The key an execution runs under and how many of that key may run at once."""
+
+    key: str
+    limit: int
+
+
+@dataclass(frozen=True)
+class Limit:
+    """A concurrency limit as read: matched against work by its task, queue and tenant."""
+
+    pk: int
+    name: str
+    tenant: str
+    every_tenant: bool
+    task: str
+    queue: str
+    key: str
+    limit: int
+
+    @classmethod
+    def of(cls, row: ConcurrencyLimit) -> Limit:
+        return cls(row.pk, row.name, row.tenant, row.every_tenant, row.task, row.queue, row.key, row.limit)
+
+    def matches(self, *, task: str, queue: str, tenant: str) -> bool:
+        return (
+            (self.every_tenant or tenant == self.tenant)
+            and (not self.queue or queue == self.queue)
+            and (not self.task or re.match(glob_regex(self.task), task) is not None)
+        )
+
+    def slot(self, args: Sequence[Any] | None, kwargs: Mapping[str, Any] | None) -> Slot:
+        """The slot of the work called with ``args`` and ``kwargs`` under this limit."""
+        return Slot(f"{self.pk}:{key_value(self.key, args or (), kwargs or {})}", self.limit)
+
+
+def limit_id(key: str) -> int:
+    """The id of the limit a stored ``concurrency_key`` belongs to."""
+    return int(key.split(":", 1)[0])
+
+
+def template(key: str) -> str:
+    """The format template of a limit's ``key``: a bare argument name stands for ``{name}``."""
+    return f"{{{key}}}" if _FIELD.match(key) else key
+
+
+def key_problem(key: str) -> str:
+    """Why ``key`` is refused as a limit's key ("" when it is not).
+
+    Only argument names and positions may be named, without attributes,
+    indexes, conversions or format specs: the template is filled from the
+    caller's arguments, and ``{0.__class__}`` must not reach into them.
+    """
+    if not key:
+        return ""
+    try:
+        fields = [(name, spec, conversion) for _, name, spec, conversion in string.Formatter().parse(template(key))]
+    except ValueError as error:
+        return f"the key {key!r} is not a template: {error}"
+    names = [entry for entry in fields if entry[0] is not None]
+    if not names:
+        return f"the key {key!r} names no argument: write an argument name, or a template such as {{customer_id}}"
+    for name, spec, conversion in names:
+        if not _FIELD.match(name or "") or spec or conversion:
+            return (
+                f"the key {key!r} may only name arguments, as {{customer_id}} or {{0}}, "
+                f"without attributes, indexes, conversions or formats (not {{{name}}})"
+            )
+    return ""
+
+
+def key_value(key: str, args: Sequence[Any], kwargs: Mapping[str, Any]) -> str:
+    """The value of ``key`` for these arguments; "" when the limit has no key, or an argument is missing.
+
+    Work without the argument shares the key "" of its limit.
+    """
+    if not key:
+        return ""
+    try:
+        value = template(key).format(*args, **kwargs)
+    except (IndexError, KeyError):
+        return ""
+    if len(value) > VALUE_MAX_LENGTH:
+        return "sha256-" + hashlib.sha256(value.encode()).hexdigest()
+    return value
+
+
+def limit_problems(row: ConcurrencyLimit) -> dict[str, list[str]]:
+    """What is wrong with ``row`` as a limit to keep, by field (empty: nothing)."""
+    found: dict[str, list[str]] = {}
+    if not row.name.strip():
+        found["name"] = ["Name the limit."]
+    if glob_problem(row.task):
+        found["task"] = [f"Task pattern refused: {glob_problem(row.task)}."]
+    if key_problem(row.key):
+        found["key"] = [key_problem(row.key)[0].upper() + key_problem(row.key)[1:] + "."]
+    if not isinstance(row.limit, int) or row.limit < 1:
+        found["limit"] = ["A limit lets at least 1 run at once."]
+    return found
+
+
+def governing(limits: tuple[Limit, ...], *, task: str, queue: str, tenant: str) -> Limit | None:
+    """The limit that governs this work: the oldest that matches it (one limit per execution)."""
+    return next((limit for limit in limits if limit.matches(task=task, queue=queue, tenant=tenant)), None)
+
+
+def save_limit(row: ConcurrencyLimit) -> ConcurrencyLimit:
+    """Write ``row``; processes see it within ``CACHE_SECONDS``, this one at once."""
+    row.save()
+    forget()
+    return row
+
+
+def delete_limit(row: ConcurrencyLimit) -> None:
+    ConcurrencyLimit.objects.filter(pk=row.pk).delete()
+    forget()

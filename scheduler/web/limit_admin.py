@@ -1,0 +1,139 @@
+"""The admin's concurrency limits: each with its keys' running / limit and what waits (``operations.save_limit``).
+
+A staff user bound to a tenant sees its tenant's limits and those of every
+tenant, and adds, changes and deletes its own tenant's only.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django import forms
+from django.contrib import admin, messages
+from django.core.exceptions import ValidationError
+from django.db.models import Q, QuerySet
+from django.forms.models import construct_instance
+from django.http import HttpRequest
+from django.utils.html import format_html, format_html_join
+
+from scheduler.celery_app import celery_app
+from scheduler.models import ConcurrencyLimit
+from scheduler.ops import audit, operations
+from scheduler.owners import executions
+from scheduler.tenancy import scope_of_user
+
+#: Keys shown on a limit's page, busiest first.
+KEYS_SHOWN = 50
+
+
+class LimitForm(forms.ModelForm):
+    class Meta:
+        model = ConcurrencyLimit
+        fields = ("name", "tenant", "task", "queue", "key", "limit")
+        help_texts = {
+            "tenant": "Empty: every tenant's work (a user bound to a tenant always limits its own).",
+            "task": "Tasks whose name matches, * and ? as in a shell; empty: any task.",
+            "queue": "Only work on this queue; empty: any queue.",
+            "key": "An argument's name (customer_id) or a template ({customer_id}-{region}, {0}): "
+            "the limit holds per value; empty: everything matched shares the limit.",
+            "limit": "How many may run at once, per key, across every worker.",
+        }
+
+    #: The user's request; ``ConcurrencyLimitAdmin.get_form`` sets it.
+    request: HttpRequest
+
+    def clean(self) -> dict[str, Any]:
+        cleaned = super().clean() or {}
+        if self.errors:
+            return cleaned
+        construct_instance(self, self.instance, self._meta.fields)
+        try:
+            operations.save_limit(
+                self.instance,
+                actor=audit.user_actor(self.request.user),
+                scope=scope_of_user(self.request.user),
+                app=celery_app(),
+            )
+        except operations.ActionRefused as exc:
+            raise forms.ValidationError(str(exc)) from None
+        except ValidationError as exc:
+            self.add_error(None, exc)
+        return cleaned
+
+    def _post_clean(self) -> None:
+        """Nothing more to check or copy: ``save_limit`` validated and wrote the limit in ``clean()``."""
+
+
+@admin.register(ConcurrencyLimit)
+class ConcurrencyLimitAdmin(admin.ModelAdmin):
+    list_display = ("name", "describe", "usage_summary", "created_by")
+    fields = ("name", "tenant", "task", "queue", "key", "limit", "usage")
+    readonly_fields = ("usage",)
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[ConcurrencyLimit]:
+        scope = scope_of_user(request.user)
+        rows = super().get_queryset(request)
+        if scope.every_tenant:
+            return rows
+        return rows.filter(Q(every_tenant=True) | Q(tenant=scope.tenant)) if scope.tenant else rows.none()
+
+    def get_readonly_fields(self, request: HttpRequest, obj: ConcurrencyLimit | None = None) -> Any:
+        if scope_of_user(request.user).is_bound:
+            return ("tenant", "usage")  # its own tenant, whatever it types
+        return self.readonly_fields
+
+    def has_change_permission(self, request: HttpRequest, obj: ConcurrencyLimit | None = None) -> bool:
+        if obj is not None and obj.every_tenant and not scope_of_user(request.user).every_tenant:
+            return False
+        return super().has_change_permission(request, obj)
+
+    def has_delete_permission(self, request: HttpRequest, obj: ConcurrencyLimit | None = None) -> bool:
+        return self.has_change_permission(request, obj) and super().has_delete_permission(request, obj)
+
+    def get_form(self, request: HttpRequest, obj: Any = None, change: bool = False, **kwargs: Any) -> Any:
+        # The limit is written in the form's clean(), where a refusal can still be a form error.
+        kwargs["form"] = LimitForm
+        return type("LimitFormOfRequest", (super().get_form(request, obj, change, **kwargs),), {"request": request})
+
+    def save_model(self, request: HttpRequest, obj: ConcurrencyLimit, form: Any, change: bool) -> None:
+        """Already saved and audited by the form's ``operations.save_limit``."""
+
+    def delete_model(self, request: HttpRequest, obj: ConcurrencyLimit) -> None:
+        try:
+            operations.delete_limit(
+                obj, actor=audit.user_actor(request.user), scope=scope_of_user(request.user), app=celery_app()
+            )
+        except operations.ActionRefused as exc:
+            self.message_user(request, str(exc), level=messages.ERROR)
+
+    def delete_queryset(self, request: HttpRequest, queryset: QuerySet[ConcurrencyLimit]) -> None:
+        for limit in queryset:  # each audited, as one deleted on its own page
+            self.delete_model(request, limit)
+
+    @admin.display(description="what it limits")
+    def describe(self, obj: ConcurrencyLimit) -> str:
+        return obj.describe()
+
+    @admin.display(description="running / limit (busiest key), waiting")
+    def usage_summary(self, obj: ConcurrencyLimit) -> str:
+        usage = executions.slot_usage(f"{obj.pk}:")
+        if not usage:
+            return f"0 / {obj.limit}, 0 waiting"
+        key, running, _ = usage[0]
+        waiting = sum(entry[2] for entry in usage)
+        shown = key.split(":", 1)[1] or "(all)"
+        return f"{running} / {obj.limit} ({shown}), {waiting} waiting"
+
+    @admin.display(description="running / limit per key")
+    def usage(self, obj: ConcurrencyLimit) -> str:
+        if obj.pk is None:
+            return "-"
+        usage = executions.slot_usage(f"{obj.pk}:")[:KEYS_SHOWN]
+        if not usage:
+            return "Nothing runs or waits under this limit."
+        rows = format_html_join(
+            "",
+            "<tr><td>{}</td><td>{} / {}</td><td>{}</td></tr>",
+            ((key.split(":", 1)[1] or "(all)", running, obj.limit, waiting) for key, running, waiting in usage),
+        )
+        return format_html("<table><tr><th>key</th><th>running / limit</th><th>waiting</th></tr>{}</table>", rows)
