@@ -112,10 +112,12 @@ def has_message_options(row: dict[str, Any]) -> bool:
 
 
 def start_at(row: dict[str, Any]) -> datetime:
-    """When the row's message may run: its slot plus its schedule's jitter for that slot."""
-    return row["scheduled_for"] + timedelta(
+    """When the row's message may run: its slot plus its schedule's jitter for that slot, or its ``not_before``."""
+    start = row["scheduled_for"] + timedelta(
         seconds=policies.jitter_offset(row.get("schedule_id") or 0, row["scheduled_for"], row.get("jitter"))
     )
+    not_before = row.get("not_before")
+    return max(start, not_before) if not_before is not None else start
 
 
 @dataclass(frozen=True)

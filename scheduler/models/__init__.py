@@ -11,6 +11,7 @@ from scheduler.models.lease import Lease
 from scheduler.models.notification import Incident, Notification, NotificationTarget
 from scheduler.models.operator_profile import OperatorProfile
 from scheduler.models.pause_rule import PauseRule
+from scheduler.models.rate_limit import RateLimit, RateLimitKey
 from scheduler.models.schedule import Schedule
 from scheduler.models.shard_layout import ShardLayout
 from scheduler.models.tally import DurationTally, ExecutionTally
@@ -29,6 +30,8 @@ __all__ = (
     "NotificationTarget",
     "OperatorProfile",
     "PauseRule",
+    "RateLimit",
+    "RateLimitKey",
     "Schedule",
     "ShardLayout",
 )

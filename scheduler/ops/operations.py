@@ -26,7 +26,15 @@ from django.db import transaction
 
 from scheduler import dbclock, limits, outbox, shards, task_policy
 from scheduler.exceptions import BrokerUnavailable, SchedulerError, TaskRefused, first_line
-from scheduler.models import ApiToken, ConcurrencyLimit, Execution, NotificationTarget, PauseRule, Schedule
+from scheduler.models import (
+    ApiToken,
+    ConcurrencyLimit,
+    Execution,
+    NotificationTarget,
+    PauseRule,
+    RateLimit,
+    Schedule,
+)
 from scheduler.models.schedule import argument_shape_problems
 from scheduler.ops import audit, backfill, bulk, prune, reconcile, resharding
 from scheduler.outbox import broker
@@ -43,8 +51,8 @@ CANCELLABLE_STATUSES = Execution.IN_FLIGHT_STATUSES - {Execution.Status.LOST}
 CANCEL_ERROR = "Cancelled by an operator"
 #: Pause rules one tenant (or the deployer) may have in force at once.
 MAX_PAUSE_RULES = 50
-#: Every limit is matched at each claim: a tenant may not pile them up.
-MAX_CONCURRENCY_LIMITS = 50
+#: Every limit is matched at each claim: a tenant may not pile them up (of each kind).
+MAX_LIMITS = 50
 #: What a run now may replace of the schedule's stored values, for that run only.
 RUN_OVERRIDES = ("args", "kwargs", "queue", "priority")
 #: A one-off time this little behind the database clock still counts as "now": it runs.
@@ -165,15 +173,16 @@ def delete_target(target: NotificationTarget, *, actor: audit.Actor) -> None:
         audit.record(actor, "delete", target, before=before, deleted=True)
 
 
-def save_limit(limit: ConcurrencyLimit, *, actor: audit.Actor, scope: Scope, app: Celery) -> None:
-    """Insert or write a concurrency limit, audited; then offer the slots a higher limit frees.
+def save_limit(limit: ConcurrencyLimit | RateLimit, *, actor: audit.Actor, scope: Scope, app: Celery) -> None:
+    """Insert or write a concurrency or rate limit, audited; then offer the slots a higher concurrency limit frees.
 
     A caller bound to a tenant limits its own tenant's work only, and may
     not change a limit of every tenant. Raises ``ValidationError`` (by
     field) for a limit that cannot be kept, and changes nothing then.
     """
     adding = limit._state.adding
-    before_row = None if adding else ConcurrencyLimit.objects.filter(pk=limit.pk).first()
+    model = type(limit)
+    before_row = None if adding else model.objects.filter(pk=limit.pk).first()
     if adding:
         limit.created_by = actor.name
     if scope.is_bound:
@@ -184,12 +193,12 @@ def save_limit(limit: ConcurrencyLimit, *, actor: audit.Actor, scope: Scope, app
         raise ActionRefused("You may not limit work: you are bound to no tenant.")
     else:
         limit.every_tenant = not limit.tenant
-    problems = work_rules.limit_problems(limit)
-    if adding and ConcurrencyLimit.objects.filter(tenant=limit.tenant).count() >= MAX_CONCURRENCY_LIMITS:
+    problems = work_rules.problems(limit)
+    if adding and model.objects.filter(tenant=limit.tenant).count() >= MAX_LIMITS:
         problems.setdefault(NON_FIELD_ERRORS, []).append(
-            f"At most {MAX_CONCURRENCY_LIMITS} concurrency limits per tenant; delete one first."
+            f"At most {MAX_LIMITS} {model._meta.verbose_name_plural} per tenant; delete one first."
         )
-    if ConcurrencyLimit.objects.filter(tenant=limit.tenant, name=limit.name).exclude(pk=limit.pk).exists():
+    if model.objects.filter(tenant=limit.tenant, name=limit.name).exclude(pk=limit.pk).exists():
         problems.setdefault("name", []).append("A limit of that name exists already.")
     if problems:
         raise ValidationError(problems)
@@ -200,8 +209,8 @@ def save_limit(limit: ConcurrencyLimit, *, actor: audit.Actor, scope: Scope, app
     _offer_slots_of(limit, app)
 
 
-def delete_limit(limit: ConcurrencyLimit, *, actor: audit.Actor, scope: Scope, app: Celery) -> None:
-    """Delete a concurrency limit, audited; what waited for its slots is sent."""
+def delete_limit(limit: ConcurrencyLimit | RateLimit, *, actor: audit.Actor, scope: Scope, app: Celery) -> None:
+    """Delete a concurrency or rate limit, audited; what waited for a concurrency limit's slots is sent."""
     if limit.every_tenant and not scope.every_tenant:
         raise ActionRefused("A limit of every tenant is deleted by a user of every tenant only.")
     if not scope.allows(limit.tenant) and not limit.every_tenant:
@@ -213,8 +222,10 @@ def delete_limit(limit: ConcurrencyLimit, *, actor: audit.Actor, scope: Scope, a
     _offer_slots_of(limit, app)
 
 
-def _offer_slots_of(limit: ConcurrencyLimit, app: Celery) -> None:
+def _offer_slots_of(limit: ConcurrencyLimit | RateLimit, app: Celery) -> None:
     """Send what waits for the limit's slots and may run now (a broker down: reconcile's next pass sends it)."""
+    if not isinstance(limit, ConcurrencyLimit):
+        return
     keys = [key for key, _, waiting in executions.slot_usage(f"{limit.pk}:") if waiting]
     try:
         outbox.offer_slots(app, keys, max_age=0)

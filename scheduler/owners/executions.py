@@ -625,7 +625,8 @@ def wait_for_slot(*, execution_id: int | None = None, key: str = "") -> tuple[st
     cleared to say so.
     """
     named = _named(execution_id, key).claimable()  # not claimable (a retry not due yet): not the limit's doing
-    rows = named.filter(status__in=(Status.QUEUED, Status.RETRYING)).filter(concurrency_key__isnull=False)
+    # pending too: its message can come before its sender marks it queued
+    rows = named.filter(status__in=(Status.PENDING, Status.QUEUED, Status.RETRYING), concurrency_key__isnull=False)
     found = rows.values_list("pk", "concurrency_key").first()
     if found is None:
         return None
@@ -664,6 +665,17 @@ def offer_waiting(concurrency_key: str, limit: int | None, *, now: datetime) -> 
         if mark_resent(pk, was_enqueued_at=enqueued_at, now=now)
     ]
     return message_rows(Execution.objects.filter(pk__in=taken)) if taken else []
+
+
+def send_later(execution_id: int, *, due: datetime) -> list[dict[str, Any]]:
+    """Take a waiting execution for a message that runs at ``due``; return it as a message row (none: not waiting).
+
+    Its ``enqueued_at`` becomes ``due``: reconcile does not count it unclaimed before then.
+    """
+    rows = Execution.objects.filter(pk=execution_id, status__in=(Status.QUEUED, Status.RETRYING))
+    if not rows.update(enqueued_at=due):
+        return []
+    return [{**row, "not_before": due} for row in message_rows(rows)]
 
 
 def waiting_keys(*, limit: int = _BATCH) -> list[str]:

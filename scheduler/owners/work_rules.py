@@ -1,9 +1,9 @@
-"""The rules on work: pauses that hold it and limits on how much of it runs at once; the only writer of their rows.
+"""The rules on work: pauses that hold it, limits on how much of it runs at once and how fast it starts.
 
-Both match work by its task, queue and tenant, and each process reads both
-at most once every ``CACHE_SECONDS`` (``pauses_in_force``,
-``limits_in_force``), in one read, so a new rule governs the next claims
-within that long.
+The only writer of their rows. All three match work by its task, queue and
+tenant, and each process reads them at most once every ``CACHE_SECONDS``
+(``pauses_in_force``, ``limits_in_force``, ``rates_in_force``), in one
+read, so a new rule governs the next claims within that long.
 
 A pause rule holds the work it matches: the beat dispatches none of its
 schedules' slots (``held``), and a worker claims none of its executions
@@ -16,6 +16,12 @@ a declared argument. The worker's claim enforces it in the claim's own
 statement (``scheduler.owners.executions.claim``); an execution over the
 limit waits ``queued`` and is offered again, oldest first, when a slot of
 its key frees.
+
+A rate limit spreads the starts of the work it matches evenly, one every
+``per_seconds / starts`` per key, so no window of its period holds more
+than its number of starts: a worker takes the next start of the key
+(``reserve_start``, one locked row per key in the database) before its
+claim, and waits for it, or sends the execution again for later.
 """
 
 from __future__ import annotations
@@ -28,11 +34,13 @@ import string
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
+from django.db import transaction
 from django.db.models import Q
 
-from scheduler.models import ConcurrencyLimit, PauseRule
+from scheduler import dbclock
+from scheduler.models import ConcurrencyLimit, PauseRule, RateLimit, RateLimitKey
 
 #: How long a process keeps the rules it read before it reads them again.
 CACHE_SECONDS = 1.0
@@ -41,7 +49,7 @@ CACHE_SECONDS = 1.0
 #: takes to refuse a name that does not match.
 GLOB_MAX_STARS = 4
 
-_cached: tuple[float, tuple[Rule, ...], tuple[Limit, ...]] | None = None
+_cached: tuple[float, tuple[Rule, ...], tuple[Limit, ...], tuple[Rate, ...]] | None = None
 
 
 def glob_problem(pattern: str) -> str:
@@ -111,13 +119,14 @@ def forget() -> None:
     _cached = None
 
 
-def _read(max_age: float) -> tuple[float, tuple[Rule, ...], tuple[Limit, ...]]:
+def _read(max_age: float) -> tuple[float, tuple[Rule, ...], tuple[Limit, ...], tuple[Rate, ...]]:
     global _cached
     now = time.monotonic()
     if _cached is None or now - _cached[0] >= max_age:
         pauses = tuple(Rule.of(row) for row in PauseRule.objects.order_by("pk"))
         limits = tuple(Limit.of(row) for row in ConcurrencyLimit.objects.order_by("pk"))
-        _cached = (now, pauses, limits)
+        rates = tuple(Rate.of(row) for row in RateLimit.objects.order_by("pk"))
+        _cached = (now, pauses, limits, rates)
     return _cached
 
 
@@ -129,6 +138,11 @@ def pauses_in_force(*, max_age: float = CACHE_SECONDS) -> tuple[Rule, ...]:
 def limits_in_force(*, max_age: float = CACHE_SECONDS) -> tuple[Limit, ...]:
     """Return the concurrency limits in force, as read at most ``max_age`` seconds ago in this process."""
     return _read(max_age)[2]
+
+
+def rates_in_force(*, max_age: float = CACHE_SECONDS) -> tuple[Rate, ...]:
+    """Return the rate limits in force, as read at most ``max_age`` seconds ago in this process."""
+    return _read(max_age)[3]
 
 
 def matching(rules: tuple[Rule, ...], *, task: str, queue: str, tenant: str) -> Rule | None:
@@ -161,8 +175,8 @@ class Slot:
 
 
 @dataclass(frozen=True)
-class Limit:
-    """A concurrency limit as read: matched against work by its task, queue and tenant."""
+class _WorkLimit:
+    """What a concurrency or rate limit as read shares: matched against work by its task, queue and tenant."""
 
     pk: int
     name: str
@@ -171,11 +185,6 @@ class Limit:
     task: str
     queue: str
     key: str
-    limit: int
-
-    @classmethod
-    def of(cls, row: ConcurrencyLimit) -> Limit:
-        return cls(row.pk, row.name, row.tenant, row.every_tenant, row.task, row.queue, row.key, row.limit)
 
     def matches(self, *, task: str, queue: str, tenant: str) -> bool:
         return (
@@ -184,9 +193,36 @@ class Limit:
             and (not self.task or re.match(glob_regex(self.task), task) is not None)
         )
 
+    def key_of(self, args: Sequence[Any] | None, kwargs: Mapping[str, Any] | None) -> str:
+        """``<id>:<value>``: the key of the work called with ``args`` and ``kwargs`` under this limit."""
+        return f"{self.pk}:{key_value(self.key, args or (), kwargs or {})}"
+
+
+@dataclass(frozen=True)
+class Limit(_WorkLimit):
+    """A concurrency limit as read."""
+
+    limit: int
+
+    @classmethod
+    def of(cls, row: ConcurrencyLimit) -> Limit:
+        return cls(row.pk, row.name, row.tenant, row.every_tenant, row.task, row.queue, row.key, row.limit)
+
     def slot(self, args: Sequence[Any] | None, kwargs: Mapping[str, Any] | None) -> Slot:
         """The slot of the work called with ``args`` and ``kwargs`` under this limit."""
-        return Slot(f"{self.pk}:{key_value(self.key, args or (), kwargs or {})}", self.limit)
+        return Slot(self.key_of(args, kwargs), self.limit)
+
+
+@dataclass(frozen=True)
+class Rate(_WorkLimit):
+    """A rate limit as read: one start every ``interval`` seconds per key."""
+
+    interval: float
+
+    @classmethod
+    def of(cls, row: RateLimit) -> Rate:
+        interval = row.per_seconds / row.starts
+        return cls(row.pk, row.name, row.tenant, row.every_tenant, row.task, row.queue, row.key, interval)
 
 
 def limit_id(key: str) -> int:
@@ -240,7 +276,7 @@ def key_value(key: str, args: Sequence[Any], kwargs: Mapping[str, Any]) -> str:
     return value
 
 
-def limit_problems(row: ConcurrencyLimit) -> dict[str, list[str]]:
+def problems(row: ConcurrencyLimit | RateLimit) -> dict[str, list[str]]:
     """What is wrong with ``row`` as a limit to keep, by field (empty: nothing)."""
     found: dict[str, list[str]] = {}
     if not row.name.strip():
@@ -249,23 +285,62 @@ def limit_problems(row: ConcurrencyLimit) -> dict[str, list[str]]:
         found["task"] = [f"Task pattern refused: {glob_problem(row.task)}."]
     if key_problem(row.key):
         found["key"] = [key_problem(row.key)[0].upper() + key_problem(row.key)[1:] + "."]
-    if not isinstance(row.limit, int) or row.limit < 1:
-        found["limit"] = ["A limit lets at least 1 run at once."]
+    if isinstance(row, ConcurrencyLimit):
+        if not isinstance(row.limit, int) or row.limit < 1:
+            found["limit"] = ["A limit lets at least 1 run at once."]
+    else:
+        if not isinstance(row.starts, int) or row.starts < 1:
+            found["starts"] = ["A rate lets at least 1 start per period."]
+        if not isinstance(row.per_seconds, int) or row.per_seconds < 1:
+            found["per_seconds"] = ["A period is at least 1 second."]
     return found
 
 
-def governing(limits: tuple[Limit, ...], *, task: str, queue: str, tenant: str) -> Limit | None:
-    """The limit that governs this work: the oldest that matches it (one limit per execution)."""
+_Governing = TypeVar("_Governing", bound=_WorkLimit)
+
+
+def governing(limits: tuple[_Governing, ...], *, task: str, queue: str, tenant: str) -> _Governing | None:
+    """The limit of ``limits`` that governs this work: the oldest that matches it (one of a kind per execution)."""
     return next((limit for limit in limits if limit.matches(task=task, queue=queue, tenant=tenant)), None)
 
 
-def save_limit(row: ConcurrencyLimit) -> ConcurrencyLimit:
+def save_limit(row: ConcurrencyLimit | RateLimit) -> None:
     """Write ``row``; processes see it within ``CACHE_SECONDS``, this one at once."""
     row.save()
     forget()
-    return row
 
 
-def delete_limit(row: ConcurrencyLimit) -> None:
-    ConcurrencyLimit.objects.filter(pk=row.pk).delete()
+def delete_limit(row: ConcurrencyLimit | RateLimit) -> None:
+    type(row).objects.filter(pk=row.pk).delete()
+    if isinstance(row, RateLimit):
+        RateLimitKey.objects.filter(key__startswith=f"{row.pk}:").delete()
     forget()
+
+
+# --- rate limits --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Reservation:
+    """A start taken (``reserved``: wait ``seconds``, then start), or not (the next free start is ``seconds`` away)."""
+
+    reserved: bool
+    seconds: float
+
+
+def reserve_start(rate: Rate, key: str, *, within: float) -> Reservation:
+    """Take the next start of ``key`` under ``rate`` if it is at most ``within`` seconds away (database clock).
+
+    Starts are spread evenly (one every ``rate.interval``), so no window of
+    the limit's period holds more than its number of starts. The key's row
+    is locked while its next start moves on, so two workers never take the
+    same one.
+    """
+    now = dbclock.now().timestamp()
+    with transaction.atomic():
+        row, _ = RateLimitKey.objects.select_for_update().get_or_create(key=key, defaults={"next_start": now})
+        start = max(row.next_start, now)
+        if start - now > within:
+            return Reservation(False, start - now)
+        RateLimitKey.objects.filter(pk=row.pk).update(next_start=start + rate.interval)
+    return Reservation(True, start - now)

@@ -1,4 +1,6 @@
-"""The admin's concurrency limits: each with its keys' running / limit and what waits (``operations.save_limit``).
+"""The admin's concurrency and rate limits; a concurrency limit shows its keys' running / limit and what waits.
+
+Both are written by ``operations.save_limit``, audited.
 
 A staff user bound to a tenant sees its tenant's limits and those of every
 tenant, and adds, changes and deletes its own tenant's only.
@@ -17,7 +19,7 @@ from django.http import HttpRequest
 from django.utils.html import format_html, format_html_join
 
 from scheduler.celery_app import celery_app
-from scheduler.models import ConcurrencyLimit
+from scheduler.models import ConcurrencyLimit, RateLimit
 from scheduler.ops import audit, operations
 from scheduler.owners import executions
 from scheduler.tenancy import scope_of_user
@@ -26,20 +28,22 @@ from scheduler.tenancy import scope_of_user
 KEYS_SHOWN = 50
 
 
-class LimitForm(forms.ModelForm):
-    class Meta:
-        model = ConcurrencyLimit
-        fields = ("name", "tenant", "task", "queue", "key", "limit")
-        help_texts = {
-            "tenant": "Empty: every tenant's work (a user bound to a tenant always limits its own).",
-            "task": "Tasks whose name matches, * and ? as in a shell; empty: any task.",
-            "queue": "Only work on this queue; empty: any queue.",
-            "key": "An argument's name (customer_id) or a template ({customer_id}-{region}, {0}): "
-            "the limit holds per value; empty: everything matched shares the limit.",
-            "limit": "How many may run at once, per key, across every worker.",
-        }
+HELP_TEXTS = {
+    "tenant": "Empty: every tenant's work (a user bound to a tenant always limits its own).",
+    "task": "Tasks whose name matches, * and ? as in a shell; empty: any task.",
+    "queue": "Only work on this queue; empty: any queue.",
+    "key": "An argument's name (customer_id) or a template ({customer_id}-{region}, {0}): "
+    "the limit holds per value; empty: everything matched shares the limit.",
+    "limit": "How many may run at once, per key, across every worker.",
+    "starts": "How many may start per period, per key, across every worker, spread evenly.",
+    "per_seconds": "The period, in seconds.",
+}
 
-    #: The user's request; ``ConcurrencyLimitAdmin.get_form`` sets it.
+
+class LimitForm(forms.ModelForm):
+    """A limit's form: ``operations.save_limit`` checks and writes it in ``clean()``."""
+
+    #: The user's request; ``_LimitAdmin.get_form`` sets it.
     request: HttpRequest
 
     def clean(self) -> dict[str, Any]:
@@ -64,41 +68,37 @@ class LimitForm(forms.ModelForm):
         """Nothing more to check or copy: ``save_limit`` validated and wrote the limit in ``clean()``."""
 
 
-@admin.register(ConcurrencyLimit)
-class ConcurrencyLimitAdmin(admin.ModelAdmin):
-    list_display = ("name", "describe", "usage_summary", "created_by")
-    fields = ("name", "tenant", "task", "queue", "key", "limit", "usage")
-    readonly_fields = ("usage",)
-
-    def get_queryset(self, request: HttpRequest) -> QuerySet[ConcurrencyLimit]:
+class _LimitAdmin(admin.ModelAdmin):
+    def get_queryset(self, request: HttpRequest) -> QuerySet[Any]:
         scope = scope_of_user(request.user)
         rows = super().get_queryset(request)
         if scope.every_tenant:
             return rows
         return rows.filter(Q(every_tenant=True) | Q(tenant=scope.tenant)) if scope.tenant else rows.none()
 
-    def get_readonly_fields(self, request: HttpRequest, obj: ConcurrencyLimit | None = None) -> Any:
+    def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> Any:
         if scope_of_user(request.user).is_bound:
-            return ("tenant", "usage")  # its own tenant, whatever it types
+            return ("tenant", *self.readonly_fields)  # its own tenant, whatever it types
         return self.readonly_fields
 
-    def has_change_permission(self, request: HttpRequest, obj: ConcurrencyLimit | None = None) -> bool:
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         if obj is not None and obj.every_tenant and not scope_of_user(request.user).every_tenant:
             return False
         return super().has_change_permission(request, obj)
 
-    def has_delete_permission(self, request: HttpRequest, obj: ConcurrencyLimit | None = None) -> bool:
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return self.has_change_permission(request, obj) and super().has_delete_permission(request, obj)
 
     def get_form(self, request: HttpRequest, obj: Any = None, change: bool = False, **kwargs: Any) -> Any:
         # The limit is written in the form's clean(), where a refusal can still be a form error.
         kwargs["form"] = LimitForm
+        kwargs["help_texts"] = HELP_TEXTS
         return type("LimitFormOfRequest", (super().get_form(request, obj, change, **kwargs),), {"request": request})
 
-    def save_model(self, request: HttpRequest, obj: ConcurrencyLimit, form: Any, change: bool) -> None:
+    def save_model(self, request: HttpRequest, obj: Any, form: Any, change: bool) -> None:
         """Already saved and audited by the form's ``operations.save_limit``."""
 
-    def delete_model(self, request: HttpRequest, obj: ConcurrencyLimit) -> None:
+    def delete_model(self, request: HttpRequest, obj: Any) -> None:
         try:
             operations.delete_limit(
                 obj, actor=audit.user_actor(request.user), scope=scope_of_user(request.user), app=celery_app()
@@ -106,13 +106,26 @@ class ConcurrencyLimitAdmin(admin.ModelAdmin):
         except operations.ActionRefused as exc:
             self.message_user(request, str(exc), level=messages.ERROR)
 
-    def delete_queryset(self, request: HttpRequest, queryset: QuerySet[ConcurrencyLimit]) -> None:
+    def delete_queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> None:
         for limit in queryset:  # each audited, as one deleted on its own page
             self.delete_model(request, limit)
 
     @admin.display(description="what it limits")
-    def describe(self, obj: ConcurrencyLimit) -> str:
-        return obj.describe()
+    def describe(self, obj: Any) -> str:
+        return str(obj.describe())
+
+
+@admin.register(RateLimit)
+class RateLimitAdmin(_LimitAdmin):
+    list_display = ("name", "describe", "created_by")
+    fields = ("name", "tenant", "task", "queue", "key", "starts", "per_seconds")
+
+
+@admin.register(ConcurrencyLimit)
+class ConcurrencyLimitAdmin(_LimitAdmin):
+    list_display = ("name", "describe", "usage_summary", "created_by")
+    fields = ("name", "tenant", "task", "queue", "key", "limit", "usage")
+    readonly_fields = ("usage",)
 
     @admin.display(description="running / limit (busiest key), waiting")
     def usage_summary(self, obj: ConcurrencyLimit) -> str:

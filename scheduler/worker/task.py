@@ -56,7 +56,7 @@ import time
 import traceback
 from collections.abc import Callable
 from contextlib import AbstractContextManager
-from datetime import timezone
+from datetime import timedelta, timezone
 from typing import Any, TypeVar
 
 from celery import Task, current_task
@@ -73,7 +73,7 @@ from django.db import (
     connections,
 )
 
-from scheduler import clock, logs, outbox, process_ids, tracing
+from scheduler import clock, dbclock, logs, outbox, process_ids, tracing
 from scheduler.conf import settings
 from scheduler.exceptions import BrokerUnavailable, MessageRefused, NotInTask
 from scheduler.failpoints import failpoint
@@ -92,6 +92,8 @@ _REQUEST_ATTR = "scheduler_execution"
 _CLAIM_ATTR = "scheduler_claim"
 #: The request attribute that holds the concurrency slot its execution runs under, if any.
 _SLOT_ATTR = "scheduler_slot"
+#: The request attribute that holds when (monotonic clock) its rate limit lets the body start, if one governs it.
+_START_ATTR = "scheduler_start_at"
 #: Results longer than this (as JSON) are stored truncated.
 RESULT_SUMMARY_MAX_CHARS = 10_000
 #: A message that finds its retry due within this long waits for it rather than being refused:
@@ -109,21 +111,57 @@ class _RetryNotSent(Reject):
     """
 
 
-def _slot_of(target: dict[str, Any], args: Any, kwargs: Any) -> work_rules.Slot | None:
-    """The concurrency slot the execution ``target`` names must take; ``None`` when no limit governs it.
+#: Found: the execution's id, and its task, queue and tenant (what the work rules match).
+_Found = tuple[int, dict[str, str]]
+#: A rate limit's start this far away, or nearer, is waited for in the pool process; a later one is sent later.
+RATE_WAIT_SECONDS = 5.0
 
-    No query while no limit is in force.
+
+def _routing_if_ruled(target: dict[str, Any]) -> _Found | None:
+    """The execution ``target`` names, as the work rules match it; ``None`` (and no query) while no rule is in force."""
+    if not (work_rules.pauses_in_force() or work_rules.limits_in_force() or work_rules.rates_in_force()):
+        return None
+    return executions.routing_of(**target)
+
+
+def _slot_of(found: _Found, args: Any, kwargs: Any) -> work_rules.Slot | None:
+    """The concurrency slot the execution must take; ``None`` when no limit governs it."""
+    limit = work_rules.governing(work_rules.limits_in_force(), **found[1])
+    return None if limit is None else limit.slot(*_arguments(args, kwargs))
+
+
+def _arguments(args: Any, kwargs: Any) -> tuple[Any, Any]:
+    return (args if isinstance(args, (list, tuple)) else (), kwargs if isinstance(kwargs, dict) else {})
+
+
+def _keep_to_rate(found: _Found, args: Any, kwargs: Any, app: Any) -> float | None:
+    """Take the execution's start under its rate limit; return when to start it (monotonic clock), or raise ``Ignore``.
+
+    A start at most ``RATE_WAIT_SECONDS`` away is taken, and the body waits
+    for it in this process once claimed (the end of ``before_start``). A later one is
+    not taken: the message is acknowledged and sent again to arrive that much
+    before it, so no pool process waits long. ``None``: no rate limit governs it.
     """
-    limits = work_rules.limits_in_force()
-    if not limits:
+    rate = work_rules.governing(work_rules.rates_in_force(), **found[1])
+    if rate is None:
         return None
-    found = executions.routing_of(**target)
-    if found is None:
-        return None
-    limit = work_rules.governing(limits, **found[1])
-    if limit is None:
-        return None
-    return limit.slot(args if isinstance(args, (list, tuple)) else (), kwargs if isinstance(kwargs, dict) else {})
+    reservation = work_rules.reserve_start(rate, rate.key_of(*_arguments(args, kwargs)), within=RATE_WAIT_SECONDS)
+    if reservation.reserved:
+        return time.monotonic() + reservation.seconds
+    due = dbclock.now() + timedelta(seconds=reservation.seconds - RATE_WAIT_SECONDS)
+    try:
+        outbox.publish(app, executions.send_later(found[0], due=due), now=dbclock.now())
+    except BrokerUnavailable:  # reconcile sends it, once it waited unclaimed past its due time
+        pass
+    logger.info(
+        "execution %s delayed by rate limit %s: its next start is %.1fs away; sent again for %s",
+        found[0],
+        rate.name,
+        reservation.seconds,
+        due.isoformat(),
+        extra={"action": "rate_delay", "execution_id": found[0]},
+    )
+    raise Ignore()
 
 
 def _offer_freed_slot(app: Any, slot: work_rules.Slot) -> None:
@@ -160,18 +198,14 @@ def _wait_for_slot(target: dict[str, Any], slot: work_rules.Slot) -> None:
     raise Ignore()
 
 
-def _refuse_if_paused(target: dict[str, Any]) -> None:
-    """Raise ``Ignore`` when a pause rule holds the execution ``target`` names: it waits, or a drain cancels it.
+def _refuse_if_paused(found: _Found) -> None:
+    """Raise ``Ignore`` when a pause rule holds the execution: it waits, or a drain cancels it.
 
     The message is acknowledged either way; a held execution stays
     ``queued``, and lifting the rule sends it again (``operations.resume_work``).
-    No query while no rule is in force.
     """
     rules = work_rules.pauses_in_force()
     if not rules:
-        return
-    found = executions.routing_of(**target)
-    if found is None:
         return
     execution_id, routing = found
     if work_rules.matching(rules, **routing) is None:
@@ -424,6 +458,9 @@ class ExecutionTask(Task):
                 extra={"action": "claim_lost_before_body", "execution_id": claim.execution_id},
             )
             raise Ignore()
+        start_at = getattr(self.request, _START_ATTR, None)
+        if start_at is not None:  # the rate limit's start taken for it: the body begins then, not before
+            time.sleep(max(0.0, start_at - time.monotonic()))
 
     def _claim(
         self, task_id: str, args: Any, kwargs: Any, *, worker: str, execution_id: Any
@@ -450,8 +487,13 @@ class ExecutionTask(Task):
                 now=clock.now(),
             )
             target = {"key": key}
-        _refuse_if_paused(target)
-        slot = _slot_of(target, args, kwargs)
+        found = _routing_if_ruled(target)
+        slot, start_at = None, None
+        if found is not None:
+            _refuse_if_paused(found)
+            start_at = _keep_to_rate(found, args, kwargs, self.app)
+            slot = _slot_of(found, args, kwargs)
+        setattr(self.request, _START_ATTR, start_at)
         claim = {"worker": worker, "task": self.name, "celery_task_id": task_id, "slot": slot, **target}
         since = _renewer.now()
         execution = _reconnecting(executions.claim, **claim)

@@ -12,9 +12,11 @@ from __future__ import annotations
 
 import signal
 import time
+from collections import Counter
 from collections.abc import Callable
 
 import pytest
+import redis
 
 import scheduler
 from scheduler.models import ConcurrencyLimit, Execution
@@ -48,8 +50,9 @@ def limited_cluster(celery_processes: Start) -> list[CeleryProcess]:
     return workers
 
 
-def submit(count: int, *, steps: int = 5) -> list[Execution]:
-    return [scheduler.submit(test_tasks.limited, kwargs={"customer": CUSTOMER, "steps": steps}) for _ in range(count)]
+def submit(count: int, *, steps: int = 5, until_go: bool = False) -> list[Execution]:
+    kwargs = {"customer": CUSTOMER, "steps": steps, "until_go": until_go}
+    return [scheduler.submit(test_tasks.limited, kwargs=kwargs) for _ in range(count)]
 
 
 def all_succeeded(ids: list[int], timeout: float) -> None:
@@ -81,24 +84,21 @@ def first_starts(ids: list[int]) -> list[int]:
 
 
 def test_fifty_executions_of_one_key__at_most_three_at_once_all_finish_oldest_first(
-    limited_cluster: list[CeleryProcess],
+    limited_cluster: list[CeleryProcess], redis_client: redis.Redis
 ) -> None:
-    # Given three long executions of the customer taking its three slots (10 s)
-    blockers = submit(LIMIT, steps=100)
+    # Given three executions of the customer taking its three slots until told to go on
+    blockers = submit(LIMIT, until_go=True)
     assert wait_until(lambda: Execution.objects.filter(status=Status.RUNNING).count() == LIMIT, timeout=30)
 
     # When 47 more arrive and wait their turn
     waiting = submit(EXECUTIONS - LIMIT)
     waiting_ids = [execution.pk for execution in waiting]
-    assert wait_until(
-        lambda: (
-            Execution.objects.filter(pk__in=waiting_ids, status=Status.QUEUED, enqueued_at=None)
-            .filter(concurrency_key__isnull=False)
-            .count()
-            == len(waiting_ids)
-        ),
-        timeout=30,
-    ), "the executions over the limit did not wait"
+    # (each one's key is set when a worker first takes it under the limit, and nothing is offered yet)
+    in_line = Execution.objects.filter(pk__in=waiting_ids, status=Status.QUEUED, concurrency_key__isnull=False)
+    assert wait_until(lambda: in_line.count() == len(waiting_ids), timeout=30), Counter(
+        Execution.objects.filter(pk__in=waiting_ids).values_list("status", "concurrency_key")
+    )
+    redis_client.set(test_tasks.GO_KEY, 1)
 
     # Then all 50 finish, never more than 3 at once by their own records
     ids = [execution.pk for execution in blockers] + waiting_ids

@@ -35,9 +35,10 @@ def _fresh_limits() -> None:
 
 
 def per_customer(limit: int = 2, **fields: Any) -> work_rules.Limit:
-    row = work_rules.save_limit(
-        ConcurrencyLimit(name="per customer", every_tenant=True, task="tests.*", key="customer", limit=limit, **fields)
+    row = ConcurrencyLimit(
+        name="per customer", every_tenant=True, task="tests.*", key="customer", limit=limit, **fields
     )
+    work_rules.save_limit(row)
     return work_rules.Limit.of(row)
 
 
@@ -229,8 +230,10 @@ def test_admin__an_operator_adds_a_limit_audited_and_bad_input_is_a_form_error_t
 def test_admin__a_tenants_operator_limits_its_own_work_and_cannot_touch_another_tenants_or_every_tenants_limit() -> (
     None
 ):
-    everyone = work_rules.save_limit(ConcurrencyLimit(name="global", every_tenant=True, limit=10))
-    theirs = work_rules.save_limit(ConcurrencyLimit(name="theirs", tenant=TENANT_B, limit=1))
+    everyone = ConcurrencyLimit(name="global", every_tenant=True, limit=10)
+    theirs = ConcurrencyLimit(name="theirs", tenant=TENANT_B, limit=1)
+    for row in (everyone, theirs):
+        work_rules.save_limit(row)
     admin = _admin(TENANT_A)
 
     # It adds a limit: of its own tenant, whatever tenant it names

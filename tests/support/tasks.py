@@ -385,14 +385,22 @@ LEFT_OPEN_KEY = "tests:left-open"
 
 
 @shared_task(name="tests.limited")
-def limited(customer: int, steps: int = 5, seconds: float = 0.1) -> int:
-    """Work in ``steps`` steps, keeping each step's start and end (wall clock) in the execution's checkpoint.
+def limited(customer: int, steps: int = 5, seconds: float = 0.1, until_go: bool = False) -> int:
+    """Work in ``steps`` steps (``until_go``: until ``GO_KEY`` is set), keeping each step's start and end in its checkpoint.
 
     ``checkpoint()`` saves only while this attempt holds the execution, so the
     record is of steps run under a claim: what a concurrency limit bounds.
     """
     running = scheduler.current_execution()
     spans = list(running.last_checkpoint or [])
+    client = _client()
+    deadline = time.monotonic() + WAIT_SECONDS
+    while until_go and not client.exists(GO_KEY) and time.monotonic() < deadline:
+        started = time.time()
+        time.sleep(seconds)
+        spans.append([started, time.time()])
+        running.checkpoint(spans)
+    client.close()
     for _ in range(steps):
         started = time.time()
         time.sleep(seconds)
