@@ -1,3 +1,3 @@
 """Django's admin autodiscovery imports ``<app>.admin``: the pages live in ``scheduler.web.admin``."""
 
-from scheduler.web import admin, limit_admin, notification_admin, pause_admin  # noqa: F401
+from scheduler.web import admin, notification_admin, pause_admin, rule_admin  # noqa: F401

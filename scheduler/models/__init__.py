@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from scheduler.models.api_token import ApiToken
 from scheduler.models.audit_event import AuditEvent
+from scheduler.models.calendar import Calendar
 from scheduler.models.concurrency_limit import ConcurrencyLimit
 from scheduler.models.execution import Execution
 from scheduler.models.instance import Instance
@@ -19,6 +20,7 @@ from scheduler.models.tally import DurationTally, ExecutionTally
 __all__ = (
     "ApiToken",
     "AuditEvent",
+    "Calendar",
     "ConcurrencyLimit",
     "DurationTally",
     "Execution",

@@ -16,6 +16,7 @@ from django.db.models.functions import Now
 from scheduler import limits, shards, timing
 from scheduler.conf import settings
 from scheduler.exceptions import ScheduleInvalid, ScheduleWriteRefused
+from scheduler.timing import calendars
 
 #: The one message for a schedule with no timing, or more than one.
 TIMING_REQUIRED = "Set exactly one of cron, interval or run at."
@@ -31,6 +32,8 @@ TIMING_FIELDS = (
     "max_runs",
     "dst_gap",
     "dst_fold",
+    "exclude_calendars",
+    "only_calendar",
     "enabled",
     "paused_reason",
 )
@@ -255,6 +258,18 @@ class Schedule(models.Model):
     start_at = models.DateTimeField(null=True, blank=True)
     end_at = models.DateTimeField(null=True, blank=True)
     max_runs = models.PositiveIntegerField(null=True, blank=True, validators=[MinValueValidator(1)])
+    #: Calendars whose days it does not fire on, by name, separated by ``;`` (its tenant's, or every tenant's).
+    exclude_calendars = models.CharField(
+        max_length=500,
+        blank=True,
+        default="",
+        db_default="",
+        help_text="Calendars whose days it does not fire on, separated by ; (holidays; company-shutdown).",
+    )
+    #: The calendar it fires on only ("" : every day).
+    only_calendar = models.CharField(
+        max_length=100, blank=True, default="", db_default="", help_text="Fire only on this calendar's days."
+    )
 
     # Policies.
     overlap = models.CharField(max_length=20, choices=Overlap.choices, default=Overlap.ALLOW)
@@ -412,6 +427,22 @@ class Schedule(models.Model):
             dst_gap=self.dst_gap,
             dst_fold=self.dst_fold,
             hash_key=self.hash_key,
+            days=self._days(),
+        )
+
+    @property
+    def calendar_names(self) -> list[str]:
+        """The calendars it excludes, by name."""
+        return [name.strip() for name in self.exclude_calendars.split(";") if name.strip()]
+
+    def _days(self, max_age: float = 1.0) -> calendars.DayFilter | None:
+        """The days its calendars keep it from firing on, as read at most ``max_age`` s ago (``owners.calendars``)."""
+        if not self.exclude_calendars.strip() and not self.only_calendar:
+            return None
+        from scheduler.owners import calendars as calendar_owner  # the model is imported by the owners
+
+        return calendar_owner.day_filter(
+            self.tenant, exclude=self.calendar_names, only=self.only_calendar, max_age=max_age
         )
 
     @property
@@ -445,6 +476,12 @@ class Schedule(models.Model):
             times.append(slot)
             slot = timing.next_slot(self.timing, after=slot, runs_so_far=self.slots_committed + len(times))
         return times
+
+    def preview_fire_times(self, count: int, *, after: datetime) -> list[tuple[datetime, str | None]]:
+        """Up to ``count`` slots after ``after``, those its calendars keep out too, each with that calendar's name."""
+        if self.run_at is not None:
+            return [(self.run_at, None)] if self.run_at > after else []
+        return timing.excluded_slots(self.timing, after=after, count=count, runs_so_far=self.slots_committed)
 
     def _stored(self) -> dict[str, Any]:
         """Return the loaded value of each field present (deferred ones are left out).
@@ -551,6 +588,16 @@ class Schedule(models.Model):
             add(field, message)
         for message in header_problems(self.headers):
             add("headers", message)
+        if self.exclude_calendars.strip() or self.only_calendar:
+            try:
+                self._days(max_age=0)
+            except ScheduleInvalid as exc:  # a name its tenant has no calendar of
+                add(
+                    "only_calendar"
+                    if self.only_calendar and str(exc).endswith(f"{self.only_calendar!r}.")
+                    else "exclude_calendars",
+                    str(exc),
+                )
         if self.start_at and self.end_at and self.end_at <= self.start_at:
             add("end_at", "End must be after start.")
         for field in ("run_at", "start_at", "end_at"):

@@ -28,6 +28,7 @@ from scheduler import dbclock, limits, outbox, shards, task_policy
 from scheduler.exceptions import BrokerUnavailable, SchedulerError, TaskRefused, first_line
 from scheduler.models import (
     ApiToken,
+    Calendar,
     ConcurrencyLimit,
     Execution,
     NotificationTarget,
@@ -38,6 +39,7 @@ from scheduler.models import (
 from scheduler.models.schedule import argument_shape_problems
 from scheduler.ops import audit, backfill, bulk, prune, reconcile, resharding
 from scheduler.outbox import broker
+from scheduler.owners import calendars as calendar_owner
 from scheduler.owners import executions, schedules, work_rules
 from scheduler.tenancy import Scope
 
@@ -51,7 +53,7 @@ CANCELLABLE_STATUSES = Execution.IN_FLIGHT_STATUSES - {Execution.Status.LOST}
 CANCEL_ERROR = "Cancelled by an operator"
 #: Pause rules one tenant (or the deployer) may have in force at once.
 MAX_PAUSE_RULES = 50
-#: Every limit is matched at each claim: a tenant may not pile them up (of each kind).
+#: Every limit is matched at each claim, every calendar read for every slot: a tenant may not pile them up (of each kind).
 MAX_LIMITS = 50
 #: What a run now may replace of the schedule's stored values, for that run only.
 RUN_OVERRIDES = ("args", "kwargs", "queue", "priority")
@@ -176,50 +178,90 @@ def delete_target(target: NotificationTarget, *, actor: audit.Actor) -> None:
 def save_limit(limit: ConcurrencyLimit | RateLimit, *, actor: audit.Actor, scope: Scope, app: Celery) -> None:
     """Insert or write a concurrency or rate limit, audited; then offer the slots a higher concurrency limit frees.
 
-    A caller bound to a tenant limits its own tenant's work only, and may
-    not change a limit of every tenant. Raises ``ValidationError`` (by
-    field) for a limit that cannot be kept, and changes nothing then.
+    As ``save_tenant_rule``.
     """
-    adding = limit._state.adding
-    model = type(limit)
-    before_row = None if adding else model.objects.filter(pk=limit.pk).first()
-    if adding:
-        limit.created_by = actor.name
-    if scope.is_bound:
-        if before_row is not None and before_row.every_tenant:
-            raise ActionRefused("A limit of every tenant is changed by a user of every tenant only.")
-        limit.tenant, limit.every_tenant = scope.tenant, False
-    elif not scope.every_tenant:
-        raise ActionRefused("You may not limit work: you are bound to no tenant.")
-    else:
-        limit.every_tenant = not limit.tenant
-    problems = work_rules.problems(limit)
-    if adding and model.objects.filter(tenant=limit.tenant).count() >= MAX_LIMITS:
-        problems.setdefault(NON_FIELD_ERRORS, []).append(
-            f"At most {MAX_LIMITS} {model._meta.verbose_name_plural} per tenant; delete one first."
-        )
-    if model.objects.filter(tenant=limit.tenant, name=limit.name).exclude(pk=limit.pk).exists():
-        problems.setdefault("name", []).append("A limit of that name exists already.")
-    if problems:
-        raise ValidationError(problems)
-    with transaction.atomic():
-        before = audit.snapshot(before_row) if before_row is not None else {}
-        work_rules.save_limit(limit)
-        audit.record(actor, "create" if adding else "update", limit, before=before, tenant=limit.tenant)
+    _save_tenant_rule(limit, actor=actor, scope=scope, problems=work_rules.problems, write=work_rules.save_limit)
     _offer_slots_of(limit, app)
 
 
 def delete_limit(limit: ConcurrencyLimit | RateLimit, *, actor: audit.Actor, scope: Scope, app: Celery) -> None:
     """Delete a concurrency or rate limit, audited; what waited for a concurrency limit's slots is sent."""
-    if limit.every_tenant and not scope.every_tenant:
-        raise ActionRefused("A limit of every tenant is deleted by a user of every tenant only.")
-    if not scope.allows(limit.tenant) and not limit.every_tenant:
-        raise ActionRefused("You may delete your own tenant's limits only.")
-    with transaction.atomic():
-        before = audit.snapshot(limit)
-        work_rules.delete_limit(limit)
-        audit.record(actor, "delete", limit, before=before, deleted=True, tenant=limit.tenant)
+    _delete_tenant_rule(limit, actor=actor, scope=scope, delete=work_rules.delete_limit)
     _offer_slots_of(limit, app)
+
+
+def save_calendar(calendar: Calendar, *, actor: audit.Actor, scope: Scope) -> None:
+    """Insert or write a calendar, audited; the schedules that name it move their next slot to follow it."""
+    _save_tenant_rule(calendar, actor=actor, scope=scope, problems=calendar_owner.problems, write=calendar_owner.save)
+    now = dbclock.now()
+    for schedule in calendar_owner.schedules_of(calendar):
+        schedules.fix_next_run_at(schedule, was=schedule.next_run_at, to=schedule.compute_next_run_at(now=now))
+
+
+def delete_calendar(calendar: Calendar, *, actor: audit.Actor, scope: Scope) -> None:
+    """Delete a calendar no schedule or calendar names, audited; ``ActionRefused`` names those that do."""
+    users = calendar_owner.users(calendar)
+    if users:
+        raise ActionRefused(f"Calendar {calendar.name!r} is in use by {', '.join(users[:10])}: change them first.")
+    _delete_tenant_rule(calendar, actor=actor, scope=scope, delete=calendar_owner.delete)
+
+
+_TenantRule = ConcurrencyLimit | RateLimit | Calendar
+
+
+def _save_tenant_rule(
+    row: _TenantRule,
+    *,
+    actor: audit.Actor,
+    scope: Scope,
+    problems: Callable[[Any], dict[str, list[str]]],
+    write: Callable[[Any], None],
+) -> None:
+    """Insert or write a limit or a calendar, audited.
+
+    A caller bound to a tenant keeps its own tenant's only, and may not
+    change one of every tenant. Raises ``ValidationError`` (by field) for a
+    row that cannot be kept, and changes nothing then.
+    """
+    adding = row._state.adding
+    model = type(row)
+    noun = str(model._meta.verbose_name)
+    before_row = None if adding else model.objects.filter(pk=row.pk).first()
+    if adding:
+        row.created_by = actor.name
+    if scope.is_bound:
+        if before_row is not None and before_row.every_tenant:
+            raise ActionRefused(f"A {noun} of every tenant is changed by a user of every tenant only.")
+        row.tenant, row.every_tenant = scope.tenant, False
+    elif not scope.every_tenant:
+        raise ActionRefused(f"You may not keep a {noun}: you are bound to no tenant.")
+    else:
+        row.every_tenant = not row.tenant
+    found = problems(row)
+    if adding and model.objects.filter(tenant=row.tenant).count() >= MAX_LIMITS:
+        found.setdefault(NON_FIELD_ERRORS, []).append(
+            f"At most {MAX_LIMITS} {model._meta.verbose_name_plural} per tenant; delete one first."
+        )
+    if model.objects.filter(tenant=row.tenant, name=row.name).exclude(pk=row.pk).exists():
+        found.setdefault("name", []).append(f"A {noun} of that name exists already.")
+    if found:
+        raise ValidationError(found)
+    with transaction.atomic():
+        before = audit.snapshot(before_row) if before_row is not None else {}
+        write(row)
+        audit.record(actor, "create" if adding else "update", row, before=before, tenant=row.tenant)
+
+
+def _delete_tenant_rule(row: _TenantRule, *, actor: audit.Actor, scope: Scope, delete: Callable[[Any], None]) -> None:
+    noun = str(type(row)._meta.verbose_name)
+    if row.every_tenant and not scope.every_tenant:
+        raise ActionRefused(f"A {noun} of every tenant is deleted by a user of every tenant only.")
+    if not scope.allows(row.tenant) and not row.every_tenant:
+        raise ActionRefused(f"You may delete your own tenant's {noun}s only.")
+    with transaction.atomic():
+        before = audit.snapshot(row)
+        delete(row)
+        audit.record(actor, "delete", row, before=before, deleted=True, tenant=row.tenant)
 
 
 def _offer_slots_of(limit: ConcurrencyLimit | RateLimit, app: Celery) -> None:

@@ -34,7 +34,7 @@ import heapq
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
-from datetime import datetime, timedelta
+from datetime import datetime, time, timedelta
 from datetime import timezone as dt_timezone
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
@@ -42,6 +42,7 @@ import cron_descriptor
 from croniter import CroniterBadDateError, CroniterError, croniter
 
 from scheduler.exceptions import ScheduleInvalid
+from scheduler.timing.calendars import DayFilter
 
 __all__ = ["Timing", "count_slots", "longest_gap", "next_slot", "slots_between", "validate_cron", "validate_timezone"]
 
@@ -49,6 +50,8 @@ UTC = dt_timezone.utc
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _NAIVE_EPOCH = datetime(1970, 1, 1)
 _TICK = timedelta(microseconds=1)  # the resolution of datetime
+#: Excluded days in a row after which a schedule's calendars are taken to keep out every day to come.
+CALENDAR_DAYS_SKIPPED = 3660
 #: no zone's UTC offset comes close to a day, so a wall time more than a day
 #: past a bound cannot map to an instant at or before it
 _OFFSET_BOUND = timedelta(days=1)
@@ -114,6 +117,8 @@ class Timing:
     dst_fold: str = "first"
     #: what a cron's ``H`` fields are hashed from (a schedule's tenant and name): the same slots everywhere
     hash_key: str = ""
+    #: the days it does not fire on (its calendars); a slot's day is its date in ``timezone``
+    days: DayFilter | None = None
 
     def __post_init__(self) -> None:
         given = (("cron", self.cron), ("interval", self.interval), ("run_at", self.run_at))
@@ -274,7 +279,7 @@ def count_slots(timing: Timing, *, since: datetime, until: datetime, walk: int =
         raise ValueError(f"walk must be a whole number >= 1, got {walk!r}")
     if until <= since:
         return 0
-    if timing.interval is not None:
+    if timing.interval is not None and timing.days is None:
         return _count_interval(timing, since=since, until=until)
     uncapped = replace(timing, max_runs=None)
     if timing.run_at is not None:
@@ -364,6 +369,10 @@ def _slots(timing: Timing, *, after: datetime, until: datetime | None, runs_so_f
             yield run_at
         return
 
+    yield from _on_days(timing, after=after, upper=upper)
+
+
+def _candidates(timing: Timing, *, after: datetime, upper: datetime | None) -> Iterator[datetime]:
     if timing.interval is not None:
         candidates = _interval_slots(timing, after=after, upper=upper)
     else:
@@ -373,6 +382,54 @@ def _slots(timing: Timing, *, after: datetime, until: datetime | None, runs_so_f
         if upper is not None and slot > upper:
             return
         yield slot
+
+
+def _on_days(timing: Timing, *, after: datetime, upper: datetime | None) -> Iterator[datetime]:
+    """The candidates on days its calendars let it fire on; an excluded day is stepped over whole.
+
+    At most ``CALENDAR_DAYS_SKIPPED`` excluded days in a row: a calendar
+    that keeps every day out ends the schedule rather than the search.
+    """
+    if timing.days is None:
+        yield from _candidates(timing, after=after, upper=upper)
+        return
+    zone = ZoneInfo(timing.timezone)
+    skipped = 0
+    while skipped <= CALENDAR_DAYS_SKIPPED:
+        for slot in _candidates(timing, after=after, upper=upper):
+            day = slot.astimezone(zone).date()
+            if timing.days.excluded_by(day) is None:
+                skipped = 0
+                yield slot
+                continue
+            skipped += 1
+            # On from the first instant of the next day in the zone (a day may start at 01:00 after a gap).
+            next_day = datetime.combine(day + timedelta(days=1), time(), tzinfo=zone)
+            after = max(next_day.astimezone(UTC) - _TICK, slot)
+            break
+        else:
+            return
+
+
+def excluded_slots(
+    timing: Timing, *, after: datetime, count: int, runs_so_far: int = 0
+) -> list[tuple[datetime, str | None]]:
+    """The next ``count`` slots after ``after`` as if no calendar applied, each with the calendar that keeps it out.
+
+    ``max_runs`` counts only the slots that fire.
+    """
+    _require_aware("after", after)
+    days, zone = timing.days, ZoneInfo(timing.timezone)
+    remaining = None if timing.max_runs is None else max(timing.max_runs - runs_so_far, 0)
+    result: list[tuple[datetime, str | None]] = []
+    for slot in _slots(replace(timing, days=None), after=after, until=None, runs_so_far=runs_so_far):
+        if len(result) >= count or remaining == 0:
+            break
+        excluded = days.excluded_by(slot.astimezone(zone).date()) if days is not None else None
+        if excluded is None and remaining is not None:
+            remaining -= 1
+        result.append((slot, excluded))
+    return result
 
 
 def _interval_slots(timing: Timing, *, after: datetime, upper: datetime | None) -> Iterator[datetime]:

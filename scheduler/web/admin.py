@@ -466,6 +466,8 @@ class ScheduleAdmin(TenantScoped, ActionsNeedPermission, admin.ModelAdmin):
                     "start_at",
                     "end_at",
                     "max_runs",
+                    "exclude_calendars",
+                    "only_calendar",
                     "next_fire_times",
                 )
             },
@@ -558,20 +560,29 @@ class ScheduleAdmin(TenantScoped, ActionsNeedPermission, admin.ModelAdmin):
         if schedule.pk is None:
             return "Shown once the schedule is saved."
         try:
-            times = schedule.next_fire_times(PREVIEW_COUNT, after=clock.now())
+            times = schedule.preview_fire_times(PREVIEW_COUNT, after=clock.now())
             zone = ZoneInfo(schedule.timezone)
         except (ScheduleInvalid, ValueError, KeyError) as exc:
             return f"Invalid timing: {exc}"
         if not times:
             return "No upcoming slots."
+        fired = "<li>{} <span class='quiet'>({} UTC)</span></li>"
+        kept_out = "<li><del>{} <span class='quiet'>({} UTC)</span></del> excluded by calendar {}</li>"
         return format_html(
             "<ol>{}</ol>",
             format_html_join(
                 "",
-                "<li>{} <span class='quiet'>({} UTC)</span></li>",
+                "{}",
                 (
-                    (t.astimezone(zone).strftime("%a %Y-%m-%d %H:%M:%S %Z"), t.strftime("%Y-%m-%d %H:%M:%S"))
-                    for t in times
+                    (
+                        format_html(
+                            kept_out if calendar else fired,
+                            t.astimezone(zone).strftime("%a %Y-%m-%d %H:%M:%S %Z"),
+                            t.strftime("%Y-%m-%d %H:%M:%S"),
+                            calendar,
+                        ),
+                    )
+                    for t, calendar in times
                 ),
             ),
         )

@@ -2,9 +2,9 @@
 
 - **scheduler: operator**: manages schedules and runs the actions (run now,
   pause, resume, backfill, retry and cancel executions), pauses and resumes
-  work by queue, task or tenant, keeps concurrency and rate limits; sees everything else.
+  work by queue, task or tenant, keeps concurrency and rate limits and calendars; sees everything else.
 - **scheduler: viewer**: sees schedules, executions, leases, instances,
-  pauses, concurrency and rate limits, the audit trail and task results; changes nothing.
+  pauses, limits, calendars, the audit trail and task results; changes nothing.
 
 Their names carry the app's prefix so they do not meet a host's own groups;
 releases before 0.1.0 called them "schedule operator" and "viewer" (migration
@@ -28,6 +28,7 @@ _VISIBLE = (
     ("scheduler", "pauserule"),
     ("scheduler", "concurrencylimit"),
     ("scheduler", "ratelimit"),
+    ("scheduler", "calendar"),
     ("scheduler", "notificationtarget"),
     ("scheduler", "notification"),
     ("django_celery_results", "taskresult"),
@@ -52,6 +53,7 @@ def ensure_groups(**kwargs: Any) -> None:
         *("add_schedule", "change_schedule", "delete_schedule", "add_pauserule", "delete_pauserule"),
         *("add_concurrencylimit", "change_concurrencylimit", "delete_concurrencylimit"),
         *("add_ratelimit", "change_ratelimit", "delete_ratelimit"),
+        *("add_calendar", "change_calendar", "delete_calendar"),
     ]
     permissions = {p.codename: p for p in Permission.objects.filter(codename__in=[*view, *manage])}
     if len(permissions) < len(view) + len(manage):

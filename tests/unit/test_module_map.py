@@ -48,7 +48,11 @@ URLS: dict[str, tuple[str, ...]] = {
     "scheduler/web/middleware.py": ("/admin/auth/",),  # the user and group pages, whose ORM writes it attributes
     "scheduler/web/notification_admin.py": ("/admin/scheduler/notificationtarget/", "/admin/scheduler/notification/"),
     "scheduler/web/overview.py": ('"/admin/scheduler/"',),  # the app index, where the overview shows
-    "scheduler/web/limit_admin.py": ("/admin/scheduler/concurrencylimit/", "/admin/scheduler/ratelimit/"),
+    "scheduler/web/rule_admin.py": (
+        "/admin/scheduler/concurrencylimit/",
+        "/admin/scheduler/ratelimit/",
+        "/admin/scheduler/calendar/",
+    ),
     "scheduler/web/pause_admin.py": ("/admin/scheduler/pauserule/",),
     "scheduler/web/result_admin.py": ("/admin/django_celery_results/",),
     "scheduler/web/api/authentication.py": ("Bearer", "token_client("),  # token_client sends a Bearer token

@@ -45,6 +45,12 @@ FIELD_OPTIONS: tuple[tuple[str, str, dict[str, Any]], ...] = (
     ("--start", "start_at", {"metavar": "ISO", "help": "no slot before this time"}),
     ("--end", "end_at", {"metavar": "ISO", "help": "no slot after this time"}),
     ("--max-runs", "max_runs", {"type": int, "metavar": "N", "help": "turn off after N runs"}),
+    (
+        "--exclude-calendars",
+        "exclude_calendars",
+        {"metavar": "NAMES", "help": "calendars whose days it does not fire on, separated by ; ('' for none)"},
+    ),
+    ("--only-calendar", "only_calendar", {"metavar": "NAME", "help": "fire only on this calendar's days ('' for any)"}),
     ("--timeout", "timeout", {"type": int, "metavar": "S", "help": "soft time limit per execution, seconds"}),
     ("--overlap", "overlap", {"choices": Schedule.Overlap.values, "help": "when a run is still in flight"}),
     ("--misfire", "misfire", {"choices": Schedule.Misfire.values, "help": "which late slots run"}),
@@ -321,7 +327,12 @@ Run "manage.py schedules ACTION --help" for the options of each action."""
         times = schedule.next_fire_times(count, after=clock.now())
         zone = ZoneInfo(schedule.timezone)
         data = [{"local": t.astimezone(zone), "utc": t} for t in times]
-        lines = [f"{t.astimezone(zone):%a %Y-%m-%d %H:%M:%S %Z}  ({t:%Y-%m-%d %H:%M:%S} UTC)" for t in times]
+        lines = [
+            f"{t.astimezone(zone):%a %Y-%m-%d %H:%M:%S %Z}  ({t:%Y-%m-%d %H:%M:%S} UTC)"
+            + (f"  not fired: excluded by calendar {calendar}" if calendar else "")
+            for t, calendar in schedule.preview_fire_times(count, after=clock.now())
+            if not times or t <= times[-1]
+        ]
         if not times:
             lines = ["No upcoming slots."]
         if not schedule.enabled or schedule.is_paused:

@@ -21,7 +21,7 @@ from scheduler import dbclock
 from scheduler.celery_app import celery_app
 from scheduler.conf import settings
 from scheduler.limits import PAUSED_REASON_MAX_CHARS
-from scheduler.models import AuditEvent, Execution, Lease, NotificationTarget, PauseRule, Schedule
+from scheduler.models import AuditEvent, Calendar, Execution, Lease, NotificationTarget, PauseRule, Schedule
 from scheduler.models.schedule import EARLIEST, LATEST, MESSAGE_OPTION_FIELDS, POLICY_FIELDS
 from scheduler.ops import bulk, operations
 from scheduler.ops.backfill import DEFAULT_LIMIT
@@ -98,6 +98,8 @@ class ScheduleSerializer(ApiModelSerializer):
             "start_at",
             "end_at",
             "max_runs",
+            "exclude_calendars",
+            "only_calendar",
             *POLICY_FIELDS,
             "enabled",
             "paused_reason",
@@ -266,9 +268,27 @@ class FireTimeSerializer(serializers.Serializer):
     local = serializers.CharField(help_text="In the schedule's zone, with its abbreviation.")
 
 
+class ExcludedTimeSerializer(FireTimeSerializer):
+    calendar = serializers.CharField(help_text="The calendar that keeps this slot out.")
+
+
 class NextSerializer(serializers.Serializer):
     times = FireTimeSerializer(many=True)
+    excluded = ExcludedTimeSerializer(
+        many=True, help_text="Slots among the next ones its calendars keep out: the schedule does not fire then."
+    )
     note = serializers.CharField(allow_blank=True)
+
+
+class CalendarSerializer(serializers.ModelSerializer):
+    """A set of days schedules exclude or run only on; ``rules`` as in the calendars documentation."""
+
+    class Meta:
+        model = Calendar
+        fields = ("id", "name", "tenant", "rules", "created_by", "created_at")
+        read_only_fields = ("created_by", "created_at")
+        # The unique name is checked by ``operations.save_calendar``, with the admin's message.
+        validators: list[Any] = []
 
 
 def _in_range(value: Any) -> Any:

@@ -20,6 +20,7 @@ router = SimpleRouter()
 router.register("schedules", views.ScheduleViewSet, basename="schedule")
 router.register("executions", views.ExecutionViewSet, basename="execution")
 router.register("audit-events", views.AuditEventViewSet, basename="auditevent")
+router.register("calendars", views.CalendarViewSet, basename="calendar")
 router.register("pauses", views.PauseViewSet, basename="pause")
 router.register("notification-targets", views.NotificationTargetViewSet, basename="notificationtarget")
 

@@ -18,7 +18,7 @@ from zoneinfo import ZoneInfo
 
 from django.core.exceptions import ValidationError as DjangoValidationError
 from django.db import transaction
-from django.db.models import Count, Min, QuerySet
+from django.db.models import Count, Min, Q, QuerySet
 from django_filters.rest_framework import DjangoFilterBackend
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter
@@ -35,7 +35,7 @@ from scheduler import dbclock, task_policy
 from scheduler.celery_app import celery_app
 from scheduler.conf import settings
 from scheduler.exceptions import BackfillRefused, BackfillTooLarge, TaskRefused
-from scheduler.models import AuditEvent, Execution, Lease, NotificationTarget, PauseRule, Schedule
+from scheduler.models import AuditEvent, Calendar, Execution, Lease, NotificationTarget, PauseRule, Schedule
 from scheduler.ops import audit, bulk, operations
 from scheduler.web import cluster
 from scheduler.web.api import serializers as s
@@ -271,14 +271,25 @@ class ScheduleViewSet(
         params = s.NextQuerySerializer(data=request.query_params)
         params.is_valid(raise_exception=True)
         zone = ZoneInfo(schedule.timezone)
-        times = schedule.next_fire_times(params.validated_data["n"], after=dbclock.now())
+        count = params.validated_data["n"]
+        times = schedule.next_fire_times(count, after=dbclock.now())
+        kept_out = [
+            (t, calendar)
+            for t, calendar in schedule.preview_fire_times(count, after=dbclock.now())
+            if calendar is not None and (not times or t < times[-1])
+        ]
         note = (
             ""
             if schedule.enabled and not schedule.is_paused
             else "The schedule is off: it does not fire until turned on."
         )
+
+        def local(moment: datetime) -> str:
+            return moment.astimezone(zone).strftime("%Y-%m-%d %H:%M:%S %Z")
+
         data = {
-            "times": [{"utc": t, "local": t.astimezone(zone).strftime("%Y-%m-%d %H:%M:%S %Z")} for t in times],
+            "times": [{"utc": t, "local": local(t)} for t in times],
+            "excluded": [{"utc": t, "local": local(t), "calendar": calendar} for t, calendar in kept_out],
             "note": note,
         }
         return Response(s.NextSerializer(data).data)
@@ -401,6 +412,60 @@ class NotificationTargetViewSet(
 
     def perform_destroy(self, instance: NotificationTarget) -> None:
         operations.delete_target(instance, actor=caller(self.request).actor)
+
+
+@extend_schema(tags=["calendars"])
+class CalendarViewSet(
+    mixins.ListModelMixin,
+    mixins.RetrieveModelMixin,
+    mixins.CreateModelMixin,
+    mixins.UpdateModelMixin,
+    mixins.DestroyModelMixin,
+    ScopedViewSet,
+):
+    """Calendars: the caller's tenant's and every tenant's to read; an operator keeps its own tenant's.
+
+    Every change is audited. A calendar a schedule or another calendar names
+    is not deleted: the refusal (400) names them.
+    """
+
+    queryset = Calendar.objects.order_by("tenant", "name")
+    serializer_class = s.CalendarSerializer
+    http_method_names = ["get", "post", "patch", "delete", "head", "options"]
+
+    def get_queryset(self) -> QuerySet[Calendar]:
+        scope = caller(self.request).scope
+        rows = Calendar.objects.order_by("tenant", "name")
+        if scope.every_tenant:
+            return rows
+        return rows.filter(Q(every_tenant=True) | Q(tenant=scope.tenant)) if scope.tenant else rows.none()
+
+    def _keep(self, serializer: BaseSerializer[Any], calendar: Calendar) -> None:
+        for name, value in serializer.validated_data.items():
+            setattr(calendar, name, value)
+        who = caller(self.request)
+        try:
+            operations.save_calendar(calendar, actor=who.actor, scope=who.scope)
+        except operations.ActionRefused as exc:
+            raise exceptions.PermissionDenied(str(exc)) from None
+        except DjangoValidationError as exc:
+            raise s.drf_errors(exc) from None
+        serializer.instance = calendar
+
+    def perform_create(self, serializer: BaseSerializer[Any]) -> None:
+        self._keep(serializer, Calendar())
+
+    def perform_update(self, serializer: BaseSerializer[Any]) -> None:
+        self._keep(serializer, self.get_object())
+
+    def perform_destroy(self, instance: Calendar) -> None:
+        who = caller(self.request)
+        if instance.every_tenant and not who.scope.every_tenant:
+            raise exceptions.PermissionDenied("A calendar of every tenant is deleted by a user of every tenant only.")
+        try:
+            operations.delete_calendar(instance, actor=who.actor, scope=who.scope)
+        except operations.ActionRefused as exc:
+            raise Refused(str(exc)) from None
 
 
 @extend_schema(tags=["executions"])

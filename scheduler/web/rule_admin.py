@@ -1,6 +1,7 @@
-"""The admin's concurrency and rate limits; a concurrency limit shows its keys' running / limit and what waits.
+"""The admin's rules kept per tenant: concurrency and rate limits, and calendars.
 
-Both are written by ``operations.save_limit``, audited.
+Each is written through ``operations`` (``save_limit``, ``save_calendar``), audited;
+a concurrency limit's page shows its keys' running / limit and what waits.
 
 A staff user bound to a tenant sees its tenant's limits and those of every
 tenant, and adds, changes and deletes its own tenant's only.
@@ -8,6 +9,7 @@ tenant, and adds, changes and deletes its own tenant's only.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from django import forms
@@ -19,7 +21,7 @@ from django.http import HttpRequest
 from django.utils.html import format_html, format_html_join
 
 from scheduler.celery_app import celery_app
-from scheduler.models import ConcurrencyLimit, RateLimit
+from scheduler.models import Calendar, ConcurrencyLimit, RateLimit
 from scheduler.ops import audit, operations
 from scheduler.owners import executions
 from scheduler.tenancy import scope_of_user
@@ -37,14 +39,18 @@ HELP_TEXTS = {
     "limit": "How many may run at once, per key, across every worker.",
     "starts": "How many may start per period, per key, across every worker, spread evenly.",
     "per_seconds": "The period, in seconds.",
+    "rules": 'A JSON list of rules, each one of: {"dates": ["2026-12-24", "2026-12-27/2026-12-31"]}, '
+    '{"yearly": ["12-25"]}, {"weekdays": ["sat", "sun"]}, {"holidays": {"country": "US", "subdivision": "NY"}}, '
+    '{"holidays": {"market": "NYSE"}}, {"cron": "* * 1 * *"}, {"union": "<calendar>"}, {"except": "<calendar>"}.',
 }
 
 
-class LimitForm(forms.ModelForm):
-    """A limit's form: ``operations.save_limit`` checks and writes it in ``clean()``."""
+class TenantRuleForm(forms.ModelForm):
+    """A limit's or calendar's form: its admin's ``keep`` checks and writes it in ``clean()``."""
 
-    #: The user's request; ``_LimitAdmin.get_form`` sets it.
+    #: The user's request and its admin's ``keep``; ``_TenantRuleAdmin.get_form`` sets them.
     request: HttpRequest
+    keep: Callable[[HttpRequest, Any], None]
 
     def clean(self) -> dict[str, Any]:
         cleaned = super().clean() or {}
@@ -52,12 +58,7 @@ class LimitForm(forms.ModelForm):
             return cleaned
         construct_instance(self, self.instance, self._meta.fields)
         try:
-            operations.save_limit(
-                self.instance,
-                actor=audit.user_actor(self.request.user),
-                scope=scope_of_user(self.request.user),
-                app=celery_app(),
-            )
+            self.keep(self.request, self.instance)
         except operations.ActionRefused as exc:
             raise forms.ValidationError(str(exc)) from None
         except ValidationError as exc:
@@ -65,10 +66,22 @@ class LimitForm(forms.ModelForm):
         return cleaned
 
     def _post_clean(self) -> None:
-        """Nothing more to check or copy: ``save_limit`` validated and wrote the limit in ``clean()``."""
+        """Nothing more to check or copy: ``keep`` validated and wrote the row in ``clean()``."""
 
 
-class _LimitAdmin(admin.ModelAdmin):
+class _TenantRuleAdmin(admin.ModelAdmin):
+    """A tenant's user sees its own rows and every tenant's, and changes its own only."""
+
+    def keep(self, request: HttpRequest, obj: Any) -> None:
+        operations.save_limit(
+            obj, actor=audit.user_actor(request.user), scope=scope_of_user(request.user), app=celery_app()
+        )
+
+    def drop(self, request: HttpRequest, obj: Any) -> None:
+        operations.delete_limit(
+            obj, actor=audit.user_actor(request.user), scope=scope_of_user(request.user), app=celery_app()
+        )
+
     def get_queryset(self, request: HttpRequest) -> QuerySet[Any]:
         scope = scope_of_user(request.user)
         rows = super().get_queryset(request)
@@ -90,19 +103,18 @@ class _LimitAdmin(admin.ModelAdmin):
         return self.has_change_permission(request, obj) and super().has_delete_permission(request, obj)
 
     def get_form(self, request: HttpRequest, obj: Any = None, change: bool = False, **kwargs: Any) -> Any:
-        # The limit is written in the form's clean(), where a refusal can still be a form error.
-        kwargs["form"] = LimitForm
+        # The row is written in the form's clean(), where a refusal can still be a form error.
+        kwargs["form"] = TenantRuleForm
         kwargs["help_texts"] = HELP_TEXTS
-        return type("LimitFormOfRequest", (super().get_form(request, obj, change, **kwargs),), {"request": request})
+        form = super().get_form(request, obj, change, **kwargs)
+        return type("TenantRuleFormOfRequest", (form,), {"request": request, "keep": staticmethod(self.keep)})
 
     def save_model(self, request: HttpRequest, obj: Any, form: Any, change: bool) -> None:
-        """Already saved and audited by the form's ``operations.save_limit``."""
+        """Already saved and audited by the form's ``keep``."""
 
     def delete_model(self, request: HttpRequest, obj: Any) -> None:
         try:
-            operations.delete_limit(
-                obj, actor=audit.user_actor(request.user), scope=scope_of_user(request.user), app=celery_app()
-            )
+            self.drop(request, obj)
         except operations.ActionRefused as exc:
             self.message_user(request, str(exc), level=messages.ERROR)
 
@@ -116,13 +128,13 @@ class _LimitAdmin(admin.ModelAdmin):
 
 
 @admin.register(RateLimit)
-class RateLimitAdmin(_LimitAdmin):
+class RateLimitAdmin(_TenantRuleAdmin):
     list_display = ("name", "describe", "created_by")
     fields = ("name", "tenant", "task", "queue", "key", "starts", "per_seconds")
 
 
 @admin.register(ConcurrencyLimit)
-class ConcurrencyLimitAdmin(_LimitAdmin):
+class ConcurrencyLimitAdmin(_TenantRuleAdmin):
     list_display = ("name", "describe", "usage_summary", "created_by")
     fields = ("name", "tenant", "task", "queue", "key", "limit", "usage")
     readonly_fields = ("usage",)
@@ -150,3 +162,15 @@ class ConcurrencyLimitAdmin(_LimitAdmin):
             ((key.split(":", 1)[1] or "(all)", running, obj.limit, waiting) for key, running, waiting in usage),
         )
         return format_html("<table><tr><th>key</th><th>running / limit</th><th>waiting</th></tr>{}</table>", rows)
+
+
+@admin.register(Calendar)
+class CalendarAdmin(_TenantRuleAdmin):
+    list_display = ("name", "tenant", "rules", "created_by")
+    fields = ("name", "tenant", "rules")
+
+    def keep(self, request: HttpRequest, obj: Any) -> None:
+        operations.save_calendar(obj, actor=audit.user_actor(request.user), scope=scope_of_user(request.user))
+
+    def drop(self, request: HttpRequest, obj: Any) -> None:
+        operations.delete_calendar(obj, actor=audit.user_actor(request.user), scope=scope_of_user(request.user))
