@@ -48,6 +48,8 @@ DEFINITION_FIELDS = (
     "start_at",
     "end_at",
     "max_runs",
+    "exclude_calendars",
+    "only_calendar",
     *POLICY_FIELDS,
 )
 STATE_FIELDS = ("enabled", "paused_reason")
