@@ -9,7 +9,16 @@ from django.test import Client
 
 import tests.support.tasks
 from scheduler import dbclock
-from scheduler.models import ApiToken, AuditEvent, Execution, NotificationTarget, OperatorProfile, PauseRule, Schedule
+from scheduler.models import (
+    ApiToken,
+    AuditEvent,
+    Calendar,
+    Execution,
+    NotificationTarget,
+    OperatorProfile,
+    PauseRule,
+    Schedule,
+)
 from tests.support import factories
 
 TENANT_A = "tenant-a"
@@ -51,5 +60,5 @@ def make_execution(schedule: Schedule, key: str, status: str) -> Execution:
 
 def tables() -> dict[str, list[dict[str, Any]]]:
     """Return every row of the tables the API changes, to compare before and after a call."""
-    models = (Schedule, Execution, AuditEvent, PauseRule, NotificationTarget)
+    models = (Schedule, Execution, AuditEvent, PauseRule, NotificationTarget, Calendar)
     return {model.__name__: list(model.objects.order_by("pk").values()) for model in models}

@@ -23,7 +23,7 @@ from schemathesis.specs.openapi.checks import (
     status_code_conformance,
 )
 
-from scheduler.models import Execution, NotificationTarget, PauseRule
+from scheduler.models import Calendar, Execution, NotificationTarget, PauseRule
 from scheduler.ops import audit
 from tests.integration.api_support import make_execution, make_schedule, tables, token_client
 
@@ -42,7 +42,7 @@ Targets = dict[str, dict[str, int]]
 
 
 def rows_to_aim_at(tenant: str) -> dict[str, int]:
-    """Create a schedule, a finished execution, an audit event, a pause and a notification target of ``tenant``; return their ids."""
+    """Create a schedule, a finished execution, an audit event, a pause, a notification target and a calendar of ``tenant``; return their ids."""
     schedule = make_schedule(f"probe-{tenant or 'none'}", tenant=tenant)
     execution = make_execution(schedule, f"probe-{tenant or 'none'}-1", Execution.Status.FAILED)
     event = audit.record(audit.CLI, "create", schedule)
@@ -50,7 +50,11 @@ def rows_to_aim_at(tenant: str) -> dict[str, int]:
     target = NotificationTarget.objects.create(
         name=f"probe-{tenant or 'none'}", tenant=tenant, kind="slack", address="http://127.0.0.1:9/"
     )
+    calendar = Calendar.objects.create(
+        name=f"probe-{tenant or 'none'}", tenant=tenant, every_tenant=not tenant, rules=[{"weekdays": ["sun"]}]
+    )
     return {
+        "calendars": calendar.pk,
         "schedules": schedule.pk,
         "executions": execution.pk,
         "audit-events": event.pk,

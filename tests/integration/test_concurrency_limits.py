@@ -21,7 +21,7 @@ from scheduler.models import AuditEvent, ConcurrencyLimit, Execution
 from scheduler.ops import reconcile
 from scheduler.owners import executions, work_rules
 from scheduler.web.permissions import OPERATOR_GROUP
-from tests.integration.api_support import TENANT_A, TENANT_B, bind
+from tests.integration.api_support import TENANT_A, TENANT_B, bind, token_client
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -224,7 +224,7 @@ def test_admin__an_operator_adds_a_limit_audited_and_bad_input_is_a_form_error_t
     assert AuditEvent.objects.filter(object_type="scheduler.concurrencylimit", action="create").count() == 1
     # and a second of the same name is refused
     page = admin.post("/admin/scheduler/concurrencylimit/add/", _form())
-    assert "A limit of that name exists already." in page.content.decode()
+    assert "A concurrency limit of that name exists already." in page.content.decode()
 
 
 def test_admin__a_tenants_operator_limits_its_own_work_and_cannot_touch_another_tenants_or_every_tenants_limit() -> (
@@ -270,3 +270,13 @@ def test_admin_and_metrics__show_running_over_limit_per_key_and_each_waiting_exe
     assert 'scheduler_concurrency_limit{limit="per customer",tenant=""} 1.0' in text
     assert 'scheduler_concurrency_running{limit="per customer",tenant=""} 1.0' in text
     assert 'scheduler_concurrency_waiting{limit="per customer",tenant=""} 2.0' in text
+
+
+def test_api__shows_a_waiting_executions_place_in_line() -> None:
+    limit = per_customer(1)
+    assert claim(queued(7), limit) is not None
+    waiting = queued(7)
+    assert claim(waiting, limit) is None
+    executions.wait_for_slot(execution_id=waiting.pk)
+    body = token_client("ops", role="operator").get(f"/api/v1/executions/{waiting.pk}/").json()
+    assert (body["concurrency_key"], body["place_in_line"]) == (f"{limit.pk}:7", 1)

@@ -25,6 +25,7 @@ from scheduler.models import AuditEvent, Calendar, Execution, Lease, Notificatio
 from scheduler.models.schedule import EARLIEST, LATEST, MESSAGE_OPTION_FIELDS, POLICY_FIELDS
 from scheduler.ops import bulk, operations
 from scheduler.ops.backfill import DEFAULT_LIMIT
+from scheduler.owners import executions
 from scheduler.web.api.authentication import caller
 
 #: The timing fields: setting one replaces the others, as ``schedules update --cron`` does.
@@ -200,6 +201,9 @@ class ExecutionSerializer(ApiModelSerializer):
     """One execution: a slot the beat fired, a run now, a backfill, a retry or a submission."""
 
     duration_seconds = serializers.FloatField(read_only=True, allow_null=True)
+    place_in_line = serializers.SerializerMethodField(
+        help_text="Where it waits for a slot of its concurrency limit's key (1: next); null when it does not wait."
+    )
 
     class Meta:
         model = Execution
@@ -233,8 +237,13 @@ class ExecutionSerializer(ApiModelSerializer):
             "traceback",
             "tenant",
             "created_at",
+            "concurrency_key",
+            "place_in_line",
         )
         read_only_fields = fields
+
+    def get_place_in_line(self, execution: Execution) -> int | None:
+        return executions.place_in_line(execution)
 
 
 class AuditEventSerializer(ApiModelSerializer):
