@@ -191,11 +191,11 @@ def delete_limit(limit: ConcurrencyLimit | RateLimit, *, actor: audit.Actor, sco
 
 
 def save_calendar(calendar: Calendar, *, actor: audit.Actor, scope: Scope) -> None:
-    """Insert or write a calendar, audited; the schedules that name it move their next slot to follow it."""
+    """Insert or write a calendar, audited; the schedules that name it move their next slot and deadline to follow it."""
     _save_tenant_rule(calendar, actor=actor, scope=scope, problems=calendar_owner.problems, write=calendar_owner.save)
     now = dbclock.now()
     for schedule in calendar_owner.schedules_of(calendar):
-        schedules.fix_next_run_at(schedule, was=schedule.next_run_at, to=schedule.compute_next_run_at(now=now))
+        schedules.follow_calendars(schedule, now=now)
 
 
 def delete_calendar(calendar: Calendar, *, actor: audit.Actor, scope: Scope) -> None:

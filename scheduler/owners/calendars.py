@@ -10,6 +10,7 @@ or subtracts. Each process reads the calendars at most once every
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 
 from django.db.models import Q
 
@@ -38,29 +39,30 @@ def forget() -> None:
     _cached = None
 
 
-def find(tenant: str, name: str, *, max_age: float = CACHE_SECONDS) -> Calendar | None:
-    """The calendar ``name`` as a schedule of ``tenant`` names it: its tenant's, else every tenant's."""
-    rows = _rows(max_age)
-    return rows.get((tenant, name)) or rows.get(("", name))
+_Rows = Mapping[tuple[str, str], Calendar]
 
 
-def resolve(
-    tenant: str, name: str, *, max_age: float = CACHE_SECONDS, seen: tuple[str, ...] = ()
-) -> calendars.Calendar:
-    """The calendar ``name`` with the calendars it joins and subtracts; ``ScheduleInvalid`` for a name or a loop."""
+def resolve(tenant: str, name: str, *, max_age: float = CACHE_SECONDS) -> calendars.Calendar:
+    """The calendar ``name`` with the calendars it joins and subtracts; ``ScheduleInvalid`` for a name or a loop.
+
+    A schedule of ``tenant`` names its tenant's calendar, else every tenant's.
+    """
+    return _resolve(_rows(max_age), tenant, name, seen=())
+
+
+def _resolve(rows: _Rows, tenant: str, name: str, *, seen: tuple[str, ...]) -> calendars.Calendar:
     if name in seen:
         raise ScheduleInvalid(f"Calendar {name!r} includes itself: {' -> '.join([*seen, name])}.")
-    row = find(tenant, name, max_age=max_age)
+    row = rows.get((tenant, name)) or rows.get(("", name))
     if row is None:
         raise ScheduleInvalid(f"No calendar {name!r}.")
     joins, subtracts = calendars.references(row.rules)
-    days = tuple(rule for rule in map(calendars.compile_rule, row.rules) if rule is not None)
     deeper = (*seen, name)
     return calendars.Calendar(
         name=row.name,
-        days=days,
-        unions=tuple(resolve(tenant, other, max_age=max_age, seen=deeper) for other in joins),
-        excepts=tuple(resolve(tenant, other, max_age=max_age, seen=deeper) for other in subtracts),
+        days=tuple(rule for rule in map(calendars.compile_rule, row.rules) if rule is not None),
+        unions=tuple(_resolve(rows, tenant, other, seen=deeper) for other in joins),
+        excepts=tuple(_resolve(rows, tenant, other, seen=deeper) for other in subtracts),
     )
 
 
@@ -69,7 +71,6 @@ def day_filter(tenant: str, *, exclude: list[str], only: str, max_age: float = C
     return calendars.DayFilter(
         exclude=tuple(resolve(tenant, name, max_age=max_age) for name in exclude),
         only=resolve(tenant, only, max_age=max_age) if only else None,
-        names=(*exclude, only),
     )
 
 
@@ -82,15 +83,11 @@ def problems(row: Calendar) -> dict[str, list[str]]:
     if rule_problems:
         found["rules"] = rule_problems
         return found
-    rows = {**_rows(max_age=0), (row.tenant, row.name): row}
-    global _cached
-    _cached = (time.monotonic(), rows)  # resolved with this row as it would be saved
-    try:
-        resolve(row.tenant, row.name, max_age=float("inf"))
+    saved = {key: other for key, other in _rows(max_age=0).items() if row.pk is None or other.pk != row.pk}
+    try:  # resolved with this row as it would be saved
+        _resolve({**saved, (row.tenant, row.name): row}, row.tenant, row.name, seen=())
     except ScheduleInvalid as error:
         found["rules"] = [str(error)]
-    finally:
-        forget()
     return found
 
 

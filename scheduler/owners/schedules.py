@@ -240,6 +240,12 @@ def count_run(schedule_id: int, *, status: str, error: str, started_at: datetime
 # --- repairs ----------------------------------------------------------------------------
 
 
+def follow_calendars(schedule: Schedule, *, now: datetime) -> None:
+    """Recompute the next slot and the overdue deadline of ``schedule`` after one of its calendars changed."""
+    with transaction.atomic(using=_db(schedule)):
+        _write(schedule, _follow_timing_change(schedule, set(), now=now))
+
+
 def fix_next_run_at(schedule: Schedule, *, was: datetime | None, to: datetime | None) -> bool:
     """Move an active schedule's ``next_run_at`` from ``was`` to ``to``; False if it changed meanwhile."""
     return bool(Schedule.objects.active().filter(pk=schedule.pk, next_run_at=was).update(next_run_at=to))
@@ -310,7 +316,7 @@ def _follow_timing_change(schedule: Schedule, changed: set[str], *, now: datetim
 
 def _follow_deadline_change(schedule: Schedule) -> None:
     """Recompute ``cadence`` and ``overdue_at`` from the timing, ``alert_after`` and the last success."""
-    schedule.cadence = overdue.cadence(schedule.timing)
+    schedule.cadence = overdue.cadence(schedule.timing, since=schedule.owed_since or schedule.created_at)
     schedule.overdue_at = overdue.deadline(
         schedule.timing,
         window=schedule.alert_after or schedule.cadence,

@@ -25,7 +25,7 @@ from __future__ import annotations
 import functools
 import re
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import date, datetime
 from typing import Any
 
@@ -63,8 +63,6 @@ class DayFilter:
 
     exclude: tuple[Calendar, ...] = ()
     only: Calendar | None = None
-    #: Read by nothing; tells two filters of differently named calendars apart.
-    names: tuple[str, ...] = field(default=(), compare=True)
 
     def excluded_by(self, day: date) -> str | None:
         """The name of the calendar that keeps ``day`` out, or ``None`` when the schedule fires on it."""

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import functools
 import math
+from dataclasses import replace
 from datetime import datetime, timedelta, timezone
 
 from scheduler import timing
@@ -33,8 +34,19 @@ _ANCHOR = datetime(2024, 1, 1, tzinfo=timezone.utc)
 _TICK = timedelta(microseconds=1)
 
 
-def cadence(schedule_timing: timing.Timing) -> int | None:
-    """Return twice the longest gap between consecutive slots, in whole seconds; None for a one-off."""
+def cadence(schedule_timing: timing.Timing, *, since: datetime | None = None) -> int | None:
+    """Return twice the longest gap between consecutive slots, in whole seconds; None for a one-off.
+
+    A schedule with calendars has gaps where their days fall (a weekend, a
+    holiday): they are measured over the year after ``since`` (by default
+    the fixed anchor), not cached, as the calendars may change.
+    """
+    if schedule_timing.run_at is not None:
+        return None
+    if schedule_timing.days is not None:
+        shape = replace(schedule_timing, start_at=None, end_at=None, max_runs=None)
+        gap = timing.longest_gap(shape, since=since or _ANCHOR)
+        return None if gap is None else math.ceil(2 * gap.total_seconds())
     if schedule_timing.interval is not None:
         return 2 * schedule_timing.interval
     if schedule_timing.cron is None:

@@ -8,7 +8,7 @@ from zoneinfo import ZoneInfo
 import pytest
 
 from scheduler import timing
-from scheduler.timing import calendars
+from scheduler.timing import calendars, overdue
 
 UTC = ZoneInfo("UTC")
 NEW_YORK = ZoneInfo("America/New_York")
@@ -121,3 +121,14 @@ def test_only_on_business_days__a_month_has_its_business_days_and_the_preview_na
 def test_a_calendar_that_keeps_every_day_out_ends_the_schedule_instead_of_searching_forever() -> None:
     never = timing.Timing(cron="0 9 * * *", days=calendars.DayFilter(exclude=(calendar("all", {"cron": "* * * * *"}),)))
     assert timing.next_slot(never, after=datetime(2026, 1, 1, tzinfo=UTC)) is None
+
+
+def test_cadence__counts_the_gaps_a_calendar_makes_so_a_weekend_is_not_overdue() -> None:
+    # Given a 09:00 schedule on weekdays only
+    weekdays_only = calendars.DayFilter(exclude=(calendar("weekend", {"weekdays": ["sat", "sun"]}),))
+    daily = timing.Timing(cron="0 9 * * *", timezone="America/New_York", days=weekdays_only)
+
+    # Then its window is twice the longest weekend's gap, Friday 09:00 to Monday 09:00 over the weekend
+    # clocks go back (73 hours), not twice a day (25 hours at most)
+    assert overdue.cadence(daily, since=datetime(2026, 11, 2, tzinfo=NEW_YORK)) == 2 * 73 * 3600
+    assert overdue.cadence(timing.Timing(cron="0 9 * * *", timezone="America/New_York")) == 2 * 25 * 3600
