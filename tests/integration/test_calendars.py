@@ -24,6 +24,7 @@ from scheduler import dbclock
 from scheduler.models import AuditEvent, Calendar, Execution
 from scheduler.ops import audit, operations
 from scheduler.ops.backfill import backfill
+from scheduler.ops.reconcile import reconcile
 from scheduler.owners import calendars as calendar_owner
 from scheduler.tenancy import EVERY_TENANT, Scope
 from tests.integration.api_support import TENANT_A, TENANT_B, make_schedule, token_client
@@ -206,3 +207,25 @@ def test_admin__an_operator_adds_a_calendar_and_bad_rules_are_a_form_error_that_
     admin.post("/admin/scheduler/calendar/add/", {"name": "x", "tenant": "", "rules": '[{"yearly": ["12-25"]}]'})
     assert Calendar.objects.get().rules == [{"yearly": ["12-25"]}]
     assert AuditEvent.objects.filter(object_type="scheduler.calendar", action="create").count() == 1
+
+
+def test_reconcile_audit__obeys_calendars_a_slot_on_a_day_kept_out_is_not_missing(redis_client: redis.Redis) -> None:
+    # Given two minutely schedules created an hour ago, none of whose slots ran, one excluding today (and yesterday)
+    now = dbclock.now()
+    days = [(now - timedelta(days=1)).date().isoformat(), now.date().isoformat()]
+    keep("these-days", [{"dates": days}])
+    hour_ago, last = now - timedelta(hours=1), now.replace(second=0, microsecond=0)
+    plain = make_schedule("plain", cron="* * * * *", catchup_window=180)
+    kept_out = make_schedule("kept-out", cron="* * * * *", catchup_window=180, exclude_calendars="these-days")
+    for schedule in (plain, kept_out):
+        type(schedule).objects.filter(pk=schedule.pk).update(
+            created_at=hour_ago, owed_since=hour_ago, next_run_at=last + timedelta(minutes=1)
+        )
+
+    # When reconcile audits them, repairing
+    report = reconcile(now=now, repair=True, app=app)
+
+    # Then the plain one's missing slots are recorded, and the other has none missing
+    recorded = {change.schedule_id for change in report.changes if change.kind == "slot_recorded"}
+    assert plain.pk in recorded and kept_out.pk not in recorded
+    assert not Execution.objects.filter(schedule=kept_out).exists()
