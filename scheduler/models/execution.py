@@ -105,8 +105,9 @@ class Execution(models.Model):
 
     #: The allowed status changes, {from: {to, ...}}; ``scheduler.owners.executions``
     #: writes every change through it, so a move not listed here changes no row.
-    #: A row is created ``pending`` (``queued`` for a plain Celery call) or
-    #: already final (``missed``, ``skipped``). ``running -> running`` is a
+    #: A row is created ``pending`` (``queued`` for a plain Celery call, or
+    #: ``running`` when its worker records it claimed) or already final
+    #: (``missed``, ``skipped``). ``running -> running`` is a
     #: claim taken over from a worker that stopped renewing it.
     TRANSITIONS: dict[str, frozenset[str]] = {
         Status.PENDING: frozenset({Status.QUEUED, Status.RUNNING, Status.CANCELLED, Status.FAILED}),

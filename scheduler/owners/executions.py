@@ -302,8 +302,56 @@ def record_ad_hoc(
         timeout=timeout,
     )
     values = {field.attname: getattr(row, field.attname) for field in _inserted() if field.attname not in _AD_HOC_NOW}
-    _AD_HOC.execute(Execution.objects.db, (), values)
+    _AD_HOC.execute(Execution.objects.db, (False, 0), values)
     return ad_hoc
+
+
+@tracing.traced("scheduler.claim", tracing.claiming_attributes, tracing.claimed_attributes)
+def record_ad_hoc_claimed(
+    celery_task_id: str,
+    *,
+    worker: str,
+    task: str,
+    args: Any,
+    kwargs: Any,
+    queue: str,
+    timeout: int | None,
+    now: datetime,
+) -> Execution | None:
+    """Record a plain Celery call already claimed by ``worker``, in one statement; return it as claimed.
+
+    What ``record_ad_hoc`` and then ``claim`` write, in one round trip: the
+    row is inserted ``running``, its claim running from the database clock.
+    ``None``: its key exists (a redelivery, or a worker that recorded it
+    first), and nothing was written: claim it by its key as usual. For the
+    guard when no work rule is in force (the rules are asked between the
+    record and the claim).
+    """
+    row = Execution(
+        idempotency_key=ad_hoc_key(celery_task_id),
+        trigger=Execution.Trigger.SUBMIT,
+        task=task,
+        args=list(args or ()),
+        kwargs=dict(kwargs or {}),
+        queue=queue,
+        scheduled_for=now,
+        status=Status.RUNNING,
+        worker=worker,
+        celery_task_id=celery_task_id,
+        timeout=timeout,
+    )
+    claimed_now = {**_AD_HOC_NOW, **_CLAIMED_NOW}
+    values = {field.attname: getattr(row, field.attname) for field in _inserted() if field.attname not in claimed_now}
+    using = Execution.objects.db
+    failpoint("worker.claim.before")
+    found = _AD_HOC.execute(using, (True, settings.CLAIM_SECONDS), values)
+    if found is None:
+        return None
+    execution = _ROW.read(using, found)
+    failpoint("worker.claim.after")
+    if execution.timeout:
+        _hold_to_time_limit(Claim.of(execution), execution.timeout)
+    return execution
 
 
 def _inserted() -> list[Any]:
@@ -316,18 +364,30 @@ def _inserted() -> list[Any]:
 _AD_HOC_NOW: dict[str, Callable[[], Any]] = {"created_at": Now, "enqueued_at": lambda: _db_now_plus(0)}
 
 
-def _ad_hoc_sql(using: str) -> tuple[str, list[Any]]:
-    """One row's ``INSERT`` that skips a row whose key exists, every column a ``Param`` but ``_AD_HOC_NOW``."""
+#: Columns of an ad-hoc row inserted claimed that the database clock fills in, as ``claim`` writes them.
+_CLAIMED_NOW: dict[str, Callable[[], Any]] = {"started_at": Now}
+
+
+def _ad_hoc_sql(using: str, claimed: bool = False, claim_seconds: float = 0) -> tuple[str, list[Any]]:
+    """One row's ``INSERT`` that skips a row whose key exists, every column a ``Param`` but ``_AD_HOC_NOW``.
+
+    ``claimed``: the row goes in running (``started_at`` and ``claim_expires_at``
+    from the database clock too) and comes back (``RETURNING``).
+    """
+    filled: dict[str, Callable[[], Any]] = dict(_AD_HOC_NOW)
+    if claimed:
+        filled.update(_CLAIMED_NOW, claim_expires_at=lambda: _db_now_plus(claim_seconds))
     template = Execution()
     for field in _inserted():
-        now = _AD_HOC_NOW.get(field.attname)
+        now = filled.get(field.attname)
         setattr(template, field.attname, now() if now else Param(field.attname, field))
     query = InsertQuery(Execution)
     query.insert_values(_inserted(), [template], raw=True)  # raw: the values are the Params, not pre_save's
     [(sql, params)] = query.get_compiler(using).as_sql()
     # Only a taken key is skipped (not SQLite's INSERT OR IGNORE, which drops a row breaking any constraint).
     key = connections[using].ops.quote_name(Execution._meta.get_field("idempotency_key").column)
-    return f"{sql} ON CONFLICT ({key}) DO NOTHING", list(params)
+    returning = f" RETURNING {_ROW.columns(using)}" if claimed else ""
+    return f"{sql} ON CONFLICT ({key}) DO NOTHING{returning}", list(params)
 
 
 _AD_HOC = Prepared(_ad_hoc_sql)

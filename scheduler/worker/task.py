@@ -117,11 +117,14 @@ _Found = tuple[int, dict[str, str]]
 RATE_WAIT_SECONDS = 5.0
 
 
+def _ruled() -> bool:
+    """Whether any work rule (pause, concurrency or rate limit) is in force, as this process read them lately."""
+    return bool(work_rules.pauses_in_force() or work_rules.limits_in_force() or work_rules.rates_in_force())
+
+
 def _routing_if_ruled(target: dict[str, Any]) -> _Found | None:
     """The execution ``target`` names, as the work rules match it; ``None`` (and no query) while no rule is in force."""
-    if not (work_rules.pauses_in_force() or work_rules.limits_in_force() or work_rules.rates_in_force()):
-        return None
-    return executions.routing_of(**target)
+    return executions.routing_of(**target) if _ruled() else None
 
 
 def _slot_of(found: _Found, args: Any, kwargs: Any) -> work_rules.Slot | None:
@@ -477,16 +480,22 @@ class ExecutionTask(Task):
             target: dict[str, Any] = {"execution_id": execution_id}
         else:
             limits = self.request.timelimit or (None, None)
-            key = executions.record_ad_hoc(
-                task_id,
-                task=self.name,
-                args=args,
-                kwargs=kwargs,
-                queue=(self.request.delivery_info or {}).get("routing_key") or "",
-                timeout=int(limits[1]) if limits[1] else None,
-                now=clock.now(),
-            )
-            target = {"key": key}
+            call = {
+                "task": self.name,
+                "args": args,
+                "kwargs": kwargs,
+                "queue": (self.request.delivery_info or {}).get("routing_key") or "",
+                "timeout": int(limits[1]) if limits[1] else None,
+                "now": clock.now(),
+            }
+            if not _ruled():  # nothing to ask between the record and the claim: both in one statement
+                since = _renewer.now()
+                execution = _reconnecting(executions.record_ad_hoc_claimed, task_id, worker=worker, **call)
+                if execution is not None:
+                    setattr(self.request, _START_ATTR, None)
+                    setattr(self.request, _SLOT_ATTR, None)
+                    return execution, since
+            target = {"key": executions.record_ad_hoc(task_id, **call)}
         found = _routing_if_ruled(target)
         slot, start_at = None, None
         if found is not None:

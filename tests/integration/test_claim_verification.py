@@ -178,3 +178,27 @@ def test_fail_unrun__only_by_the_message_sent_for_the_execution() -> None:
     # And when it rejected the message sent for it, the execution fails with the reason
     assert executions.fail_unrun(execution.pk, task=TASK, celery_task_id=execution.celery_task_id, reason="rejected")
     assert (row_state(execution.pk)["status"], row_state(execution.pk)["error"]) == (Status.FAILED, "rejected")
+
+
+def test_record_ad_hoc_claimed__one_statement_records_it_running_and_a_second_delivery_writes_nothing() -> None:
+    # Given a plain Celery call's task id
+    task_id = str(uuid.uuid4())
+    call = {"task": TASK, "args": [1], "kwargs": {"a": 2}, "queue": "q", "timeout": None, "now": dbclock.now()}
+
+    # When its worker records it claimed, and a redelivery tries the same
+    claimed = executions.record_ad_hoc_claimed(task_id, worker="a@host:2", **call)
+    again = executions.record_ad_hoc_claimed(task_id, worker="b@host:3", **call)
+
+    # Then one row, running under the first worker's claim, from the database clock; the second wrote nothing
+    assert claimed is not None and again is None
+    row = Execution.objects.get()
+    assert (row.pk, row.status, row.worker, row.attempt) == (claimed.pk, Status.RUNNING, "a@host:2", claimed.attempt)
+    assert (row.idempotency_key, row.trigger, row.args, row.kwargs) == (
+        executions.ad_hoc_key(task_id),
+        Execution.Trigger.SUBMIT,
+        [1],
+        {"a": 2},
+    )
+    assert row.started_at is not None and row.claim_expires_at is not None and row.claim_expires_at > row.started_at
+    # and the redelivery, claimed by its key as usual, finds it held (a duplicate)
+    assert executions.claim(worker="b@host:3", task=TASK, celery_task_id=task_id, key=row.idempotency_key) is None
