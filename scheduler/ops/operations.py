@@ -176,18 +176,18 @@ def delete_target(target: NotificationTarget, *, actor: audit.Actor) -> None:
 
 
 def save_limit(limit: ConcurrencyLimit | RateLimit, *, actor: audit.Actor, scope: Scope, app: Celery) -> None:
-    """Insert or write a concurrency or rate limit, audited; then offer the slots a higher concurrency limit frees.
+    """Insert or write a concurrency or rate limit, audited; then offer the places a higher concurrency limit frees.
 
     As ``save_tenant_rule``.
     """
     _save_tenant_rule(limit, actor=actor, scope=scope, problems=work_rules.problems, write=work_rules.save_limit)
-    _offer_slots_of(limit, app)
+    _offer_places_of(limit, app)
 
 
 def delete_limit(limit: ConcurrencyLimit | RateLimit, *, actor: audit.Actor, scope: Scope, app: Celery) -> None:
-    """Delete a concurrency or rate limit, audited; what waited for a concurrency limit's slots is sent."""
+    """Delete a concurrency or rate limit, audited; what waited for a concurrency limit's places is sent."""
     _delete_tenant_rule(limit, actor=actor, scope=scope, delete=work_rules.delete_limit)
-    _offer_slots_of(limit, app)
+    _offer_places_of(limit, app)
 
 
 def save_calendar(calendar: Calendar, *, actor: audit.Actor, scope: Scope) -> None:
@@ -264,13 +264,13 @@ def _delete_tenant_rule(row: _TenantRule, *, actor: audit.Actor, scope: Scope, d
         audit.record(actor, "delete", row, before=before, deleted=True, tenant=row.tenant)
 
 
-def _offer_slots_of(limit: ConcurrencyLimit | RateLimit, app: Celery) -> None:
-    """Send what waits for the limit's slots and may run now (a broker down: reconcile's next pass sends it)."""
+def _offer_places_of(limit: ConcurrencyLimit | RateLimit, app: Celery) -> None:
+    """Send what waits for the limit's places and may run now (a broker down: reconcile's next pass sends it)."""
     if not isinstance(limit, ConcurrencyLimit):
         return
-    keys = [key for key, _, waiting in executions.slot_usage(f"{limit.pk}:") if waiting]
+    keys = [key for key, _, waiting in executions.place_usage(f"{limit.pk}:") if waiting]
     try:
-        outbox.offer_slots(app, keys, max_age=0)
+        outbox.offer_places(app, keys, max_age=0)
     except BrokerUnavailable:
         pass
 

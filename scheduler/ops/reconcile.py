@@ -65,7 +65,7 @@ KINDS = {
     "published": "old pending execution(s) sent",
     "republished": "unclaimed queued or retrying execution(s) sent again",
     "broker_lost": "execution(s) sent again after the broker lost its messages",
-    "offered": "execution(s) waiting for a concurrency slot sent, a slot being free",
+    "offered": "execution(s) waiting for a concurrency limit's place sent, a place being free",
     "next_run_at": "schedule(s) with next_run_at recomputed",
     "instance_removed": "stale instance(s) removed",
     "missing_slot": "slot(s) without an execution",
@@ -161,7 +161,7 @@ def reconcile(
         sent, publish_error = _send(app, [*to_send, *recorded, *resend], now=now)
         pending = [change for change in pending if change.execution_id in sent]
         queued = [change for change in queued if change.execution_id in sent]
-    offered, offer_error = ([], "") if dry_run else _offer_free_slots(app)
+    offered, offer_error = ([], "") if dry_run else _offer_free_places(app)
     publish_error = publish_error or offer_error
     changes = (*lost, *pending, *queued, *offered, *fixed, *instances, *audited)
     return ReconcileReport(now=now, dry_run=dry_run, repair=repair, changes=changes, publish_error=publish_error)
@@ -272,7 +272,9 @@ def _unclaimed_queued(*, now: datetime, dry_run: bool, app: Celery) -> list[Chan
     held = work_rules.held(work_rules.pauses_in_force(max_age=0))
     if held is not None:  # held by a pause rule: lifting the rule sends it (operations.resume_work)
         stale = stale.exclude(held)
-    stale = stale.filter(concurrency_key__isnull=True)  # waiting for a concurrency slot: _offer_free_slots sends it
+    stale = stale.filter(
+        concurrency_key__isnull=True
+    )  # waiting for a concurrency limit's place: _offer_free_places sends it
     rows = [
         row
         for row in stale.order_by("enqueued_at", "id").values(
@@ -308,17 +310,17 @@ def _unclaimed_queued(*, now: datetime, dry_run: bool, app: Celery) -> list[Chan
     return changes
 
 
-def _offer_free_slots(app: Celery) -> tuple[list[Change], str]:
-    """Send the executions that wait for a concurrency slot which is free (its holder died, or its offer was lost).
+def _offer_free_places(app: Celery) -> tuple[list[Change], str]:
+    """Send the executions that wait for a concurrency limit's place which is free (its holder died, or its offer was lost).
 
-    After ``_recover_lost``, which frees the slots of the executions whose
+    After ``_recover_lost``, which frees the places of the executions whose
     worker stopped renewing their claims.
     """
     try:
-        sent = outbox.offer_slots(app, executions.waiting_keys(), max_age=0)
+        sent = outbox.offer_places(app, executions.waiting_keys(), max_age=0)
     except BrokerUnavailable as exc:
-        return [], f"broker unreachable: {exc}; executions waiting for a free concurrency slot not sent yet"
-    return [Change("offered", "waited for a concurrency slot, now free; sent", pk) for pk in sent], ""
+        return [], f"broker unreachable: {exc}; executions waiting for a free concurrency limit's place not sent yet"
+    return [Change("offered", "waited for a concurrency limit's place, now free; sent", pk) for pk in sent], ""
 
 
 def _queue_name(app: Celery, row: dict[str, Any]) -> str:

@@ -103,11 +103,11 @@ def publish_pending(app: Celery, *, limit: int | None = None) -> int:
     return sent
 
 
-def offer_slots(app: Celery, keys: Iterable[str], *, max_age: float = work_rules.CACHE_SECONDS) -> list[int]:
-    """Send the executions waiting for a slot of each of ``keys`` that may run now, oldest first; return their ids.
+def offer_places(app: Celery, keys: Iterable[str], *, max_age: float = work_rules.CACHE_SECONDS) -> list[int]:
+    """Send the executions waiting for a place of each of ``keys`` that may run now, oldest first; return their ids.
 
-    Called by a worker whose execution left its slot, and by every reconcile
-    pass (a worker that died frees its slot only when reconcile marks its
+    Called by a worker whose execution left its place, and by every reconcile
+    pass (a worker that died frees its place only when reconcile marks its
     execution lost). A broker failure raises ``BrokerUnavailable``; what was
     not sent is offered again by the next pass.
     """

@@ -560,7 +560,7 @@ def claim(
     celery_task_id: str,
     execution_id: int | None = None,
     key: str = "",
-    slot: work_rules.Slot | None = None,
+    place: work_rules.Place | None = None,
 ) -> Execution | None:
     """Claim the execution ``execution_id`` (or the one with ``key``) for ``worker``; return it as claimed.
 
@@ -574,13 +574,13 @@ def claim(
     read). A running row claimed again belongs to a worker that stopped
     renewing, so it gets the next attempt.
 
-    Under a concurrency limit (``slot``), the execution takes its key first,
-    and the claim's UPDATE also requires fewer than ``slot.limit`` others of
+    Under a concurrency limit (``place``), the execution takes its key first,
+    and the claim's UPDATE also requires fewer than ``place.limit`` others of
     the key running or waiting ahead of it (``_under_limit``); on PostgreSQL
     the claims of one key queue on an advisory lock taken in the claim's
     transaction, so each one counts the claims committed before it (SQLite
-    has one writer at a time). ``None`` then may mean it waits for a slot
-    (``wait_for_slot``).
+    has one writer at a time). ``None`` then may mean it waits for a place
+    (``wait_for_place``).
 
     ``None`` means nothing was claimable (a duplicate delivery). A message
     that was not sent for the execution raises ``MessageRefused``, counted
@@ -592,17 +592,17 @@ def claim(
     target = execution_id if by_id else key
     values = {"target": target, "worker": worker, "task": task, "celery_task_id": celery_task_id}
     failpoint("worker.claim.before")
-    if slot is None:
+    if place is None:
         row = _CLAIM.execute(using, (by_id, settings.CLAIM_SECONDS, False), values)
     else:
         _named(execution_id, key).filter(status__in=Execution.WAITING_STATUSES).exclude(
-            concurrency_key=slot.key
-        ).update(concurrency_key=slot.key)
+            concurrency_key=place.key
+        ).update(concurrency_key=place.key)
         with transaction.atomic(using=using):
             if connections[using].vendor == "postgresql":
                 with connections[using].cursor() as cursor:
-                    cursor.execute("SELECT pg_advisory_xact_lock(%s, hashtext(%s))", [_SLOT_LOCK_CLASS, slot.key])
-            values.update(concurrency_key=slot.key, limit=slot.limit)
+                    cursor.execute("SELECT pg_advisory_xact_lock(%s, hashtext(%s))", [_KEY_LOCK_CLASS, place.key])
+            values.update(concurrency_key=place.key, limit=place.limit)
             row = _CLAIM.execute(using, (by_id, settings.CLAIM_SECONDS, True), values)
     if row is None:
         found = _named(execution_id, key).values_list("pk", "task", "celery_task_id").first()
@@ -663,25 +663,25 @@ def _under_limit() -> LessThan:
 #: Waiting rows of a key that a newer one may not pass (a due retry does not hold the line).
 _AHEAD = (Status.PENDING, Status.QUEUED)
 #: The first key of the advisory locks a key's claims queue on (PostgreSQL); the second is the key's hash.
-_SLOT_LOCK_CLASS = 0x5C0C
+_KEY_LOCK_CLASS = 0x5C0C
 
 #: The statements a worker runs for every task, compiled once per process (``scheduler.fastpath.prepared``).
 _CLAIM = Prepared(_claim_sql)
 _ROW = RowReader(Execution)
 
 #: Why a message was refused: it names the execution under another task name, or another task id.
-# --- waiting for a concurrency slot -----------------------------------------------------
+# --- waiting for a concurrency limit's place --------------------------------------------
 
 #: An execution offered a slot this recently has its message on the way: it is not offered again yet.
 OFFER_GRACE_SECONDS = 5.0
 
 
-def wait_for_slot(*, execution_id: int | None = None, key: str = "") -> tuple[str, int] | None:
-    """Leave the execution a limited claim did not take waiting for a slot; return its key and place in line.
+def wait_for_place(*, execution_id: int | None = None, key: str = "") -> tuple[str, int] | None:
+    """Leave the execution a limited claim did not take waiting for a place; return its key and place in line.
 
     ``None``: it does not wait (it ran, ended, or has no key: the claim found
     it was not claimable). Its message is acknowledged and nothing is sent
-    for it until a slot frees (``offer_waiting``): ``enqueued_at`` is
+    for it until a place frees (``offer_waiting``): ``enqueued_at`` is
     cleared to say so.
     """
     named = _named(execution_id, key).claimable()  # not claimable (a retry not due yet): not the limit's doing
@@ -697,9 +697,9 @@ def wait_for_slot(*, execution_id: int | None = None, key: str = "") -> tuple[st
 
 
 def offer_waiting(concurrency_key: str, limit: int | None, *, now: datetime) -> list[dict[str, Any]]:
-    """Take the oldest executions waiting for a slot of ``concurrency_key`` that are free now; return their messages.
+    """Take the oldest executions waiting for a place of ``concurrency_key`` that are free now; return their messages.
 
-    As many as the key has slots free, less those offered within
+    As many as the key has places free, less those offered within
     ``OFFER_GRACE_SECONDS`` (their messages are on the way). ``limit``
     ``None``: the limit is gone, and every waiting execution of the key is
     let go. Each is taken by one conditional UPDATE (``mark_resent``), so
@@ -739,12 +739,12 @@ def send_later(execution_id: int, *, due: datetime) -> list[dict[str, Any]]:
 
 
 def waiting_keys(*, limit: int = _BATCH) -> list[str]:
-    """The keys some execution waits for a slot of (at most ``limit``)."""
+    """The keys some execution waits for a place of (at most ``limit``)."""
     waiting = Execution.objects.filter(status__in=(Status.QUEUED, Status.RETRYING), concurrency_key__isnull=False)
     return list(waiting.order_by().values_list("concurrency_key", flat=True).distinct()[:limit])
 
 
-def slot_usage(prefix: str) -> list[tuple[str, int, int]]:
+def place_usage(prefix: str) -> list[tuple[str, int, int]]:
     """(key, running, waiting) of each key starting with ``prefix`` that runs or waits, busiest first."""
     rows = (
         Execution.objects.filter(
@@ -765,7 +765,7 @@ def slot_usage(prefix: str) -> list[tuple[str, int, int]]:
 def limit_usage() -> dict[int, tuple[int, int]]:
     """{limit id: (running, waiting)} over all its keys, for the limits anything runs or waits under."""
     usage: dict[int, tuple[int, int]] = {}
-    for key, running, waiting in slot_usage(""):
+    for key, running, waiting in place_usage(""):
         pk = work_rules.limit_id(key)
         before = usage.get(pk, (0, 0))
         usage[pk] = (before[0] + running, before[1] + waiting)

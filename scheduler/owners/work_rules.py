@@ -14,7 +14,7 @@ A concurrency limit caps how many executions of the work it matches run at
 once across every worker: all of it under one key, or one key per value of
 a declared argument. The worker's claim enforces it in the claim's own
 statement (``scheduler.owners.executions.claim``); an execution over the
-limit waits ``queued`` and is offered again, oldest first, when a slot of
+limit waits ``queued`` and is offered again, oldest first, when a place of
 its key frees.
 
 A rate limit spreads the starts of the work it matches evenly, one every
@@ -167,7 +167,7 @@ _FIELD = re.compile(r"^(?:[A-Za-z_][A-Za-z0-9_]*|[0-9]+)$")
 
 
 @dataclass(frozen=True)
-class Slot:
+class Place:
     """The key an execution runs under and how many of that key may run at once."""
 
     key: str
@@ -208,9 +208,9 @@ class Limit(_WorkLimit):
     def of(cls, row: ConcurrencyLimit) -> Limit:
         return cls(row.pk, row.name, row.tenant, row.every_tenant, row.task, row.queue, row.key, row.limit)
 
-    def slot(self, args: Sequence[Any] | None, kwargs: Mapping[str, Any] | None) -> Slot:
-        """The slot of the work called with ``args`` and ``kwargs`` under this limit."""
-        return Slot(self.key_of(args, kwargs), self.limit)
+    def place(self, args: Sequence[Any] | None, kwargs: Mapping[str, Any] | None) -> Place:
+        """The place the work called with ``args`` and ``kwargs`` takes under this limit."""
+        return Place(self.key_of(args, kwargs), self.limit)
 
 
 @dataclass(frozen=True)

@@ -1083,7 +1083,7 @@ class ExecutionAdmin(TenantScoped, ActionsNeedPermission, ReadOnlyAdmin):
         seconds = execution.duration_seconds
         return "—" if seconds is None else f"{seconds:.2f}s"
 
-    @admin.display(description="waiting for a concurrency slot")
+    @admin.display(description="waiting for a concurrency limit's place")
     def waiting_for_slot(self, execution: Execution) -> str:
         place = executions.place_in_line(execution)
         if place is None or execution.concurrency_key is None:

@@ -141,7 +141,7 @@ class ConcurrencyLimitAdmin(_TenantRuleAdmin):
 
     @admin.display(description="running / limit (busiest key), waiting")
     def usage_summary(self, obj: ConcurrencyLimit) -> str:
-        usage = executions.slot_usage(f"{obj.pk}:")
+        usage = executions.place_usage(f"{obj.pk}:")
         if not usage:
             return f"0 / {obj.limit}, 0 waiting"
         key, running, _ = usage[0]
@@ -153,7 +153,7 @@ class ConcurrencyLimitAdmin(_TenantRuleAdmin):
     def usage(self, obj: ConcurrencyLimit) -> str:
         if obj.pk is None:
             return "-"
-        usage = executions.slot_usage(f"{obj.pk}:")[:KEYS_SHOWN]
+        usage = executions.place_usage(f"{obj.pk}:")[:KEYS_SHOWN]
         if not usage:
             return "Nothing runs or waits under this limit."
         rows = format_html_join(

@@ -90,8 +90,8 @@ logger = logging.getLogger(__name__)
 _REQUEST_ATTR = "scheduler_execution"
 #: Attribute of the Celery request context that holds the ``Claim`` (the fencing token).
 _CLAIM_ATTR = "scheduler_claim"
-#: The request attribute that holds the concurrency slot its execution runs under, if any.
-_SLOT_ATTR = "scheduler_slot"
+#: The request attribute that holds the concurrency place its execution runs under, if any.
+_PLACE_ATTR = "scheduler_place"
 #: The request attribute that holds when (monotonic clock) its rate limit lets the body start, if one governs it.
 _START_ATTR = "scheduler_start_at"
 #: Results longer than this (as JSON) are stored truncated.
@@ -127,10 +127,10 @@ def _routing_if_ruled(target: dict[str, Any]) -> _Found | None:
     return executions.routing_of(**target) if _ruled() else None
 
 
-def _slot_of(found: _Found, args: Any, kwargs: Any) -> work_rules.Slot | None:
-    """The concurrency slot the execution must take; ``None`` when no limit governs it."""
+def _place_of(found: _Found, args: Any, kwargs: Any) -> work_rules.Place | None:
+    """The concurrency place the execution must take; ``None`` when no limit governs it."""
     limit = work_rules.governing(work_rules.limits_in_force(), **found[1])
-    return None if limit is None else limit.slot(*_arguments(args, kwargs))
+    return None if limit is None else limit.place(*_arguments(args, kwargs))
 
 
 def _arguments(args: Any, kwargs: Any) -> tuple[Any, Any]:
@@ -167,35 +167,35 @@ def _keep_to_rate(found: _Found, args: Any, kwargs: Any, app: Any) -> float | No
     raise Ignore()
 
 
-def _offer_freed_slot(app: Any, slot: work_rules.Slot) -> None:
-    """After an execution left ``slot``: send the oldest ones waiting for it. A failure waits for reconcile's pass."""
+def _offer_freed_place(app: Any, place: work_rules.Place) -> None:
+    """After an execution left ``place``: send the oldest ones waiting for it. A failure waits for reconcile's pass."""
     try:
-        outbox.offer_slots(app, [slot.key])
+        outbox.offer_places(app, [place.key])
     except (BrokerUnavailable, DatabaseError) as error:
         logger.warning(
-            "could not offer the freed slot of %s: %s; the next reconcile pass offers it",
-            slot.key,
+            "could not offer the freed place of %s: %s; the next reconcile pass offers it",
+            place.key,
             error,
             extra={"action": "offer_failed"},
         )
 
 
-def _wait_for_slot(target: dict[str, Any], slot: work_rules.Slot) -> None:
-    """Raise ``Ignore`` when the claim found no free slot: the execution waits ``queued`` until one frees.
+def _wait_for_place(target: dict[str, Any], place: work_rules.Place) -> None:
+    """Raise ``Ignore`` when the claim found no free place: the execution waits ``queued`` until one frees.
 
-    The message is acknowledged; the execution is sent again when a slot of
-    its key frees (``outbox.offer_slots``), oldest first.
+    The message is acknowledged; the execution is sent again when a place of
+    its key frees (``outbox.offer_places``), oldest first.
     """
-    waiting = executions.wait_for_slot(**target)
+    waiting = executions.wait_for_place(**target)
     if waiting is None:
         return
-    key, place = waiting
+    key, number = waiting
     logger.info(
-        "execution %s waits for a slot of %s (limit %s): number %s in line",
+        "execution %s waits for a place of %s (limit %s): number %s in line",
         target.get("execution_id") or target.get("key"),
         key,
-        slot.limit,
-        place,
+        place.limit,
+        number,
         extra={"action": "concurrency_wait", "execution_id": target.get("execution_id"), "concurrency_key": key},
     )
     raise Ignore()
@@ -493,22 +493,22 @@ class ExecutionTask(Task):
                 execution = _reconnecting(executions.record_ad_hoc_claimed, task_id, worker=worker, **call)
                 if execution is not None:
                     setattr(self.request, _START_ATTR, None)
-                    setattr(self.request, _SLOT_ATTR, None)
+                    setattr(self.request, _PLACE_ATTR, None)
                     return execution, since
             target = {"key": executions.record_ad_hoc(task_id, **call)}
         found = _routing_if_ruled(target)
-        slot, start_at = None, None
+        place, start_at = None, None
         if found is not None:
             _refuse_if_paused(found)
             start_at = _keep_to_rate(found, args, kwargs, self.app)
-            slot = _slot_of(found, args, kwargs)
+            place = _place_of(found, args, kwargs)
         setattr(self.request, _START_ATTR, start_at)
-        claim = {"worker": worker, "task": self.name, "celery_task_id": task_id, "slot": slot, **target}
+        claim = {"worker": worker, "task": self.name, "celery_task_id": task_id, "place": place, **target}
         since = _renewer.now()
         execution = _reconnecting(executions.claim, **claim)
-        if execution is None and slot is not None:
-            _wait_for_slot(target, slot)
-        setattr(self.request, _SLOT_ATTR, slot)
+        if execution is None and place is not None:
+            _wait_for_place(target, place)
+        setattr(self.request, _PLACE_ATTR, place)
         if execution is None:
             due_in = executions.retry_due_in(**target)
             if due_in is not None and due_in <= EARLY_RETRY_WAIT_SECONDS:
@@ -520,12 +520,12 @@ class ExecutionTask(Task):
     # --- run and record --------------------------------------------------------------
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        slot: work_rules.Slot | None = getattr(self.request, _SLOT_ATTR, None)
+        place: work_rules.Place | None = getattr(self.request, _PLACE_ATTR, None)
         try:
             return self._run_and_record(*args, **kwargs)
         finally:
-            if slot is not None:  # whatever the outcome, the execution left its slot
-                _offer_freed_slot(self.app, slot)
+            if place is not None:  # whatever the outcome, the execution left its place
+                _offer_freed_place(self.app, place)
 
     def _run_and_record(self, *args: Any, **kwargs: Any) -> Any:
         execution: RunningExecution | None = getattr(self.request, _REQUEST_ATTR, None)

@@ -5,7 +5,7 @@ of one customer under a limit of 3 per customer. Each body keeps the start
 and end of its every step in its execution's checkpoint, which saves only
 while the body holds its claim; the test counts overlapping steps of
 different executions from those records. A beat leads, so reconcile runs
-(every second here) and frees the slots of a worker that died or froze.
+(every second here) and frees the places of a worker that died or froze.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ Status = Execution.Status
 LIMIT = 3
 EXECUTIONS = 50
 CUSTOMER = 42
-#: Short claims, so that a dead or frozen worker's slot frees within seconds.
+#: Short claims, so that a dead or frozen worker's place frees within seconds.
 CLAIMS = {"claim_seconds": 3, "claim_renew_seconds": 0.5}
 #: The beat's reconcile: often, and re-sending what waited unclaimed soon.
 RECONCILE = {"reconcile_interval_seconds": 1, "reconcile_queued_after_seconds": 5}
@@ -86,7 +86,7 @@ def first_starts(ids: list[int]) -> list[int]:
 def test_fifty_executions_of_one_key__at_most_three_at_once_all_finish_oldest_first(
     limited_cluster: list[CeleryProcess], redis_client: redis.Redis
 ) -> None:
-    # Given three executions of the customer taking its three slots until told to go on
+    # Given three executions of the customer taking its three places until told to go on
     blockers = submit(LIMIT, until_go=True)
     assert wait_until(lambda: Execution.objects.filter(status=Status.RUNNING).count() == LIMIT, timeout=30)
 
@@ -104,7 +104,7 @@ def test_fifty_executions_of_one_key__at_most_three_at_once_all_finish_oldest_fi
     ids = [execution.pk for execution in blockers] + waiting_ids
     all_succeeded(ids, timeout=180)
     assert most_at_once(ids) == LIMIT
-    # and oldest first: an execution starts after an older one only when both had a slot (at most LIMIT - 1 pass it)
+    # and oldest first: an execution starts after an older one only when both had a place (at most LIMIT - 1 pass it)
     order = first_starts(waiting_ids)
     passed = {pk: sum(1 for other in order[: order.index(pk)] if other > pk) for pk in waiting_ids}
     assert max(passed.values()) <= LIMIT - 1, order
@@ -143,14 +143,14 @@ def test_a_worker_frozen_past_its_claims__the_limit_holds_and_all_finish(
         timeout=60,
     ), "the first worker never ran one"
 
-    # When that worker freezes well past its claims, while the others take its slots, and then resumes
+    # When that worker freezes well past its claims, while the others take its places, and then resumes
     frozen.kill_group(signal.SIGSTOP)
     assert wait_until(
         lambda: (
             Execution.objects.filter(pk__in=ids, status=Status.RUNNING).exclude(worker__contains="limited1").exists()
         ),
         timeout=30,
-    ), "the frozen worker's slots were not freed"
+    ), "the frozen worker's places were not freed"
     time.sleep(3)
     frozen.kill_group(signal.SIGCONT)
 

@@ -1,4 +1,4 @@
-"""Concurrency limits at the claim: a key's slots, its line (oldest first), the offer when a slot frees, reconcile's pass.
+"""Concurrency limits at the claim: a key's places, its line (oldest first), the offer when a place frees, reconcile's pass.
 
 The claims run in this process against the real database; the workers'
 side (real processes, 3 workers) is ``tests/acceptance/test_concurrency_limits.py``.
@@ -60,7 +60,7 @@ def claim(execution: Execution, limit: work_rules.Limit) -> Execution | None:
         task=execution.task,
         celery_task_id=execution.celery_task_id,
         execution_id=execution.pk,
-        slot=limit.slot(execution.args, execution.kwargs),
+        place=limit.place(execution.args, execution.kwargs),
     )
 
 
@@ -74,7 +74,7 @@ def test_claim__takes_a_slot_while_the_key_has_one_and_leaves_the_rest_waiting_i
 
     # Then two run, and the third waits first in line, its message no longer out
     assert [row is not None for row in claimed] == [True, True, False]
-    assert executions.wait_for_slot(execution_id=third.pk) == (f"{limit.pk}:7", 1)
+    assert executions.wait_for_place(execution_id=third.pk) == (f"{limit.pk}:7", 1)
     third.refresh_from_db()
     assert (third.status, third.concurrency_key, third.enqueued_at) == (Status.QUEUED, f"{limit.pk}:7", None)
     assert executions.place_in_line(third) == 1
@@ -88,34 +88,34 @@ def test_claim__another_key_has_slots_of_its_own() -> None:
 
 
 def test_claim__a_newer_execution_does_not_pass_one_waiting_ahead_of_it() -> None:
-    # Given customer 7's two slots taken and one execution waiting
+    # Given customer 7's two places taken and one execution waiting
     limit = per_customer(2)
     running = [queued(7), queued(7)]
     for execution in running:
         assert claim(execution, limit) is not None
     older = queued(7)
     assert claim(older, limit) is None
-    executions.wait_for_slot(execution_id=older.pk)
+    executions.wait_for_place(execution_id=older.pk)
 
-    # When one slot frees and a newer execution's message comes before the offer reaches the older one
+    # When one place frees and a newer execution's message comes before the offer reaches the older one
     executions.finish(executions.Claim.of(Execution.objects.get(pk=running[0].pk)), status=Status.SUCCEEDED)
     newer = queued(7)
 
-    # Then the newer one waits behind it, and the older one takes the slot
+    # Then the newer one waits behind it, and the older one takes the place
     assert claim(newer, limit) is None
     assert claim(older, limit) is not None
 
 
 def test_offer_waiting__sends_as_many_as_slots_are_free_oldest_first_and_not_twice_within_the_grace() -> None:
-    # Given customer 7's two slots taken and three executions waiting
+    # Given customer 7's two places taken and three executions waiting
     limit = per_customer(2)
     holders = [claim(queued(7), limit) for _ in range(2)]
     waiting = [queued(7) for _ in range(3)]
     for execution in waiting:
         assert claim(execution, limit) is None
-        executions.wait_for_slot(execution_id=execution.pk)
+        executions.wait_for_place(execution_id=execution.pk)
 
-    # When both slots free and the slots are offered twice
+    # When both places free and the places are offered twice
     for holder in holders:
         assert holder is not None
         executions.finish(executions.Claim.of(holder), status=Status.SUCCEEDED)
@@ -134,24 +134,24 @@ def test_offer_waiting__a_deleted_limit_lets_every_waiting_execution_go() -> Non
     waiting = [queued(7) for _ in range(2)]
     for execution in waiting:
         assert claim(execution, limit) is None
-        executions.wait_for_slot(execution_id=execution.pk)
+        executions.wait_for_place(execution_id=execution.pk)
 
     work_rules.delete_limit(ConcurrencyLimit.objects.get(pk=limit.pk))
-    offered = outbox.offer_slots(app, executions.waiting_keys(), max_age=0)
+    offered = outbox.offer_places(app, executions.waiting_keys(), max_age=0)
 
     assert sorted(offered) == [execution.pk for execution in waiting]
     assert not Execution.objects.filter(pk__in=offered).filter(concurrency_key__isnull=False).exists()
 
 
 def test_reconcile__frees_the_slot_of_a_dead_worker_and_offers_it_to_the_oldest_waiting(redis_url: str) -> None:
-    # Given customer 7's only slot held by a worker that stopped renewing its claim, and two waiting
+    # Given customer 7's only place held by a worker that stopped renewing its claim, and two waiting
     limit = per_customer(1)
     holder = queued(7)
     assert claim(holder, limit) is not None
     waiting = [queued(7) for _ in range(2)]
     for execution in waiting:
         assert claim(execution, limit) is None
-        executions.wait_for_slot(execution_id=execution.pk)
+        executions.wait_for_place(execution_id=execution.pk)
     Execution.objects.filter(pk=holder.pk).update(claim_expires_at=dbclock.now() - timedelta(seconds=5))
 
     # When reconcile passes
@@ -258,7 +258,7 @@ def test_admin_and_metrics__show_running_over_limit_per_key_and_each_waiting_exe
     waiting = [queued(7), queued(7)]
     for execution in waiting:
         assert claim(execution, limit) is None
-        executions.wait_for_slot(execution_id=execution.pk)
+        executions.wait_for_place(execution_id=execution.pk)
     admin = _admin()
 
     page = admin.get(f"/admin/scheduler/concurrencylimit/{limit.pk}/change/").content.decode()
@@ -277,6 +277,6 @@ def test_api__shows_a_waiting_executions_place_in_line() -> None:
     assert claim(queued(7), limit) is not None
     waiting = queued(7)
     assert claim(waiting, limit) is None
-    executions.wait_for_slot(execution_id=waiting.pk)
+    executions.wait_for_place(execution_id=waiting.pk)
     body = token_client("ops", role="operator").get(f"/api/v1/executions/{waiting.pk}/").json()
     assert (body["concurrency_key"], body["place_in_line"]) == (f"{limit.pk}:7", 1)
