@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping
+from typing import Any
 
 from django.db.models import Q
 
@@ -21,16 +22,21 @@ from scheduler.timing import calendars
 #: How long a process keeps the calendars it read before it reads them again.
 CACHE_SECONDS = 1.0
 
-_cached: tuple[float, dict[tuple[str, str], Calendar]] | None = None
+#: When the calendars were read, the rows by (tenant, name), and the day filters resolved from those rows.
+_cached: tuple[float, dict[tuple[str, str], Calendar], dict[tuple[Any, ...], calendars.DayFilter]] | None = None
+
+
+def _read(max_age: float) -> tuple[float, dict[tuple[str, str], Calendar], dict[tuple[Any, ...], calendars.DayFilter]]:
+    global _cached
+    now = time.monotonic()
+    if _cached is None or now - _cached[0] >= max_age:
+        _cached = (now, {(row.tenant, row.name): row for row in Calendar.objects.all()}, {})
+    return _cached
 
 
 def _rows(max_age: float = CACHE_SECONDS) -> dict[tuple[str, str], Calendar]:
     """Every calendar, by (tenant, name); an every-tenant one by ("", name)."""
-    global _cached
-    now = time.monotonic()
-    if _cached is None or now - _cached[0] >= max_age:
-        _cached = (now, {(row.tenant, row.name): row for row in Calendar.objects.all()})
-    return _cached[1]
+    return _read(max_age)[1]
 
 
 def forget() -> None:
@@ -67,11 +73,18 @@ def _resolve(rows: _Rows, tenant: str, name: str, *, seen: tuple[str, ...]) -> c
 
 
 def day_filter(tenant: str, *, exclude: list[str], only: str, max_age: float = CACHE_SECONDS) -> calendars.DayFilter:
-    """The days a schedule of ``tenant`` with these calendars does not fire on."""
-    return calendars.DayFilter(
-        exclude=tuple(resolve(tenant, name, max_age=max_age) for name in exclude),
-        only=resolve(tenant, only, max_age=max_age) if only else None,
-    )
+    """The days a schedule of ``tenant`` with these calendars does not fire on.
+
+    Resolved once per read of the calendars: the beat asks it for every due schedule that names one.
+    """
+    _, rows, filters = _read(max_age)
+    key = (tenant, tuple(exclude), only)
+    if key not in filters:
+        filters[key] = calendars.DayFilter(
+            exclude=tuple(_resolve(rows, tenant, name, seen=()) for name in exclude),
+            only=_resolve(rows, tenant, only, seen=()) if only else None,
+        )
+    return filters[key]
 
 
 def problems(row: Calendar) -> dict[str, list[str]]:

@@ -288,22 +288,9 @@ def record_ad_hoc(
     leader's broker check send it again if no worker claims it (its worker
     died before the claim, or the broker lost the message).
     """
-    ad_hoc = ad_hoc_key(celery_task_id)
-    row = Execution(
-        idempotency_key=ad_hoc,
-        trigger=Execution.Trigger.SUBMIT,
-        task=task,
-        args=list(args or ()),
-        kwargs=dict(kwargs or {}),
-        queue=queue,
-        scheduled_for=now,
-        status=Status.QUEUED,
-        celery_task_id=celery_task_id,
-        timeout=timeout,
-    )
-    values = {field.attname: getattr(row, field.attname) for field in _inserted() if field.attname not in _AD_HOC_NOW}
-    _AD_HOC.execute(Execution.objects.db, (False, 0), values)
-    return ad_hoc
+    row = _ad_hoc_row(celery_task_id, task=task, args=args, kwargs=kwargs, queue=queue, timeout=timeout, now=now)
+    _AD_HOC.execute(Execution.objects.db, (False, 0), _ad_hoc_values(row, _AD_HOC_NOW))
+    return row.idempotency_key
 
 
 @tracing.traced("scheduler.claim", tracing.claiming_attributes, tracing.claimed_attributes)
@@ -327,21 +314,9 @@ def record_ad_hoc_claimed(
     guard when no work rule is in force (the rules are asked between the
     record and the claim).
     """
-    row = Execution(
-        idempotency_key=ad_hoc_key(celery_task_id),
-        trigger=Execution.Trigger.SUBMIT,
-        task=task,
-        args=list(args or ()),
-        kwargs=dict(kwargs or {}),
-        queue=queue,
-        scheduled_for=now,
-        status=Status.RUNNING,
-        worker=worker,
-        celery_task_id=celery_task_id,
-        timeout=timeout,
-    )
-    claimed_now = {**_AD_HOC_NOW, **_CLAIMED_NOW}
-    values = {field.attname: getattr(row, field.attname) for field in _inserted() if field.attname not in claimed_now}
+    row = _ad_hoc_row(celery_task_id, task=task, args=args, kwargs=kwargs, queue=queue, timeout=timeout, now=now)
+    row.status, row.worker = Status.RUNNING, worker
+    values = _ad_hoc_values(row, {**_AD_HOC_NOW, **_CLAIMED_NOW})
     using = Execution.objects.db
     failpoint("worker.claim.before")
     found = _AD_HOC.execute(using, (True, settings.CLAIM_SECONDS), values)
@@ -352,6 +327,29 @@ def record_ad_hoc_claimed(
     if execution.timeout:
         _hold_to_time_limit(Claim.of(execution), execution.timeout)
     return execution
+
+
+def _ad_hoc_row(
+    celery_task_id: str, *, task: str, args: Any, kwargs: Any, queue: str, timeout: int | None, now: datetime
+) -> Execution:
+    """The ``queued`` row of a plain Celery call, keyed by its task id (not saved)."""
+    return Execution(
+        idempotency_key=ad_hoc_key(celery_task_id),
+        trigger=Execution.Trigger.SUBMIT,
+        task=task,
+        args=list(args or ()),
+        kwargs=dict(kwargs or {}),
+        queue=queue,
+        scheduled_for=now,
+        status=Status.QUEUED,
+        celery_task_id=celery_task_id,
+        timeout=timeout,
+    )
+
+
+def _ad_hoc_values(row: Execution, filled: Mapping[str, Any]) -> dict[str, Any]:
+    """The values of ``row``'s insert, but for the columns the statement fills in (``filled``)."""
+    return {field.attname: getattr(row, field.attname) for field in _inserted() if field.attname not in filled}
 
 
 def _inserted() -> list[Any]:

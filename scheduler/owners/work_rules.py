@@ -328,15 +328,16 @@ class Reservation:
     seconds: float
 
 
-def reserve_start(rate: Rate, key: str, *, within: float) -> Reservation:
-    """Take the next start of ``key`` under ``rate`` if it is at most ``within`` seconds away (database clock).
+def reserve_start(rate: Rate, key: str, *, within: float, now: float | None = None) -> Reservation:
+    """Take the next start of ``key`` under ``rate`` if it is at most ``within`` seconds after ``now``.
 
+    ``now``: seconds since the epoch, by default the database clock's.
     Starts are spread evenly (one every ``rate.interval``), so no window of
     the limit's period holds more than its number of starts. The key's row
     is locked while its next start moves on, so two workers never take the
     same one.
     """
-    now = dbclock.now().timestamp()
+    now = dbclock.now().timestamp() if now is None else now
     with transaction.atomic():
         row, _ = RateLimitKey.objects.select_for_update().get_or_create(key=key, defaults={"next_start": now})
         start = max(row.next_start, now)

@@ -40,6 +40,20 @@ def bind(user: Any, tenant: str = "") -> Any:
     return user
 
 
+def operator_session(tenant: str = "") -> Client:
+    """A test client logged in as a staff user of the operator group, bound to ``tenant`` (none: every tenant)."""
+    from django.contrib.auth import get_user_model
+    from django.contrib.auth.models import Group
+
+    from scheduler.web.permissions import OPERATOR_GROUP
+
+    user = bind(get_user_model().objects.create_user(f"op-{tenant or 'all'}", password="pw", is_staff=True), tenant)
+    user.groups.add(Group.objects.get(name=OPERATOR_GROUP))
+    client = Client()
+    client.force_login(user)
+    return client
+
+
 def make_schedule(name: str, *, tenant: str = "", **fields: Any) -> Schedule:
     """A schedule of ``tenant``'s (running a task a tenant may run), or of the deployer's when none is given."""
     fields.setdefault("task", TENANT_TASK if tenant else "scheduler.echo")

@@ -11,8 +11,6 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
-from django.contrib.auth import get_user_model
-from django.contrib.auth.models import Group
 from django.test import Client
 
 from project.celery import app
@@ -20,8 +18,7 @@ from scheduler import dbclock, outbox
 from scheduler.models import AuditEvent, ConcurrencyLimit, Execution
 from scheduler.ops import reconcile
 from scheduler.owners import executions, work_rules
-from scheduler.web.permissions import OPERATOR_GROUP
-from tests.integration.api_support import TENANT_A, TENANT_B, bind, token_client
+from tests.integration.api_support import TENANT_A, TENANT_B, operator_session, token_client
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -182,14 +179,6 @@ def test_key_value__missing_arguments_share_the_empty_key_and_long_values_are_di
 # --- admin and metrics ----------------------------------------------------------------
 
 
-def _admin(tenant: str = "") -> Client:
-    user = bind(get_user_model().objects.create_user(f"op-{tenant or 'all'}", password="pw", is_staff=True), tenant)
-    user.groups.add(Group.objects.get(name=OPERATOR_GROUP))
-    client = Client()
-    client.force_login(user)
-    return client
-
-
 def _form(**fields: Any) -> dict[str, Any]:
     return {
         "name": "reports",
@@ -203,7 +192,7 @@ def _form(**fields: Any) -> dict[str, Any]:
 
 
 def test_admin__an_operator_adds_a_limit_audited_and_bad_input_is_a_form_error_that_changes_nothing() -> None:
-    admin = _admin()
+    admin = operator_session()
     # Bad input: each a form error naming the field, and no row
     for bad, message in (
         ({"key": "{0.__class__}"}, "may only name arguments"),
@@ -234,7 +223,7 @@ def test_admin__a_tenants_operator_limits_its_own_work_and_cannot_touch_another_
     theirs = ConcurrencyLimit(name="theirs", tenant=TENANT_B, limit=1)
     for row in (everyone, theirs):
         work_rules.save_limit(row)
-    admin = _admin(TENANT_A)
+    admin = operator_session(TENANT_A)
 
     # It adds a limit: of its own tenant, whatever tenant it names
     admin.post("/admin/scheduler/concurrencylimit/add/", _form(tenant=TENANT_B), follow=True)
@@ -259,7 +248,7 @@ def test_admin_and_metrics__show_running_over_limit_per_key_and_each_waiting_exe
     for execution in waiting:
         assert claim(execution, limit) is None
         executions.wait_for_place(execution_id=execution.pk)
-    admin = _admin()
+    admin = operator_session()
 
     page = admin.get(f"/admin/scheduler/concurrencylimit/{limit.pk}/change/").content.decode()
     assert "<td>7</td><td>1 / 1</td><td>2</td>" in page

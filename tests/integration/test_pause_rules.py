@@ -7,8 +7,6 @@ from typing import Any
 
 import pytest
 import redis
-from django.contrib.auth import get_user_model
-from django.contrib.auth.models import Group
 from django.core.cache import cache
 from django.test import Client
 
@@ -20,9 +18,16 @@ from scheduler.models import AuditEvent, Execution, PauseRule, Schedule
 from scheduler.ops import audit, operations
 from scheduler.owners import leases, work_rules
 from scheduler.tenancy import EVERY_TENANT, Scope
-from scheduler.web.permissions import OPERATOR_GROUP
 from tests.integration import command_support
-from tests.integration.api_support import TENANT_A, TENANT_B, TENANT_TASK, bind, make_schedule, tables, token_client
+from tests.integration.api_support import (
+    TENANT_A,
+    TENANT_B,
+    TENANT_TASK,
+    make_schedule,
+    operator_session,
+    tables,
+    token_client,
+)
 from tests.integration.command_support import run
 from tests.support.factories import make_execution
 
@@ -226,16 +231,8 @@ def test_api__bad_bodies_are_400s_that_change_nothing() -> None:
 # --- admin ----------------------------------------------------------------------------
 
 
-def _admin(tenant: str) -> Client:
-    user = bind(get_user_model().objects.create_user(f"op-{tenant}", password="pw", is_staff=True), tenant)
-    user.groups.add(Group.objects.get(name=OPERATOR_GROUP))
-    client = Client()
-    client.force_login(user)
-    return client
-
-
 def test_admin__adding_a_pause_pauses_the_banner_shows_it_and_deleting_it_resumes(redis_url: str) -> None:
-    admin = _admin(TENANT_A)
+    admin = operator_session(TENANT_A)
     added = admin.post(
         "/admin/scheduler/pauserule/add/",
         {"queue": "reports", "task": "", "tenant": "", "mode": "hold", "reason": "vendor outage"},
@@ -252,7 +249,7 @@ def test_admin__adding_a_pause_pauses_the_banner_shows_it_and_deleting_it_resume
     # The banner shows it on the scheduler's pages, to its tenant only
     page = admin.get("/admin/scheduler/schedule/").content.decode()
     assert f"Paused: hold queue reports of tenant {TENANT_A} (vendor outage)" in page
-    assert "Paused:" not in _admin(TENANT_B).get("/admin/scheduler/schedule/").content.decode()
+    assert "Paused:" not in operator_session(TENANT_B).get("/admin/scheduler/schedule/").content.decode()
     # A refused pause is a form error
     again = admin.post(
         "/admin/scheduler/pauserule/add/",

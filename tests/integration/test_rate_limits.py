@@ -8,14 +8,10 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from django.contrib.auth import get_user_model
-from django.contrib.auth.models import Group
-from django.test import Client
 
 from scheduler.models import AuditEvent, RateLimit, RateLimitKey
 from scheduler.owners import work_rules
-from scheduler.web.permissions import OPERATOR_GROUP
-from tests.integration.api_support import TENANT_A, bind
+from tests.integration.api_support import TENANT_A, operator_session
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -37,20 +33,20 @@ def test_reserve_start__starts_one_interval_apart_and_none_beyond_the_wait_allow
     work_rules.save_limit(row)
     rate = work_rules.Rate.of(row)
 
-    # When four starts of one key are asked for at once, each willing to wait up to 7 s
-    taken = [work_rules.reserve_start(rate, f"{rate.pk}:7", within=7) for _ in range(4)]
+    # When four starts of one key are asked for at one instant, each willing to wait up to 7 s
+    taken = [work_rules.reserve_start(rate, f"{rate.pk}:7", within=7, now=1000.0) for _ in range(4)]
 
-    # Then the first starts now, the second 5 s later, and the others are told the next one is about 10 s away
-    assert [entry.reserved for entry in taken] == [True, True, False, False]
-    assert taken[0].seconds == 0 and 4 < taken[1].seconds <= 5
-    assert all(9 < entry.seconds <= 10 for entry in taken[2:])
+    # Then the first starts at once, the second 5 s later, and the others are told the next one is 10 s away
+    assert [(entry.reserved, entry.seconds) for entry in taken] == [(True, 0), (True, 5), (False, 10), (False, 10)]
+    # and a later ask, 3 s on, finds it 7 s away: within its wait, so taken
+    assert work_rules.reserve_start(rate, f"{rate.pk}:7", within=7, now=1003.0) == work_rules.Reservation(True, 7)
 
 
 def test_reserve_start__each_key_has_a_rate_of_its_own() -> None:
     rate = ten_a_second()
-    first = work_rules.reserve_start(rate, f"{rate.pk}:7", within=0)
-    other = work_rules.reserve_start(rate, f"{rate.pk}:8", within=0)
-    again = work_rules.reserve_start(rate, f"{rate.pk}:7", within=0)
+    first = work_rules.reserve_start(rate, f"{rate.pk}:7", within=0, now=1000.0)
+    other = work_rules.reserve_start(rate, f"{rate.pk}:8", within=0, now=1000.0)
+    again = work_rules.reserve_start(rate, f"{rate.pk}:7", within=0, now=1000.0)
     assert (first.reserved, other.reserved, again.reserved) == (True, True, False)
 
 
@@ -59,14 +55,6 @@ def test_deleting_a_rate_limit_forgets_its_keys() -> None:
     work_rules.reserve_start(rate, f"{rate.pk}:7", within=1)
     work_rules.delete_limit(RateLimit.objects.get(pk=rate.pk))
     assert not RateLimitKey.objects.exists()
-
-
-def _admin(tenant: str = "") -> Client:
-    user = bind(get_user_model().objects.create_user(f"op-{tenant or 'all'}", password="pw", is_staff=True), tenant)
-    user.groups.add(Group.objects.get(name=OPERATOR_GROUP))
-    client = Client()
-    client.force_login(user)
-    return client
 
 
 def _form(**fields: Any) -> dict[str, Any]:
@@ -83,7 +71,7 @@ def _form(**fields: Any) -> dict[str, Any]:
 
 
 def test_admin__an_operator_adds_a_rate_limit_audited_and_bad_input_changes_nothing() -> None:
-    admin = _admin()
+    admin = operator_session()
     for bad, message in (
         ({"starts": 0}, "A rate lets at least 1 start per period."),
         ({"per_seconds": 0}, "A period is at least 1 second."),
@@ -103,7 +91,7 @@ def test_admin__an_operator_adds_a_rate_limit_audited_and_bad_input_changes_noth
 def test_admin__a_tenants_operator_rates_its_own_work_only() -> None:
     everyone = RateLimit(name="global", every_tenant=True, starts=100, per_seconds=1)
     work_rules.save_limit(everyone)
-    admin = _admin(TENANT_A)
+    admin = operator_session(TENANT_A)
     admin.post("/admin/scheduler/ratelimit/add/", _form(tenant="someone-else"), follow=True)
     assert RateLimit.objects.get(name="api").tenant == TENANT_A
     admin.post(f"/admin/scheduler/ratelimit/{everyone.pk}/change/", _form(name="global", starts=1))
