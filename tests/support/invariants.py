@@ -58,7 +58,7 @@ def open_executions(executions: Iterable[Execution]) -> list[Execution]:
 
 
 def claim_violations(
-    events: list[dict[str, Any]], executions: Iterable[Execution]
+    events: list[dict[str, Any]], executions: Iterable[Execution], *, cancelled_by_policy: Iterable[int] = ()
 ) -> tuple[list[list[int]], list[list[int]], list[int]]:
     """Return the stale, doubled and overlapping bodies in the ``tests.record`` run log.
 
@@ -68,6 +68,13 @@ def claim_violations(
     recording a lost one ``failed``). Doubled: [execution, attempt] whose
     body started twice. Overlapping: executions two of whose bodies ran at
     once in two processes.
+
+    ``cancelled_by_policy``: executions ``overlap=cancel_previous`` ended.
+    Their finish is not a claim moving on to someone else: the cancel can
+    land between a body's last fenced write and its logged end (and it
+    records the tick's time, from before that), and a body whose fenced
+    write came after it would have been refused (``ClaimLost``) and never
+    logged an end. Only a later attempt makes theirs stale.
     """
     first_start: dict[int, dict[int, float]] = defaultdict(dict)
     starts: Counter[tuple[int, int]] = Counter()
@@ -83,6 +90,7 @@ def claim_violations(
         elif (event["execution_id"], event["pid"]) in open_starts:  # its end: "stop" (or "raise")
             spans[event["execution_id"]].append((open_starts.pop((event["execution_id"], event["pid"])), event["at"]))
     rows = {execution.pk: execution for execution in executions}
+    ended_by_policy = set(cancelled_by_policy)
     stale = []
     for event in events:
         if event["event"] != "stop":
@@ -90,7 +98,13 @@ def claim_violations(
         execution_id, attempt = event["execution_id"], event["attempt"]
         moved_on = [at for later, at in first_start[execution_id].items() if later > attempt]
         row = rows.get(execution_id)
-        if row and row.attempt == attempt and row.status != Execution.Status.SUCCEEDED and row.finished_at:
+        if (
+            row
+            and row.attempt == attempt
+            and row.status != Execution.Status.SUCCEEDED
+            and row.finished_at
+            and execution_id not in ended_by_policy
+        ):
             moved_on.append(row.finished_at.timestamp())
         if moved_on and event["at"] > min(moved_on):
             stale.append([execution_id, attempt])
