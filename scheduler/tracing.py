@@ -294,7 +294,7 @@ def message_headers(row: dict[str, Any]) -> dict[str, str]:
 
 def commit_attributes(chunk: list[Any], *, fence: Any, **_: Any) -> dict[str, Any]:
     if isinstance(fence, Mapping):  # sharded: the leases of the shards in this chunk
-        held = sorted({fence[item.schedule.shard] for item in chunk}, key=lambda lease: lease.name)
+        held = sorted({fence[item.shard] for item in chunk}, key=lambda lease: lease.name)
         return {"lease_name": ",".join(lease.name for lease in held), "schedules": len(chunk)}
     return {"lease_name": fence.name, "lease_token": fence.token, "schedules": len(chunk)}
 

@@ -15,6 +15,7 @@ from collections import defaultdict
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from typing import ClassVar
 
 from django.db import DatabaseError, connection, transaction
 from django.db.models import Count, Q
@@ -103,7 +104,7 @@ def _in_flight(schedules: list[Schedule]) -> dict[int, tuple[int, int]]:
 
 
 def _completion_reason(
-    schedule: Schedule, *, runs_used: int, sent: bool = True, skipped: bool = False, taken: bool = False
+    schedule: Schedule | _Slot, *, runs_used: int, sent: bool = True, skipped: bool = False, taken: bool = False
 ) -> str:
     if schedule.run_at is not None:
         slot = f"One-off: its slot at {schedule.run_at.isoformat()}"
@@ -129,6 +130,132 @@ class _Planned:
     plan: policies.FirePlan | None
     error: str = ""
 
+    @property
+    def pk(self) -> int:
+        return self.schedule.pk
+
+    @property
+    def name(self) -> str:
+        return self.schedule.name
+
+    @property
+    def shard(self) -> int:
+        return self.schedule.shard
+
+    @property
+    def read_as(self) -> tuple[datetime | None, int, int]:
+        """What the commit finds unchanged before it writes: (``next_run_at``, ``slots_committed``, shard)."""
+        return self.schedule.next_run_at, self.schedule.slots_committed, self.schedule.shard
+
+    @property
+    def rows(self) -> int:
+        return len(self.plan.run) + len(self.plan.missed) if self.plan is not None else 0
+
+
+@dataclass(frozen=True)
+class _Slot:
+    """A due schedule whose plan is one slot, its ``next_run_at``, sent: committed set-based (``_commit_slots``).
+
+    What ``policies`` would plan for it, worked out from a few columns: an
+    interval or one-off schedule that is on time, with ``overlap=allow``, no
+    run cap, end or calendar (``_SET_BASED_COLUMNS``, ``_slot_of``).
+    """
+
+    pk: int
+    name: str
+    shard: int
+    next_run_at: datetime
+    slots_committed: int
+    #: The slot after this one (``None``: a one-off, which turns itself off).
+    following: datetime | None
+    run_at: datetime | None
+    #: As ``_completion_reason`` reads them off a schedule: what makes it one.
+    overlap: ClassVar[str] = Schedule.Overlap.ALLOW
+    max_runs: ClassVar[None] = None
+    end_at: ClassVar[None] = None
+
+    @property
+    def read_as(self) -> tuple[datetime | None, int, int]:
+        return self.next_run_at, self.slots_committed, self.shard
+
+    rows = 1
+
+
+#: Whether the leader commits ``_Slot`` plans set-based; else every due schedule takes the general path.
+SET_BASED = True
+#: The columns ``_slot_of`` decides from, in its arguments' order.
+_SET_BASED_COLUMNS = (
+    "pk",
+    "name",
+    "shard",
+    "next_run_at",
+    "slots_committed",
+    "interval",
+    "run_at",
+    "overlap",
+    "max_runs",
+    "end_at",
+    "exclude_calendars",
+    "only_calendar",
+    "catchup_window",
+    "misfire",
+    "timezone",
+    "dst_gap",
+    "dst_fold",
+)
+
+
+def _slot_of(
+    pk: int,
+    name: str,
+    shard: int,
+    next_run_at: datetime,
+    slots_committed: int,
+    interval: int | None,
+    run_at: datetime | None,
+    overlap: str,
+    max_runs: int | None,
+    end_at: datetime | None,
+    exclude_calendars: str,
+    only_calendar: str,
+    catchup_window: int,
+    misfire: str,
+    timezone: str,
+    dst_gap: str,
+    dst_fold: str,
+    *,
+    now: datetime,
+) -> _Slot | None:
+    """The set-based plan of a due schedule read as ``_SET_BASED_COLUMNS``; ``None``: it takes the general path.
+
+    Only where ``policies.plan_due`` and ``plan_overlap`` plan exactly one
+    slot, ``next_run_at``, to send: no slot older than the catch-up window,
+    one slot due (an interval's next is after ``now``), and under
+    ``misfire=skip`` one that is on time; and a valid timing (one in a zone
+    gone from tzdata is paused by the general path).
+    ``tests/integration/test_set_based_dispatch.py`` compares what both paths commit.
+    """
+    if (
+        overlap != Schedule.Overlap.ALLOW
+        or max_runs is not None
+        or end_at is not None
+        or exclude_calendars
+        or only_calendar
+        or next_run_at < now - timedelta(seconds=catchup_window)
+        or (misfire == "skip" and next_run_at < now - timedelta(seconds=policies.ON_TIME_GRACE_SECONDS))
+        or not policies.zone_is_valid(timezone, dst_gap, dst_fold)
+    ):
+        return None
+    if interval is not None and run_at is None:
+        following = next_run_at + timedelta(seconds=interval)
+        return _Slot(pk, name, shard, next_run_at, slots_committed, following, None) if following > now else None
+    if run_at is not None and interval is None and run_at == next_run_at and slots_committed == 0:
+        return _Slot(pk, name, shard, next_run_at, slots_committed, None, run_at)
+    return None
+
+
+#: A due schedule as the pass plans it: one slot set-based, or by the general path.
+_Due = _Planned | _Slot
 
 #: What a dispatch pass commits under: the one beat lease (every schedule),
 #: or {shard: its lease} for the shards this replica holds.
@@ -185,7 +312,7 @@ class _LockWaits:
 
 
 def _commit_unblocked(
-    chunk: list[_Planned], *, fence: Fence, now: datetime, report: DispatchReport, waits: _LockWaits
+    chunk: list[_Due], *, fence: Fence, now: datetime, report: DispatchReport, waits: _LockWaits
 ) -> None:
     """Commit ``chunk`` (``_commit``); leave for the next pass the schedules that need a row another transaction holds.
 
@@ -246,13 +373,13 @@ def _commit_unblocked(
         report.add(done)
 
 
-def _split_off(part: list[_Planned], pks: set[int]) -> tuple[list[_Planned], list[_Planned]]:
+def _split_off(part: list[_Due], pks: set[int]) -> tuple[list[_Due], list[_Due]]:
     """Return the plans of the schedules ``pks`` and the others."""
-    return [item for item in part if item.schedule.pk in pks], [item for item in part if item.schedule.pk not in pks]
+    return [item for item in part if item.pk in pks], [item for item in part if item.pk not in pks]
 
 
-def _left_for_later(parts: Sequence[list[_Planned]], why: str) -> None:
-    names = sorted(item.schedule.name for part in parts for item in part)
+def _left_for_later(parts: Sequence[list[_Due]], why: str) -> None:
+    names = sorted(item.name for part in parts for item in part)
     if names:
         shown = ", ".join(names[:10]) + (f" and {len(names) - 10} more" if len(names) > 10 else "")
         logger.warning(
@@ -263,8 +390,12 @@ def _left_for_later(parts: Sequence[list[_Planned]], why: str) -> None:
         )
 
 
-def _plan(*, now: datetime, batch_size: int, shards: Collection[int] | None) -> tuple[list[_Planned], bool]:
-    """Plan the on-time due schedules, then backlog ones within budget; return them and whether more are due."""
+def _plan(*, now: datetime, batch_size: int, shards: Collection[int] | None) -> tuple[list[_Due], bool]:
+    """Plan the on-time due schedules, then backlog ones within budget; return them and whether more are due.
+
+    The on-time ones are read as a few columns first: those ``_slot_of``
+    plans set-based are never read as models, the others are.
+    """
     due = Schedule.objects.due(now=now)
     # A schedule a pause rule holds is not planned: its slots wait, and when the
     # rule is lifted its catch-up window and misfire policy decide what runs.
@@ -273,17 +404,28 @@ def _plan(*, now: datetime, batch_size: int, shards: Collection[int] | None) -> 
         due = due.exclude(held)
     if shards is not None:
         due = due.filter(shard__in=sorted(shards))
-    on_time = list(due.filter(next_run_at__gte=now - BACKLOG_AFTER)[:batch_size])
+    on_time = due.filter(next_run_at__gte=now - BACKLOG_AFTER)[:batch_size]
     backlog = list(due.filter(next_run_at__lt=now - BACKLOG_AFTER)[:batch_size])
-    planned = [_plan_one(schedule, now=now) for schedule in on_time]
+    planned: list[_Due]
+    if SET_BASED and not tracing.enabled():  # (a traced commit parents each row's publish span: the general path)
+        columns = list(on_time.values_list(*_SET_BASED_COLUMNS))
+        slots = {row[0]: _slot_of(*row, now=now) for row in columns}
+        general = {
+            schedule.pk: schedule for schedule in due.filter(pk__in=[pk for pk, slot in slots.items() if not slot])
+        }
+        planned = [slot or _plan_one(general[pk], now=now) for pk, slot in slots.items() if slot or pk in general]
+        on_time_count = len(columns)
+    else:
+        planned = [_plan_one(schedule, now=now) for schedule in on_time]
+        on_time_count = len(planned)
     spent = 0
     for schedule in backlog:
         if spent >= PLAN_BUDGET:
             break
         item = _plan_one(schedule, now=now)
-        spent += 1 if item.plan is None else item.plan.cost + len(item.plan.run) + len(item.plan.missed)
+        spent += 1 if item.plan is None else item.plan.cost + item.rows
         planned.append(item)
-    more = len(on_time) == batch_size or len(backlog) == batch_size or len(planned) < len(on_time) + len(backlog)
+    more = on_time_count == batch_size or len(backlog) == batch_size or len(planned) < on_time_count + len(backlog)
     return planned, more
 
 
@@ -302,12 +444,12 @@ def _plan_one(schedule: Schedule, *, now: datetime) -> _Planned:
     return _Planned(schedule, plan)
 
 
-def _chunks(planned: list[_Planned]) -> Iterator[list[_Planned]]:
+def _chunks(planned: list[_Due]) -> Iterator[list[_Due]]:
     """Split the plans into groups of about ``COMMIT_ROWS`` execution rows (at least one schedule each)."""
-    chunk: list[_Planned] = []
+    chunk: list[_Due] = []
     rows = 0
     for item in planned:
-        size = len(item.plan.run) + len(item.plan.missed) if item.plan is not None else 0
+        size = item.rows
         if chunk and rows + size > COMMIT_ROWS:
             yield chunk
             chunk, rows = [], 0
@@ -326,7 +468,7 @@ def _lease_for(fence: Fence) -> Callable[[int], leases.LeaseHandle]:
 
 @tracing.traced("scheduler.dispatch.commit", tracing.commit_attributes)
 def _commit(
-    chunk: list[_Planned], *, fence: Fence, now: datetime, report: DispatchReport, lock_wait: float | None = None
+    chunk: list[_Due], *, fence: Fence, now: datetime, report: DispatchReport, lock_wait: float | None = None
 ) -> None:
     """Record one chunk of plans in one fenced transaction; skip schedules that moved since they were read.
 
@@ -340,14 +482,9 @@ def _commit(
         failpoint("dispatch.commit.before_fence")
         # Sharded, only the leases of the shards in this chunk are locked: the
         # other shards' commits never wait on this one.
-        leases.assert_held_many(
-            sorted({lease_for(item.schedule.shard) for item in chunk}, key=lambda lease: lease.name)
-        )
+        leases.assert_held_many(sorted({lease_for(item.shard) for item in chunk}, key=lambda lease: lease.name))
         failpoint("dispatch.commit.after_fence")
-        planned_from = {
-            item.schedule.pk: (item.schedule.next_run_at, item.schedule.slots_committed, item.schedule.shard)
-            for item in chunk
-        }
+        planned_from = {item.pk: item.read_as for item in chunk}
         # Locks the rows until commit (SQLite's write lock covers it there);
         # a row a worker holds right now is left for the next pass, and so
         # is one moved to another shard meanwhile (``manage.py shards --assign``).
@@ -359,61 +496,108 @@ def _commit(
         )
         report.locked += len(planned_from) - len(found)  # (or turned off meanwhile)
         unchanged = {pk for pk, *state in found if planned_from[pk] == tuple(state)}
-        chunk = [item for item in chunk if item.schedule.pk in unchanged]
+        chunk = [item for item in chunk if item.pk in unchanged]
         if not chunk:
             return
-        due = [item.schedule for item in chunk]
-        in_flight = _in_flight(due)
-        rows: list[Execution] = []
-        to_cancel: list[int] = []
-        recording: list[_Recording] = []
+        report.schedules += len(chunk)
         # Schedules due together mostly write the same values (next slot, count
         # sent, completion reason): one UPDATE per distinct write, never one per
         # schedule nor bulk_update's CASE over every row.
         writes: defaultdict[schedules.Advance, list[int]] = defaultdict(list)
-        for item in chunk:
-            schedule, plan = item.schedule, item.plan
-            if plan is None:
-                # One broken schedule (e.g. a zone gone from tzdata) must not
-                # block the others: pause it with the reason and move on.
-                logger.error("schedule %s paused: %s", schedule.name, item.error, extra={"action": "schedule_invalid"})
-                writes[schedules.Advance(schedule.next_run_at, paused_reason=f"Invalid timing: {item.error}")].append(
-                    schedule.pk
-                )
-                continue
-            flying, waiting_buffered = in_flight.get(schedule.pk, (0, 0))
-            wanted = policies.plan_overlap(schedule.overlap, plan.run, in_flight=flying, buffered=waiting_buffered)
-            overlap, used_up = policies.cap_runs(wanted, max_runs=schedule.max_runs, committed=schedule.slots_committed)
-            if overlap.cancel_in_flight:
-                to_cancel.append(schedule.pk)
-            lease = lease_for(schedule.shard)
-            build = functools.partial(
-                executions.execution_for,
-                schedule,
-                now=now,
-                token=lease.token,
-                lease_name=lease.name,
-                dispatcher=lease.holder,
-            )
-            first = len(rows)
-            rows += [build(slot, status=Execution.Status.MISSED) for slot in plan.missed]
-            rows += [build(slot, status=Execution.Status.SKIPPED) for slot in overlap.skipped]
-            rows += [build(slot, status=Execution.Status.PENDING) for slot in overlap.run]
-            if overlap.buffered is not None:
-                rows.append(build(overlap.buffered, status=Execution.Status.PENDING, buffered=True))
-            recording.append(_Recording(schedule, plan, wanted, overlap, used_up, slice(first, len(rows))))
-        report.schedules += len(due)
-        report.cancelled_task_ids += executions.cancel_in_flight(to_cancel, reason=CANCEL_PREVIOUS_ERROR, now=now)
-        stored = executions.insert(rows)
-        # This commit is the parent of their publish spans.
-        tracing.created(row for row in rows if row.idempotency_key in stored)
-        # Usually every row is new; a slot that already had an execution (a
-        # backfill over it) was not stored, and this commit neither sent nor missed it.
-        every = len(stored) == len(rows)
-        for recorded in recording:
-            mine = None if every else [row for row in rows[recorded.rows] if row.idempotency_key in stored]
-            writes[recorded.write(mine, report)].append(recorded.schedule.pk)
+        _commit_slots([item for item in chunk if isinstance(item, _Slot)], lease_for, report, writes)
+        _commit_planned(
+            [item for item in chunk if isinstance(item, _Planned)], lease_for, now=now, report=report, writes=writes
+        )
         schedules.advance(writes)
+
+
+def _commit_slots(
+    slots: list[_Slot],
+    lease_for: Callable[[int], leases.LeaseHandle],
+    report: DispatchReport,
+    writes: defaultdict[schedules.Advance, list[int]],
+) -> None:
+    """Record each slot's row by one statement per lease (``executions.insert_next_slots``), and its schedule's write.
+
+    Schedules due together mostly share their next slot: one UPDATE each.
+    """
+    by_lease: defaultdict[leases.LeaseHandle, list[_Slot]] = defaultdict(list)
+    for item in slots:
+        by_lease[lease_for(item.shard)].append(item)
+    for lease, mine in by_lease.items():
+        stored = executions.insert_next_slots(
+            [item.pk for item in mine], token=lease.token, lease_name=lease.name, dispatcher=lease.holder
+        )
+        for item in mine:
+            sent = int(item.pk in stored)
+            if sent:
+                report.fired.append((item.name, item.next_run_at))
+            # A slot that already had an execution (a backfill over it) was not sent, and is not counted.
+            if item.following is None:
+                reason = _completion_reason(item, runs_used=sent, sent=bool(sent), taken=not sent)
+                report.completed.append((item.name, reason))
+                writes[schedules.Advance(None, sent, 0, reason)].append(item.pk)
+            else:
+                writes[schedules.Advance(item.following, sent)].append(item.pk)
+
+
+def _commit_planned(
+    chunk: list[_Planned],
+    lease_for: Callable[[int], leases.LeaseHandle],
+    *,
+    now: datetime,
+    report: DispatchReport,
+    writes: defaultdict[schedules.Advance, list[int]],
+) -> None:
+    """Record the rows the general path planned (policies, overlap, caps) and their schedules' writes."""
+    if not chunk:
+        return
+    due = [item.schedule for item in chunk]
+    in_flight = _in_flight(due)
+    rows: list[Execution] = []
+    to_cancel: list[int] = []
+    recording: list[_Recording] = []
+    for item in chunk:
+        schedule, plan = item.schedule, item.plan
+        if plan is None:
+            # One broken schedule (e.g. a zone gone from tzdata) must not
+            # block the others: pause it with the reason and move on.
+            logger.error("schedule %s paused: %s", schedule.name, item.error, extra={"action": "schedule_invalid"})
+            writes[schedules.Advance(schedule.next_run_at, paused_reason=f"Invalid timing: {item.error}")].append(
+                schedule.pk
+            )
+            continue
+        flying, waiting_buffered = in_flight.get(schedule.pk, (0, 0))
+        wanted = policies.plan_overlap(schedule.overlap, plan.run, in_flight=flying, buffered=waiting_buffered)
+        overlap, used_up = policies.cap_runs(wanted, max_runs=schedule.max_runs, committed=schedule.slots_committed)
+        if overlap.cancel_in_flight:
+            to_cancel.append(schedule.pk)
+        lease = lease_for(schedule.shard)
+        build = functools.partial(
+            executions.execution_for,
+            schedule,
+            now=now,
+            token=lease.token,
+            lease_name=lease.name,
+            dispatcher=lease.holder,
+        )
+        first = len(rows)
+        rows += [build(slot, status=Execution.Status.MISSED) for slot in plan.missed]
+        rows += [build(slot, status=Execution.Status.SKIPPED) for slot in overlap.skipped]
+        rows += [build(slot, status=Execution.Status.PENDING) for slot in overlap.run]
+        if overlap.buffered is not None:
+            rows.append(build(overlap.buffered, status=Execution.Status.PENDING, buffered=True))
+        recording.append(_Recording(schedule, plan, wanted, overlap, used_up, slice(first, len(rows))))
+    report.cancelled_task_ids += executions.cancel_in_flight(to_cancel, reason=CANCEL_PREVIOUS_ERROR, now=now)
+    stored = executions.insert(rows)
+    # This commit is the parent of their publish spans.
+    tracing.created(row for row in rows if row.idempotency_key in stored)
+    # Usually every row is new; a slot that already had an execution (a
+    # backfill over it) was not stored, and this commit neither sent nor missed it.
+    every = len(stored) == len(rows)
+    for recorded in recording:
+        mine = None if every else [row for row in rows[recorded.rows] if row.idempotency_key in stored]
+        writes[recorded.write(mine, report)].append(recorded.schedule.pk)
 
 
 @dataclass(frozen=True)

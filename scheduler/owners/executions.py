@@ -25,6 +25,7 @@ counted, by a database trigger in the same statement, into the tallies
 
 from __future__ import annotations
 
+import functools
 import logging
 import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -40,6 +41,7 @@ from django.db.models import (
     Exists,
     ExpressionWrapper,
     F,
+    Field,
     Func,
     OuterRef,
     PositiveIntegerField,
@@ -50,7 +52,7 @@ from django.db.models import (
 )
 from django.db.models.functions import Now
 from django.db.models.lookups import LessThan
-from django.db.models.sql import InsertQuery, UpdateQuery
+from django.db.models.sql import InsertQuery, Query, UpdateQuery
 from django.db.transaction import TransactionManagementError
 
 from scheduler import session_limits, tracing
@@ -200,6 +202,101 @@ def insert(rows: list[Execution]) -> set[str]:
     a time.
     """
     return set(bulk_insert.insert_ignoring_conflicts(rows, key="idempotency_key", batch_size=_BATCH))
+
+
+def insert_next_slots(schedule_ids: Sequence[int], *, token: int, lease_name: str, dispatcher: str) -> set[int]:
+    """Insert, for each schedule, the ``pending`` execution of the slot its ``next_run_at`` names; return those stored.
+
+    The rows ``execution_for(schedule, schedule.next_run_at, status=pending,
+    ...)`` builds, written by one ``INSERT ... SELECT`` from the schedules'
+    own rows: no schedule or execution is read into this process. A slot
+    whose key is taken is left (``ON CONFLICT DO NOTHING``) and its schedule
+    is not among those returned. For the leader's fenced commit, which holds
+    these schedules locked and checked their ``next_run_at``.
+    """
+    if not schedule_ids:
+        return set()
+    connection = connections[Execution.objects.db]
+    sql, sent = _next_slots_sql(connection.vendor)
+    lease: dict[str, Any] = {"lease_token": token, "lease_name": lease_name, "dispatcher": dispatcher}
+    params: list[Any] = [lease[value.name] if isinstance(value, _Lease) else value for value in sent]
+    stored: set[int] = set()
+    with connection.cursor() as cursor:
+        for start in range(0, len(schedule_ids), _BATCH):
+            ids = list(schedule_ids[start : start + _BATCH])
+            id_params: list[Any]
+            if connection.vendor == "postgresql":
+                where, id_params = "= ANY(%s)", [ids]
+            else:
+                where, id_params = f"IN ({', '.join(['%s'] * len(ids))})", ids
+            cursor.execute(sql.format(ids=where), [*params, *id_params])
+            stored.update(schedule_id for (schedule_id,) in cursor.fetchall())
+    return stored
+
+
+#: What a slot's row takes from its schedule's row, by Execution field: the slot is the schedule's ``next_run_at``.
+_FROM_SCHEDULE = {**{name: name for name in _COPIED_FIELDS}, "schedule_id": "id", "scheduled_for": "next_run_at"}
+
+
+@dataclass(frozen=True)
+class _Lease:
+    """A parameter that is the call's lease: its ``lease_token``, ``lease_name`` or ``dispatcher``."""
+
+    name: str
+
+
+@functools.lru_cache(maxsize=4)
+def _next_slots_sql(vendor: str) -> tuple[str, tuple[Any, ...]]:
+    """``insert_next_slots``'s statement (``{ids}`` to fill in) and its parameters before the ids.
+
+    A parameter is the call's lease (``_Lease``) or a value every row takes
+    alike: ``execution_for``'s for any schedule, a model default prepared by
+    its field as the ORM would.
+    """
+    connection = connections[Execution.objects.db]
+    quote = connection.ops.quote_name
+    template = Execution(trigger=Execution.Trigger.SCHEDULED, status=Status.PENDING, buffered=False)
+    now_sql, _ = Query(Execution).get_compiler(connection=connection).compile(Now())
+    if vendor == "postgresql":
+        slot = "s.next_run_at AT TIME ZONE 'UTC'"
+        iso = (
+            f"to_char({slot}, 'YYYY-MM-DD\"T\"HH24:MI:SS') || CASE WHEN date_part('microseconds', s.next_run_at)"
+            f"::bigint %% 1000000 = 0 THEN '' ELSE to_char({slot}, '.US') END"
+        )
+        task_id = "gen_random_uuid()::text"
+    else:  # SQLite keeps a datetime as UTC text, isoformat's with a space; a version 4 UUID from random bytes
+        iso = "replace(s.next_run_at, ' ', 'T')"
+        task_id = (
+            "lower(hex(randomblob(4)) || '-' || hex(randomblob(2)) || '-4' || substr(hex(randomblob(2)), 2) || '-'"
+            " || substr('89ab', 1 + abs(random() %% 4), 1) || substr(hex(randomblob(2)), 2) || '-' || hex(randomblob(6)))"
+        )
+    columns: list[str] = []
+    values: list[str] = []
+    sent: list[Any] = []
+    for field in Execution._meta.concrete_fields:
+        if field.primary_key:
+            continue
+        columns.append(quote(field.column))
+        if field.attname in _FROM_SCHEDULE:
+            values.append(f"s.{quote(cast(Field, Schedule._meta.get_field(_FROM_SCHEDULE[field.attname])).column)}")
+        elif field.attname == "idempotency_key":
+            values.append(f"'schedule:' || s.id || ':' || {iso} || '+00:00'")
+        elif field.attname == "celery_task_id":
+            values.append(task_id)
+        elif getattr(field, "auto_now_add", False) or getattr(field, "auto_now", False):
+            values.append(now_sql)
+        elif field.attname in ("lease_token", "lease_name", "dispatcher"):
+            values.append("%s")
+            sent.append(_Lease(field.attname))
+        else:
+            values.append("%s")
+            sent.append(field.get_db_prep_save(getattr(template, field.attname), connection))
+    sql = (
+        f"INSERT INTO {quote(Execution._meta.db_table)} ({', '.join(columns)}) "
+        f"SELECT {', '.join(values)} FROM {quote(Schedule._meta.db_table)} s WHERE s.id {{ids}} "
+        f"ON CONFLICT ({quote('idempotency_key')}) DO NOTHING RETURNING {quote('schedule_id')}"
+    )
+    return sql, tuple(sent)
 
 
 def record_slots(
