@@ -12,7 +12,7 @@ import redis
 from django.conf import settings
 from django.db import connection
 
-from tests.support.processes import ROOT, CeleryProcess, beat_argv, worker_argv
+from tests.support.processes import ROOT, CeleryProcess, beat_argv, end_all, worker_argv
 
 # --- services (test tooling; see tests/support/services.py and tests/suite.py) -------
 # Other fixtures go below this section, not inside it.
@@ -190,5 +190,4 @@ def celery_processes(
         return process
 
     yield start
-    for process in started:
-        process.stop()
+    end_all(started)

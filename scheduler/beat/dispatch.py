@@ -242,7 +242,7 @@ def _slot_of(
         or exclude_calendars
         or only_calendar
         or next_run_at < now - timedelta(seconds=catchup_window)
-        or (misfire == "skip" and next_run_at < now - timedelta(seconds=policies.ON_TIME_GRACE_SECONDS))
+        or (misfire == Schedule.Misfire.SKIP and next_run_at < now - timedelta(seconds=policies.ON_TIME_GRACE_SECONDS))
         or not policies.zone_is_valid(timezone, dst_gap, dst_fold)
     ):
         return None

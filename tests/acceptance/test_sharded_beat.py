@@ -34,7 +34,7 @@ class Size:
 
 
 STEADY = {
-    "postgresql": Size(replicas=5, shards=64, schedules=1000, seconds=60),
+    "postgresql": Size(replicas=5, shards=64, schedules=1000, seconds=30),
     "sqlite": Size(replicas=3, shards=16, schedules=100, seconds=20),
 }
 #: Dispatches or shards per replica may differ from the mean by this much.

@@ -77,10 +77,14 @@ class CeleryProcess:
             except subprocess.TimeoutExpired:
                 pass
         self.kill_group(signal.SIGKILL)
-        try:
-            self.popen.wait(5)
-        except subprocess.TimeoutExpired:
-            pass
+        self.wait_for_exit()
+
+    def wait_for_exit(self, timeout: float = 5.0) -> None:
+        if self.popen is not None:
+            try:
+                self.popen.wait(timeout)
+            except subprocess.TimeoutExpired:
+                pass
 
     def wait_for_log(self, pattern: str, timeout: float = 20.0) -> re.Match[str]:
         """Wait until the log matches ``pattern``; fail with the log tail otherwise."""
@@ -127,6 +131,19 @@ def instance_lock_waiters() -> int:
 
 def beat_argv() -> list[str]:
     return [CELERY, "-A", "project", "beat", "-l", "info", "--pidfile="]
+
+
+def end_all(processes: list[CeleryProcess]) -> None:
+    """SIGKILL every process group at once: a finished test asks nothing more of them.
+
+    A polite stop, one after another, waited for each worker's bodies in
+    flight (a warm shutdown) and added seconds to every test that started
+    workers; a test about shutting down signals its processes itself.
+    """
+    for process in processes:
+        process.kill_group(signal.SIGKILL)
+    for process in processes:
+        process.wait_for_exit()
 
 
 def worker_argv(
