@@ -417,13 +417,7 @@ def record_ad_hoc_claimed(
     using = Execution.objects.db
     failpoint("worker.claim.before")
     found = _AD_HOC.execute(using, (True, settings.CLAIM_SECONDS), values)
-    if found is None:
-        return None
-    execution = _ROW.read(using, found)
-    failpoint("worker.claim.after")
-    if execution.timeout:
-        _hold_to_time_limit(Claim.of(execution), execution.timeout)
-    return execution
+    return None if found is None else _claimed(using, found)
 
 
 def _ad_hoc_row(
@@ -703,6 +697,11 @@ def claim(
         found = _named(execution_id, key).values_list("pk", "task", "celery_task_id").first()
         _refuse_unless_sent_for(found, task, celery_task_id)
         return None
+    return _claimed(using, row)
+
+
+def _claimed(using: str, row: tuple[Any, ...]) -> Execution:
+    """The execution a claim's ``RETURNING`` row names, its time limit held to from now on."""
     execution = _ROW.read(using, row)
     failpoint("worker.claim.after")
     if execution.timeout:
