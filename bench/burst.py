@@ -305,7 +305,7 @@ def _publisher_ceiling(count: int) -> dict[str, Any]:
     from datetime import datetime, timezone
 
     from project.celery import app
-    from scheduler.fastpath import publisher
+    from scheduler import outbox
     from scheduler.outbox import PUBLISH_BATCH
 
     client = _reset()
@@ -324,7 +324,7 @@ def _publisher_ceiling(count: int) -> dict[str, Any]:
         }
         for number in range(count)
     ]
-    with publisher.connect(app) as sender:
+    with outbox.connect(app) as sender:
         started = time.perf_counter()
         for start in range(0, count, PUBLISH_BATCH):
             sender.send(rows[start : start + PUBLISH_BATCH], now=now)

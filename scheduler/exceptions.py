@@ -58,7 +58,7 @@ class BackfillTooLarge(BackfillRefused):
         self.capped = capped
 
 
-# Raised at the broker's edge (``scheduler.outbox``, ``scheduler.outbox.broker``) in
+# Raised at the outbox's edge (``scheduler.outbox.errors_as_unavailable``) in
 # place of whatever kombu, the transport's client or the socket raised, which
 # is its ``__cause__``; its message is the original's.
 class BrokerUnavailable(SchedulerError):

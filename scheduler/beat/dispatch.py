@@ -20,7 +20,7 @@ from typing import ClassVar
 from django.db import DatabaseError, connection, transaction
 from django.db.models import Count, Q
 
-from scheduler import dbclock, session_limits, tracing
+from scheduler import dbclock, session_limits, timing, tracing
 from scheduler.conf import settings
 from scheduler.exceptions import InFlightLocked, ScheduleInvalid
 from scheduler.failpoints import failpoint
@@ -243,7 +243,7 @@ def _slot_of(
         or only_calendar
         or next_run_at < now - timedelta(seconds=catchup_window)
         or (misfire == Schedule.Misfire.SKIP and next_run_at < now - timedelta(seconds=policies.ON_TIME_GRACE_SECONDS))
-        or not policies.zone_is_valid(timezone, dst_gap, dst_fold)
+        or not timing.zone_is_valid(timezone, dst_gap, dst_fold)
     ):
         return None
     if interval is not None and run_at is None:

@@ -93,7 +93,7 @@ class Housekeeping:
         leader sends afterwards is not taken for lost with it. (A second
         copy of a running execution's message hides the first from Celery's
         revoke: a worker tracks one request per task id, so a cancelled body
-        would run on.) Its broker calls are bounded (``broker.wait_seconds``).
+        would run on.) Its broker calls are bounded (``outbox.wait_seconds``).
         """
         check = settings.BROKER_CHECK_SECONDS
         started = time.monotonic()

@@ -49,8 +49,8 @@ from __future__ import annotations
 import copy
 import uuid
 from collections import defaultdict
-from collections.abc import Callable, Iterator
-from contextlib import AbstractContextManager, contextmanager
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
@@ -67,7 +67,6 @@ from scheduler.conf import settings
 from scheduler.fastpath.guard import BREAKAGE, FastPath
 from scheduler.models import Execution
 from scheduler.models.schedule import MESSAGE_OPTION_FIELDS
-from scheduler.outbox import broker
 from scheduler.timing import policies
 
 if TYPE_CHECKING:
@@ -113,9 +112,9 @@ def has_message_options(row: dict[str, Any]) -> bool:
 
 def start_at(row: dict[str, Any]) -> datetime:
     """When the row's message may run: its slot plus its schedule's jitter for that slot, or its ``not_before``."""
-    start = row["scheduled_for"] + timedelta(
-        seconds=policies.jitter_offset(row.get("schedule_id") or 0, row["scheduled_for"], row.get("jitter"))
-    )
+    start = row["scheduled_for"]
+    if row.get("jitter"):
+        start += timedelta(seconds=policies.jitter_offset(row.get("schedule_id") or 0, start, row["jitter"]))
     not_before = row.get("not_before")
     return max(start, not_before) if not_before is not None else start
 
@@ -465,18 +464,3 @@ def _untagged(message: dict[str, Any]) -> dict[str, Any]:
     """``message`` less its delivery tag, a fresh uuid per message."""
     properties = {key: value for key, value in message["properties"].items() if key != "delivery_tag"}
     return {**message, "properties": properties}
-
-
-@contextmanager
-def connect(app: Celery) -> Iterator[Publisher]:
-    """Yield a ``Publisher`` on a fresh broker connection; fail at once if the broker is unreachable or silent.
-
-    Every call on it waits ``broker.wait_seconds()`` at most: a publisher
-    holds its batch's rows locked while it pushes, and the leader's tick
-    waits for its own pushes.
-    """
-    with broker.bounded_connection(app) as conn:
-        # One attempt, no retry loop: kombu would otherwise block the beat
-        # for many seconds per outage; the rows simply stay pending.
-        conn.ensure_connection(max_retries=0)
-        yield Publisher(app, conn)

@@ -10,27 +10,37 @@ between the push and the mark); the worker claims each execution once.
 A broker that fails, however its client library says so, raises
 ``BrokerUnavailable`` here, with the library's error as its ``__cause__``:
 what the broker took before it failed is marked ``queued``, the rest stays
-``pending``. Callers catch that one exception, never kombu's or Redis's.
+``pending``. Callers catch that one exception, never kombu's or Redis's
+(``errors_as_unavailable``, which ``scheduler.outbox.broker`` uses too).
+
+Every connection the outbox and the beat open to the broker
+(``bounded_connection``) gives up on a silent socket after
+``wait_seconds()``: a broker that stopped answering (SIGSTOP, a VM pause, a
+network that drops packets) still takes TCP connections from its listen
+backlog, and a call without a timeout would wait for it for ever, holding
+the leader's tick past its lease.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from contextlib import AbstractContextManager, ExitStack, nullcontext
+from collections.abc import Iterable, Iterator
+from contextlib import AbstractContextManager, ExitStack, contextmanager, nullcontext
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from django.db import connection, transaction
+from kombu.exceptions import OperationalError
 
 from scheduler import dbclock
 from scheduler.conf import settings
+from scheduler.exceptions import BrokerUnavailable
 from scheduler.failpoints import failpoint
 from scheduler.fastpath import publisher
-from scheduler.outbox import broker
 from scheduler.owners import executions, work_rules
 
 if TYPE_CHECKING:
     from celery import Celery
+    from kombu import Connection
 
 #: Messages pushed to the broker in one round trip (one Redis pipeline), and
 #: pending rows one publishing transaction locks, sends and marks ``queued``.
@@ -51,7 +61,7 @@ def publish(app: Celery, rows: list[dict[str, Any]], *, now: datetime) -> list[i
     """
     sent: list[int] = []
     try:
-        with broker.errors_as_unavailable(), publisher.connect(app) as sender:
+        with errors_as_unavailable(), connect(app) as sender:
             for start in range(0, len(rows), PUBLISH_BATCH):
                 batch = rows[start : start + PUBLISH_BATCH]
                 sender.send(batch, now=now)
@@ -83,7 +93,7 @@ def publish_pending(app: Celery, *, limit: int | None = None) -> int:
     limit = limit or settings.DISPATCH_BATCH_SIZE
     executions.release_buffered()
     sent = 0
-    with broker.errors_as_unavailable(), ExitStack() as stack:
+    with errors_as_unavailable(), ExitStack() as stack:
         sender = None
         while sent < limit:
             with _publishing_transaction():
@@ -92,7 +102,7 @@ def publish_pending(app: Celery, *, limit: int | None = None) -> int:
                     break
                 failpoint("publish.holding_batch")
                 if sender is None:  # no broker connection for a pass with nothing to send
-                    sender = stack.enter_context(publisher.connect(app))
+                    sender = stack.enter_context(connect(app))
                 now = dbclock.now()
                 failpoint("publish.send")
                 sender.send(batch, now=now)
@@ -119,6 +129,55 @@ def offer_places(app: Celery, keys: Iterable[str], *, max_age: float = work_rule
         if rows:
             sent += publish(app, rows, now=now)
     return sent
+
+
+def wait_seconds() -> float:
+    """Return the longest one broker call of the beat waits for an answer: a tenth of the lease TTL (1 s by default).
+
+    The leader's tick renews its lease; a stalled call costs it that much
+    per tick at most, so it keeps its lease while the broker is silent.
+    """
+    return settings.LEASE_TTL_SECONDS / 10
+
+
+@contextmanager
+def bounded_connection(app: Celery) -> Iterator[Connection]:
+    """Yield a new broker connection whose connect and every socket read and write wait at most ``wait_seconds()``."""
+    timeout = wait_seconds()
+    with app.connection_for_write(
+        transport_options={"socket_timeout": timeout, "socket_connect_timeout": timeout}
+    ) as conn:
+        yield conn
+
+
+#: What kombu and the socket under it raise when the broker fails, whatever the transport.
+FAILURES: tuple[type[BaseException], ...] = (OperationalError, OSError)
+
+
+@contextmanager
+def errors_as_unavailable(*transport_errors: type[BaseException]) -> Iterator[None]:
+    """Raise ``BrokerUnavailable`` in place of a broker failure in the block (``FAILURES``, and ``transport_errors``).
+
+    Its message is the original's (the driver's words), and the original is its ``__cause__``.
+    """
+    try:
+        yield
+    except (*FAILURES, *transport_errors) as exc:
+        raise BrokerUnavailable(str(exc)) from exc
+
+
+@contextmanager
+def connect(app: Celery) -> Iterator[publisher.Publisher]:
+    """Yield a ``Publisher`` on a fresh bounded connection; fail at once if the broker is unreachable or silent.
+
+    A publisher holds its batch's rows locked while it pushes, and the
+    leader's tick waits for its own pushes.
+    """
+    with bounded_connection(app) as conn:
+        # One attempt, no retry loop: kombu would otherwise block the beat
+        # for many seconds per outage; the rows simply stay pending.
+        conn.ensure_connection(max_retries=0)
+        yield publisher.Publisher(app, conn)
 
 
 def _publishing_transaction() -> AbstractContextManager[Any]:

@@ -1,9 +1,7 @@
-"""The broker's edge outside publishing: its identity, its queues' depth, revokes; each failure is ``BrokerUnavailable``.
+"""The broker beyond publishing: its identity, its queues' depth, revokes; each failure is ``BrokerUnavailable``.
 
-Whatever kombu, the transport's client or the socket under them raises
-when the broker fails leaves these functions, and the outbox, as
-``BrokerUnavailable`` with the original as its ``__cause__``
-(``errors_as_unavailable``): callers catch that one exception.
+Their broker failures leave as ``BrokerUnavailable``, at the outbox's edge
+(``scheduler.outbox.errors_as_unavailable``).
 
 The broker's identity tells whether it may have lost its messages since
 the leader last looked. A Redis broker restarted without its data (or
@@ -23,12 +21,6 @@ the re-send of what waited unclaimed past ``RECONCILE_QUEUED_AFTER_SECONDS``
 still covers it. On Redis that re-send leaves alone a queue that still
 holds messages (``queues_holding_messages``): what waits behind them is
 most likely there too.
-
-Every connection the beat opens to the broker (``bounded_connection``)
-gives up on a silent socket after ``wait_seconds()``: a broker that stopped
-answering (SIGSTOP, a VM pause, a network that drops packets) still takes
-TCP connections from its listen backlog, and a call without a timeout
-would wait for it for ever, holding the leader's tick past its lease.
 """
 
 from __future__ import annotations
@@ -37,53 +29,14 @@ from collections.abc import Collection, Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
-from kombu.exceptions import OperationalError
-
-from scheduler.conf import settings
-from scheduler.exceptions import BrokerUnavailable
 from scheduler.failpoints import failpoint
+from scheduler.outbox import bounded_connection, errors_as_unavailable
 
 if TYPE_CHECKING:
     from celery import Celery
-    from kombu import Connection
 
 #: Key in the broker's database holding the ``run_id`` whose messages the leader has accounted for.
 MARKER_KEY = "scheduler:broker-run-id"
-
-
-def wait_seconds() -> float:
-    """Return the longest one broker call of the beat waits for an answer: a tenth of the lease TTL (1 s by default).
-
-    The leader's tick renews its lease; a stalled call costs it that much
-    per tick at most, so it keeps its lease while the broker is silent.
-    """
-    return settings.LEASE_TTL_SECONDS / 10
-
-
-@contextmanager
-def bounded_connection(app: Celery) -> Iterator[Connection]:
-    """Yield a new broker connection whose connect and every socket read and write wait at most ``wait_seconds()``."""
-    timeout = wait_seconds()
-    with app.connection_for_write(
-        transport_options={"socket_timeout": timeout, "socket_connect_timeout": timeout}
-    ) as conn:
-        yield conn
-
-
-#: What kombu and the socket under it raise when the broker fails, whatever the transport.
-FAILURES: tuple[type[BaseException], ...] = (OperationalError, OSError)
-
-
-@contextmanager
-def errors_as_unavailable(*transport_errors: type[BaseException]) -> Iterator[None]:
-    """Raise ``BrokerUnavailable`` in place of a broker failure in the block (``FAILURES``, and ``transport_errors``).
-
-    Its message is the original's (the driver's words), and the original is its ``__cause__``.
-    """
-    try:
-        yield
-    except (*FAILURES, *transport_errors) as exc:
-        raise BrokerUnavailable(str(exc)) from exc
 
 
 @contextmanager

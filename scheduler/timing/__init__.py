@@ -218,6 +218,19 @@ def validate_timezone(name: str) -> None:
         raise ScheduleInvalid(f"Unknown timezone {name!r}") from exc
 
 
+@functools.lru_cache(maxsize=512)
+def zone_is_valid(timezone: str, dst_gap: str, dst_fold: str) -> bool:
+    """Whether a timing in ``timezone`` with these DST policies is valid (schedules share a handful: cached).
+
+    A zone valid when its schedule was saved can vanish in a tzdata upgrade.
+    """
+    try:
+        Timing(interval=1, timezone=timezone, dst_gap=dst_gap, dst_fold=dst_fold)
+    except ScheduleInvalid:
+        return False
+    return True
+
+
 def next_slot(timing: Timing, *, after: datetime, runs_so_far: int = 0) -> datetime | None:
     """Return the first slot strictly after `after`, or None when there is none.
 

@@ -8,14 +8,12 @@ overlap policy and then ``max_runs`` decide which of the slots to run are sent.
 
 from __future__ import annotations
 
-import functools
 import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 
 from scheduler import timing
-from scheduler.exceptions import ScheduleInvalid
 
 #: Slots exactly at a bound must be included; ``slots_between`` excludes ``since``.
 _EPSILON = timedelta(microseconds=1)
@@ -38,16 +36,6 @@ class FirePlan:
     next_run_at: datetime | None
     #: Slots computed one by one to make this plan; bounded however far behind.
     cost: int = 0
-
-
-@functools.lru_cache(maxsize=512)
-def zone_is_valid(timezone: str, dst_gap: str, dst_fold: str) -> bool:
-    """Whether a timing in ``timezone`` with these DST policies is valid (schedules share a handful: cached)."""
-    try:
-        timing.Timing(interval=1, timezone=timezone, dst_gap=dst_gap, dst_fold=dst_fold)
-    except ScheduleInvalid:
-        return False
-    return True
 
 
 #: How late a slot may be and still be on time, for ``misfire=skip`` (seconds).

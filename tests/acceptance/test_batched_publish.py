@@ -27,7 +27,6 @@ from django_celery_results.models import TaskResult
 from project.celery import app
 from scheduler import dbclock, outbox
 from scheduler.beat import liveness
-from scheduler.fastpath import publisher
 from scheduler.models import Execution, Schedule
 from scheduler.owners import executions, leases, schedules
 from scheduler.timing import policies
@@ -72,7 +71,7 @@ def test_batched_messages__run_on_a_plain_worker_with_header_queue_priority_limi
     executions.insert(rows)
 
     # When one publishing pass sends them all by the fast path (Redis pipelines) ...
-    with publisher.connect(app) as sender:
+    with outbox.connect(app) as sender:
         assert sender.fast
     assert outbox.publish_pending(app, limit=len(rows)) == len(rows)
     assert not Execution.objects.filter(status=Status.PENDING).exists()

@@ -28,11 +28,10 @@ from typing import Any
 import pytest
 
 from project.celery import app
-from scheduler import dbclock
+from scheduler import dbclock, timing
 from scheduler import tasks as builtin_tasks
 from scheduler.beat import LeaderScheduler
 from scheduler.models import Execution, Schedule
-from scheduler.timing import policies
 from tests.support.factories import make_schedule
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -41,13 +40,11 @@ pytestmark = pytest.mark.django_db(transaction=True)
 WALK = [
     "scheduler.beat.dispatch",
     "scheduler.owners.work_rules",
-    "scheduler.timing.policies",
     "scheduler.timing",
     "scheduler.owners.leases",
     "scheduler.owners.executions",
     "scheduler.owners.schedules",
     "scheduler.outbox",
-    "scheduler.outbox.broker",
     "scheduler.worker.task",
     "scheduler.worker.renewer",
     "scheduler.worker.running",
@@ -140,7 +137,7 @@ def test_one_execution_walks_through_the_documented_modules_with_no_return_trip(
         beat.tick()  # takes the lease; nothing is due yet
         Schedule.objects.update(next_run_at=dbclock.now().replace(second=0, microsecond=0))
         beat.leadership._last_renew = time.monotonic()  # type: ignore[attr-defined]  # no renewal inside the walk
-        policies.zone_is_valid.cache_clear()  # the first execution of a process: what it checks once, it checks here
+        timing.zone_is_valid.cache_clear()  # the first execution of a process: what it checks once, it checks here
 
         # When the tick records and publishes it, and the guard runs it
         with walk.following(entries=ENTRIES):

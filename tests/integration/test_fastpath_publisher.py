@@ -69,7 +69,7 @@ def test_fast_path__messages_equal_send_tasks(redis_client: redis.Redis, fast_pa
     rows = _rows()
     now = dbclock.now()
     # When the fast path sends them, and then send_task sends them
-    with publisher.connect(app) as sender:
+    with outbox.connect(app) as sender:
         assert sender.fast
         sender.send(rows, now=now)
         fast = _messages(redis_client)
@@ -101,7 +101,7 @@ def test_memory_broker__send_task_path_and_the_messages_arrive() -> None:
     memory.conf.task_serializer = "json"
     rows = _rows()
     # When they are published through it
-    with publisher.connect(memory) as sender:
+    with outbox.connect(memory) as sender:
         assert not sender.fast  # not Redis: send_task
     sent = outbox.publish(memory, rows, now=dbclock.now())
     # Then every row is sent and queued, and each message is in its queue with its execution id
@@ -244,7 +244,7 @@ def test_a_schedules_message_options_go_out_with_its_messages_as_send_task_sends
     signals.before_task_publish.connect(capture)
     try:
         # When they are sent (the one with options by send_task: the fast path expresses none of them)
-        with publisher.connect(app) as sender:
+        with outbox.connect(app) as sender:
             sender.send(executions.message_rows(Execution.objects.all()), now=now)
     finally:
         signals.before_task_publish.disconnect(capture)
