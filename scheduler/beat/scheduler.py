@@ -202,11 +202,14 @@ class LeaderScheduler(Scheduler):
         except LeaseLost as exc:
             self.leadership.lost(exc.names)
             return 0.0
-        self._after_dispatch(report, fence)
-        if 0 in held:
-            # Lease 0's holder keeps house for all; before publishing (``Housekeeping.start_broker_check``).
-            self.housekeeping.start_due(held[0])
-        more_pending = may_publish and self._publish()
+        try:
+            if 0 in held:
+                # Lease 0's holder keeps house for all; before publishing (``Housekeeping.start_broker_check``).
+                self.housekeeping.start_due(held[0])
+            more_pending = may_publish and self._publish()
+        finally:
+            # After the publish: a due slot's message waits for nothing but its commit.
+            self._after_dispatch(report, fence)
         if more_pending or report.more:
             return 0.0
         return self._seconds_until_next_work(report.db_now, fence, elapsed=time.monotonic() - dispatch_started)

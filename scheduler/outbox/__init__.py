@@ -23,8 +23,10 @@ the leader's tick past its lease.
 
 from __future__ import annotations
 
+import os
+import threading
 from collections.abc import Iterable, Iterator
-from contextlib import AbstractContextManager, ExitStack, contextmanager, nullcontext
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
@@ -93,23 +95,23 @@ def publish_pending(app: Celery, *, limit: int | None = None) -> int:
     limit = limit or settings.DISPATCH_BATCH_SIZE
     executions.release_buffered()
     sent = 0
-    with errors_as_unavailable(), ExitStack() as stack:
-        sender = None
+    with errors_as_unavailable():
         while sent < limit:
+            wanted = min(PUBLISH_BATCH, limit - sent)
             with _publishing_transaction():
-                batch = executions.pending_rows(limit=min(PUBLISH_BATCH, limit - sent), locked=True)
+                batch = executions.pending_rows(limit=wanted, locked=True)
                 if not batch:
                     break
                 failpoint("publish.holding_batch")
-                if sender is None:  # no broker connection for a pass with nothing to send
-                    sender = stack.enter_context(connect(app))
                 now = dbclock.now()
                 failpoint("publish.send")
-                sender.send(batch, now=now)
+                _kept.send(app, batch, now=now)
                 failpoint("publish.before_mark_queued")
                 executions.mark_queued([row["id"] for row in batch], now=now)
                 failpoint("publish.after_mark_queued")
             sent += len(batch)
+            if len(batch) < wanted:  # nothing more was pending: no second, empty transaction
+                break
     return sent
 
 
@@ -143,11 +145,13 @@ def wait_seconds() -> float:
 @contextmanager
 def bounded_connection(app: Celery) -> Iterator[Connection]:
     """Yield a new broker connection whose connect and every socket read and write wait at most ``wait_seconds()``."""
-    timeout = wait_seconds()
-    with app.connection_for_write(
-        transport_options={"socket_timeout": timeout, "socket_connect_timeout": timeout}
-    ) as conn:
+    with _bounded(app) as conn:
         yield conn
+
+
+def _bounded(app: Celery) -> Connection:
+    timeout = wait_seconds()
+    return app.connection_for_write(transport_options={"socket_timeout": timeout, "socket_connect_timeout": timeout})
 
 
 #: What kombu and the socket under it raise when the broker fails, whatever the transport.
@@ -178,6 +182,57 @@ def connect(app: Celery) -> Iterator[publisher.Publisher]:
         # for many seconds per outage; the rows simply stay pending.
         conn.ensure_connection(max_retries=0)
         yield publisher.Publisher(app, conn)
+
+
+class _KeptPublisher(threading.local):
+    """This thread's publisher, kept from one ``publish_pending`` pass to the next.
+
+    The beat publishes every tick, and opening a broker connection cost it
+    more than pushing a tick's messages: the time a due slot waits. A kept
+    connection the broker dropped (a restart) is reconnected by the Redis
+    client itself; after any failure the next pass opens a fresh one. A
+    forked child opens its own.
+    """
+
+    def __init__(self) -> None:
+        self.publisher: publisher.Publisher | None = None
+        self.opened_for: tuple[int, int, str] | None = None
+
+    def send(self, app: Celery, batch: list[dict[str, Any]], *, now: datetime) -> None:
+        if self.opened_for != self._identity(app):
+            self.close()
+        try:
+            self._open(app).send(batch, now=now)
+        except BaseException:
+            self.close()  # the next pass starts on a fresh connection
+            raise
+
+    def _open(self, app: Celery) -> publisher.Publisher:
+        if self.publisher is None:
+            conn = _bounded(app)
+            try:
+                conn.ensure_connection(max_retries=0)
+                self.publisher = publisher.Publisher(app, conn)
+            except BaseException:
+                conn.release()
+                raise
+            self.opened_for = self._identity(app)
+        return self.publisher
+
+    def close(self) -> None:
+        sender, self.publisher = self.publisher, None
+        if sender is not None and self.opened_for is not None and self.opened_for[0] == os.getpid():
+            try:
+                sender.connection.release()
+            except Exception:  # noqa: BLE001 -- a broken connection closes as it can; a new one replaces it
+                pass
+
+    @staticmethod
+    def _identity(app: Celery) -> tuple[int, int, str]:
+        return os.getpid(), id(app), str(app.conf.broker_url)
+
+
+_kept = _KeptPublisher()
 
 
 def _publishing_transaction() -> AbstractContextManager[Any]:

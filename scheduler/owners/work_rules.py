@@ -49,7 +49,8 @@ CACHE_SECONDS = 1.0
 #: takes to refuse a name that does not match.
 GLOB_MAX_STARS = 4
 
-_cached: tuple[float, tuple[Rule, ...], tuple[Limit, ...], tuple[Rate, ...]] | None = None
+#: {rule table: (when read, its rules)}.
+_cached: dict[type, tuple[float, tuple[Any, ...]]] = {}
 
 
 def glob_problem(pattern: str) -> str:
@@ -115,34 +116,31 @@ def delete_pause(rule: PauseRule) -> None:
 
 def forget() -> None:
     """Read the rules afresh next time (this process changed them)."""
-    global _cached
-    _cached = None
+    _cached.clear()
 
 
-def _read(max_age: float) -> tuple[float, tuple[Rule, ...], tuple[Limit, ...], tuple[Rate, ...]]:
-    global _cached
+def _read(model: type[PauseRule | ConcurrencyLimit | RateLimit], max_age: float) -> tuple[Any, ...]:
+    """The rules of one table, as read at most ``max_age`` seconds ago (each table apart: the beat reads pauses only)."""
     now = time.monotonic()
-    if _cached is None or now - _cached[0] >= max_age:
-        pauses = tuple(Rule.of(row) for row in PauseRule.objects.order_by("pk"))
-        limits = tuple(Limit.of(row) for row in ConcurrencyLimit.objects.order_by("pk"))
-        rates = tuple(Rate.of(row) for row in RateLimit.objects.order_by("pk"))
-        _cached = (now, pauses, limits, rates)
-    return _cached
+    cached = _cached.get(model)
+    if cached is None or now - cached[0] >= max_age:
+        cached = _cached[model] = (now, tuple(_READ_AS[model](row) for row in model.objects.order_by("pk")))
+    return cached[1]
 
 
 def pauses_in_force(*, max_age: float = CACHE_SECONDS) -> tuple[Rule, ...]:
     """Return the pause rules in force, as read at most ``max_age`` seconds ago in this process."""
-    return _read(max_age)[1]
+    return _read(PauseRule, max_age)
 
 
 def limits_in_force(*, max_age: float = CACHE_SECONDS) -> tuple[Limit, ...]:
     """Return the concurrency limits in force, as read at most ``max_age`` seconds ago in this process."""
-    return _read(max_age)[2]
+    return _read(ConcurrencyLimit, max_age)
 
 
 def rates_in_force(*, max_age: float = CACHE_SECONDS) -> tuple[Rate, ...]:
     """Return the rate limits in force, as read at most ``max_age`` seconds ago in this process."""
-    return _read(max_age)[3]
+    return _read(RateLimit, max_age)
 
 
 def matching(rules: tuple[Rule, ...], *, task: str, queue: str, tenant: str) -> Rule | None:
@@ -223,6 +221,9 @@ class Rate(_WorkLimit):
     def of(cls, row: RateLimit) -> Rate:
         interval = row.per_seconds / row.starts
         return cls(row.pk, row.name, row.tenant, row.every_tenant, row.task, row.queue, row.key, interval)
+
+
+_READ_AS: dict[type, Any] = {PauseRule: Rule.of, ConcurrencyLimit: Limit.of, RateLimit: Rate.of}
 
 
 def limit_id(key: str) -> int:

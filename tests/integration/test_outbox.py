@@ -92,3 +92,22 @@ def test_publish__broker_nobody_listens_on__broker_unavailable_and_nothing_marke
     # Then the cause is the driver's error, and nothing claims to be sent
     assert isinstance(raised.value.__cause__, (OperationalError, OSError))
     assert not Execution.objects.filter(status=Status.QUEUED).exists()
+
+
+def test_publish_pending__keeps_its_connection_and_replaces_a_dead_one_at_once(redis_client: redis.Redis) -> None:
+    # Given a pass that published, so its thread keeps the broker connection
+    schedule = schedules.create(name="s", task="tests.record", interval=60)
+    pending(schedule, 2)
+    assert outbox.publish_pending(app) == 2
+    kept = outbox._kept.publisher
+    assert kept is not None
+    # When the broker drops that connection (as a restart does) and the next pass publishes
+    channel = kept.connection.default_channel
+    redis_client.client_kill_filter(_id=channel.client.client_id())
+    pending(schedule, 3)
+    sent = outbox.publish_pending(app)
+    # Then the pass sent every row, with no error for the caller, on a live connection kept again
+    assert sent == 3
+    assert Execution.objects.filter(status=Status.QUEUED).count() == 5
+    assert redis_client.llen("celery") == 5
+    assert outbox._kept.publisher is not None
