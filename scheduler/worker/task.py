@@ -86,8 +86,10 @@ from scheduler.worker.running import RunningExecution
 
 logger = logging.getLogger(__name__)
 
-#: Attribute of the Celery request context that holds the claimed execution (a ``RunningExecution``).
-_REQUEST_ATTR = "scheduler_execution"
+#: Attribute of the Celery request context that holds the claimed Execution row.
+_ROW_ATTR = "scheduler_execution_row"
+#: Attribute of the Celery request context that holds its ``RunningExecution``, once the body asked for it.
+_RUNNING_ATTR = "scheduler_execution"
 #: Attribute of the Celery request context that holds the ``Claim`` (the fencing token).
 _CLAIM_ATTR = "scheduler_claim"
 #: The request attribute that holds the concurrency place its execution runs under, if any.
@@ -239,7 +241,14 @@ def current_execution() -> RunningExecution | None:
     task = current_task
     if not task:
         return None
-    return getattr(task.request, _REQUEST_ATTR, None)
+    request = task.request
+    running: RunningExecution | None = getattr(request, _RUNNING_ATTR, None)
+    row, claim = getattr(request, _ROW_ATTR, None), getattr(request, _CLAIM_ATTR, None)
+    if running is None and row is not None and claim is not None:
+        # Built when the body first asks (most never do); a fenced block that records the outcome ends the claim.
+        running = RunningExecution(row, claim, on_succeeded=_renewer.drop)
+        setattr(request, _RUNNING_ATTR, running)
+    return running
 
 
 def fenced() -> AbstractContextManager[None]:
@@ -446,8 +455,7 @@ class ExecutionTask(Task):
         claim = Claim.of(execution)
         if executions.fail_exhausted(claim):
             raise Ignore()
-        # A fenced block that records the outcome ends the claim: stop renewing it.
-        setattr(self.request, _REQUEST_ATTR, RunningExecution(execution, claim, on_succeeded=_renewer.drop))
+        setattr(self.request, _ROW_ATTR, execution)
         setattr(self.request, _CLAIM_ATTR, claim)
         logs.bind(execution_id=execution.pk, schedule=execution.schedule_id)
         _renewer.hold(claim, since=since, timeout=execution.timeout)
@@ -528,7 +536,7 @@ class ExecutionTask(Task):
                 _offer_freed_place(self.app, place)
 
     def _run_and_record(self, *args: Any, **kwargs: Any) -> Any:
-        execution: RunningExecution | None = getattr(self.request, _REQUEST_ATTR, None)
+        execution: Execution | None = getattr(self.request, _ROW_ATTR, None)
         claim: Claim | None = getattr(self.request, _CLAIM_ATTR, None)
         if execution is None or claim is None:
             # Called directly as a function (or in eager mode): nothing to guard.
@@ -584,7 +592,8 @@ class ExecutionTask(Task):
         finally:
             logs.unbind("execution_id", "schedule")
         failpoint("worker.after_body")
-        if execution.succeeded:  # its fenced block recorded the outcome; the result is all that is left
+        running: RunningExecution | None = getattr(self.request, _RUNNING_ATTR, None)
+        if running is not None and running.succeeded:  # its fenced block recorded the outcome; the result is left
             _reconnecting(executions.record_result, claim, _result_summary(value))
         else:
             _reconnecting(executions.finish, claim, status=Execution.Status.SUCCEEDED, result=_result_summary(value))
@@ -615,7 +624,7 @@ class ExecutionTask(Task):
         except BaseException:
             # Celery refused (e.g. its own max_retries): the attempt goes on as running.
             if executions.undo_retry(claim):
-                _renewer.hold(claim, since=since, timeout=getattr(self.request, _REQUEST_ATTR).timeout)
+                _renewer.hold(claim, since=since, timeout=getattr(self.request, _ROW_ATTR).timeout)
             raise
 
     def _retry_after_error(self, claim: Claim, exc: Exception, delay: float, *, error: str | None = None) -> Retry:

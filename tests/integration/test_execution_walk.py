@@ -47,7 +47,6 @@ WALK = [
     "scheduler.outbox",
     "scheduler.worker.task",
     "scheduler.worker.renewer",
-    "scheduler.worker.running",
 ]
 SHARED_GROUND = (
     "scheduler.conf",
