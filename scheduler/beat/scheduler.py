@@ -30,6 +30,7 @@ from scheduler import logs, outbox, process_ids, shards, tracing
 from scheduler.beat import dispatch, leadership, shard_keeper
 from scheduler.beat.housekeeping import Housekeeping
 from scheduler.beat.liveness import InstanceLock
+from scheduler.beat.publishing import Publishing
 from scheduler.beat.revoker import Revoker
 from scheduler.conf import settings
 from scheduler.exceptions import BrokerUnavailable, LeaseLost
@@ -78,6 +79,8 @@ class LeaderScheduler(Scheduler):
         self._broker_down = False
         #: Sends the revokes of cancelled executions on a thread of its own (started on first use).
         self._revoker: Revoker | None = None
+        #: PostgreSQL: publishes during a burst on a thread of its own (started on first use).
+        self._publishing = Publishing(self._publish) if connection.features.has_select_for_update else None
         #: The last pass left due schedules because another transaction held a row they need.
         self._held_back = False
         self._ticking = False
@@ -161,6 +164,8 @@ class LeaderScheduler(Scheduler):
             return
         if self._interrupted:
             connection.close()
+        if self._publishing is not None:
+            self._publishing.close(timeout=2 * outbox.wait_seconds())
         try:
             # First: the shard keepers of the others no longer count this replica live when its release wakes them.
             instances.remove(self.instance_id)
@@ -206,7 +211,12 @@ class LeaderScheduler(Scheduler):
             if 0 in held:
                 # Lease 0's holder keeps house for all; before publishing (``Housekeeping.start_broker_check``).
                 self.housekeeping.start_due(held[0])
-            more_pending = may_publish and self._publish()
+            if report.more and self._publishing is not None:
+                # A burst: what this tick committed goes out while the next tick commits more.
+                self._publishing.wake()
+                more_pending = False
+            else:
+                more_pending = may_publish and self._publish()
         finally:
             # After the publish: a due slot's message waits for nothing but its commit.
             self._after_dispatch(report, fence)
