@@ -142,14 +142,8 @@ def wait_seconds() -> float:
     return settings.LEASE_TTL_SECONDS / 10
 
 
-@contextmanager
-def bounded_connection(app: Celery) -> Iterator[Connection]:
-    """Yield a new broker connection whose connect and every socket read and write wait at most ``wait_seconds()``."""
-    with _bounded(app) as conn:
-        yield conn
-
-
-def _bounded(app: Celery) -> Connection:
+def bounded_connection(app: Celery) -> Connection:
+    """Return a new broker connection (a context manager) whose connect and socket calls wait ``wait_seconds()`` at most."""
     timeout = wait_seconds()
     return app.connection_for_write(transport_options={"socket_timeout": timeout, "socket_connect_timeout": timeout})
 
@@ -172,16 +166,26 @@ def errors_as_unavailable(*transport_errors: type[BaseException]) -> Iterator[No
 
 @contextmanager
 def connect(app: Celery) -> Iterator[publisher.Publisher]:
-    """Yield a ``Publisher`` on a fresh bounded connection; fail at once if the broker is unreachable or silent.
+    """Yield a ``Publisher`` on a new bounded connection; fail at once if the broker is unreachable or silent."""
+    sender = _new_publisher(app)
+    try:
+        yield sender
+    finally:
+        sender.connection.release()
 
-    A publisher holds its batch's rows locked while it pushes, and the
-    leader's tick waits for its own pushes.
-    """
-    with bounded_connection(app) as conn:
-        # One attempt, no retry loop: kombu would otherwise block the beat
-        # for many seconds per outage; the rows simply stay pending.
+
+def _new_publisher(app: Celery) -> publisher.Publisher:
+    # A publisher holds its batch's rows locked while it pushes, and the
+    # leader's tick waits for its own pushes: one connection attempt, no
+    # retry loop (kombu's would block the beat for many seconds per
+    # outage); the rows simply stay pending.
+    conn = bounded_connection(app)
+    try:
         conn.ensure_connection(max_retries=0)
-        yield publisher.Publisher(app, conn)
+        return publisher.Publisher(app, conn)
+    except BaseException:
+        conn.release()
+        raise
 
 
 class _KeptPublisher(threading.local):
@@ -209,13 +213,7 @@ class _KeptPublisher(threading.local):
 
     def _open(self, app: Celery) -> publisher.Publisher:
         if self.publisher is None:
-            conn = _bounded(app)
-            try:
-                conn.ensure_connection(max_retries=0)
-                self.publisher = publisher.Publisher(app, conn)
-            except BaseException:
-                conn.release()
-                raise
+            self.publisher = _new_publisher(app)
             self.opened_for = self._identity(app)
         return self.publisher
 

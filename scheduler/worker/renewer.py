@@ -1,42 +1,10 @@
-"""The claim renewer of a worker process: keeps its claims alive, and stops a body whose claim is gone.
+"""The claim renewer of a worker process: a body runs only while its claim holds.
 
-Two threads per worker process (started on first use, again after a fork):
-
-- The *renew* thread talks to the database. Asked to renew, it extends
-  every claim the process holds in one short transaction. A claim it
-  could not extend has moved on (another worker took the execution over
-  after the claim expired, an operator or ``cancel_previous`` cancelled
-  it, reconcile marked it lost), and its body is stopped at once; or
-  another transaction holds its row or the database, and the claim
-  stands as it was. A renewal that only found the database busy (SQLite's
-  write lock held past the busy timeout, a PostgreSQL row or lock another
-  transaction holds) is tried again every ``BUSY_RETRY_SECONDS``, for as
-  long as the claims last. A claim whose row its own body's transaction
-  holds (a ``checkpoint()`` inside the body's ``atomic()``, PostgreSQL)
-  counts as renewed: nobody can move it on before that transaction ends,
-  and while a body is inside a transaction its claims are renewed every
-  ``IN_TRANSACTION_RENEW_SECONDS``, so the renewal follows soon after.
-- The *watch* thread keeps time and never touches the database, so a
-  database call that hangs cannot hold it up. It asks for a renewal every
-  ``SCHEDULER_CLAIM_RENEW_SECONDS``, and it stops a body whose claim the
-  renew thread could not confirm before the claim's local deadline
-  (``SCHEDULER_CLAIM_SECONDS`` after the last confirmed renewal was sent,
-  or the execution's hard time limit if later): the database is
-  unreachable, or too slow, for longer than the claim.
-
-A pause of the whole process (SIGSTOP/SIGCONT, a frozen cgroup, a VM
-pause, a suspended host) is seen as a jump of the clock between two ticks
-of the watch thread, which ticks every ``TICK_SECONDS``. On the first tick
-after the jump it asks for a renewal at once (not one interval later) and
-gives the database ``VERIFY_SECONDS`` to confirm each claim whose local
-deadline passed during the pause; a claim that moved on is stopped as soon
-as the renewal says so, and one that cannot be confirmed in time is
-stopped then. The clock is ``CLOCK_BOOTTIME`` (Linux), which keeps running
-through a stopped process and through a system suspend; where it is
-missing, ``CLOCK_MONOTONIC``, which on Linux also runs through a stopped
-process (it is system-wide) but stops during a system suspend. A thread
-sleeping through a pause wakes at once when the process resumes: its
-deadline passed meanwhile.
+It keeps alive the claims of what its process runs, and stops a body as
+soon as it learns that its claim moved on (another worker took the
+execution over, an operator or ``cancel_previous`` cancelled it, reconcile
+marked it lost), or once the claim could not be confirmed for as long as
+it lasts (the database unreachable, the process paused past it).
 
 Stopping a body records nothing; whoever holds the execution now records
 its outcome. In a prefork pool child (Celery's default pool) the child
@@ -121,7 +89,38 @@ class _Hold:
 
 
 class ClaimRenewer:
-    """Renews the claims of one worker process and stops the bodies of those it lost."""
+    """Renews the claims of one worker process and stops the bodies of those it lost.
+
+    Two threads (started on first use, again after a fork):
+
+    - The *renew* thread talks to the database. Asked to renew, it extends
+      every claim the process holds in one short transaction. A claim it
+      could not extend has moved on, and its body is stopped at once; or
+      another transaction holds its row or the database, and the claim
+      stands as it was. A renewal that only found the database busy
+      (SQLite's write lock held past the busy timeout, a PostgreSQL row or
+      lock another transaction holds) is tried again every
+      ``BUSY_RETRY_SECONDS``, for as long as the claims last. A claim whose
+      row its own body's transaction holds (a ``checkpoint()`` inside the
+      body's ``atomic()``, PostgreSQL) counts as renewed: nobody can move it
+      on before that transaction ends, and while a body is inside a
+      transaction its claims are renewed every ``IN_TRANSACTION_RENEW_SECONDS``.
+    - The *watch* thread keeps time and never touches the database, so a
+      database call that hangs cannot hold it up. It asks for a renewal
+      every ``SCHEDULER_CLAIM_RENEW_SECONDS``, and it stops a body whose
+      claim the renew thread could not confirm before the claim's local
+      deadline (``SCHEDULER_CLAIM_SECONDS`` after the last confirmed
+      renewal was sent, or the execution's hard time limit if later).
+
+    A pause of the whole process (SIGSTOP/SIGCONT, a frozen cgroup, a VM
+    pause, a suspended host) shows as a jump of the clock between two ticks
+    of the watch thread (every ``TICK_SECONDS``): it asks for a renewal at
+    once and gives the database ``VERIFY_SECONDS`` to confirm each claim
+    whose local deadline passed during the pause. The clock is
+    ``CLOCK_BOOTTIME`` (Linux), which runs through a stopped process and a
+    system suspend; where it is missing, ``CLOCK_MONOTONIC``, which stops
+    during a system suspend.
+    """
 
     def __init__(self) -> None:
         self._held: dict[Claim, _Hold] = {}

@@ -1,31 +1,18 @@
 """ExecutionTask: the guard every task of the project's Celery app runs under.
 
-Before a task body runs, the worker claims its Execution row with one
-conditional UPDATE. When nothing is claimed, the message is a duplicate
-delivery (the execution is already running elsewhere, or done): it is
-acknowledged, logged and not run. Only the message sent for an execution
-claims it: its task name and task id must be the row's, so a message that
-merely names the execution in its header (one a ``celery.group`` carried,
-say) is refused the same way, and logged and counted as refused
-(``scheduler_messages_refused_total``). While the body runs, the process's claim
-renewer (``scheduler.worker.renewer``) renews the claims of what that process runs,
-in one UPDATE per interval; a worker that dies stops renewing, and once its
-claim expires the execution may be claimed again, as the next attempt. Every
-write after the claim is fenced by that attempt (see ``scheduler.owners.executions``,
-which owns every status change; this module holds only Celery's hooks). The
-outcome and the schedule's counters are written in one transaction.
-
-A body whose claim is gone is stopped and records nothing: when a renewal
-finds the claim moved on (taken over after the worker froze past it,
-cancelled, marked lost), when the process resumes from a pause longer than
-the claim and the database does not confirm it at once, or when the
-database cannot confirm it for longer than the claim. With the prefork pool
-(the default) the pool child exits within a second of noticing, whatever
-the body is doing. With the ``solo`` and ``threads`` pools the body's thread
-gets ``ClaimLost`` raised in it, which Python delivers only when the thread
-next runs Python code: a body blocked in a C call or a long ``time.sleep()``
-runs on until that returns, and a body that catches ``Exception`` and goes
-on is not stopped. The claim's own outcome is never recorded either way.
+A body runs only under its execution's claim, once per attempt, and every
+write after the claim is fenced by that attempt; a delivery that claims
+nothing is acknowledged, logged and not run. Before a body runs, the worker
+claims its Execution row with one conditional UPDATE. Nothing is claimed for
+a duplicate delivery (the execution is already running elsewhere, or done),
+nor for a message that merely names the execution in its header (one a
+``celery.group`` carried, say): only the message sent for an execution, with
+the row's task name and task id, claims it; the others are counted as
+refused (``scheduler_messages_refused_total``). While the body runs, the
+process's claim renewer (``scheduler.worker.renewer``) keeps the claim alive,
+and stops a body whose claim is gone. ``scheduler.owners.executions`` owns
+every status change; this module holds only Celery's hooks. The outcome and
+the schedule's counters are written in one transaction.
 
 A task called the plain Celery way (no execution id in the message) is
 recorded as an ad-hoc Execution keyed by its Celery task id, so a redelivery

@@ -58,6 +58,9 @@ def test_hundred_executions_under_ten_a_second__start_no_faster_across_two_worke
     took = starts[-1] - starts[0]
     busiest = starts_in_busiest_second(starts)
     print(f"{EXECUTIONS} starts over {took:.2f}s; the busiest second held {busiest}")
-    # 99 intervals of 0.1 s; a start may come up to a claim's time after its turn, so one more may share a second
+    # 99 intervals of 0.1 s. A body begins at its turn or after it, never before, late by its claim's time: a
+    # late one shares a second with the next ten on time. Under the suite's load (two databases' tests at once
+    # on two cores) a claim can take longer than an interval, so two may; a limit that let starts through
+    # early or at once would put many more in a second.
     assert took >= (EXECUTIONS - 1) / STARTS_PER_SECOND - 0.5
-    assert busiest <= STARTS_PER_SECOND + 1
+    assert busiest <= STARTS_PER_SECOND + 2
