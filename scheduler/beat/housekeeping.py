@@ -50,8 +50,17 @@ class Housekeeping:
         #: (name, token) of the lease the last broker check ran under: the first check under another runs at once.
         self._broker_checked_under: tuple[str, int] | None = None
 
+    def before_publish(self, lease: leases.LeaseHandle) -> None:
+        """Under a lease just taken, check the broker now, before the lease's first publish (``start_broker_check``)."""
+        if (lease.name, lease.token) != self._broker_checked_under:
+            self.start_broker_check(lease)
+
     def start_due(self, lease: leases.LeaseHandle) -> None:
-        """Start, under ``lease``, the broker check and the reconcile pass that are due."""
+        """Start, under ``lease``, the broker check, the reconcile pass and the notification delivery that are due.
+
+        Called after the tick's publish: a thread started now would share the
+        tick's interpreter and database while the due messages wait.
+        """
         self.start_broker_check(lease)
         self.start_reconcile(lease)
         self.start_notify(lease)

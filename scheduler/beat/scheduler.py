@@ -209,8 +209,8 @@ class LeaderScheduler(Scheduler):
             return 0.0
         try:
             if 0 in held:
-                # Lease 0's holder keeps house for all; before publishing (``Housekeeping.start_broker_check``).
-                self.housekeeping.start_due(held[0])
+                # Lease 0's holder keeps house for all; the broker check under a new lease comes first.
+                self.housekeeping.before_publish(held[0])
             if report.more and self._publishing is not None:
                 # A burst: what this tick committed goes out while the next tick commits more.
                 self._publishing.wake()
@@ -220,6 +220,8 @@ class LeaderScheduler(Scheduler):
         finally:
             # After the publish: a due slot's message waits for nothing but its commit.
             self._after_dispatch(report, fence)
+        if 0 in held:
+            self.housekeeping.start_due(held[0])
         if more_pending or report.more:
             return 0.0
         return self._seconds_until_next_work(report.db_now, fence, elapsed=time.monotonic() - dispatch_started)

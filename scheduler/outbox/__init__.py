@@ -85,25 +85,32 @@ def publish_pending(app: Celery, *, limit: int | None = None) -> int:
     after its push (the worker claims it once all the same). SQLite has no
     row locks: see ``_publishing_transaction``.
 
-    Buffered rows whose schedule went idle are released first; rows still
-    held are not sent. A schedule's ``jitter`` delays its message by a
-    per-slot amount (``policies.jitter_offset``). A broker failure stops the
-    pass and raises ``BrokerUnavailable``: the batches sent before it are
-    committed ``queued``, the failed one and the rest stay ``pending`` for
-    the next pass; the caller decides whether to log.
+    Buffered rows whose schedule went idle are released after the sending,
+    not before: a due slot's message waits for no other statement, and
+    what was released goes out in the same pass while the limit allows. A
+    schedule's ``jitter`` delays its message by a per-slot amount
+    (``policies.jitter_offset``). A broker failure stops the pass and
+    raises ``BrokerUnavailable``: the batches sent before it are committed
+    ``queued``, the failed one and the rest stay ``pending`` for the next
+    pass; the caller decides whether to log.
     """
     limit = limit or settings.DISPATCH_BATCH_SIZE
-    executions.release_buffered()
+    sent = _send_pending(app, limit)
+    if executions.release_buffered() and sent < limit:
+        sent += _send_pending(app, limit - sent)
+    return sent
+
+
+def _send_pending(app: Celery, limit: int) -> int:
     sent = 0
     with errors_as_unavailable():
         while sent < limit:
             wanted = min(PUBLISH_BATCH, limit - sent)
             with _publishing_transaction():
-                batch = executions.pending_rows(limit=wanted, locked=True)
-                if not batch:
+                batch, now = executions.pending_rows(limit=wanted, locked=True)
+                if now is None:
                     break
                 failpoint("publish.holding_batch")
-                now = dbclock.now()
                 failpoint("publish.send")
                 _kept.send(app, batch, now=now)
                 failpoint("publish.before_mark_queued")

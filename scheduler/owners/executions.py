@@ -50,12 +50,13 @@ from django.db.models import (
     Subquery,
     When,
 )
+from django.db.models.expressions import RawSQL
 from django.db.models.functions import Now
 from django.db.models.lookups import LessThan
 from django.db.models.sql import InsertQuery, Query, UpdateQuery
 from django.db.transaction import TransactionManagementError
 
-from scheduler import session_limits, tracing
+from scheduler import dbclock, session_limits, tracing
 from scheduler.conf import settings
 from scheduler.exceptions import InFlightLocked, MessageRefused
 from scheduler.failpoints import failpoint
@@ -506,8 +507,11 @@ def message_rows(executions: QuerySet[Execution]) -> list[dict[str, Any]]:
     )
 
 
-def pending_rows(*, limit: int, locked: bool = False) -> list[dict[str, Any]]:
-    """Return up to ``limit`` unsent, not buffered executions as ``message_rows``, oldest first.
+def pending_rows(*, limit: int, locked: bool = False) -> tuple[list[dict[str, Any]], datetime | None]:
+    """Return up to ``limit`` unsent, not buffered executions as ``message_rows``, oldest first, and the database clock.
+
+    The clock (``None`` with no rows) is read by the same statement, just
+    before the rows are sent: what they are marked ``queued`` at.
 
     ``locked`` (inside a transaction) locks the rows returned and passes over
     rows another transaction holds, so concurrent publishers take different
@@ -521,8 +525,17 @@ def pending_rows(*, limit: int, locked: bool = False) -> list[dict[str, Any]]:
     rows = Execution.objects.filter(status=Status.PENDING, buffered=False)
     if locked:
         rows = rows.select_for_update(skip_locked=True, of=("self",))
-    values = rows.order_by("created_at", "id").values(*MESSAGE_FIELDS, "schedule_id", **SCHEDULE_MESSAGE_FIELDS)
-    return list(values[:limit])
+    values = list(
+        rows.order_by("created_at", "id")
+        .annotate(read_at=RawSQL(dbclock.now_sql(), [], output_field=DateTimeField()))
+        .values(*MESSAGE_FIELDS, "schedule_id", "read_at", **SCHEDULE_MESSAGE_FIELDS)[:limit]
+    )
+    if not values:
+        return [], None
+    read_at = dbclock.as_datetime(values[0]["read_at"])
+    for row in values:
+        del row["read_at"]
+    return values, read_at
 
 
 def mark_queued(ids: Iterable[int], *, now: datetime) -> int:
