@@ -15,10 +15,10 @@ from collections import defaultdict
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from django.db import DatabaseError, connection, transaction
-from django.db.models import Count, Q
+from django.db.models import Count, Q, QuerySet
 
 from scheduler import dbclock, session_limits, timing, tracing
 from scheduler.conf import settings
@@ -203,6 +203,7 @@ _SET_BASED_COLUMNS = (
     "dst_gap",
     "dst_fold",
 )
+_NEXT_RUN_AT = _SET_BASED_COLUMNS.index("next_run_at")
 
 
 def _slot_of(
@@ -393,7 +394,7 @@ def _left_for_later(parts: Sequence[list[_Due]], why: str) -> None:
 def _plan(*, now: datetime, batch_size: int, shards: Collection[int] | None) -> tuple[list[_Due], bool]:
     """Plan the on-time due schedules, then backlog ones within budget; return them and whether more are due.
 
-    The on-time ones are read as a few columns first: those ``_slot_of``
+    The due schedules are read as a few columns first: those ``_slot_of``
     plans set-based are never read as models, the others are.
     """
     due = Schedule.objects.due(now=now)
@@ -404,20 +405,15 @@ def _plan(*, now: datetime, batch_size: int, shards: Collection[int] | None) -> 
         due = due.exclude(held)
     if shards is not None:
         due = due.filter(shard__in=sorted(shards))
-    on_time = due.filter(next_run_at__gte=now - BACKLOG_AFTER)[:batch_size]
-    backlog = list(due.filter(next_run_at__lt=now - BACKLOG_AFTER)[:batch_size])
+    on_time, backlog = _on_time_and_backlog(due, cutoff=now - BACKLOG_AFTER, batch_size=batch_size)
     planned: list[_Due]
     if SET_BASED and not tracing.enabled():  # (a traced commit parents each row's publish span: the general path)
-        columns = list(on_time.values_list(*_SET_BASED_COLUMNS))
-        slots = {row[0]: _slot_of(*row, now=now) for row in columns}
-        general = {
-            schedule.pk: schedule for schedule in due.filter(pk__in=[pk for pk, slot in slots.items() if not slot])
-        }
+        slots = {row[0]: _slot_of(*row, now=now) for row in on_time}
+        left = [pk for pk, slot in slots.items() if not slot]
+        general = {schedule.pk: schedule for schedule in due.filter(pk__in=left)} if left else {}
         planned = [slot or _plan_one(general[pk], now=now) for pk, slot in slots.items() if slot or pk in general]
-        on_time_count = len(columns)
     else:
-        planned = [_plan_one(schedule, now=now) for schedule in on_time]
-        on_time_count = len(planned)
+        planned = [_plan_one(schedule, now=now) for schedule in due.filter(pk__in=[row[0] for row in on_time])]
     spent = 0
     for schedule in backlog:
         if spent >= PLAN_BUDGET:
@@ -425,8 +421,25 @@ def _plan(*, now: datetime, batch_size: int, shards: Collection[int] | None) -> 
         item = _plan_one(schedule, now=now)
         spent += 1 if item.plan is None else item.plan.cost + item.rows
         planned.append(item)
-    more = on_time_count == batch_size or len(backlog) == batch_size or len(planned) < on_time_count + len(backlog)
+    more = len(on_time) == batch_size or len(backlog) == batch_size or len(planned) < len(on_time) + len(backlog)
     return planned, more
+
+
+def _on_time_and_backlog(
+    due: QuerySet[Schedule], *, cutoff: datetime, batch_size: int
+) -> tuple[list[tuple[Any, ...]], list[Schedule]]:
+    """Read up to ``batch_size`` on-time due schedules (as ``_SET_BASED_COLUMNS``) and as many backlog ones.
+
+    The due set is earliest first, so when its earliest row is on time there
+    is no backlog and one read finds the on-time ones: the common pass. Else
+    each is read apart, so a backlog however deep never crowds out the
+    schedules that are on time.
+    """
+    columns = list(due.values_list(*_SET_BASED_COLUMNS)[:batch_size])
+    if not columns or columns[0][_NEXT_RUN_AT] >= cutoff:
+        return columns, []
+    on_time = list(due.filter(next_run_at__gte=cutoff).values_list(*_SET_BASED_COLUMNS)[:batch_size])
+    return on_time, list(due.filter(next_run_at__lt=cutoff)[:batch_size])
 
 
 def _plan_one(schedule: Schedule, *, now: datetime) -> _Planned:

@@ -161,7 +161,7 @@ class Execution(models.Model):
     max_retries = models.PositiveIntegerField(default=0)
     #: Seconds; base of the exponential backoff between attempts.
     retry_backoff = models.PositiveIntegerField(default=1)
-    celery_task_id = models.CharField(max_length=255, blank=True, default="", db_index=True)
+    celery_task_id = models.CharField(max_length=255, blank=True, default="")
     #: Buffered by ``overlap=buffer_one``: kept ``pending`` and not sent until
     #: the schedule has nothing else in flight. (Columns keep their first
     #: names, see migration 0021.)
@@ -198,6 +198,9 @@ class Execution(models.Model):
     class Meta:
         ordering = ("-scheduled_for", "-id")
         indexes = [
+            # Every write of a row (its claim, its outcome) updates each index: a
+            # plain one, not Django's extra pattern (LIKE) index per CharField.
+            models.Index(fields=["celery_task_id"], name="execution_celery_task"),
             models.Index(fields=["schedule", "-scheduled_for"], name="execution_schedule_slot"),
             models.Index(fields=["-scheduled_for", "-id"], name="execution_recent"),
             models.Index(fields=["status", "created_at"], name="execution_status_created"),

@@ -218,8 +218,8 @@ class Schedule(models.Model):
         BOTH = "both", "both occurrences"
 
     #: Unique within its tenant (``schedule_name_per_tenant``), so one tenant can neither learn nor block another's names.
-    name = models.CharField(max_length=200, db_index=True)
-    task = models.CharField(max_length=255, db_index=True, help_text="Dotted name of the Celery task.")
+    name = models.CharField(max_length=200)
+    task = models.CharField(max_length=255, help_text="Dotted name of the Celery task.")
     args = models.JSONField(default=list, blank=True, help_text="JSON list of positional arguments.")
     kwargs = models.JSONField(default=dict, blank=True, help_text="JSON object of keyword arguments.")
     queue = models.CharField(max_length=200, blank=True, default="")
@@ -235,7 +235,7 @@ class Schedule(models.Model):
     exchange = models.CharField(max_length=200, blank=True, default="")
     routing_key = models.CharField(max_length=200, blank=True, default="")
     description = models.TextField(blank=True, default="")
-    tenant = models.CharField(max_length=100, blank=True, default="", db_index=True)
+    tenant = models.CharField(max_length=100, blank=True, default="")
     #: Where its notifications go; none chosen: its tenant's default targets, else the deployer's.
     notify = models.ManyToManyField("scheduler.NotificationTarget", blank=True, related_name="schedules")
     #: Where the schedule came from; a ``settings`` one is turned off when its entry leaves ``beat_schedule``.
@@ -349,7 +349,13 @@ class Schedule(models.Model):
 
     class Meta:
         ordering = ("name",)
+        # Each index is written by every fire (a new ``next_run_at`` is never a
+        # HOT update), so none is kept that another serves: the unique
+        # (tenant, name) serves a tenant's lookups, and name and task get
+        # plain indexes, not Django's extra pattern (LIKE) index per CharField.
         indexes = [
+            models.Index(fields=["name"], name="schedule_name"),
+            models.Index(fields=["task"], name="schedule_task"),
             # "Enabled schedules due now, ordered by next_run_at" is one range
             # scan of this partial index; schedules that are not due cost nothing.
             models.Index(
