@@ -127,14 +127,19 @@ class OneLease:
         return settings.LEASE_RENEW_SECONDS - (time.monotonic() - self._last_renew)
 
     def wait(self, seconds: float) -> float:
-        """As a follower on PostgreSQL, wait for the holder's process to go or for a release of the lease.
+        """On PostgreSQL, wait for what calls for a tick before ``seconds`` are up.
 
-        The next tick then takes the lease: by ``gone`` when the holder's
-        instance lock came free, as usual after a release. SQLite has
-        neither, so its followers just sleep.
+        The leader waits for a schedule that may now fire sooner
+        (``liveness.SCHEDULES_CHANGED``), so one created or moved to fire before
+        its next slot fires on time. A follower waits for the holder's
+        process to go or for a release of the lease; the next tick then takes
+        the lease: by ``gone`` when the holder's instance lock came free, as
+        usual after a release. SQLite has neither, so its replicas just sleep.
         """
-        if self.held or self._lock is None or seconds <= 0:
+        if self._lock is None or seconds <= 0:
             return seconds
+        if self.held:
+            return seconds if self._lock.wait_for(None, liveness.SCHEDULES_CHANGED, timeout=seconds) is None else 0.0
         state = leases.current(self.name)
         if not state.is_held or state.holder == self.instance_id:
             return seconds

@@ -1,10 +1,11 @@
-"""Which beat replicas are alive, told by PostgreSQL sessions: each replica's advisory lock, and the lease NOTIFYs.
+"""Which beat replicas are alive, told by PostgreSQL sessions: each replica's advisory lock, and the beat's NOTIFYs.
 
 A replica's process is alive exactly while the database session holding its
 advisory lock (``InstanceLock``) lives: the server frees the lock when the
 process dies or shuts down, so a replica waiting for it learns that within
 moments, instead of a lease TTL later. A release of a lease is notified on
-``RELEASE_CHANNEL``, so a waiting replica takes it at once too. Neither is
+``RELEASE_CHANNEL``, so a waiting replica takes it at once too, and so is a
+schedule that may now fire sooner, which wakes the leader. Neither is
 ever a proof of leading: the lease row and its fencing token stay the truth
 (``leases``); liveness only tells a replica when to look again. PostgreSQL
 only: on SQLite the TTL decides.
@@ -31,6 +32,9 @@ except ImportError:  # an install for SQLite alone: InstanceLock, PostgreSQL's, 
 RELEASE_CHANNEL = "scheduler_lease"
 #: The payload on ``RELEASE_CHANNEL`` when the stored shard count changed: it wakes every waiting replica.
 COUNT_CHANGED = "shard-count"
+#: The payload on ``RELEASE_CHANNEL`` when a schedule may fire sooner than the leader would look
+#: (``schedules.save``): it wakes the leader, which otherwise sleeps until its next slot.
+SCHEDULES_CHANGED = "schedules"
 #: How long past its own bound the lock wait may take before it is dropped
 #: (the server ends it at ``lock_timeout``; this only guards a silent server).
 WAIT_GRACE_SECONDS = 2.0
@@ -143,6 +147,9 @@ class InstanceLock:
 
     def wait_for(self, holder: str | None, lease_name: str | None, *, timeout: float) -> Wait | None:
         """Wait up to ``timeout`` seconds for ``holder``'s process to go or for ``lease_name`` to be released.
+
+        ``lease_name`` is the payload that ends the wait (a lease's name, or
+        ``SCHEDULES_CHANGED``); a changed shard count ends it too.
 
         ``lease_name=None`` ends the wait on any notification of
         ``RELEASE_CHANNEL`` (a sharded replica: any shard released, any

@@ -27,11 +27,12 @@ from datetime import datetime
 from typing import Any
 
 from django.core.exceptions import ValidationError
-from django.db import models, router, transaction
+from django.db import connections, models, router, transaction
 from django.db.models import Case, CharField, DateTimeField, F, Func, Q, TextField, Value, When
 from django.db.models.functions import Cast, Coalesce, Concat, Now
 
 from scheduler import dbclock, limits, shards, timing
+from scheduler.beat import liveness
 from scheduler.models import Execution, Schedule
 from scheduler.models.schedule import DEADLINE_FIELDS, OWED_FIELDS
 from scheduler.timing import overdue
@@ -279,6 +280,22 @@ def _db(schedule: Schedule) -> str:
 
 def _write(schedule: Schedule, fields: set[str]) -> None:
     models.Model.save(schedule, update_fields=fields)
+    if "next_run_at" in fields:
+        _wake_the_beat(schedule)
+
+
+def _wake_the_beat(schedule: Schedule) -> None:
+    """Tell the beat replicas (PostgreSQL's NOTIFY, sent at commit) that ``schedule`` may fire before they look.
+
+    The leader sleeps until the next slot it knows of; without this, a
+    schedule created or moved to fire sooner would wait for its next tick,
+    up to ``SCHEDULER_MAX_INTERVAL_SECONDS`` late. SQLite has no NOTIFY: there it does wait.
+    """
+    connection = connections[_db(schedule)]
+    if connection.vendor != "postgresql" or schedule.next_run_at is None:
+        return
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_notify(%s, %s)", [liveness.RELEASE_CHANNEL, liveness.SCHEDULES_CHANGED])
 
 
 def _insert(schedule: Schedule, *, now: datetime) -> None:
@@ -290,6 +307,7 @@ def _insert(schedule: Schedule, *, now: datetime) -> None:
     if home != schedule.shard:  # the id, and so the shard, is known only after the insert
         Schedule.objects.filter(pk=schedule.pk).update(shard=home)
         schedule.shard = home
+    _wake_the_beat(schedule)
 
 
 def _follow_timing_change(schedule: Schedule, changed: set[str], *, now: datetime) -> set[str]:
