@@ -367,6 +367,8 @@ class TickingLeader(threading.Thread):
 @pytest.fixture
 def ticking_leader(settings: Any, redis_client: redis.Redis) -> Iterator[TickingLeader]:
     settings.SCHEDULER_RECONCILE_INTERVAL_SECONDS = 0
+    # A leader that keeps ticking (on PostgreSQL it sleeps inside its tick, up to this long).
+    settings.SCHEDULER_MAX_INTERVAL_SECONDS = 0.1
     leader = TickingLeader()
     yield leader
     leader.halt.set()
