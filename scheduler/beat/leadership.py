@@ -46,7 +46,7 @@ class Leadership(Protocol):
         """Seconds until a renewal is due: the beat ticks again by then, so no lease lapses in its sleep."""
 
     def wait(self, seconds: float) -> float:
-        """Spend up to ``seconds`` waiting for who holds what to change; return the seconds still to sleep.
+        """Spend up to ``seconds`` waiting for who holds what to change (leading: for a sooner slot); return what is left.
 
         Returns at once (0) when a change means the next tick should come
         now; returns ``seconds`` unspent where there is nothing to wait on.

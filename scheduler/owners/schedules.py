@@ -16,6 +16,9 @@ here:
 - A pause writes the same thing whoever pauses (an operator, the circuit
   breaker, the leader on an invalid timing): ``pausing``.
 - Lock order: schedule row first, then its executions (``scheduler.owners.executions``).
+- A write that gives a schedule a next slot wakes the beat leader when it
+  commits (``_wake_the_beat``, PostgreSQL), so a slot sooner than the
+  leader's next look fires on time.
 """
 
 from __future__ import annotations
