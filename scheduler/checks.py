@@ -18,6 +18,8 @@ from scheduler.web import cluster
 
 #: The beat scheduler every replica must run: anything else fires without the lease.
 LEADER_SCHEDULER = "scheduler.beat:LeaderScheduler"
+#: Longest a slot may be committed before its instant: half the shortest interval (1 s), so a schedule has one slot ahead at most.
+MAX_COMMIT_AHEAD_SECONDS = 0.5
 #: Most shards: ``Schedule.shard`` is a small integer, and each shard is a lease row every replica reads per tick.
 MAX_SHARDS = 1024
 
@@ -48,6 +50,22 @@ def check_shards(app_configs: Any = None, **kwargs: Any) -> list[Error]:
                 f"SCHEDULER_SHARDS must be a whole number from 1 to {MAX_SHARDS}, got {configured!r}.",
                 hint="1 runs one leader; more split the schedules across the beat replicas.",
                 id="scheduler.E006",
+            )
+        ]
+    return []
+
+
+@register()
+def check_commit_ahead(app_configs: Any = None, **kwargs: Any) -> list[Error]:
+    """``SCHEDULER_COMMIT_AHEAD_SECONDS`` is a number of seconds from 0 to ``MAX_COMMIT_AHEAD_SECONDS``."""
+    ahead = settings.COMMIT_AHEAD_SECONDS
+    if isinstance(ahead, bool) or not isinstance(ahead, int | float) or not 0 <= ahead <= MAX_COMMIT_AHEAD_SECONDS:
+        return [
+            Error(
+                f"SCHEDULER_COMMIT_AHEAD_SECONDS must be a number of seconds from 0 to {MAX_COMMIT_AHEAD_SECONDS}, "
+                f"got {ahead!r}.",
+                hint="0 commits every slot at its instant; the default, 0.2, leaves only the message to send then.",
+                id="scheduler.E008",
             )
         ]
     return []

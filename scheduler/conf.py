@@ -30,6 +30,11 @@ class Defaults:
     FOLLOWER_RETRY_SECONDS: float = 1.0
     #: Longest the beat sleeps between ticks.
     MAX_INTERVAL_SECONDS: float = 1.0
+    #: How long before its instant the leader commits an interval schedule's slot
+    #: (``pending``, not sent before the instant): at the instant only the message is
+    #: left to send. Any edit of the schedule, and the leader's shutdown, give the
+    #: slot back first. 0 commits every slot at its instant.
+    COMMIT_AHEAD_SECONDS: float = 0.2
     #: Due schedules read per query by the leader.
     DISPATCH_BATCH_SIZE: int = 500
     #: Default catch-up window for new schedules: older slots are recorded as missed.

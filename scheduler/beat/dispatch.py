@@ -77,6 +77,10 @@ class DispatchReport:
     #: Due schedules left for the next pass because another transaction held a row
     #: their commit needed (a worker's, a publisher's, an operator's).
     locked: int = 0
+    #: The earliest slot committed ahead of its instant (``COMMIT_AHEAD_SECONDS``): the outbox sends it then.
+    ahead: datetime | None = None
+    #: Whether a row was committed that is due now: the outbox sends it at once.
+    due_now: bool = False
 
     def add(self, part: DispatchReport) -> None:
         """Count in this report what one of the pass's transactions committed (``part``)."""
@@ -88,6 +92,9 @@ class DispatchReport:
         self.cancelled_task_ids += part.cancelled_task_ids
         self.completed += part.completed
         self.locked += part.locked
+        self.due_now = self.due_now or part.due_now
+        if part.ahead is not None and (self.ahead is None or part.ahead < self.ahead):
+            self.ahead = part.ahead
 
 
 def _in_flight(schedules: list[Schedule]) -> dict[int, tuple[int, int]]:
@@ -395,9 +402,15 @@ def _plan(*, now: datetime, batch_size: int, shards: Collection[int] | None) -> 
     """Plan the on-time due schedules, then backlog ones within budget; return them and whether more are due.
 
     The due schedules are read as a few columns first: those ``_slot_of``
-    plans set-based are never read as models, the others are.
+    plans set-based are never read as models, the others are. The
+    set-based read looks ``COMMIT_AHEAD_SECONDS`` ahead: an interval
+    schedule due that soon is committed now (``_ahead_of``), so at its
+    instant only its message is left to send; a schedule due that soon
+    that needs the general path waits for its instant.
     """
-    due = Schedule.objects.due(now=now)
+    set_based = _set_based()
+    until = now + timedelta(seconds=commit_ahead_seconds())
+    due = Schedule.objects.due(now=until)
     # A schedule a pause rule holds is not planned: its slots wait, and when the
     # rule is lifted its catch-up window and misfire policy decide what runs.
     held = work_rules.held(work_rules.pauses_in_force(max_age=0))
@@ -407,8 +420,15 @@ def _plan(*, now: datetime, batch_size: int, shards: Collection[int] | None) -> 
         due = due.filter(shard__in=sorted(shards))
     on_time, backlog = _on_time_and_backlog(due, cutoff=now - BACKLOG_AFTER, batch_size=batch_size)
     planned: list[_Due]
-    if SET_BASED and not tracing.enabled():  # (a traced commit parents each row's publish span: the general path)
-        slots = {row[0]: _slot_of(*row, now=now) for row in on_time}
+    waiting = 0  # read ahead of their instant, but only their instant may plan them
+    if set_based:
+        slots: dict[int, _Slot | None] = {}
+        for row in on_time:
+            slot = _slot_of(*row, now=now)
+            if row[_NEXT_RUN_AT] > now and not _ahead_of(slot, until):
+                waiting += 1
+            else:
+                slots[row[0]] = slot
         left = [pk for pk, slot in slots.items() if not slot]
         general = {schedule.pk: schedule for schedule in due.filter(pk__in=left)} if left else {}
         planned = [slot or _plan_one(general[pk], now=now) for pk, slot in slots.items() if slot or pk in general]
@@ -421,8 +441,33 @@ def _plan(*, now: datetime, batch_size: int, shards: Collection[int] | None) -> 
         item = _plan_one(schedule, now=now)
         spent += 1 if item.plan is None else item.plan.cost + item.rows
         planned.append(item)
-    more = len(on_time) == batch_size or len(backlog) == batch_size or len(planned) < len(on_time) + len(backlog)
+    # A full read that reached schedules waiting for their instant read every one due now.
+    more = (
+        (len(on_time) == batch_size and not waiting)
+        or len(backlog) == batch_size
+        or len(planned) < len(on_time) - waiting + len(backlog)
+    )
     return planned, more
+
+
+def _set_based() -> bool:
+    """Whether this pass commits ``_Slot`` plans set-based (a traced commit parents each row's publish span: not then)."""
+    return SET_BASED and not tracing.enabled()
+
+
+def commit_ahead_seconds() -> float:
+    """How long before its instant a pass commits a slot: ``COMMIT_AHEAD_SECONDS`` on the set-based path, else 0."""
+    return settings.COMMIT_AHEAD_SECONDS if _set_based() else 0.0
+
+
+def _ahead_of(slot: _Slot | None, until: datetime) -> bool:
+    """Whether a schedule not due yet may be committed before its instant: an interval one, planned set-based.
+
+    Its next slot must be past ``until``, so a schedule has one slot ahead
+    at most. A one-off (it turns itself off) and the general path
+    (overlap, caps, calendars: decided at the instant) are not.
+    """
+    return slot is not None and slot.following is not None and slot.following > until
 
 
 def _on_time_and_backlog(
@@ -545,6 +590,10 @@ def _commit_slots(
             sent = int(item.pk in stored)
             if sent:
                 report.fired.append((item.name, item.next_run_at))
+                if item.next_run_at <= report.db_now:
+                    report.due_now = True
+                elif report.ahead is None or item.next_run_at < report.ahead:
+                    report.ahead = item.next_run_at
             # A slot that already had an execution (a backfill over it) was not sent, and is not counted.
             if item.following is None:
                 reason = _completion_reason(item, runs_used=sent, sent=bool(sent), taken=not sent)
@@ -660,6 +709,7 @@ class _Recording:
                 extra={"action": "slots_missed", "schedule": schedule.name},
             )
         sent_now = len(run) + (buffered is not None)
+        report.due_now = report.due_now or sent_now > 0
         meant = len(overlap.run) + (overlap.buffered is not None)
         next_run_at = plan.next_run_at
         if self.used_up and sent_now == meant:

@@ -20,6 +20,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Mapping
+from datetime import datetime
 from typing import Any, cast
 
 from celery.beat import Scheduler
@@ -37,7 +38,7 @@ from scheduler.exceptions import BrokerUnavailable, LeaseLost
 from scheduler.models import Instance, Schedule
 from scheduler.ops.builtin_schedules import ensure_builtin_schedules
 from scheduler.ops.settings_schedules import sync_beat_schedule
-from scheduler.owners import instances
+from scheduler.owners import instances, schedules
 
 logger = logging.getLogger(__name__)
 
@@ -83,6 +84,10 @@ class LeaderScheduler(Scheduler):
         self._publishing = Publishing(self._publish) if connection.features.has_select_for_update else None
         #: The last pass left due schedules because another transaction held a row they need.
         self._held_back = False
+        #: The earliest slot this replica committed ahead of its instant and has not seen sent yet.
+        self._ahead: datetime | None = None
+        #: That slot's instant on this process's ``time.monotonic()`` clock.
+        self._ahead_at = 0.0
         self._ticking = False
         self._interrupted = False
         super().__init__(app, *args, **kwargs)
@@ -134,8 +139,10 @@ class LeaderScheduler(Scheduler):
                 lease_name=self.lease_name,
                 lease_token=self._one_lease_token(),
             ):
+                # First: the message of a slot committed ahead waits for nothing once its instant came.
+                sent_first = self._ahead_came() and self._may_publish(self.leadership.held) and self._publish()
                 self._follow_count()
-                delay = self._tick()
+                delay = 0.0 if sent_first else self._tick()
             return self.leadership.wait(delay)
         except DatabaseError:
             logger.exception(
@@ -166,6 +173,12 @@ class LeaderScheduler(Scheduler):
             connection.close()
         if self._publishing is not None:
             self._publishing.close(timeout=2 * outbox.wait_seconds())
+        if self._ahead is not None:
+            try:
+                # Under this replica's lease still: whoever leads next plans the slots again.
+                schedules.give_back_committed_ahead(dispatcher=self.instance_id)
+            except DatabaseError:
+                pass  # they stay committed: whoever leads next sends them at their instant
         try:
             # First: the shard keepers of the others no longer count this replica live when its release wakes them.
             instances.remove(self.instance_id)
@@ -192,31 +205,33 @@ class LeaderScheduler(Scheduler):
         self._heartbeat()  # first: the live replicas a shard keeper reads must include this one
         held = dict(self.leadership.hold())
         self._heartbeat()  # again at once if it now leads, or no longer does
-        # Publishing needs no lease (the worker claims each execution once), so
-        # the replicas share it. Only where rows lock (PostgreSQL): on SQLite
-        # every write waits for the one write lock and publishers cannot keep
-        # off each other's rows, so only the holder of lease 0 publishes.
-        may_publish = connection.features.has_select_for_update or 0 in held
+        may_publish = self._may_publish(held)
         if not held:
             return 0.0 if may_publish and self._publish() else settings.FOLLOWER_RETRY_SECONDS
         # With one shard the commits are fenced by the one lease, with more by the shards held.
         fence: dispatch.Fence = held[0] if self.shard_count == 1 else held
+        if 0 in held:
+            # Lease 0's holder keeps house for all; the broker check under a new lease comes first.
+            self.housekeeping.before_publish(held[0])
+        more_pending = False
         dispatch_started = time.monotonic()  # about when the database clock below was read
         try:
             report = dispatch.dispatch_due(fence)
         except LeaseLost as exc:
             self.leadership.lost(exc.names)
             return 0.0
+        if self._ahead is not None and self._ahead <= report.db_now:
+            self._ahead = None  # due: sent above, or in the publish below
+            report.due_now = True
+        if report.ahead is not None:
+            self._ahead = min(report.ahead, self._ahead or report.ahead)
+            self._ahead_at = dispatch_started + (self._ahead - report.db_now).total_seconds()
         try:
-            if 0 in held:
-                # Lease 0's holder keeps house for all; the broker check under a new lease comes first.
-                self.housekeeping.before_publish(held[0])
             if report.more and self._publishing is not None:
                 # A burst: what this tick committed goes out while the next tick commits more.
                 self._publishing.wake()
-                more_pending = False
-            else:
-                more_pending = may_publish and self._publish()
+            elif report.due_now or self._ahead is None:
+                more_pending = (may_publish and self._publish()) or more_pending
         finally:
             # After the publish: a due slot's message waits for nothing but its commit.
             self._after_dispatch(report, fence)
@@ -224,7 +239,23 @@ class LeaderScheduler(Scheduler):
             self.housekeeping.start_due(held[0])
         if more_pending or report.more:
             return 0.0
-        return self._seconds_until_next_work(report.db_now, fence, elapsed=time.monotonic() - dispatch_started)
+        return self._seconds_until_next_work(report.db_now, fence, read_at=dispatch_started)
+
+    def _ahead_came(self) -> bool:
+        """Whether the instant of a slot committed ahead has come (by this process's clock)."""
+        return self._ahead is not None and time.monotonic() >= self._ahead_at
+
+    @staticmethod
+    def _may_publish(held: Mapping[int, Any]) -> bool:
+        """Whether a replica holding ``held`` publishes.
+
+        Publishing needs no lease (the worker claims each execution once),
+        so the replicas share it. Only where rows lock (PostgreSQL): on
+        SQLite every write waits for the one write lock and publishers
+        cannot keep off each other's rows, so only the holder of lease 0
+        publishes.
+        """
+        return connection.features.has_select_for_update or 0 in held
 
     def _after_dispatch(self, report: dispatch.DispatchReport, fence: dispatch.Fence) -> None:
         token = None if isinstance(fence, Mapping) else fence.token
@@ -271,12 +302,15 @@ class LeaderScheduler(Scheduler):
                 self._revoker = Revoker(self.app)
             self._revoker.revoke(task_ids)
 
-    def _seconds_until_next_work(self, db_now: Any, fence: dispatch.Fence, *, elapsed: float) -> float:
-        """Seconds until the next slot of a schedule ``fence`` covers, renewal or loop bound, counted from now.
+    def _seconds_until_next_work(self, db_now: Any, fence: dispatch.Fence, *, read_at: float) -> float:
+        """Seconds until the next work for ``fence``, a renewal or the loop bound, counted from now.
 
-        ``db_now`` was read ``elapsed`` seconds ago, before this tick's work:
-        without taking that off, the leader would oversleep every slot by the
-        length of its own tick.
+        The next work is a slot committed ahead reaching its instant, or
+        ``COMMIT_AHEAD_SECONDS`` before the next slot, to commit it ahead;
+        a slot nearer than that was left for the general path at its
+        instant. ``db_now`` was read at ``read_at`` (``time.monotonic()``),
+        before this tick's work and this method's read: without taking that
+        time off, the leader would oversleep every slot by it.
         """
         active = Schedule.objects.active()
         if isinstance(fence, Mapping):
@@ -287,10 +321,15 @@ class LeaderScheduler(Scheduler):
             .values_list("next_run_at", flat=True)
             .first()
         )
+        elapsed = time.monotonic() - read_at
         # Scheduler.__init__ always sets max_interval; celery-types allows None.
         candidates: list[float] = [cast(float, self.max_interval), self.leadership.seconds_until_renew()]
         if next_due is not None:
-            candidates.append((next_due - db_now).total_seconds() - elapsed)
+            until = (next_due - db_now).total_seconds()
+            ahead = dispatch.commit_ahead_seconds()
+            candidates.append((until - ahead if until > ahead else until) - elapsed)
+        if self._ahead is not None:
+            candidates.append((self._ahead - db_now).total_seconds() - elapsed)
         # Schedules left because their rows were locked are due still: try them soon, not in a tight loop.
         return max(min(candidates), dispatch.LOCKED_RETRY_SECONDS if self._held_back else 0.0)
 

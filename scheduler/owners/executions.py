@@ -28,7 +28,7 @@ from __future__ import annotations
 import functools
 import logging
 import uuid
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from typing import Any, cast
@@ -507,6 +507,14 @@ def message_rows(executions: QuerySet[Execution]) -> list[dict[str, Any]]:
     )
 
 
+def _ahead_of_its_instant() -> Q:
+    """A slot the leader committed before its instant (``COMMIT_AHEAD_SECONDS``): not sent before it."""
+    return Q(
+        trigger=Execution.Trigger.SCHEDULED,
+        scheduled_for__gt=RawSQL(dbclock.now_sql(), [], output_field=DateTimeField()),
+    )
+
+
 def pending_rows(*, limit: int, locked: bool = False) -> tuple[list[dict[str, Any]], datetime | None]:
     """Return up to ``limit`` unsent, not buffered executions as ``message_rows``, oldest first, and the database clock.
 
@@ -522,7 +530,7 @@ def pending_rows(*, limit: int, locked: bool = False) -> tuple[list[dict[str, An
     the same rows first both send them (the worker claims each once); the
     beat publishes from its leader alone there.
     """
-    rows = Execution.objects.filter(status=Status.PENDING, buffered=False)
+    rows = Execution.objects.filter(status=Status.PENDING, buffered=False).exclude(_ahead_of_its_instant())
     if locked:
         rows = rows.select_for_update(skip_locked=True, of=("self",))
     values = list(
@@ -1303,6 +1311,37 @@ def cancel(execution_id: int, *, reason: str, now: datetime) -> bool:
     A worker running it loses its claim: its outcome is not recorded.
     """
     return bool(_cancel(Execution.objects.filter(pk=execution_id), reason=reason, now=now))
+
+
+def ahead_of(dispatcher: str) -> list[int]:
+    """The schedules with a slot the beat replica ``dispatcher`` committed ahead of its instant."""
+    ahead = Execution.objects.filter(dispatcher=dispatcher, status=Status.PENDING).filter(_ahead_of_its_instant())
+    return sorted(set(ahead.values_list("schedule_id", flat=True)))
+
+
+def withdraw_ahead(schedule_ids: Collection[int]) -> dict[int, tuple[datetime, int]]:
+    """Delete the slots of ``schedule_ids`` the leader committed ahead of their instant; return {schedule id: (earliest, count)}.
+
+    Such a row was never sent (``pending_rows`` passes it over until its
+    instant), so deleting it undoes its commit; the caller gives the slot
+    back to its schedule (``schedules.give_back_ahead``), holding the
+    schedule's row locked first. A publisher that took the row at its
+    instant holds it locked: this waits, and then finds it sent.
+    """
+    ahead = (
+        Execution.objects.filter(schedule_id__in=list(schedule_ids), status=Status.PENDING)
+        .filter(_ahead_of_its_instant())
+        .select_for_update()
+    )
+    rows = list(ahead.values_list("pk", "schedule_id", "scheduled_for"))
+    if not rows:
+        return {}
+    Execution.objects.filter(pk__in=[pk for pk, _, _ in rows], status=Status.PENDING).delete()
+    withdrawn: dict[int, tuple[datetime, int]] = {}
+    for _, schedule_id, slot in rows:
+        earliest, count = withdrawn.get(schedule_id, (slot, 0))
+        withdrawn[schedule_id] = (min(earliest, slot), count + 1)
+    return withdrawn
 
 
 def cancel_in_flight(schedule_ids: list[int], *, reason: str, now: datetime) -> list[str]:

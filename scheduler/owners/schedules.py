@@ -19,12 +19,18 @@ here:
 - A write that gives a schedule a next slot wakes the beat leader when it
   commits (``_wake_the_beat``, PostgreSQL), so a slot sooner than the
   leader's next look fires on time.
+- The leader commits an interval schedule's next slot a moment before its
+  instant (``SCHEDULER_COMMIT_AHEAD_SECONDS``). Every edit, pause, turn-off,
+  circuit breaker trip and delete first gives such a slot back
+  (``give_back_ahead``): the slot runs as the schedule is after the edit,
+  never as it was before it.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Collection, Iterable, Mapping
+from contextlib import nullcontext
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -38,6 +44,7 @@ from scheduler import dbclock, limits, shards, timing
 from scheduler.beat import liveness
 from scheduler.models import Execution, Schedule
 from scheduler.models.schedule import DEADLINE_FIELDS, OWED_FIELDS
+from scheduler.owners import executions
 from scheduler.timing import overdue
 
 logger = logging.getLogger(__name__)
@@ -70,12 +77,12 @@ def save(schedule: Schedule, *, now: datetime | None = None, fields: Iterable[st
         if timing.is_hashed(schedule.cron) and written & changed & {"name", "tenant"}:
             changed |= {"cron"}  # its H fields hash the tenant and name: renamed, its slots move
             written |= {"cron"}
-        if written & changed & set(DEADLINE_FIELDS):
+        if written:
             with transaction.atomic(using=_db(schedule)):
-                written |= _follow_timing_change(schedule, written & changed, now=now)
+                give_back_ahead([schedule.pk])
+                if written & changed & set(DEADLINE_FIELDS):
+                    written |= _follow_timing_change(schedule, written & changed, now=now)
                 _write(schedule, {*written, "updated_at"})
-        elif written:
-            _write(schedule, {*written, "updated_at"})
     schedule.mark_saved()
 
 
@@ -98,7 +105,9 @@ def retire(origin: str, *, keep: Collection[str], reason: str, now: datetime | N
 
 def delete(schedule: Schedule) -> None:
     """Delete ``schedule`` (its executions stay, detached), its row locked first: ``ScheduleQuerySet.delete``."""
-    Schedule.objects.filter(pk=schedule.pk).delete()
+    with transaction.atomic(using=_db(schedule)):
+        give_back_ahead([schedule.pk])
+        Schedule.objects.filter(pk=schedule.pk).delete()
     schedule.pk = None  # as Django's delete leaves a deleted object
 
 
@@ -137,18 +146,26 @@ def pause(schedule: Schedule, reason: str, *, now: datetime | None = None) -> No
     fields = pausing(reason)
     for name, value in fields.items():
         setattr(schedule, name, value)
-    _write(schedule, {*fields, "updated_at"})
+    with transaction.atomic(using=_db(schedule)):
+        give_back_ahead([schedule.pk])
+        _write(schedule, {*fields, "updated_at"})
     schedule.mark_saved(fields)
 
 
 def pause_many(ids: list[int], reason: str) -> int:
     """Pause the schedules ``ids`` that are not paused yet, in one UPDATE; return how many it paused."""
-    return Schedule.objects.filter(pk__in=ids, paused_reason="").update(**pausing(reason), updated_at=Now())
+    with transaction.atomic():
+        give_back_ahead(ids)
+        return Schedule.objects.filter(pk__in=ids, paused_reason="").update(**pausing(reason), updated_at=Now())
 
 
 def disable_many(ids: list[int]) -> int:
     """Turn off the schedules ``ids`` that are on, in one UPDATE (an off schedule has no next slot); return how many."""
-    return Schedule.objects.filter(pk__in=ids, enabled=True).update(enabled=False, next_run_at=None, updated_at=Now())
+    with transaction.atomic():
+        give_back_ahead(ids)
+        return Schedule.objects.filter(pk__in=ids, enabled=True).update(
+            enabled=False, next_run_at=None, updated_at=Now()
+        )
 
 
 def resume(schedule: Schedule, *, now: datetime | None = None) -> None:
@@ -196,6 +213,33 @@ def advance(advances: Mapping[Advance, Iterable[int]]) -> None:
         Schedule.objects.filter(pk__in=list(pks)).update(**write.fields())
 
 
+def give_back_ahead(ids: Collection[int]) -> None:
+    """Undo the commits of the schedules ``ids`` made ahead of their slot's instant: the slot is theirs to plan again.
+
+    For a transaction about to change these schedules. Their rows are locked
+    first (lock order), then the rows ahead are deleted
+    (``executions.withdraw_ahead``) and each schedule gets its slot back as
+    ``next_run_at`` (unless it has none: it was paused or turned off) and
+    one fewer ``slots_committed``.
+    """
+    if not ids:
+        return
+    list(Schedule.objects.select_for_update().filter(pk__in=list(ids)).order_by("pk").values_list("pk", flat=True))
+    for pk, (slot, count) in executions.withdraw_ahead(ids).items():
+        Schedule.objects.filter(pk=pk).update(
+            next_run_at=Case(
+                When(next_run_at__isnull=True, then=None), default=Value(slot), output_field=DateTimeField()
+            ),
+            slots_committed=F("slots_committed") - count,
+        )
+
+
+def give_back_committed_ahead(*, dispatcher: str) -> None:
+    """Give back every slot the beat replica ``dispatcher`` committed ahead of its instant (it is stopping)."""
+    with transaction.atomic():
+        give_back_ahead(executions.ahead_of(dispatcher))
+
+
 # --- run counts and the circuit breaker -------------------------------------------------
 
 
@@ -231,7 +275,11 @@ def count_run(schedule_id: int, *, status: str, error: str, started_at: datetime
         fields.update(pausing(reason, when=trips))
     schedule = Schedule.objects.filter(pk=schedule_id)
     tripped = not succeeded and schedule.filter(trips).exists()
-    schedule.update(**fields)
+    # (A transaction only to trip it: this UPDATE is on every guarded run's path.)
+    with transaction.atomic() if tripped else nullcontext():
+        if tripped:
+            give_back_ahead([schedule_id])
+        schedule.update(**fields)
     if tripped:
         paused = schedule.values_list("name", "paused_reason").first()
         if paused is not None:

@@ -171,7 +171,8 @@ def test_leader_stopped__follower_leads_well_within_the_ttl(
     fast = kill_signal == signal.SIGTERM or db_vendor == "postgresql"
     bound = FAST_TAKEOVER_SECONDS if fast else LONG_TTL["lease_ttl_seconds"] + 10
     assert wait_until(lambda: leases.current("beat").token > before.token, timeout=bound), (
-        f"no takeover within {bound}s"
+        f"no takeover within {bound}s; the lease now: {leases.current('beat')}; "
+        f"the stopped leader ({'exited' if not leader.alive() else 'still running'}) logged:\n{leader.log()[-3000:]}"
     )
     after = leases.current("beat")
     assert after.holder not in ("", before.holder)

@@ -21,6 +21,7 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from datetime import timedelta
 from pathlib import Path
 from types import FrameType
 from typing import Any
@@ -130,6 +131,8 @@ def test_one_execution_walks_through_the_documented_modules_with_no_return_trip(
     # Given a leader holding the lease and a schedule due now
     settings.SCHEDULER_CLAIM_RENEW_SECONDS = 3600  # the guard's renewer thread would add its own calls
     make_schedule("walk", interval=60)
+    # (its first slot an hour away, nothing is committed ahead of its instant either)
+    Schedule.objects.update(next_run_at=dbclock.now() + timedelta(hours=1))
     beat = LeaderScheduler(app, lazy=True)
     walk = Walk()
     try:

@@ -92,6 +92,9 @@ def test_settings__debug_off_means_secure_cookies_and_json_only() -> None:
         ({"CELERY_BROKER_URL": ""}, checks.check_broker, "scheduler.E003"),
         ({"CELERY_TIMEZONE": "Mars/Olympus"}, checks.check_time_zones, "scheduler.E004"),
         ({"USE_TZ": False}, checks.check_time_zones, "scheduler.E005"),
+        ({"SCHEDULER_COMMIT_AHEAD_SECONDS": 0.6}, checks.check_commit_ahead, "scheduler.E008"),
+        ({"SCHEDULER_COMMIT_AHEAD_SECONDS": -0.1}, checks.check_commit_ahead, "scheduler.E008"),
+        ({"SCHEDULER_COMMIT_AHEAD_SECONDS": "0.2"}, checks.check_commit_ahead, "scheduler.E008"),
     ],
 )
 def test_system_check__fires_on_its_misconfiguration(overrides: dict[str, Any], check: Any, check_id: str) -> None:

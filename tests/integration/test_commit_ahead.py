@@ -1,0 +1,201 @@
+"""The leader commits an interval schedule's slot ahead of its instant, sends it no sooner, and gives it back on any change.
+
+In process, on the suite's databases and Redis. The window is widened (30 s,
+a slot 20 s away) so that no step races the instant on a slow machine;
+the one test that needs the instant to pass waits 2 s for it.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from datetime import datetime, timedelta
+from typing import Any
+
+import pytest
+
+from project.celery import app
+from scheduler import dbclock, outbox
+from scheduler.beat import LeaderScheduler
+from scheduler.models import Execution, Schedule
+from scheduler.owners import schedules
+from tests.support.factories import make_schedule
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+AHEAD = 30.0
+Status = Execution.Status
+
+
+@pytest.fixture
+def beat(settings: Any, redis_url: str) -> Iterator[LeaderScheduler]:
+    settings.SCHEDULER_COMMIT_AHEAD_SECONDS = AHEAD
+    scheduler = LeaderScheduler(app, lazy=True)
+    try:
+        yield scheduler
+    finally:
+        scheduler.close()
+
+
+def due_in(schedule: Schedule, seconds: float) -> datetime:
+    """Move ``schedule``'s next slot to ``seconds`` from now (the database clock); return the slot."""
+    slot = dbclock.now() + timedelta(seconds=seconds)
+    Schedule.objects.filter(pk=schedule.pk).update(next_run_at=slot)
+    return slot
+
+
+def committed_ahead(beat: LeaderScheduler, schedule: Schedule, slot: datetime) -> Execution:
+    """Tick ``beat`` and return the ``pending`` row it committed for ``slot`` before the instant."""
+    beat.tick()
+    assert beat.leadership.held, "the beat did not take the lease"
+    row = Execution.objects.get(schedule=schedule)
+    assert (row.status, row.scheduled_for) == (Status.PENDING, slot)
+    schedule.refresh_from_db()
+    assert schedule.next_run_at == slot + timedelta(seconds=schedule.interval or 0)
+    assert schedule.slots_committed == 1
+    return row
+
+
+def test_slot__committed_ahead_sent_at_its_instant_once(beat: LeaderScheduler) -> None:
+    # Given an interval schedule whose next slot is 2 s away
+    schedule = make_schedule("soon", interval=3600)
+    slot = due_in(schedule, 2)
+
+    # When the leader ticks: the slot is committed now, not sent
+    row = committed_ahead(beat, schedule, slot)
+    assert outbox.publish_pending(app) == 0, "a publisher sent a slot before its instant"
+
+    # Then once its instant passed, the next tick sends it, once
+    while dbclock.now() < slot:
+        time.sleep(0.05)
+    beat.tick()
+    row.refresh_from_db()
+    assert row.status == Status.QUEUED
+    assert row.enqueued_at is not None and row.enqueued_at >= slot
+    assert Execution.objects.filter(schedule=schedule).count() == 1
+
+
+def test_general_path__not_committed_before_its_instant(beat: LeaderScheduler) -> None:
+    # Given schedules due within the window that need the general path: a cron, a capped one, a one-off
+    cron = make_schedule("cron", cron="*/5 * * * *")
+    capped = make_schedule("capped", interval=3600, max_runs=3)
+    one_off = make_schedule("one-off", run_at=dbclock.now() + timedelta(seconds=20))
+    for schedule in (cron, capped):
+        due_in(schedule, 20)
+
+    # When the leader ticks
+    beat.tick()
+
+    # Then nothing is committed: their instant decides
+    assert beat.leadership.held
+    assert not Execution.objects.filter(schedule__in=[cron, capped, one_off]).exists()
+
+
+def _edit(schedule: Schedule) -> None:
+    schedule.kwargs = {"changed": True}
+    schedules.save(schedule)
+
+
+def _trip_the_breaker(schedule: Schedule) -> None:
+    Schedule.objects.filter(pk=schedule.pk).update(pause_after_failures=1)
+    assert schedules.count_run(schedule.pk, status=Status.FAILED, error="boom", started_at=None)
+
+
+CHANGES: dict[str, tuple[Callable[[Schedule], Any], bool]] = {
+    # change: (what it does, whether the schedule still fires at the slot given back)
+    "edit": (_edit, True),
+    "pause": (lambda s: schedules.pause(s, "maintenance"), False),
+    "turn off": (lambda s: schedules.set_enabled(s, False), False),
+    "pause in bulk": (lambda s: schedules.pause_many([s.pk], "bulk"), False),
+    "turn off in bulk": (lambda s: schedules.disable_many([s.pk]), False),
+    "circuit breaker": (_trip_the_breaker, False),
+}
+
+
+@pytest.mark.parametrize("change", CHANGES)
+def test_change__gives_the_slot_back(beat: LeaderScheduler, change: str) -> None:
+    # Given a slot committed ahead of its instant
+    schedule = make_schedule("ahead", interval=3600)
+    slot = due_in(schedule, 20)
+    committed_ahead(beat, schedule, slot)
+
+    # When the schedule changes before the instant
+    do, fires = CHANGES[change]
+    do(Schedule.objects.get(pk=schedule.pk))
+
+    # Then the row is gone, and the slot is the schedule's again (or it has none, stopped)
+    assert not Execution.objects.filter(schedule=schedule).exists()
+    schedule.refresh_from_db()
+    assert schedule.slots_committed == 0
+    assert schedule.next_run_at == (slot if fires else None)
+
+
+def test_interval_change__slot_follows_the_new_timing(beat: LeaderScheduler) -> None:
+    # Given a slot committed ahead of its instant
+    schedule = make_schedule("ahead", interval=3600)
+    slot = due_in(schedule, 20)
+    committed_ahead(beat, schedule, slot)
+
+    # When its interval changes
+    edited = Schedule.objects.get(pk=schedule.pk)
+    edited.interval = 7200
+    schedules.save(edited)
+
+    # Then the old slot's row is gone and the next slot is the new timing's
+    assert not Execution.objects.filter(schedule=schedule).exists()
+    edited.refresh_from_db()
+    assert edited.slots_committed == 0
+    assert edited.next_run_at == edited.compute_next_run_at(now=dbclock.now())
+
+
+def test_delete__leaves_no_slot_to_send(beat: LeaderScheduler) -> None:
+    schedule = make_schedule("ahead", interval=3600)
+    slot = due_in(schedule, 20)
+    committed_ahead(beat, schedule, slot)
+
+    schedules.delete(Schedule.objects.get(pk=schedule.pk))
+
+    assert not Execution.objects.exists()
+
+
+def test_shutdown__gives_the_slots_back(beat: LeaderScheduler) -> None:
+    # Given a slot committed ahead of its instant
+    schedule = make_schedule("ahead", interval=3600)
+    slot = due_in(schedule, 20)
+    committed_ahead(beat, schedule, slot)
+
+    # When the leader stops
+    beat.close()
+
+    # Then the slot is the schedule's again, for whoever leads next
+    assert not Execution.objects.exists()
+    schedule.refresh_from_db()
+    assert (schedule.next_run_at, schedule.slots_committed) == (slot, 0)
+
+
+def test_leader_gone__the_next_one_sends_the_slot_at_its_instant(settings: Any, redis_url: str) -> None:
+    # Given a leader that committed a slot 2 s ahead, then lost its lease without stopping
+    settings.SCHEDULER_COMMIT_AHEAD_SECONDS = AHEAD
+    schedule = make_schedule("ahead", interval=3600)
+    slot = due_in(schedule, 2)
+    gone = LeaderScheduler(app, lazy=True)
+    committed_ahead(gone, schedule, slot)
+    gone.leadership.release("for the test: it is gone")
+    if gone._lock is not None:  # its sessions end with it
+        gone._lock.close()
+
+    # When another replica leads past the instant
+    successor = LeaderScheduler(app, lazy=True)
+    try:
+        successor.tick()
+        assert successor.leadership.held
+        assert Execution.objects.get().status == Status.PENDING, "sent before its instant"
+        while dbclock.now() < slot:
+            time.sleep(0.05)
+        successor.tick()
+    finally:
+        successor.close()
+
+    # Then it sent the slot the first committed, once, and planned no second row for it
+    row = Execution.objects.get()
+    assert (row.scheduled_for, row.status) == (slot, Status.QUEUED)
