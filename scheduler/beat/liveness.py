@@ -112,6 +112,9 @@ class InstanceLock:
             else:
                 row = conn.execute("SELECT pg_try_advisory_lock(%s)", [self.key]).fetchone()
                 self.held = bool(row and row[0])
+            # Listening before this replica may lead: a schedule changed between its taking
+            # the lease and its first sleep is notified to that sleep, not lost.
+            self._listening()
         except psycopg.Error:  # the lease row decides; the next tick reconnects
             self.close()
         return self.held

@@ -210,10 +210,6 @@ class LeaderScheduler(Scheduler):
             return 0.0 if may_publish and self._publish() else settings.FOLLOWER_RETRY_SECONDS
         # With one shard the commits are fenced by the one lease, with more by the shards held.
         fence: dispatch.Fence = held[0] if self.shard_count == 1 else held
-        if 0 in held:
-            # Lease 0's holder keeps house for all; the broker check under a new lease comes first.
-            self.housekeeping.before_publish(held[0])
-        more_pending = False
         dispatch_started = time.monotonic()  # about when the database clock below was read
         try:
             report = dispatch.dispatch_due(fence)
@@ -221,17 +217,22 @@ class LeaderScheduler(Scheduler):
             self.leadership.lost(exc.names)
             return 0.0
         if self._ahead is not None and self._ahead <= report.db_now:
-            self._ahead = None  # due: sent above, or in the publish below
+            self._ahead = None  # due: sent as the tick began, or by the publish below
             report.due_now = True
         if report.ahead is not None:
             self._ahead = min(report.ahead, self._ahead or report.ahead)
             self._ahead_at = dispatch_started + (self._ahead - report.db_now).total_seconds()
+        more_pending = False
         try:
+            if 0 in held:
+                # Lease 0's holder keeps house for all; the broker check under a new lease comes first.
+                self.housekeeping.before_publish(held[0])
             if report.more and self._publishing is not None:
                 # A burst: what this tick committed goes out while the next tick commits more.
                 self._publishing.wake()
             elif report.due_now or self._ahead is None:
-                more_pending = (may_publish and self._publish()) or more_pending
+                # (Not when this tick only committed ahead: nothing of it is due yet.)
+                more_pending = may_publish and self._publish()
         finally:
             # After the publish: a due slot's message waits for nothing but its commit.
             self._after_dispatch(report, fence)

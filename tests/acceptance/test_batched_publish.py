@@ -55,13 +55,15 @@ def test_batched_messages__run_on_a_plain_worker_with_header_queue_priority_limi
     # Given many pending executions on one queue, with a priority ...
     plain = schedules.create(name="plain", task="tests.record", interval=3600, queue=QUEUE, priority=3)
     rows = [pending(plain, now - timedelta(seconds=n), now=now) for n in range(ROWS)]
-    # ... one delayed by its schedule's jitter (a slot whose offset is at least 2 s) ...
-    jittered = schedules.create(name="jittered", task="tests.record", interval=3600, queue=QUEUE, jitter=JITTER)
-    slot = next(
-        now + timedelta(seconds=n)
-        for n in range(1000)
-        if policies.jitter_offset(jittered.pk, now + timedelta(seconds=n), JITTER) >= 2
-    )
+    # ... one delayed by its schedule's jitter: a slot due now whose offset is at least 2 s (a slot still
+    # to come is not sent before it; the offset hashes the schedule's id: schedules are made until one has it)
+    slot = now
+    for n in range(100):
+        jittered = schedules.create(
+            name=f"jittered-{n}", task="tests.record", interval=3600, queue=QUEUE, jitter=JITTER
+        )
+        if policies.jitter_offset(jittered.pk, slot, JITTER) >= 2:
+            break
     rows.append(pending(jittered, slot, now=now))
     # ... and one with a time limit it overruns
     limited = schedules.create(

@@ -40,7 +40,11 @@ def test_an_entry_removed_from_beat_schedule_turns_its_schedule_off_at_the_next_
     first = _beat_with({"stays": 1, "goes": 1}, name="beat1", env=process_env, tmp_path=tmp_path)
     try:
         assert wait_until(
-            lambda: all(Execution.objects.filter(schedule__name=n).exists() for n in ("stays", "goes")), timeout=30
+            lambda: all(
+                Execution.objects.filter(schedule__name=n, enqueued_at__isnull=False).exists()
+                for n in ("stays", "goes")
+            ),
+            timeout=30,
         ), first.log()[-3000:]
     finally:
         first.stop()

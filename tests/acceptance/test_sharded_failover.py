@@ -120,11 +120,15 @@ def assert_fenced_rows() -> None:
 
 
 def all_fire_then_stop(beats: list[CeleryProcess], schedules: list[Schedule], *, after: str) -> datetime:
-    """Wait until every one of ``schedules`` has a slot after now, then stop ``beats``; return that now."""
+    """Wait until every one of ``schedules`` has sent a slot after now, then stop ``beats``; return that now.
+
+    Sent, not only committed: a stopping leader gives back the slots it committed ahead of their instant.
+    """
     moment = dbclock.now()
 
     def all_fired() -> bool:
-        fired = Execution.objects.filter(scheduled_for__gt=moment).values("schedule").distinct().count()
+        sent = Execution.objects.filter(scheduled_for__gt=moment, enqueued_at__isnull=False)
+        fired = sent.values("schedule").distinct().count()
         return fired == len(schedules)
 
     assert wait_until(all_fired, timeout=REBALANCE_SECONDS, interval=0.25), f"not every schedule fired after {after}"

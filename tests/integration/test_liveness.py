@@ -1,14 +1,18 @@
-"""Liveness on PostgreSQL: a replica's instance lock tells the others when its process is gone, and releases are notified."""
+"""Liveness on PostgreSQL: a replica's instance lock tells the others when its process is gone; releases and changes are notified."""
 
 from __future__ import annotations
 
 import threading
+import time
+from datetime import timedelta
 
 import pytest
 
 from project.celery import app
+from scheduler import dbclock
 from scheduler.beat import LeaderScheduler, liveness
 from scheduler.owners import leases
+from tests.support.factories import make_schedule
 from tests.support.processes import instance_lock_waiters, wait_until
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -81,3 +85,23 @@ def test_release__notifies_a_waiting_follower(db_vendor: str) -> None:
         assert instance_lock_waiters() == 0
     finally:
         holder.close()
+
+
+def test_new_leader__a_schedule_changed_before_its_first_sleep_wakes_that_sleep(db_vendor: str) -> None:
+    # Given a replica that just took the lease and has not slept yet
+    beat = LeaderScheduler(app, lazy=True)
+    try:
+        assert beat.leadership.hold()
+
+        # When a schedule is created to fire soon, before that first sleep
+        make_schedule("soon", interval=3600, start_at=dbclock.now() + timedelta(seconds=2))
+
+        # Then the sleep ends at once on PostgreSQL (its NOTIFY was not lost); SQLite has none: it sleeps
+        started = time.monotonic()
+        left = beat.leadership.wait(5.0)
+        if db_vendor == "sqlite":
+            assert left == 5.0
+        else:
+            assert left == 0.0 and time.monotonic() - started < 1.0, "the change was not notified to the new leader"
+    finally:
+        beat.close()
