@@ -1313,7 +1313,7 @@ def cancel(execution_id: int, *, reason: str, now: datetime) -> bool:
     return bool(_cancel(Execution.objects.filter(pk=execution_id), reason=reason, now=now))
 
 
-def ahead_of(dispatcher: str) -> list[int]:
+def committed_ahead_by(dispatcher: str) -> list[int]:
     """The schedules with a slot the beat replica ``dispatcher`` committed ahead of its instant."""
     ahead = Execution.objects.filter(dispatcher=dispatcher, status=Status.PENDING).filter(_ahead_of_its_instant())
     return sorted(set(ahead.values_list("schedule_id", flat=True)))

@@ -237,7 +237,7 @@ def give_back_ahead(ids: Collection[int]) -> None:
 def give_back_committed_ahead(*, dispatcher: str) -> None:
     """Give back every slot the beat replica ``dispatcher`` committed ahead of its instant (it is stopping)."""
     with transaction.atomic():
-        give_back_ahead(executions.ahead_of(dispatcher))
+        give_back_ahead(executions.committed_ahead_by(dispatcher))
 
 
 # --- run counts and the circuit breaker -------------------------------------------------
