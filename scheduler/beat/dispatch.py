@@ -77,8 +77,8 @@ class DispatchReport:
     #: Due schedules left for the next pass because another transaction held a row
     #: their commit needed (a worker's, a publisher's, an operator's).
     locked: int = 0
-    #: The earliest slot committed ahead of its instant (``COMMIT_AHEAD_SECONDS``): the outbox sends it then.
-    ahead: datetime | None = None
+    #: The instants of the slots committed ahead of them (``COMMIT_AHEAD_SECONDS``): the outbox sends each then.
+    ahead: set[datetime] = field(default_factory=set)
     #: Whether a row was committed that is due now: the outbox sends it at once.
     due_now: bool = False
 
@@ -93,8 +93,7 @@ class DispatchReport:
         self.completed += part.completed
         self.locked += part.locked
         self.due_now = self.due_now or part.due_now
-        if part.ahead is not None and (self.ahead is None or part.ahead < self.ahead):
-            self.ahead = part.ahead
+        self.ahead |= part.ahead
 
 
 def _in_flight(schedules: list[Schedule]) -> dict[int, tuple[int, int]]:
@@ -592,8 +591,8 @@ def _commit_slots(
                 report.fired.append((item.name, item.next_run_at))
                 if item.next_run_at <= report.db_now:
                     report.due_now = True
-                elif report.ahead is None or item.next_run_at < report.ahead:
-                    report.ahead = item.next_run_at
+                else:
+                    report.ahead.add(item.next_run_at)
             # A slot that already had an execution (a backfill over it) was not sent, and is not counted.
             if item.following is None:
                 reason = _completion_reason(item, runs_used=sent, sent=bool(sent), taken=not sent)

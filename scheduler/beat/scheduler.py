@@ -84,9 +84,9 @@ class LeaderScheduler(Scheduler):
         self._publishing = Publishing(self._publish) if connection.features.has_select_for_update else None
         #: The last pass left due schedules because another transaction held a row they need.
         self._held_back = False
-        #: The earliest slot this replica committed ahead of its instant and has not seen sent yet.
-        self._ahead: datetime | None = None
-        #: That slot's instant on this process's ``time.monotonic()`` clock.
+        #: The instants of the slots this replica committed ahead of them and has not seen come yet.
+        self._ahead: set[datetime] = set()
+        #: The earliest of them on this process's ``time.monotonic()`` clock.
         self._ahead_at = 0.0
         self._ticking = False
         self._interrupted = False
@@ -173,7 +173,7 @@ class LeaderScheduler(Scheduler):
             connection.close()
         if self._publishing is not None:
             self._publishing.close(timeout=2 * outbox.wait_seconds())
-        if self._ahead is not None:
+        if self._ahead:
             try:
                 # Under this replica's lease still: whoever leads next plans the slots again.
                 schedules.give_back_committed_ahead(dispatcher=self.instance_id)
@@ -216,12 +216,13 @@ class LeaderScheduler(Scheduler):
         except LeaseLost as exc:
             self.leadership.lost(exc.names)
             return 0.0
-        if self._ahead is not None and self._ahead <= report.db_now:
-            self._ahead = None  # due: sent as the tick began, or by the publish below
+        came = {instant for instant in self._ahead if instant <= report.db_now}
+        if came:  # sent as the tick began, or by the publish below
+            self._ahead -= came
             report.due_now = True
-        if report.ahead is not None:
-            self._ahead = min(report.ahead, self._ahead or report.ahead)
-            self._ahead_at = dispatch_started + (self._ahead - report.db_now).total_seconds()
+        self._ahead |= report.ahead
+        if self._ahead:
+            self._ahead_at = dispatch_started + (min(self._ahead) - report.db_now).total_seconds()
         more_pending = False
         try:
             if 0 in held:
@@ -230,7 +231,7 @@ class LeaderScheduler(Scheduler):
             if report.more and self._publishing is not None:
                 # A burst: what this tick committed goes out while the next tick commits more.
                 self._publishing.wake()
-            elif report.due_now or self._ahead is None:
+            elif report.due_now or not self._ahead:
                 # (Not when this tick only committed ahead: nothing of it is due yet.)
                 more_pending = may_publish and self._publish()
         finally:
@@ -244,7 +245,7 @@ class LeaderScheduler(Scheduler):
 
     def _ahead_came(self) -> bool:
         """Whether the instant of a slot committed ahead has come (by this process's clock)."""
-        return self._ahead is not None and time.monotonic() >= self._ahead_at
+        return bool(self._ahead) and time.monotonic() >= self._ahead_at
 
     @staticmethod
     def _may_publish(held: Mapping[int, Any]) -> bool:
@@ -329,8 +330,8 @@ class LeaderScheduler(Scheduler):
             until = (next_due - db_now).total_seconds()
             ahead = dispatch.commit_ahead_seconds()
             candidates.append((until - ahead if until > ahead else until) - elapsed)
-        if self._ahead is not None:
-            candidates.append((self._ahead - db_now).total_seconds() - elapsed)
+        if self._ahead:
+            candidates.append((min(self._ahead) - db_now).total_seconds() - elapsed)
         # Schedules left because their rows were locked are due still: try them soon, not in a tight loop.
         return max(min(candidates), dispatch.LOCKED_RETRY_SECONDS if self._held_back else 0.0)
 

@@ -75,6 +75,32 @@ def test_slot__committed_ahead_sent_at_its_instant_once(beat: LeaderScheduler) -
     assert Execution.objects.filter(schedule=schedule).count() == 1
 
 
+def test_slots_at_two_instants__each_sent_at_its_own(settings: Any, beat: LeaderScheduler) -> None:
+    # Given a leader whose every sleep may last 30 s, and two slots committed ahead 3 s apart
+    settings.SCHEDULER_LEASE_TTL_SECONDS, settings.SCHEDULER_LEASE_RENEW_SECONDS = 90, 30
+    beat.max_interval = 30
+    first, second = make_schedule("first", interval=3600), make_schedule("second", interval=3600)
+    first_slot, second_slot = due_in(first, 2), due_in(second, 5)
+    beat.tick()
+    assert set(Execution.objects.values_list("status", flat=True)) == {Status.PENDING}
+
+    # When the first slot's instant came and the leader ticks on as Celery runs it (tick, sleep what it returns)
+    while dbclock.now() < first_slot:
+        time.sleep(0.05)
+    left = beat.tick()
+    sent_first = Execution.objects.get(schedule=first)
+    assert sent_first.status == Status.QUEUED and sent_first.enqueued_at is not None
+    if left > 0:
+        time.sleep(left)
+    beat.tick()
+
+    # Then the sleep after it ended at the second instant, not at the leader's next look 30 s on
+    row = Execution.objects.get(schedule=second)
+    assert (row.scheduled_for, row.status) == (second_slot, Status.QUEUED)
+    assert row.enqueued_at is not None
+    assert row.enqueued_at < sent_first.enqueued_at + timedelta(seconds=10), "sent at the leader's next look"
+
+
 def test_general_path__not_committed_before_its_instant(beat: LeaderScheduler) -> None:
     # Given schedules due within the window that need the general path: a cron, a capped one, a one-off
     cron = make_schedule("cron", cron="*/5 * * * *")
