@@ -190,3 +190,28 @@ def check_deprecated_settings(app_configs: Any = None, **kwargs: Any) -> list[Wa
         for old, new in DEPRECATED_NAMES.items()
         if hasattr(django_settings, f"SCHEDULER_{old}")
     ]
+
+
+@register(Tags.database)
+def check_sqlite_sharing(app_configs: Any = None, **kwargs: Any) -> list[Warning]:
+    """SQLite, shared by the beat replicas, the workers and the web, needs WAL and IMMEDIATE transactions."""
+    warnings = []
+    for alias, database in django_settings.DATABASES.items():
+        if database.get("ENGINE") != "django.db.backends.sqlite3":
+            continue
+        options = database.get("OPTIONS") or {}
+        immediate = str(options.get("transaction_mode", "")).upper() == "IMMEDIATE"
+        wal = "journal_mode=wal" in str(options.get("init_command", "")).lower().replace(" ", "")
+        if immediate and wal:
+            continue
+        warnings.append(
+            Warning(
+                f"SQLite database {alias!r} is shared by several processes without WAL and IMMEDIATE transactions: "
+                "a write waits behind every reader, and a transaction that reads before it writes fails with "
+                "'database is locked' while another holds the write lock, so a worker can fail to record an outcome.",
+                hint=f'Set DATABASES[{alias!r}]["OPTIONS"] = {{"transaction_mode": "IMMEDIATE", "timeout": 20, '
+                '"init_command": "PRAGMA journal_mode=WAL;"}, or use PostgreSQL.',
+                id="scheduler.W004",
+            )
+        )
+    return warnings

@@ -90,6 +90,8 @@ class LeaderScheduler(Scheduler):
         self._ahead_at = 0.0
         self._ticking = False
         self._interrupted = False
+        #: close() was called: this replica is shutting down and must not tick again.
+        self._stopping = False
         super().__init__(app, *args, **kwargs)
 
     # --- Celery's scheduler contract ------------------------------------------
@@ -130,7 +132,21 @@ class LeaderScheduler(Scheduler):
 
         On PostgreSQL the sleep is spent inside the tick, waiting for a change
         in who holds what (``Leadership.wait``), and what is left is returned.
+
+        Once ``close()`` was called it raises ``SystemExit`` instead: Celery's
+        SIGTERM handler raises it wherever the signal lands, and Python drops
+        an exception raised inside a weakref callback or a finalizer ("Exception
+        ignored in ..."), which would leave this replica running, and leading,
+        after the shutdown it was asked for.
         """
+        if self._stopping:
+            raise SystemExit()
+        delay = self._guarded_tick()
+        if self._stopping:  # asked to stop during this tick, and the signal's SystemExit was lost
+            raise SystemExit()
+        return delay
+
+    def _guarded_tick(self) -> float:
         self._ticking = True
         try:
             with tracing.span(
@@ -161,6 +177,7 @@ class LeaderScheduler(Scheduler):
 
     def close(self) -> None:
         """Release what this replica holds on shutdown, so the others take it over at once."""
+        self._stopping = True
         if self._ticking:
             # Celery calls this from its SIGTERM handler, here in the middle of
             # a tick: this thread is inside a database or broker call, and

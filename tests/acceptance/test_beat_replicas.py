@@ -119,7 +119,7 @@ def test_leader_killed__follower_takes_over_without_losing_a_slot(
 
     # When the leader is killed
     leader.send(kill_signal)
-    leader.popen.wait(15)
+    leader.assert_exits(15)
 
     # Then another replica leads and dispatches again. How fast is measured
     # by bench/failover.py; here the bound only keeps a broken takeover from

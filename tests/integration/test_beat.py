@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+import signal
+import sys
+import threading
 import time
+import weakref
 from datetime import timedelta
 
 import pytest
+from celery import beat
+from celery.apps.beat import Beat
 from django.db import connection, connections
 from django.test.utils import CaptureQueriesContext
 
@@ -184,3 +190,58 @@ def _cut_connection() -> None:
             killer.close()
     else:
         connection.connection.close()  # the driver connection dies under Django
+
+
+def test_sigterm__whose_exit_python_dropped_in_a_weakref_callback__still_stops_beat_and_frees_the_lease(
+    redis_url: str,
+) -> None:
+    # Given celery's beat service leading, with celery's own SIGTERM handler
+    service = beat.Service(app, scheduler_cls=LeaderScheduler)
+    previous = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
+    Beat(app=app).install_sync_handler(service)
+    on_sigterm = signal.getsignal(signal.SIGTERM)
+    assert callable(on_sigterm)
+    scheduler = service.scheduler
+    scheduler.tick()
+    assert scheduler.leadership.held
+
+    # When SIGTERM lands inside a weakref callback during a tick: the
+    # handler closes the scheduler, and the SystemExit it raises there is
+    # printed as "Exception ignored" and dropped by Python
+    class Collected:
+        pass
+
+    collected = Collected()
+    dropped = weakref.ref(collected, lambda _: on_sigterm(signal.SIGTERM, None))
+    follow_count = scheduler._follow_count
+
+    def follow_count_while_collected() -> None:
+        nonlocal collected
+        del collected
+        follow_count()
+
+    scheduler._follow_count = follow_count_while_collected  # type: ignore[method-assign]
+
+    def run_beat() -> None:
+        try:
+            service.start()
+        finally:
+            connections.close_all()
+
+    runner = threading.Thread(target=run_beat, daemon=True)
+    unraisable_hook, dropped_exceptions = sys.unraisablehook, []
+    sys.unraisablehook = lambda unraisable: dropped_exceptions.append(unraisable.exc_type)
+    try:
+        runner.start()
+        runner.join(10)
+
+        # Then beat stops anyway, and gave its lease back
+        assert dropped() is None and dropped_exceptions == [SystemExit]
+        assert not runner.is_alive(), "beat went on after SIGTERM"
+        assert not leases.current("beat").is_held
+    finally:
+        sys.unraisablehook = unraisable_hook
+        service._is_shutdown.set()
+        runner.join(10)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)

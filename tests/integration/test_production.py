@@ -6,6 +6,7 @@ import os
 import secrets
 import subprocess
 import sys
+import warnings
 from typing import Any
 
 import pytest
@@ -101,6 +102,26 @@ def test_system_check__fires_on_its_misconfiguration(overrides: dict[str, Any], 
     assert check() == []
     with override_settings(**overrides):
         assert [error.id for error in check()] == [check_id]
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {},
+        {"init_command": "PRAGMA journal_mode=WAL;"},
+        {"transaction_mode": "IMMEDIATE", "init_command": "PRAGMA synchronous=NORMAL;"},
+    ],
+    ids=["startproject", "deferred", "rollback-journal"],
+)
+def test_system_check__warns_of_sqlite_shared_without_wal_and_immediate_transactions(options: dict[str, str]) -> None:
+    sqlite = {"ENGINE": "django.db.backends.sqlite3", "NAME": "db.sqlite3"}
+    shared = {"transaction_mode": "immediate", "timeout": 20, "init_command": "PRAGMA journal_mode = WAL;"}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # Django warns that overriding DATABASES does not reach open connections
+        with override_settings(DATABASES={"default": {**sqlite, "OPTIONS": shared}}):
+            assert checks.check_sqlite_sharing() == []
+        with override_settings(DATABASES={"default": {**sqlite, "OPTIONS": options}}):
+            assert [warning.id for warning in checks.check_sqlite_sharing()] == ["scheduler.W004"]
 
 
 def test_system_checks__reported_by_manage_check() -> None:

@@ -86,6 +86,14 @@ class CeleryProcess:
             except subprocess.TimeoutExpired:
                 pass
 
+    def assert_exits(self, timeout: float) -> None:
+        """Wait up to ``timeout`` for the process to end; fail with its log tail otherwise."""
+        assert self.popen is not None
+        try:
+            self.popen.wait(timeout)
+        except subprocess.TimeoutExpired:
+            raise AssertionError(f"{self.name}: still running {timeout}s on; log tail:\n{self.log()[-6000:]}") from None
+
     def wait_for_log(self, pattern: str, timeout: float = 20.0) -> re.Match[str]:
         """Wait until the log matches ``pattern``; fail with the log tail otherwise."""
         found = wait_until(lambda: re.search(pattern, self.log()), timeout=timeout)
