@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import signal
 import sys
 import threading
@@ -18,6 +19,7 @@ from django.test.utils import CaptureQueriesContext
 from project.celery import app
 from scheduler import dbclock, signals
 from scheduler.beat import LeaderScheduler, dispatch, liveness
+from scheduler.beat.scheduler import FIRES_LOGGED_ONE_BY_ONE
 from scheduler.models import Execution, Instance, Schedule
 from scheduler.owners import leases, schedules
 
@@ -245,3 +247,28 @@ def test_sigterm__whose_exit_python_dropped_in_a_weakref_callback__still_stops_b
         runner.join(10)
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+
+
+@pytest.mark.parametrize("due", [FIRES_LOGGED_ONE_BY_ONE, FIRES_LOGGED_ONE_BY_ONE + 1])
+def test_a_pass__logs_each_fire_or_one_line_for_a_burst(
+    redis_url: str, caplog: pytest.LogCaptureFixture, due: int
+) -> None:
+    # Given `due` schedules due at once, and a leader
+    ids = _load_schedules(due, due=due)
+    _make_due(ids)
+    scheduler = LeaderScheduler(app, lazy=True)
+    try:
+        # When one tick fires them
+        with caplog.at_level(logging.INFO, logger="scheduler.beat.scheduler"):
+            scheduler.tick()
+    finally:
+        scheduler.close()
+    assert Execution.objects.count() == due
+
+    # Then each fire has its own line, or the burst has one
+    lines = [record.getMessage() for record in caplog.records if record.getMessage().startswith("dispatch")]
+    if due <= FIRES_LOGGED_ONE_BY_ONE:
+        assert len(lines) == due and all(line.startswith("dispatch s") for line in lines), lines[:3]
+    else:
+        slot = Execution.objects.values_list("scheduled_for", flat=True).first()
+        assert lines == [f"dispatched {due} slots, {slot.isoformat()} to {slot.isoformat()} (token 1)"]
