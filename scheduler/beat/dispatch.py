@@ -18,13 +18,14 @@ from datetime import datetime, timedelta
 from typing import Any, ClassVar
 
 from django.db import DatabaseError, connection, transaction
-from django.db.models import Count, Q, QuerySet
+from django.db.models import Count, F, Q, QuerySet
 
 from scheduler import dbclock, session_limits, timing, tracing
 from scheduler.conf import settings
 from scheduler.exceptions import InFlightLocked, ScheduleInvalid
 from scheduler.failpoints import failpoint
 from scheduler.models import Execution, Schedule
+from scheduler.models.lookups import AnyOf
 from scheduler.owners import executions, leases, schedules, work_rules
 from scheduler.timing import policies
 
@@ -547,7 +548,7 @@ def _commit(
         # is one moved to another shard meanwhile (``manage.py shards --assign``).
         found = list(
             Schedule.objects.active()
-            .filter(pk__in=planned_from)
+            .filter(AnyOf(F("pk"), list(planned_from)))
             .select_for_update(skip_locked=True)
             .values_list("pk", "next_run_at", "slots_committed", "shard")
         )

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import Counter
 from collections.abc import Mapping
 from datetime import datetime
 from typing import Any, cast
@@ -42,7 +43,7 @@ from scheduler.owners import instances, schedules
 
 logger = logging.getLogger(__name__)
 
-#: A pass that fires more logs one line for them all at INFO, and each at DEBUG.
+#: A pass that fires more, or turns more schedules off, logs one line for them at INFO, and each at DEBUG.
 FIRES_LOGGED_ONE_BY_ONE = 100
 
 
@@ -57,6 +58,16 @@ def _limit_idle_transactions(sender: Any, connection: Any, **kwargs: Any) -> Non
         timeout_ms = int(settings.LEASE_TTL_SECONDS * 1000)
         with connection.cursor() as cursor:
             cursor.execute(f"SET idle_in_transaction_session_timeout = {timeout_ms}")
+
+
+def _level_of_each(count: int) -> int:
+    """The level of one line per item among ``count``: INFO for a few, DEBUG for a burst (0: not logged).
+
+    One INFO line per fire of a 10,000 burst costs the leader a tenth of its 2 s budget.
+    """
+    if count <= FIRES_LOGGED_ONE_BY_ONE:
+        return logging.INFO
+    return logging.DEBUG if logger.isEnabledFor(logging.DEBUG) else 0
 
 
 class LeaderScheduler(Scheduler):
@@ -283,34 +294,47 @@ class LeaderScheduler(Scheduler):
         token = None if isinstance(fence, Mapping) else fence.token
         self._held_back = report.locked > 0
         self._revoke(report.cancelled_task_ids)
-        for name, reason in report.completed:
+        self._log_outcomes(report, token)
+
+    def _log_outcomes(self, report: dispatch.DispatchReport, token: int | None) -> None:
+        """Log each schedule that turned itself off and each fire; a burst of either as one line."""
+        by_token = f" (token {token})" if token is not None else ""
+        level = _level_of_each(len(report.completed))
+        if level != logging.INFO:
+            reasons = Counter(reason for _, reason in report.completed)
             logger.info(
+                "%d schedules turned themselves off: %s",
+                len(report.completed),
+                "; ".join(f"{reason} ({count})" for reason, count in reasons.most_common()),
+                extra={"action": "schedules_completed", "instance_id": self.instance_id},
+            )
+        for name, reason in report.completed if level else ():
+            logger.log(
+                level,
                 "schedule %s turned itself off: %s",
                 name,
                 reason,
                 extra={"action": "schedule_completed", "schedule": name, "instance_id": self.instance_id},
             )
-        # A burst logs one line per pass, not one per fire: 10,000 lines cost the leader a tenth of its 2 s budget.
-        one_by_one = len(report.fired) <= FIRES_LOGGED_ONE_BY_ONE
-        if not one_by_one:
+        level = _level_of_each(len(report.fired))
+        if level != logging.INFO:
             logger.info(
                 "dispatched %d slots, %s to %s%s",
                 len(report.fired),
                 min(slot for _, slot in report.fired).isoformat(),
                 max(slot for _, slot in report.fired).isoformat(),
-                f" (token {token})" if token is not None else "",
+                by_token,
                 extra={"action": "dispatched_many", "instance_id": self.instance_id, "token": token},
             )
-        if one_by_one or logger.isEnabledFor(logging.DEBUG):
-            for name, slot in report.fired:
-                logger.log(
-                    logging.INFO if one_by_one else logging.DEBUG,
-                    "dispatch %s slot %s%s",
-                    name,
-                    slot.isoformat(),
-                    f" (token {token})" if token is not None else "",
-                    extra={"action": "dispatched", "schedule": name, "instance_id": self.instance_id, "token": token},
-                )
+        for name, slot in report.fired if level else ():
+            logger.log(
+                level,
+                "dispatch %s slot %s%s",
+                name,
+                slot.isoformat(),
+                by_token,
+                extra={"action": "dispatched", "schedule": name, "instance_id": self.instance_id, "token": token},
+            )
 
     def _publish(self) -> bool:
         """Publish pending executions; return whether a full batch went out (maybe more)."""

@@ -64,6 +64,7 @@ from scheduler.fastpath import bulk_insert
 from scheduler.fastpath.prepared import Param, Prepared, RowReader
 from scheduler.models import Execution, Schedule
 from scheduler.models.execution import ExecutionQuerySet
+from scheduler.models.lookups import AnyOf
 from scheduler.models.schedule import MESSAGE_OPTION_FIELDS
 from scheduler.models.tally import MESSAGE_REFUSED, TallyIncrement
 from scheduler.owners import notifications, schedules, work_rules
@@ -548,7 +549,8 @@ def pending_rows(*, limit: int, locked: bool = False) -> tuple[list[dict[str, An
 
 def mark_queued(ids: Iterable[int], *, now: datetime) -> int:
     """Record the ``pending`` executions ``ids`` as sent at ``now``; return how many changed."""
-    return _move(Execution.objects.filter(id__in=list(ids), status=Status.PENDING), Status.QUEUED, enqueued_at=now)
+    pending = Execution.objects.filter(AnyOf(F("pk"), list(ids)), status=Status.PENDING)
+    return _move(pending, Status.QUEUED, enqueued_at=now)
 
 
 def mark_resent(execution_id: int, *, was_enqueued_at: datetime | None, now: datetime) -> bool:

@@ -44,6 +44,7 @@ from django.db.models.functions import Cast, Coalesce, Concat, Now
 from scheduler import dbclock, limits, shards, timing
 from scheduler.beat import liveness
 from scheduler.models import Execution, Schedule
+from scheduler.models.lookups import AnyOf
 from scheduler.models.schedule import DEADLINE_FIELDS, OWED_FIELDS
 from scheduler.owners import executions
 from scheduler.timing import overdue
@@ -211,7 +212,7 @@ def advance(advances: Mapping[Advance, Iterable[int]]) -> None:
     checked that they are still the ones it planned from.
     """
     for write, pks in advances.items():
-        Schedule.objects.filter(pk__in=list(pks)).update(**write.fields())
+        Schedule.objects.filter(AnyOf(F("pk"), list(pks))).update(**write.fields())
 
 
 def give_back_ahead(ids: Collection[int]) -> None:

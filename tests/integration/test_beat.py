@@ -22,6 +22,7 @@ from scheduler.beat import LeaderScheduler, dispatch, liveness
 from scheduler.beat.scheduler import FIRES_LOGGED_ONE_BY_ONE
 from scheduler.models import Execution, Instance, Schedule
 from scheduler.owners import leases, schedules
+from tests.support.factories import make_schedule
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -253,22 +254,26 @@ def test_sigterm__whose_exit_python_dropped_in_a_weakref_callback__still_stops_b
 def test_a_pass__logs_each_fire_or_one_line_for_a_burst(
     redis_url: str, caplog: pytest.LogCaptureFixture, due: int
 ) -> None:
-    # Given `due` schedules due at once, and a leader
-    ids = _load_schedules(due, due=due)
-    _make_due(ids)
+    # Given `due` one-off schedules due at once, and a leader
+    run_at = dbclock.now().replace(microsecond=0)
+    for index in range(due):
+        make_schedule(f"once-{index}", run_at=run_at, now=run_at - timedelta(seconds=1))
     scheduler = LeaderScheduler(app, lazy=True)
     try:
-        # When one tick fires them
+        # When one tick fires them, and each turns itself off
         with caplog.at_level(logging.INFO, logger="scheduler.beat.scheduler"):
             scheduler.tick()
     finally:
         scheduler.close()
     assert Execution.objects.count() == due
 
-    # Then each fire has its own line, or the burst has one
-    lines = [record.getMessage() for record in caplog.records if record.getMessage().startswith("dispatch")]
+    # Then each fire and each schedule turned off has its own line, or the burst has one of each
+    fired = [record.getMessage() for record in caplog.records if record.getMessage().startswith("dispatch")]
+    off = [record.getMessage() for record in caplog.records if "turned" in record.getMessage()]
+    reason = Schedule.objects.values_list("disabled_reason", flat=True).first()
     if due <= FIRES_LOGGED_ONE_BY_ONE:
-        assert len(lines) == due and all(line.startswith("dispatch s") for line in lines), lines[:3]
+        assert len(fired) == due and all(line.startswith("dispatch once-") for line in fired), fired[:3]
+        assert len(off) == due and all(line.endswith(f"turned itself off: {reason}") for line in off), off[:3]
     else:
-        slot = Execution.objects.values_list("scheduled_for", flat=True).first()
-        assert lines == [f"dispatched {due} slots, {slot.isoformat()} to {slot.isoformat()} (token 1)"]
+        assert fired == [f"dispatched {due} slots, {run_at.isoformat()} to {run_at.isoformat()} (token 1)"]
+        assert off == [f"{due} schedules turned themselves off: {reason} ({due})"]
