@@ -122,6 +122,14 @@ def summary(results: list[RunResult]) -> str:
     return "\n".join([header, "-" * len(header), *rows, *(["", "failed:", *failures] if failures else [])])
 
 
+def named_tests(args: list[str]) -> bool:
+    """Whether ``args`` name tests to run (paths, node ids): then each database runs them, none left to the other.
+
+    Options alone (``-q``, ``-x``) keep the whole suite's split.
+    """
+    return any(Path(arg.split("::")[0]).exists() for arg in args if not arg.startswith("-"))
+
+
 def main(args: list[str]) -> int:
     """Start Redis and PostgreSQL, run pytest on SQLite and on PostgreSQL at once, report both."""
     # SIGTERM (CI cancel) becomes SystemExit so the services' teardown runs.
@@ -152,7 +160,7 @@ def main(args: list[str]) -> int:
                 }
                 if label == "postgresql":
                     env["DATABASE_URL"] = services.enter_context(postgres_cluster())
-                extra = [f"--ignore={path}" for path in LEFT_TO_THE_OTHER_RUN[label]] if not args else []
+                extra = [] if named_tests(args) else [f"--ignore={path}" for path in LEFT_TO_THE_OTHER_RUN[label]]
                 running[label] = start_pytest(label, env, [*args, *extra], workdir / f"junit-{label}.xml")
             results = []
             for label, (process, copier) in running.items():

@@ -2,7 +2,7 @@
 
 from pathlib import Path
 
-from tests.suite import parse_junit, summary
+from tests.suite import named_tests, parse_junit, summary
 
 JUNIT = """<?xml version="1.0"?>
 <testsuites><testsuite tests="3" failures="1" errors="1" skipped="0">
@@ -38,3 +38,10 @@ def test_summary__has_no_failed_list_when_all_pass(tmp_path: Path) -> None:
     )
 
     assert "failed:" not in summary([parse_junit("postgresql", 0, report)])
+
+
+def test_named_tests__options_alone_keep_the_split_and_paths_or_node_ids_do_not() -> None:
+    assert not named_tests([])
+    assert not named_tests(["-q", "-x", "-p", "no:cacheprovider"])
+    assert named_tests(["-q", "tests/unit"])
+    assert named_tests(["tests/unit/test_suite_report.py::test_named_tests"])
