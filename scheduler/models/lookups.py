@@ -17,7 +17,6 @@ class AnyOf(Lookup):
     elsewhere it is ``IN``.
     """
 
-    lookup_name = "any_of"
     prepare_rhs = False
 
     def as_sql(self, compiler: Any, connection: Any) -> tuple[str, Any]:
