@@ -64,7 +64,7 @@ from scheduler.fastpath import bulk_insert
 from scheduler.fastpath.prepared import Param, Prepared, RowReader
 from scheduler.models import Execution, Schedule
 from scheduler.models.execution import ExecutionQuerySet
-from scheduler.models.lookups import AnyOf
+from scheduler.models.lookups import AnyOf, array_of
 from scheduler.models.schedule import MESSAGE_OPTION_FIELDS
 from scheduler.models.tally import MESSAGE_REFUSED, TallyIncrement
 from scheduler.owners import notifications, schedules, work_rules
@@ -228,7 +228,7 @@ def insert_next_slots(schedule_ids: Sequence[int], *, token: int, lease_name: st
             ids = list(schedule_ids[start : start + _BATCH])
             id_params: list[Any]
             if connection.vendor == "postgresql":
-                where, id_params = "= ANY(%s)", [ids]
+                where, id_params = f"= ANY({array_of(Schedule._meta.pk, connection)})", [ids]
             else:
                 where, id_params = f"IN ({', '.join(['%s'] * len(ids))})", ids
             cursor.execute(sql.format(ids=where), [*params, *id_params])

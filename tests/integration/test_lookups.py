@@ -32,3 +32,18 @@ def test_any_of__an_empty_list_finds_nothing() -> None:
     make_schedule("s")
     assert not Schedule.objects.filter(AnyOf(F("pk"), [])).exists()
     assert Schedule.objects.exclude(AnyOf(F("pk"), [])).count() == 1
+
+
+def test_any_of__sends_an_array_of_the_column_type() -> None:
+    # psycopg types a list of small ids smallint[]; PostgreSQL then compares a bigint
+    # column with it element by element for every row instead of hashing the array once.
+    schedule = make_schedule("s")
+
+    with CaptureQueriesContext(connection) as queries:
+        by_pk = list(Schedule.objects.filter(AnyOf(F("pk"), [schedule.pk])).values_list("pk", flat=True))
+        by_name = list(Schedule.objects.filter(AnyOf(F("name"), ["s", "t"])).values_list("pk", flat=True))
+
+    assert by_pk == by_name == [schedule.pk]
+    if connection.vendor == "postgresql":
+        assert "= ANY(" in queries[0]["sql"] and "::bigint[])" in queries[0]["sql"]
+        assert "::varchar(200)[])" in queries[1]["sql"]
