@@ -33,4 +33,4 @@ class AnyOf(Lookup):
 
 def array_of(field: Field[Any, Any], connection: Any) -> str:
     """The placeholder of one array parameter of ``field``'s values, cast to its column type (PostgreSQL)."""
-    return f"%s::{field.cast_db_type(connection)}[]"
+    return f"%s::{field.db_type(connection)}[]"
