@@ -358,8 +358,10 @@ class Schedule(models.Model):
             models.Index(fields=["task"], name="schedule_task"),
             # "Enabled schedules due now, ordered by next_run_at" is one range
             # scan of this partial index; schedules that are not due cost nothing.
+            # The id breaks ties in the index's order: a pass reads its batch and
+            # stops, where a burst due at one instant was otherwise sorted whole.
             models.Index(
-                fields=["next_run_at"],
+                fields=["next_run_at", "id"],
                 name="schedule_due",
                 condition=Q(enabled=True, paused_reason="", next_run_at__isnull=False),
             ),

@@ -5,6 +5,7 @@ from __future__ import annotations
 from datetime import timedelta
 
 import pytest
+from django.db import connection, transaction
 from django.db.models import F, Max
 from django.db.models.functions import Coalesce
 
@@ -78,3 +79,24 @@ def test_backlog__a_day_behind_drains_while_an_every_second_probe_stays_on_time(
     sent_at = Coalesce("enqueued_at", "started_at")
     wait = probe_rows.aggregate(longest=Max(sent_at - F("scheduled_for")))["longest"]
     assert wait is not None and wait <= timedelta(seconds=2 * settings.LEASE_TTL_SECONDS), wait
+
+
+def test_backlog__a_pass_reads_its_batch_from_the_due_index_without_sorting_every_due_schedule() -> None:
+    # Given 2,000 schedules due at the same instant (a burst, or a backlog)
+    instant = dbclock.now().replace(microsecond=0) - timedelta(seconds=1)
+    Schedule.objects.bulk_create(
+        [Schedule(name=f"due-{n}", task="scheduler.echo", interval=60, next_run_at=instant) for n in range(2000)]
+    )
+    # When a pass reads one batch
+    due = Schedule.objects.due(now=dbclock.now()).values_list("pk", flat=True)[:500]
+    # Then it is the first 500 by id
+    assert list(due) == sorted(Schedule.objects.values_list("pk", flat=True))[:500]
+    if connection.vendor == "postgresql":
+        # ... read in the due index's order (the id breaks ties), stopping after the batch: nothing is sorted
+        with transaction.atomic(), connection.cursor() as cursor:
+            cursor.execute("ANALYZE scheduler_schedule")
+            cursor.execute("SET LOCAL enable_seqscan = off")
+            sql, params = due.query.sql_with_params()
+            cursor.execute(f"EXPLAIN {sql}", params)
+            plan = "\n".join(row[0] for row in cursor.fetchall())
+        assert "schedule_due" in plan and "Sort" not in plan, plan
