@@ -403,8 +403,8 @@ def _plan(*, now: datetime, batch_size: int, shards: Collection[int] | None) -> 
 
     The due schedules are read as a few columns first: those ``_slot_of``
     plans set-based are never read as models, the others are. The
-    set-based read looks ``COMMIT_AHEAD_SECONDS`` ahead: an interval
-    schedule due that soon is committed now (``_ahead_of``), so at its
+    set-based read looks ``COMMIT_AHEAD_SECONDS`` ahead: an interval or
+    one-off schedule due that soon is committed now (``_ahead_of``), so at its
     instant only its message is left to send; a schedule due that soon
     that needs the general path waits for its instant.
     """
@@ -461,13 +461,14 @@ def commit_ahead_seconds() -> float:
 
 
 def _ahead_of(slot: _Slot | None, until: datetime) -> bool:
-    """Whether a schedule not due yet may be committed before its instant: an interval one, planned set-based.
+    """Whether a schedule not due yet may be committed before its instant: one planned set-based.
 
-    Its next slot must be past ``until``, so a schedule has one slot ahead
-    at most. A one-off (it turns itself off) and the general path
-    (overlap, caps, calendars: decided at the instant) are not.
+    An interval schedule's next slot must be past ``until``, so a schedule
+    has one slot ahead at most; a one-off has no next slot (it turns itself
+    off, and a give-back turns it on again). The general path (overlap,
+    caps, calendars) is decided at the instant.
     """
-    return slot is not None and slot.following is not None and slot.following > until
+    return slot is not None and (slot.following is None or slot.following > until)
 
 
 def _on_time_and_backlog(

@@ -19,8 +19,8 @@ here:
 - A write that gives a schedule a next slot wakes the beat leader when it
   commits (``_wake_the_beat``, PostgreSQL), so a slot sooner than the
   leader's next look fires on time.
-- The leader commits an interval schedule's next slot a moment before its
-  instant (``SCHEDULER_COMMIT_AHEAD_SECONDS``). Every edit, pause, turn-off,
+- The leader commits an interval or one-off schedule's next slot a moment
+  before its instant (``SCHEDULER_COMMIT_AHEAD_SECONDS``). Every edit, pause, turn-off,
   circuit breaker trip and delete first gives such a slot back
   (``give_back_ahead``): the slot runs as the schedule is after the edit,
   never as it was before it.
@@ -38,7 +38,7 @@ from typing import Any
 
 from django.core.exceptions import ValidationError
 from django.db import connections, models, router, transaction
-from django.db.models import Case, CharField, DateTimeField, F, Func, Q, TextField, Value, When
+from django.db.models import BooleanField, Case, CharField, DateTimeField, F, Func, Q, TextField, Value, When
 from django.db.models.functions import Cast, Coalesce, Concat, Now
 
 from scheduler import dbclock, limits, shards, timing
@@ -222,7 +222,9 @@ def give_back_ahead(ids: Collection[int]) -> None:
     first (lock order), then the rows ahead are deleted
     (``executions.withdraw_ahead``) and each schedule gets its slot back as
     ``next_run_at`` (unless it has none: it was paused or turned off) and
-    one fewer ``slots_committed``.
+    one fewer ``slots_committed``. A one-off whose slot it was is on again:
+    that commit turned it off, as its last slot, and every other writer
+    gives the slot back before it writes.
     """
     if not ids:
         return
@@ -232,9 +234,17 @@ def give_back_ahead(ids: Collection[int]) -> None:
     for pk, slot_and_count in executions.withdraw_ahead(ids).items():
         writes[slot_and_count].append(pk)
     for (slot, count), pks in writes.items():
+        turned_off_by_it = Q(run_at=slot, enabled=False)
         Schedule.objects.filter(pk__in=pks).update(
             next_run_at=Case(
-                When(next_run_at__isnull=True, then=None), default=Value(slot), output_field=DateTimeField()
+                When(turned_off_by_it, then=Value(slot)),
+                When(next_run_at__isnull=True, then=None),
+                default=Value(slot),
+                output_field=DateTimeField(),
+            ),
+            enabled=Case(When(turned_off_by_it, then=Value(True)), default=F("enabled"), output_field=BooleanField()),
+            disabled_reason=Case(
+                When(turned_off_by_it, then=Value("")), default=F("disabled_reason"), output_field=TextField()
             ),
             slots_committed=F("slots_committed") - count,
         )

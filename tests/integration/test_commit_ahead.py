@@ -1,4 +1,4 @@
-"""The leader commits an interval schedule's slot ahead of its instant, sends it no sooner, and gives it back on any change.
+"""The leader commits an interval or one-off schedule's slot ahead of its instant, sends it no sooner, and gives it back on any change.
 
 In process, on the suite's databases and Redis. The window is widened (30 s,
 a slot 20 s away) so that no step races the instant on a slow machine;
@@ -25,6 +25,8 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 AHEAD = 30.0
 Status = Execution.Status
+#: The schedules committed ahead: an interval one moves to its next slot, a one-off turns itself off.
+KINDS = ("interval", "one-off")
 
 
 @pytest.fixture
@@ -44,22 +46,36 @@ def due_in(schedule: Schedule, seconds: float) -> datetime:
     return slot
 
 
+def make_due_in(kind: str, seconds: float, name: str = "ahead") -> tuple[Schedule, datetime]:
+    """A schedule of ``kind`` whose next slot is ``seconds`` from now (the database clock); return it and the slot."""
+    if kind == "one-off":
+        schedule = make_schedule(name, run_at=dbclock.now() + timedelta(seconds=seconds))
+        assert schedule.next_run_at == schedule.run_at
+        return schedule, schedule.run_at
+    schedule = make_schedule(name, interval=3600)
+    return schedule, due_in(schedule, seconds)
+
+
 def committed_ahead(beat: LeaderScheduler, schedule: Schedule, slot: datetime) -> Execution:
     """Tick ``beat`` and return the ``pending`` row it committed for ``slot`` before the instant."""
     beat.tick()
     assert beat.leadership.held, "the beat did not take the lease"
-    row = Execution.objects.get(schedule=schedule)
-    assert (row.status, row.scheduled_for) == (Status.PENDING, slot)
+    row = Execution.objects.get(schedule=schedule, scheduled_for=slot)
+    assert row.status == Status.PENDING
     schedule.refresh_from_db()
-    assert schedule.next_run_at == slot + timedelta(seconds=schedule.interval or 0)
+    if schedule.run_at is None:
+        assert (schedule.next_run_at, schedule.enabled) == (slot + timedelta(seconds=schedule.interval or 0), True)
+    else:  # its last slot: the one-off turned itself off
+        assert (schedule.next_run_at, schedule.enabled) == (None, False)
+        assert schedule.disabled_reason.endswith("has been dispatched")
     assert schedule.slots_committed == 1
     return row
 
 
-def test_slot__committed_ahead_sent_at_its_instant_once(beat: LeaderScheduler) -> None:
-    # Given an interval schedule whose next slot is 2 s away
-    schedule = make_schedule("soon", interval=3600)
-    slot = due_in(schedule, 2)
+@pytest.mark.parametrize("kind", KINDS)
+def test_slot__committed_ahead_sent_at_its_instant_once(beat: LeaderScheduler, kind: str) -> None:
+    # Given an interval or one-off schedule whose next slot is 2 s away
+    schedule, slot = make_due_in(kind, 2)
 
     # When the leader ticks: the slot is committed now, not sent
     row = committed_ahead(beat, schedule, slot)
@@ -110,10 +126,11 @@ def test_slots_at_two_instants__each_sent_at_its_own(settings: Any, beat: Leader
 
 
 def test_general_path__not_committed_before_its_instant(beat: LeaderScheduler) -> None:
-    # Given schedules due within the window that need the general path: a cron, a capped one, a one-off
+    # Given schedules due within the window that need the general path: a cron, a capped one, a one-off that skips overlaps
     cron = make_schedule("cron", cron="*/5 * * * *")
     capped = make_schedule("capped", interval=3600, max_runs=3)
-    one_off = make_schedule("one-off", run_at=dbclock.now() + timedelta(seconds=20))
+    one_off, _ = make_due_in("one-off", 20, name="one-off")
+    Schedule.objects.filter(pk=one_off.pk).update(overlap=Schedule.Overlap.SKIP)
     for schedule in (cron, capped):
         due_in(schedule, 20)
 
@@ -144,24 +161,31 @@ CHANGES: dict[str, tuple[Callable[[Schedule], Any], bool]] = {
     "turn off in bulk": (lambda s: schedules.disable_many([s.pk]), False),
     "circuit breaker": (_trip_the_breaker, False),
 }
+TURN_OFFS = {"turn off", "turn off in bulk"}
 
 
 @pytest.mark.parametrize("change", CHANGES)
-def test_change__gives_the_slot_back(beat: LeaderScheduler, change: str) -> None:
-    # Given a slot committed ahead of its instant
-    schedule = make_schedule("ahead", interval=3600)
-    slot = due_in(schedule, 20)
+@pytest.mark.parametrize("kind", KINDS)
+def test_change__gives_the_slot_back(beat: LeaderScheduler, kind: str, change: str) -> None:
+    # Given a slot committed ahead of its instant (a one-off's turned it off), while an operator had the schedule open
+    schedule, slot = make_due_in(kind, 20)
+    seen = Schedule.objects.get(pk=schedule.pk)
     committed_ahead(beat, schedule, slot)
 
     # When the schedule changes before the instant
     do, fires = CHANGES[change]
-    do(Schedule.objects.get(pk=schedule.pk))
+    do(seen)
 
     # Then the row is gone, and the slot is the schedule's again (or it has none, stopped)
     assert not Execution.objects.filter(schedule=schedule).exists()
     schedule.refresh_from_db()
     assert schedule.slots_committed == 0
     assert schedule.next_run_at == (slot if fires else None)
+    # ... on, unless the change turned it off, and off by the operator then, not as done
+    assert (schedule.enabled, schedule.disabled_reason) == (change not in TURN_OFFS, "")
+    if fires:  # and the leader commits the slot again, as the schedule is now
+        row = committed_ahead(beat, schedule, slot)
+        assert row.kwargs == {"changed": True}
 
 
 def test_interval_change__slot_follows_the_new_timing(beat: LeaderScheduler) -> None:
@@ -182,9 +206,25 @@ def test_interval_change__slot_follows_the_new_timing(beat: LeaderScheduler) -> 
     assert edited.next_run_at == edited.compute_next_run_at(now=dbclock.now())
 
 
-def test_delete__leaves_no_slot_to_send(beat: LeaderScheduler) -> None:
-    schedule = make_schedule("ahead", interval=3600)
-    slot = due_in(schedule, 20)
+def test_one_off_seen_done__an_edit_gives_the_slot_back_and_it_fires_as_edited(beat: LeaderScheduler) -> None:
+    # Given a one-off committed ahead, which shows as turned off, done, until its instant
+    schedule, slot = make_due_in("one-off", 20)
+    committed_ahead(beat, schedule, slot)
+    seen = Schedule.objects.get(pk=schedule.pk)
+    assert not seen.enabled
+
+    # When an operator edits it as it shows
+    _edit(seen)
+
+    # Then it is on again with its slot, and the leader commits that slot as edited
+    schedule.refresh_from_db()
+    assert (schedule.enabled, schedule.next_run_at, schedule.slots_committed) == (True, slot, 0)
+    assert committed_ahead(beat, schedule, slot).kwargs == {"changed": True}
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_delete__leaves_no_slot_to_send(beat: LeaderScheduler, kind: str) -> None:
+    schedule, slot = make_due_in(kind, 20)
     committed_ahead(beat, schedule, slot)
 
     schedules.delete(Schedule.objects.get(pk=schedule.pk))
@@ -192,26 +232,26 @@ def test_delete__leaves_no_slot_to_send(beat: LeaderScheduler) -> None:
     assert not Execution.objects.exists()
 
 
-def test_shutdown__gives_the_slots_back(beat: LeaderScheduler) -> None:
+@pytest.mark.parametrize("kind", KINDS)
+def test_shutdown__gives_the_slots_back(beat: LeaderScheduler, kind: str) -> None:
     # Given a slot committed ahead of its instant
-    schedule = make_schedule("ahead", interval=3600)
-    slot = due_in(schedule, 20)
+    schedule, slot = make_due_in(kind, 20)
     committed_ahead(beat, schedule, slot)
 
     # When the leader stops
     beat.close()
 
-    # Then the slot is the schedule's again, for whoever leads next
+    # Then the slot is the schedule's again, for whoever leads next (a one-off is on again)
     assert not Execution.objects.exists()
     schedule.refresh_from_db()
-    assert (schedule.next_run_at, schedule.slots_committed) == (slot, 0)
+    assert (schedule.next_run_at, schedule.slots_committed, schedule.enabled) == (slot, 0, True)
 
 
-def test_leader_gone__the_next_one_sends_the_slot_at_its_instant(settings: Any, redis_url: str) -> None:
+@pytest.mark.parametrize("kind", KINDS)
+def test_leader_gone__the_next_one_sends_the_slot_at_its_instant(settings: Any, redis_url: str, kind: str) -> None:
     # Given a leader that committed a slot 2 s ahead, then lost its lease without stopping
     settings.SCHEDULER_COMMIT_AHEAD_SECONDS = AHEAD
-    schedule = make_schedule("ahead", interval=3600)
-    slot = due_in(schedule, 2)
+    schedule, slot = make_due_in(kind, 2)
     gone = LeaderScheduler(app, lazy=True)
     committed_ahead(gone, schedule, slot)
     gone.leadership.release("for the test: it is gone")
