@@ -20,10 +20,10 @@ here:
   commits (``_wake_the_beat``, PostgreSQL), so a slot sooner than the
   leader's next look fires on time.
 - The leader commits an interval or one-off schedule's next slot a moment
-  before its instant (``SCHEDULER_COMMIT_AHEAD_SECONDS``). Every edit, pause, turn-off,
-  circuit breaker trip and delete first gives such a slot back
-  (``give_back_ahead``): the slot runs as the schedule is after the edit,
-  never as it was before it.
+  before its instant (``SCHEDULER_COMMIT_AHEAD_SECONDS``). Every edit,
+  pause, turn-off, circuit breaker trip and delete first gives such a slot
+  back (``give_back_ahead``): the slot runs as the schedule is after the
+  edit, never as it was before it.
 """
 
 from __future__ import annotations
