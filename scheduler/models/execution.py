@@ -144,7 +144,15 @@ class Execution(models.Model):
         db_index=False,
     )
     #: The execution this one re-runs (``executions retry``), if any.
-    retry_of = models.ForeignKey("self", null=True, blank=True, on_delete=models.SET_NULL, related_name="retries")
+    retry_of = models.ForeignKey(
+        "self",
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="retries",
+        # ``execution_retry_of``, partial: almost every row has none, and would still cost every write an index entry.
+        db_index=False,
+    )
     task = models.CharField(max_length=255)
     args = models.JSONField(default=list, blank=True)
     kwargs = models.JSONField(default=dict, blank=True)
@@ -206,6 +214,8 @@ class Execution(models.Model):
             models.Index(fields=["status", "created_at"], name="execution_status_created"),
             # The leader looks for buffered rows every tick; there are few.
             models.Index(fields=["schedule"], name="execution_buffered", condition=Q(buffered=True)),
+            # An execution's re-runs, and the re-runs a delete detaches (on_delete=SET_NULL).
+            models.Index(fields=["retry_of"], name="execution_retry_of", condition=Q(retry_of__isnull=False)),
             # The admin's trigger filter on a large table.
             models.Index(fields=["trigger", "-scheduled_for"], name="execution_trigger"),
             # Oldest queued execution per queue (metrics, the cluster page's warning).

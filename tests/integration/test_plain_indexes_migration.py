@@ -1,4 +1,4 @@
-"""Migration 0028: each indexed CharField keeps one plain index, named in Meta; the writes keep their triggers.
+"""Migrations 0028 and 0030: plain and partial indexes, named in Meta; the writes keep their triggers.
 
 It renames what exists on PostgreSQL (no rebuild of a large table) and drops
 Django's pattern (``LIKE``) indexes, which nothing filters by; backwards it
@@ -79,3 +79,25 @@ def test_0028__one_named_plain_index_per_field_and_back(back_to_newest: None) ->
     assert {key: indexes_on(*key) for key in AFTER} == {
         key: [name] if name is not None else [] for key, name in AFTER.items()
     }
+
+
+def test_0030__the_retry_of_index_holds_only_rows_that_re_run_another_and_back(back_to_newest: None) -> None:
+    # Given the schema before 0030: Django's index of the foreign key
+    migrate_to([("scheduler", "0029_due_index_ordered_by_id")])
+    (django_index,) = indexes_on("scheduler_execution", "retry_of_id")
+    trigger_names = triggers()
+
+    # When 0030 runs, then the one index on the column is the partial one, and every trigger is still there
+    migrate_to_newest()
+    assert indexes_on("scheduler_execution", "retry_of_id") == ["execution_retry_of"]
+    assert triggers() == trigger_names
+    if connection.vendor == "postgresql":
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT indexdef FROM pg_indexes WHERE indexname = 'execution_retry_of'")
+            (definition,) = cursor.fetchone()
+        assert "WHERE (retry_of_id IS NOT NULL)" in definition, definition
+
+    # And backwards Django's own index is back
+    migrate_to([("scheduler", "0029_due_index_ordered_by_id")])
+    assert indexes_on("scheduler_execution", "retry_of_id") == [django_index]
+    assert triggers() == trigger_names
