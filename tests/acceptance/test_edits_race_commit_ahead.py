@@ -74,3 +74,45 @@ def test_kwargs_edits__racing_the_commit_ahead__lose_no_slot_and_send_no_stale_o
         # ... and its count of committed slots is its count of executions
         schedule.refresh_from_db()
         assert schedule.slots_committed == len(rows), schedule.name
+
+
+ONE_OFFS = 12
+
+
+def test_one_off_edits__racing_the_commit_ahead__each_fires_once_and_never_stale(celery_processes: Start) -> None:
+    # Given a leader committing 0.5 s ahead, and one-offs due every half second from 3 s on, at version 0
+    beat = celery_processes("beat", "leader", commit_ahead_seconds=0.5)
+    assert wait_until(lambda: leases.current("beat").is_held, timeout=30), beat.log()[-3000:]
+    first = dbclock.now() + timedelta(seconds=3)
+    made = [
+        make_schedule(f"one-off-{index}", run_at=first + timedelta(seconds=index / 2), kwargs={"v": 0})
+        for index in range(ONE_OFFS)
+    ]
+
+    # When this process edits the kwargs of those not due yet, as it loads them (shown turned off once committed)
+    committed: dict[int, list[tuple[datetime, int]]] = {schedule.pk: [] for schedule in made}
+    rng = random.Random(37)
+    version = 0
+    while coming := [s for s in made if s.run_at > dbclock.now()]:
+        version += 1
+        schedule = Schedule.objects.get(pk=coming[version % min(len(coming), 2)].pk)  # the next two due
+        schedule.kwargs = {"v": version}
+        schedules.save(schedule)
+        committed[schedule.pk].append((dbclock.now(), version))  # read after the commit: never too early
+        time.sleep(rng.uniform(0.02, 0.1))
+    assert wait_until(
+        lambda: Execution.objects.filter(status=Execution.Status.QUEUED).count() >= ONE_OFFS, timeout=15
+    ), beat.log()[-3000:]
+    beat.stop()
+    assert beat.popen is not None and beat.popen.returncode == 0, beat.log()[-3000:]
+
+    for schedule in made:
+        rows = list(Execution.objects.filter(schedule=schedule).values_list("scheduled_for", "kwargs"))
+        # Then each fired once, at its instant, carrying every edit that committed before it
+        assert [slot for slot, _ in rows] == [schedule.run_at], (schedule.name, rows)
+        newest = max((v for at, v in committed[schedule.pk] if at < schedule.run_at), default=0)
+        assert rows[0][1]["v"] >= newest, (schedule.name, rows, newest)
+        # ... and is off as done, with one slot counted
+        schedule.refresh_from_db()
+        assert (schedule.enabled, schedule.slots_committed) == (False, 1), schedule.name
+        assert schedule.disabled_reason.endswith("has been dispatched"), schedule.disabled_reason
