@@ -15,6 +15,7 @@ from zoneinfo import ZoneInfo
 
 import pytest
 import redis
+import time_machine
 from django.core.management import call_command
 from django.core.management.base import CommandError
 from django.test import Client
@@ -104,11 +105,12 @@ def test_preview__the_admin_and_the_api_strike_the_excluded_slots_naming_their_c
     admin = Client()
     admin.force_login(get_user_model().objects.create_superuser("root", password="pw"))
 
-    # When its page and its next fire times are read
-    page = admin.get(f"/admin/scheduler/schedule/{daily.pk}/change/").content.decode()
+    # When its page is read on a Wednesday afternoon (its five slots then hold the weekend) and its next fire times
+    with time_machine.travel(datetime(2026, 11, 25, 12, tzinfo=ZoneInfo("UTC")), tick=False):
+        page = admin.get(f"/admin/scheduler/schedule/{daily.pk}/change/").content.decode()
     answer = token_client("ops", role="operator").get(f"/api/v1/schedules/{daily.pk}/next/?n=7").json()
 
-    # Then a week holds five fire times and two struck-through weekend slots, each naming the calendar
+    # Then the page strikes through the two weekend slots and the API's week names the calendar on each
     assert page.count("excluded by calendar weekend") == 2 and page.count("<del>") == 2
     assert len(answer["times"]) == 7
     assert {entry["calendar"] for entry in answer["excluded"]} == {"weekend"}
