@@ -57,10 +57,14 @@ class Param(Expression):
         self.name = name
 
     def as_sql(self, compiler: SQLCompiler, connection: Any) -> tuple[str, list[Any]]:
+        return "%s", [self.parameter(connection)]
+
+    def parameter(self, connection: Any) -> Any:
+        """What its placeholder's parameter is in a statement built now: itself, or the call's value inlined."""
         values = _INLINE.get()
         if values is None:
-            return "%s", [self]
-        return "%s", [self.output_field.get_db_prep_save(values[self.name], connection)]
+            return self
+        return self.output_field.get_db_prep_save(values[self.name], connection)
 
 
 @contextmanager

@@ -60,7 +60,7 @@ from scheduler import dbclock, session_limits, tracing
 from scheduler.conf import settings
 from scheduler.exceptions import InFlightLocked, MessageRefused
 from scheduler.failpoints import failpoint
-from scheduler.fastpath import bulk_insert
+from scheduler.fastpath import bulk_insert, celery_result
 from scheduler.fastpath.prepared import Param, Prepared, RowReader
 from scheduler.models import Execution, Schedule
 from scheduler.models.execution import ExecutionQuerySet
@@ -1071,13 +1071,22 @@ def release(held: Claim) -> bool:
 
 
 @tracing.traced("scheduler.finish", tracing.claim_attributes)
-def finish(held: Claim, *, status: str, result: Any = None, error: str = "", traceback_text: str = "") -> bool:
-    """Record the outcome of ``held`` and count it on its schedule.
+def finish(
+    held: Claim,
+    *,
+    status: str,
+    result: Any = None,
+    error: str = "",
+    traceback_text: str = "",
+    celery_row: dict[str, Any] | None = None,
+) -> bool:
+    """Record the outcome of ``held`` and count it on its schedule; with ``celery_row``, store Celery's result too.
 
-    Returns False, having written nothing, when the claim moved on.
+    ``celery_row`` is the TaskResult row of a success (``fastpath.celery_result.row_of``): written by the
+    outcome's own statement, and only with it. Returns False, having written nothing, when the claim moved on.
     """
     finished = _record_outcome(
-        lambda: _finish_held(held, status, result, error, traceback_text),
+        lambda: _finish_held(held, status, result, error, traceback_text, celery_row),
         held.schedule_id,
         held.started_at,
         status=status,
@@ -1462,8 +1471,14 @@ def _finish_rows(rows: QuerySet[Execution], status: str, result: Any, error: str
     return _move(rows, status, **_FINISHED, result=result, error=error, traceback=traceback_text)
 
 
-def _finish_held(held: Claim, status: str, result: Any, error: str, traceback_text: str) -> int:
-    """``_finish_rows`` of ``held.rows()``, by the statement compiled once per status (the worker's path)."""
+def _finish_held(
+    held: Claim, status: str, result: Any, error: str, traceback_text: str, celery_row: dict[str, Any] | None = None
+) -> int:
+    """``_finish_rows`` of ``held.rows()``, by the statement compiled once per status (the worker's path).
+
+    With ``celery_row``, the TaskResult row is written only if the outcome
+    is: on PostgreSQL by the same statement, elsewhere in its transaction.
+    """
     assert status in Execution.FINAL_STATUSES, status
     values = {
         "id": held.execution_id,
@@ -1472,7 +1487,17 @@ def _finish_held(held: Claim, status: str, result: Any, error: str, traceback_te
         "error": error,
         "traceback": traceback_text,
     }
-    return _FINISH.execute(Execution.objects.db, (status,), values)
+    using = Execution.objects.db
+    if celery_row is None:
+        return _FINISH.execute(using, (status,), values)
+    values |= celery_result.params(celery_row)
+    if connections[using].vendor == "postgresql":
+        return int(_FINISH_STORING.execute(using, (status,), values) is not None)
+    with transaction.atomic(using=using):
+        finished = _FINISH.execute(using, (status,), values)
+        if finished:
+            _STORE.execute(using, (), values)
+    return finished
 
 
 def _held_rows() -> QuerySet[Execution]:
@@ -1501,7 +1526,16 @@ def _result_sql(using: str) -> tuple[str, list[Any]]:
     return _update_sql(succeeded, using, result=Param("result", _field("result")))
 
 
+def _finish_storing_sql(using: str, status: str) -> tuple[str, list[Any]]:
+    """``_finish_sql`` and, if it finished the execution, Celery's result row: one statement (PostgreSQL)."""
+    finish_sql, finish_params = _finish_sql(using, status)
+    store_sql, store_params = celery_result.upsert_sql(using, when="EXISTS (SELECT 1 FROM finished)")
+    return f"WITH finished AS ({finish_sql} RETURNING 1) {store_sql}", [*finish_params, *store_params]
+
+
 _FINISH = Prepared(_finish_sql)
+_FINISH_STORING = Prepared(_finish_storing_sql)
+_STORE = Prepared(lambda using: celery_result.upsert_sql(using, when="1 = 1"))
 _RESULT = Prepared(_result_sql)
 
 

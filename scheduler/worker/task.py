@@ -64,6 +64,7 @@ from scheduler import clock, dbclock, logs, outbox, process_ids, tracing
 from scheduler.conf import settings
 from scheduler.exceptions import BrokerUnavailable, MessageRefused, NotInTask
 from scheduler.failpoints import failpoint
+from scheduler.fastpath import celery_result
 from scheduler.models import Execution, PauseRule
 from scheduler.owners import executions, work_rules
 from scheduler.owners.executions import Claim
@@ -583,7 +584,11 @@ class ExecutionTask(Task):
         if running is not None and running.succeeded:  # its fenced block recorded the outcome; the result is left
             _reconnecting(executions.record_result, claim, _result_summary(value))
         else:
-            _reconnecting(executions.finish, claim, status=Execution.Status.SUCCEEDED, result=_result_summary(value))
+            row = celery_result.row_of(self, value, using=Execution.objects.db)
+            finish = {"status": Execution.Status.SUCCEEDED, "result": _result_summary(value), "celery_row": row}
+            if _reconnecting(executions.finish, claim, **finish) and row is not None:
+                celery_result.check_written(row, Execution.objects.db)
+                celery_result.stored(self)
         return value
 
     def retry(self, *args: Any, exc: BaseException | None = None, **kwargs: Any) -> Retry:

@@ -1,0 +1,175 @@
+"""Celery's result row written by the guard's outcome statement (``scheduler.fastpath.celery_result``).
+
+Each test runs a guarded task in this process as a worker's pool child does
+(Celery's tracer, not eager), once with the fast path and once with Celery
+storing the result itself, and compares the rows the two leave.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+import pytest
+from celery import shared_task
+from celery.app.trace import build_tracer
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+from django_celery_results.models import TaskResult
+
+from project.celery import app
+from scheduler import dbclock
+from scheduler.fastpath import celery_result
+from scheduler.fastpath.guard import FastPath
+from scheduler.models import Execution
+from tests.integration.fastpath_support import fallback_warnings, fallbacks_counted, fresh
+from tests.support import factories
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+TASK = "tests.integration.fastpath_result"
+#: What a row holds that differs between two runs of the same call.
+PER_RUN = {"id", "task_id", "date_created", "date_done"}
+
+
+@shared_task(name=TASK)
+def add(a: int, b: int, *, note: str = "") -> dict[str, Any]:
+    return {"sum": a + b, "note": note}
+
+
+@pytest.fixture(autouse=True)
+def no_background_renewal(settings: Any) -> None:
+    # The guard's renewer thread would open its own connection in this process.
+    settings.SCHEDULER_CLAIM_RENEW_SECONDS = 3600
+
+
+@pytest.fixture
+def fast_path(monkeypatch: pytest.MonkeyPatch) -> FastPath:
+    return fresh(monkeypatch, celery_result)
+
+
+def run_in_worker(*, recorded: bool = False, task_id: str | None = None, **request: Any) -> str:
+    """Run ``add(2, 3, note="x")`` as a pool child runs a message; with ``recorded``, of a scheduled execution."""
+    task_id = task_id or str(uuid.uuid4())
+    headers: dict[str, Any] = {}
+    if recorded:
+        schedule = factories.make_schedule(f"every-{task_id}", task=TASK)
+        execution = factories.make_execution(
+            task_id, schedule=schedule, status=Execution.Status.QUEUED, celery_task_id=task_id, task=TASK
+        )
+        headers[Execution.MESSAGE_HEADER] = execution.pk
+    message = {
+        "id": task_id,
+        "task": TASK,
+        "hostname": "pool@test-host",
+        "headers": headers,
+        "delivery_info": {"routing_key": "celery", "exchange": "", "priority": 0, "redelivered": False},
+        "argsrepr": "(2, 3)",
+        "kwargsrepr": "{'note': 'x'}",
+        "is_eager": False,
+        **request,
+    }
+    tracer = build_tracer(TASK, add, app=app, eager=False, propagate=True)
+    tracer(task_id, (2, 3), {"note": "x"}, message)
+    return task_id
+
+
+def row(task_id: str) -> dict[str, Any]:
+    return TaskResult.objects.filter(task_id=task_id).values().get()
+
+
+def alike(row: dict[str, Any]) -> dict[str, Any]:
+    return {name: value for name, value in row.items() if name not in PER_RUN}
+
+
+def writes_of_results(queries: CaptureQueriesContext) -> list[str]:
+    table = TaskResult._meta.db_table
+    return [query["sql"] for query in queries.captured_queries if table in query["sql"]]
+
+
+@pytest.mark.parametrize("recorded", [False, True], ids=["ad-hoc", "scheduled"])
+def test_success__the_outcome_statement_writes_the_row_celery_writes(fast_path: FastPath, recorded: bool) -> None:
+    # Given the same call run once with the fast path (its self-check done) and once with Celery storing it itself
+    run_in_worker()
+    with CaptureQueriesContext(connection) as queries:
+        fast = run_in_worker(recorded=recorded)
+    fast_path.fall_back("the slow path, for comparison")
+    slow = run_in_worker(recorded=recorded)
+
+    # Then both rows hold the same values, and the execution succeeded with the call's result
+    assert alike(row(fast)) == alike(row(slow))
+    assert row(fast)["status"] == "SUCCESS" and row(fast)["worker"] == "pool@test-host"
+    assert app.AsyncResult(fast).get(timeout=1) == {"sum": 5, "note": "x"}
+    finished = Execution.objects.get(celery_task_id=fast)
+    assert finished.status == Execution.Status.SUCCEEDED
+    # And the fast run wrote the row by one statement and never read it first (Celery's get_or_create does)
+    written = writes_of_results(queries)
+    assert len(written) == 1 and written[0].lstrip().upper().startswith(
+        "WITH" if connection.vendor == "postgresql" else "INSERT"
+    ), written
+
+
+def test_success__a_row_started_already_keeps_its_start_and_creation(fast_path: FastPath) -> None:
+    # Given a row Celery wrote when the task started (track_started)
+    task_id = str(uuid.uuid4())
+    started = dbclock.now()
+    TaskResult.objects.create(task_id=task_id, status="STARTED", date_started=started)
+    created = row(task_id)["date_created"]
+
+    # When the task succeeds under that id
+    run_in_worker(task_id=task_id)
+
+    # Then the row is saved again as the manager saves it: a success, started and created when it was
+    saved = row(task_id)
+    assert saved["status"] == "SUCCESS" and saved["date_started"] == started and saved["date_created"] == created
+
+
+@pytest.mark.parametrize(
+    "request_fields",
+    [
+        {"callbacks": [add.s(1)]},
+        {"ignore_result": True},
+    ],
+    ids=["with a callback", "ignoring its result"],
+)
+def test_requests_celery_stores_otherwise_are_left_to_it(fast_path: FastPath, request_fields: dict[str, Any]) -> None:
+    # Given a success whose result Celery stores after its callbacks (children) or not at all
+    with CaptureQueriesContext(connection) as queries:
+        task_id = run_in_worker(**request_fields)
+
+    # Then the outcome statement wrote no result row: Celery did as it always does
+    assert not any(sql.lstrip().upper().startswith("WITH") for sql in writes_of_results(queries))
+    assert TaskResult.objects.filter(task_id=task_id).exists() is not bool(request_fields.get("ignore_result"))
+    assert not fast_path.fallen
+
+
+def test_backend_asking_to_store_other_fields__falls_back_and_celery_stores(
+    fast_path: FastPath, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Given a backend that hands the manager a field the statement does not write (an upgrade added one)
+    monkeypatch.setattr(celery_result, "STORED", tuple(name for name in celery_result.STORED if name != "worker"))
+    counted = fallbacks_counted("celery_result")
+
+    # When a guarded task succeeds
+    task_id = run_in_worker()
+
+    # Then the process falls back, says so once, and the row is Celery's own
+    assert fast_path.fallen and len(fallback_warnings(caplog)) == 1
+    assert fallbacks_counted("celery_result") == counted + 1
+    assert row(task_id)["worker"] == "pool@test-host" and row(task_id)["status"] == "SUCCESS"
+
+
+def test_row_written_otherwise_than_asked__is_stored_again_by_the_manager_and_falls_back(
+    fast_path: FastPath, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Given a statement that writes another value than the row asks for (as a changed column would)
+    params = celery_result.params
+    monkeypatch.setattr(celery_result, "params", lambda row: {**params(row), "celery_worker": "someone@else"})
+
+    # When a guarded task succeeds, and another after it
+    first = run_in_worker()
+    second = run_in_worker()
+
+    # Then the self-check finds the difference, the row is stored again right, and the next is Celery's own
+    assert fast_path.fallen and len(fallback_warnings(caplog)) == 1
+    assert row(first)["worker"] == row(second)["worker"] == "pool@test-host"
