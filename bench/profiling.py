@@ -104,6 +104,7 @@ def _install() -> None:
     from django_celery_results.backends.database import DatabaseBackend
 
     from scheduler import logs, tracing
+    from scheduler.fastpath import celery_result
     from scheduler.owners import executions
     from scheduler.worker import task as guard
     from scheduler.worker.renewer import ClaimRenewer
@@ -116,6 +117,7 @@ def _install() -> None:
     for name in ("finish", "record_result", "retry"):
         _patch(executions, name, "outcome write")
     _patch(DatabaseBackend, "mark_as_done", "result backend write")
+    _patch(celery_result, "row_of", "result row for the outcome (encoding)")
     _patch(guard, "close_old_connections", "connection checks")
     _patch(BaseDatabaseWrapper, "close_if_health_check_failed", "connection checks")
     _patch(signals.task_prerun.__class__, "send", "signals (prerun/postrun handlers)")

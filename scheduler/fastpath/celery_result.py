@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import copy
 import threading
+import weakref
 from typing import Any, cast
 
 from celery import states
@@ -71,6 +72,8 @@ _KEPT_ON_CONFLICT = ("task_id", "date_created")
 _PARAM = "celery_"
 
 _captured = threading.local()
+#: Each backend's probe: Celery keeps one backend per thread.
+_probes: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
 
 
 class _Keeper:
@@ -99,8 +102,7 @@ def row_of(task: Any, value: Any, *, using: str) -> dict[str, Any] | None:
         backend = task.backend
         if not _stored_plainly(task, backend, request) or router.db_for_write(TaskResult) != using:
             return None
-        probe = copy.copy(backend)
-        probe.TaskModel = _Capture
+        probe = _probe(backend)
         _captured.props = None
         probe.store_result(request.id, value, states.SUCCESS, request=request)
         props = _captured.props
@@ -116,6 +118,15 @@ def row_of(task: Any, value: Any, *, using: str) -> dict[str, Any] | None:
         return None
     now = timezone.now()
     return {**{name: props[name] for name in STORED}, "date_created": now, "date_done": now}
+
+
+def _probe(backend: Any) -> Any:
+    """A copy of ``backend`` whose ``TaskModel`` keeps what it is asked to store; one per backend (a copy is slow)."""
+    probe = _probes.get(backend)
+    if probe is None:
+        probe = _probes[backend] = copy.copy(backend)
+        probe.TaskModel = _Capture
+    return probe
 
 
 def _stored_plainly(task: Any, backend: Any, request: Any) -> bool:
