@@ -132,7 +132,8 @@ def _probe(backend: Any) -> Any:
 def _stored_plainly(task: Any, backend: Any, request: Any) -> bool:
     """Whether Celery would store this success as ``TaskResultManager.store_result`` does, and do nothing more."""
     return (
-        type(backend)._store_result is DatabaseBackend._store_result  # noqa: SLF001  # the code the row mirrors
+        isinstance(backend, DatabaseBackend)
+        and type(backend)._store_result is DatabaseBackend._store_result  # noqa: SLF001  # the code the row mirrors
         and backend.TaskModel is TaskResult
         and type(TaskResult._default_manager).store_result is TaskResultManager.store_result
         and not request.is_eager

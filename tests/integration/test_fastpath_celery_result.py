@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 from celery import shared_task
 from celery.app.trace import build_tracer
+from celery.backends.base import DisabledBackend
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django_celery_results.models import TaskResult
@@ -141,6 +142,20 @@ def test_requests_celery_stores_otherwise_are_left_to_it(fast_path: FastPath, re
     assert not any(sql.lstrip().upper().startswith("WITH") for sql in writes_of_results(queries))
     assert TaskResult.objects.filter(task_id=task_id).exists() is not bool(request_fields.get("ignore_result"))
     assert not fast_path.fallen
+
+
+def test_another_result_backend__is_left_to_celery_without_a_fallback(
+    fast_path: FastPath, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given a task whose results go elsewhere than django-celery-results' table
+    monkeypatch.setattr(add, "_backend", DisabledBackend(app))
+
+    # When it succeeds
+    task_id = run_in_worker()
+
+    # Then the execution is recorded, no result row is written, and the fast path stays (it was never its case)
+    assert Execution.objects.get(celery_task_id=task_id).status == Execution.Status.SUCCEEDED
+    assert not TaskResult.objects.filter(task_id=task_id).exists() and not fast_path.fallen
 
 
 def test_backend_asking_to_store_other_fields__falls_back_and_celery_stores(
