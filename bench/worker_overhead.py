@@ -56,7 +56,8 @@ from tests.support.processes import worker_argv
 
 KINDS = ("plain", "guarded", "guarded ad-hoc")
 WORKER_NAME = "bench-worker"
-GOAL_RATIO = 0.8
+#: Each guarded kind's goal, as a ratio to plain Celery's rate in the same run, on every database.
+GOALS = {"guarded": 0.9, "guarded ad-hoc": 0.8}
 
 
 # --- inside one database's child process ------------------------------------------------
@@ -278,18 +279,18 @@ def main(argv: list[str] | None = None) -> int:
             )
     print()
     print(table(["database", "tasks", "runs", "tasks/s (median)", "ratio to plain"], rows))
-    guarded = [row for row in summary if row["kind"] != "plain"]
-    worst = min(row["ratio_to_plain"] for row in guarded)
     # The machine may be shared: the ratios are what count, the load says how far to trust them.
     load_after = os.getloadavg()
     print(f"\nload average (1, 5, 15 min): before {load_before}, after {load_after}")
-    print(
-        f"goal: guarded / plain >= {GOAL_RATIO}; lowest measured ratio {worst:.2f} -> {'met' if worst >= GOAL_RATIO else 'NOT met'}"
-    )
+    goals_met = {}
+    for kind, goal in GOALS.items():
+        lowest = min(row["ratio_to_plain"] for row in summary if row["kind"] == kind)
+        goals_met[kind] = lowest >= goal
+        print(f"goal: {kind} / plain >= {goal}; lowest {lowest:.2f} -> {'met' if goals_met[kind] else 'NOT met'}")
     payload = {
         "worker": "celery prefork, concurrency 2, Redis broker, django-db results",
-        "goal_ratio": GOAL_RATIO,
-        "lowest_ratio": worst,
+        "goals": GOALS,
+        "goals_met": goals_met,
         "results": summary,
         "load_average": {"before": load_before, "after": load_after},
     }
