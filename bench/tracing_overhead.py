@@ -63,9 +63,9 @@ def _measure(executions: int) -> dict[str, float]:
         {"id": i, "celery_task_id": f"task-{i}", "schedule_id": 1, "scheduled_for": None, "task": "t"}
         for i in range(executions)
     ]
-    lease = SimpleNamespace(name="beat", token=1)
+    fence = SimpleNamespace(name="beat", token=1)
 
-    def bare(chunk: Any, *, lease: Any) -> None:
+    def bare(chunk: Any, *, fence: Any) -> None:
         return None
 
     traced = tracing.traced("scheduler.dispatch.commit", tracing.commit_attributes)(bare)
@@ -86,8 +86,8 @@ def _measure(executions: int) -> dict[str, float]:
         "tracing_enabled": tracing.enabled(),
         "empty_block_us": _best(lambda: None, 100_000),
         "tick_span_us": _best(tick_span, 100_000),
-        "bare_call_us": _best(lambda: bare(rows, lease=lease), 100_000),
-        "traced_call_us": _best(lambda: traced(rows, lease=lease), 100_000 if not tracing.enabled() else 10_000),
+        "bare_call_us": _best(lambda: bare(rows, fence=fence), 100_000),
+        "traced_call_us": _best(lambda: traced(rows, fence=fence), 100_000 if not tracing.enabled() else 10_000),
         "message_headers_us": _best(
             lambda: tracing.message_headers(messages[0]), 100_000 if not tracing.enabled() else 5_000
         ),
