@@ -1,9 +1,9 @@
 """Fast paths: code that mirrors private internals of kombu, Celery and Django for speed, each with its way back.
 
 Each module here does what a public API does (``send_task``,
-``bulk_create``, compiling a queryset per call) with the upstream code's
-own internals, named with the versions they were checked against in its
-header. What the package guarantees is that a change of those internals
+``bulk_create``, compiling a queryset per call, django-celery-results'
+``store_result``) with the upstream code's own internals, named with the
+versions they were checked against in its header. What the package guarantees is that a change of those internals
 costs speed, never correctness: on first use in a process each fast path
 compares its result with its slow path's for the input at hand, and where
 they differ, or where a call meets an internal that is gone or changed
