@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 import redis
 from django.db import close_old_connections, connection
+from django_celery_results.models import TaskResult
 
 import scheduler
 from project.celery import app
@@ -115,6 +116,32 @@ def test_plain_celery_call__recorded_as_ad_hoc_execution(celery_processes: Start
     assert execution.schedule is None and execution.task == "tests.record" and execution.celery_task_id == result.id
     assert wait_until(lambda: duplicates_logged(worker) == 1, timeout=10)
     assert [run["execution_id"] for run in test_tasks.runs(redis_client)] == [execution.pk]
+
+
+def test_success__celery_result_row_is_written_by_the_outcome_statement(
+    celery_processes: Start, db_vendor: str
+) -> None:
+    # Given a worker
+    worker = celery_processes("worker", "w1")
+    worker.wait_for_log(r"ready\.")
+
+    # When a guarded task sent the plain Celery way succeeds
+    result = app.send_task("tests.record", kwargs={"label": "stored"})
+
+    # Then Celery reads its result back, from the row the outcome wrote: on PostgreSQL the two rows were last
+    # written by the same transaction (Celery's own write would be a transaction of its own), and no worker
+    # fell back from the fast path
+    assert result.get(timeout=20) == "stored", worker.log()[-3000:]
+    execution = Execution.objects.get(celery_task_id=result.id)
+    assert execution.status == Execution.Status.SUCCEEDED
+    if db_vendor == "postgresql":
+        with connection.cursor() as cursor:
+            cursor.execute(f"SELECT xmin::text FROM {Execution._meta.db_table} WHERE id = %s", [execution.pk])
+            (outcome,) = cursor.fetchone()
+            cursor.execute(f"SELECT xmin::text FROM {TaskResult._meta.db_table} WHERE task_id = %s", [result.id])
+            (stored,) = cursor.fetchone()
+        assert stored == outcome
+    assert "fast path celery_result falls back" not in worker.log()
 
 
 def test_soft_timeout__recorded_timed_out(celery_processes: Start, redis_client: redis.Redis) -> None:
