@@ -30,6 +30,7 @@ store; a difference stores it again by the manager and falls back.
 from __future__ import annotations
 
 import copy
+import functools
 import threading
 import weakref
 from typing import Any, cast
@@ -147,12 +148,14 @@ def _stored_plainly(task: Any, backend: Any, request: Any) -> bool:
 
 def _fits(props: dict[str, Any]) -> bool:
     """Whether every text fits its column: a value too long is the manager's error to raise, not the outcome's."""
-    for name in STORED:
-        field = TaskResult._meta.get_field(name)
-        limit = field.max_length if isinstance(field, CharField) else None
-        if limit is not None and props[name] is not None and len(props[name]) > limit:
-            return False
-    return True
+    return all(props[name] is None or len(props[name]) <= limit for name, limit in _limits().items())
+
+
+@functools.cache
+def _limits() -> dict[str, int]:
+    """The length limit of each of ``STORED`` that has one (its CharFields), looked up once."""
+    fields = [TaskResult._meta.get_field(name) for name in STORED]
+    return {field.name: field.max_length for field in fields if isinstance(field, CharField) and field.max_length}
 
 
 def stored(task: Any) -> None:
