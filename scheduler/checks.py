@@ -71,6 +71,22 @@ def check_commit_ahead(app_configs: Any = None, **kwargs: Any) -> list[Error]:
     return []
 
 
+@register()
+def check_prepared_statements(app_configs: Any = None, **kwargs: Any) -> list[Error]:
+    """``SCHEDULER_PREPARED_STATEMENTS`` is True or False: a string such as "false" would read as true."""
+    prepared = settings.PREPARED_STATEMENTS
+    if not isinstance(prepared, bool):
+        return [
+            Error(
+                f"SCHEDULER_PREPARED_STATEMENTS must be True or False, got {prepared!r}.",
+                hint="False behind a transaction pooler that does not keep prepared statements (PgBouncer in "
+                "transaction mode before 1.21).",
+                id="scheduler.E009",
+            )
+        ]
+    return []
+
+
 @register(Tags.database)
 def check_stranded_schedules(app_configs: Any = None, databases: Any = None, **kwargs: Any) -> list[Warning]:
     """No active schedule sits in a shard past the shard count, where nothing dispatches it.

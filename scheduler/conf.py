@@ -44,6 +44,11 @@ class Defaults:
     #: and a body its worker cannot confirm the claim for is stopped. An execution
     #: with a ``timeout`` keeps its claim at least until its hard time limit.
     CLAIM_SECONDS: float = 30.0
+    #: Whether the worker runs its per-task statements (claim, outcome) as prepared
+    #: statements on PostgreSQL: planned once per connection instead of on every call.
+    #: False behind a transaction pooler that does not keep them (PgBouncer in
+    #: transaction mode before 1.21, or with ``max_prepared_statements = 0``).
+    PREPARED_STATEMENTS: bool = True
     #: How often each worker process renews the claims of the executions it runs.
     CLAIM_RENEW_SECONDS: float = 10.0
     #: Seconds between a task's soft time limit (its ``timeout``) and the hard kill.

@@ -41,10 +41,9 @@ Mirrors, checked against Django 5.2.19 and psycopg 3.3.9 (``requirements.txt``):
   (``django/db/backends/postgresql/compiler.py``): its ``UNNEST`` insert;
 - ``Model._prepare_related_fields_for_save`` (``django/db/models/base.py``);
 - ``DatabaseOperations.adapt_datetimefield_value`` of each backend;
-- ``BaseDatabaseWrapper.validate_thread_sharing``, ``wrap_database_errors``,
-  ``make_cursor``, ``make_debug_cursor`` (``django/db/backends/base/base.py``)
-  and psycopg's ``Cursor.execute(prepare=...)``: a server-binding cursor
-  that Django logs and checks as its own.
+- a server-binding cursor that Django logs and checks as its own, never
+  preparing its statement (a batch's statement is rarely run twice), from
+  ``scheduler/fastpath/cursors.py``, which names what it mirrors.
 
 Self-check (``FAST_PATH``): the first insert in a process also prepares its
 first ``CHECKED_ROWS`` rows as ``bulk_create`` does, every column through
@@ -71,6 +70,7 @@ from django.db.models.fields import NOT_PROVIDED
 from django.db.models.functions import Now
 from django.db.models.sql import Query
 
+from scheduler.fastpath import cursors
 from scheduler.fastpath.guard import BREAKAGE, FastPath, comparable
 
 #: Whether this process inserts by its own statement; else by ``bulk_create`` (``_insert_by_bulk_create``).
@@ -191,7 +191,7 @@ def _plan(objs: Sequence[Model], alias: str, key: str, batch_size: int) -> _Plan
         for start in range(0, len(objs), batch_size):
             batch = objs[start : start + batch_size]
             batches.append((statement.by_column, [_values(batch, column, connection) for column in statement.columns]))
-        return _Plan(statement, batches, _binding_cursor(connection))
+        return _Plan(statement, batches, cursors.binding_cursor(connection, prepare=False))
     size = max(1, min(batch_size, _parameters_limit(connection) // len(statement.columns)))
     for start in range(0, len(objs), size):
         batch = objs[start : start + size]
@@ -352,30 +352,3 @@ def _values(objs: Sequence[Model], column: _Column, connection: BaseDatabaseWrap
             for value in raw
         ]
     return [value if value is None or type(value) is as_is else prepared(value) for value in raw]
-
-
-@functools.cache
-def _unprepared_cursor() -> type:
-    """psycopg's cursor that binds parameters on the server, and never as a prepared statement.
-
-    A transaction pooler may sit between. Made on first use: only PostgreSQL
-    gets here, and an install for SQLite alone has no psycopg.
-    """
-    import psycopg
-
-    class UnpreparedCursor(psycopg.Cursor):
-        def execute(
-            self, query: Any, params: Any = None, *, prepare: bool | None = None, binary: bool | None = None
-        ) -> Any:
-            return super().execute(query, params, prepare=False, binary=binary)
-
-    return UnpreparedCursor
-
-
-def _binding_cursor(connection: BaseDatabaseWrapper) -> CursorWrapper:
-    """Return a cursor of ``connection`` that binds parameters on the server, checked and logged as Django's own."""
-    connection.ensure_connection()
-    connection.validate_thread_sharing()
-    with connection.wrap_database_errors:
-        raw = _unprepared_cursor()(connection.connection)
-    return connection.make_debug_cursor(raw) if connection.queries_logged else connection.make_cursor(raw)

@@ -15,7 +15,7 @@ logger = logging.getLogger(__name__)
 
 #: Every fast path's name: the ``path`` label of ``scheduler_fastpath_fallbacks_total`` (a tally's column: 20
 #: characters at most).
-PATHS = ("bulk_insert", "celery_result", "prepared", "publisher")
+PATHS = ("bulk_insert", "celery_result", "prepared", "prepared_statements", "publisher")
 #: What a renamed, removed or re-signatured upstream internal raises: breakage, not a broker or database error.
 BREAKAGE: tuple[type[Exception], ...] = (AttributeError, TypeError, ImportError, KeyError, NameError)
 

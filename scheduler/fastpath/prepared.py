@@ -36,10 +36,12 @@ from contextlib import contextmanager
 from contextvars import ContextVar
 from typing import Any, Generic, TypeVar
 
-from django.db import connections, transaction
+from django.db import DatabaseError, connections, transaction
+from django.db.backends.utils import CursorWrapper
 from django.db.models import Expression, Field, Model
 from django.db.models.sql.compiler import SQLCompiler
 
+from scheduler.fastpath import cursors
 from scheduler.fastpath.guard import BREAKAGE, FastPath, comparable
 
 #: Whether this process runs statements compiled once; else the ORM compiles each per call.
@@ -103,10 +105,10 @@ class Prepared:
             else:
                 if not fresh or FAST_PATH.check(lambda: self._difference(sql, params, using, variant, values)):
                     self._compiled[key] = compiled
-                    return _run(using, sql, params)
+                    return _run(using, sql, params, prepare=True)
         with _inlined(values):
             sql, params = self._build(using, *variant)
-        return _run(using, sql, params)
+        return _run(using, sql, params, prepare=False)
 
     def _params(self, template: list[Any], values: dict[str, Any], using: str) -> list[Any]:
         connection = connections[using]
@@ -128,10 +130,32 @@ class Prepared:
         return None
 
 
-def _run(using: str, sql: str, params: list[Any]) -> Any:
-    with transaction.mark_for_rollback_on_error(using=using), connections[using].cursor() as cursor:
-        cursor.execute(sql, params)
-        return cursor.fetchone() if cursor.description else cursor.rowcount
+def _run(using: str, sql: str, params: list[Any], *, prepare: bool) -> Any:
+    """Run one statement; with ``prepare``, on PostgreSQL as a prepared statement (``fastpath.cursors``).
+
+    A prepared statement the server session lost (a pooler between) stops
+    preparing in this process; outside a transaction the statement, which
+    changed nothing, runs again unnamed, inside one its error propagates.
+    """
+    connection = connections[using]
+    with transaction.mark_for_rollback_on_error(using=using):
+        if prepare and cursors.prepares(connection):
+            try:
+                with cursors.binding_cursor(connection, prepare=True) as cursor:
+                    return _result(cursor, sql, params)
+            except DatabaseError as exc:
+                if not cursors.lost_prepared_statement(exc):
+                    raise
+                cursors.FAST_PATH.fall_back(f"the database session did not know a statement: {exc}")
+                if connection.in_atomic_block:
+                    raise
+        with connection.cursor() as cursor:
+            return _result(cursor, sql, params)
+
+
+def _result(cursor: CursorWrapper, sql: str, params: list[Any]) -> Any:
+    cursor.execute(sql, params)
+    return cursor.fetchone() if cursor.description else cursor.rowcount
 
 
 _M = TypeVar("_M", bound=Model)

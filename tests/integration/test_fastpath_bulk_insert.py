@@ -17,7 +17,7 @@ from django.db.models import Value
 from django.db.models.functions import Upper
 
 from scheduler import dbclock
-from scheduler.fastpath import bulk_insert
+from scheduler.fastpath import bulk_insert, cursors
 from scheduler.fastpath.guard import FastPath
 from scheduler.models import Execution, Schedule, tally
 from scheduler.owners import executions, schedules
@@ -291,7 +291,7 @@ def test_driver_internal_gone__inserts_by_bulk_create(
     # Given a database driver without what the fast path builds on: psycopg's Cursor class
     # (PostgreSQL), sqlite3's SQLITE_LIMIT_VARIABLE_NUMBER (SQLite); Django's own backend holds on to its
     if connection.vendor == "postgresql":
-        bulk_insert._unprepared_cursor.cache_clear()
+        cursors._cursor_class.cache_clear()
         monkeypatch.delattr(psycopg, "Cursor")
     else:
         monkeypatch.delattr(sqlite3, "SQLITE_LIMIT_VARIABLE_NUMBER")
@@ -302,7 +302,7 @@ def test_driver_internal_gone__inserts_by_bulk_create(
         created = executions.record(rows)
         again = executions.record([*_slots(source, 2)[1:], *_slots(source, 4)[3:]])
     finally:
-        bulk_insert._unprepared_cursor.cache_clear()  # built again with the driver as it is
+        cursors._cursor_class.cache_clear()  # built again with the driver as it is
     # Then every row is stored by bulk_create, a taken key once only
     assert fast_path.fallen
     assert len(created) == 3 and len(again) == 1

@@ -96,6 +96,7 @@ def test_settings__debug_off_means_secure_cookies_and_json_only() -> None:
         ({"SCHEDULER_COMMIT_AHEAD_SECONDS": 0.6}, checks.check_commit_ahead, "scheduler.E008"),
         ({"SCHEDULER_COMMIT_AHEAD_SECONDS": -0.1}, checks.check_commit_ahead, "scheduler.E008"),
         ({"SCHEDULER_COMMIT_AHEAD_SECONDS": "0.2"}, checks.check_commit_ahead, "scheduler.E008"),
+        ({"SCHEDULER_PREPARED_STATEMENTS": "false"}, checks.check_prepared_statements, "scheduler.E009"),
     ],
 )
 def test_system_check__fires_on_its_misconfiguration(overrides: dict[str, Any], check: Any, check_id: str) -> None:
