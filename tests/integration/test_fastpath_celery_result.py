@@ -188,3 +188,22 @@ def test_row_written_otherwise_than_asked__is_stored_again_by_the_manager_and_fa
     # Then the self-check finds the difference, the row is stored again right, and the next is Celery's own
     assert fast_path.fallen and len(fallback_warnings(caplog)) == 1
     assert row(first)["worker"] == row(second)["worker"] == "pool@test-host"
+
+
+def test_text_longer_than_its_column__left_to_celery_without_a_fallback(fast_path: FastPath) -> None:
+    # Given a worker whose name is longer than the result row's column holds (django-celery-results: 100)
+    hostname = "pool@" + "h" * 200
+    # When a guarded task succeeds on it
+    with CaptureQueriesContext(connection) as queries:
+        try:
+            task_id = run_in_worker(hostname=hostname)
+        except Exception as error:  # noqa: BLE001 -- PostgreSQL refuses the text where Celery stores it
+            assert "too long" in str(error), error
+            task_id = Execution.objects.get().celery_task_id
+
+    # Then the success is recorded, and the result row was left to Celery's store (its get_or_create reads first)
+    assert Execution.objects.get(celery_task_id=task_id).status == Execution.Status.SUCCEEDED
+    assert any(sql.lstrip().upper().startswith("SELECT") for sql in writes_of_results(queries))
+    stored = TaskResult.objects.filter(task_id=task_id).values_list("worker", flat=True)
+    assert list(stored) == ([] if connection.vendor == "postgresql" else [hostname])
+    assert not fast_path.fallen
