@@ -258,6 +258,25 @@ def current_claim() -> Claim | None:
     return getattr(task.request, _CLAIM_ATTR, None)
 
 
+def _unless_recorded(recorded: int, claim: Claim, ended_by: BaseException | None = None) -> None:
+    """Raise ``Ignore`` when the outcome was not recorded: the claim moved on, or the execution was cancelled.
+
+    Celery then stores no state for this attempt: the task id's result is
+    the attempt's that holds the claim, and a late one must not overwrite it.
+    What ended the body is logged here, as Celery would have logged it.
+    """
+    if recorded:
+        return
+    if ended_by is not None:
+        logger.warning(
+            "execution %s attempt %s ended with %s; not stored, the claim moved on",
+            *_token(claim),
+            _error_text(ended_by),
+            extra={"action": "outcome_not_stored", "execution_id": claim.execution_id},
+        )
+    raise Ignore()
+
+
 def _result_summary(value: Any) -> Any:
     """Return ``value`` if it is small JSON, else a bounded description of it."""
     try:
@@ -542,12 +561,16 @@ class ExecutionTask(Task):
         except SoftTimeLimitExceeded as exc:
             _discard_interrupted_transaction()  # the limit may have struck inside the body's transaction
             reason = f"Soft time limit of {execution.timeout}s exceeded"
-            _reconnecting(
-                executions.finish,
+            _unless_recorded(
+                _reconnecting(
+                    executions.finish,
+                    claim,
+                    status=Execution.Status.TIMED_OUT,
+                    error=reason,
+                    traceback_text=traceback.format_exc(),
+                ),
                 claim,
-                status=Execution.Status.TIMED_OUT,
-                error=reason,
-                traceback_text=traceback.format_exc(),
+                exc,
             )
             raise SoftTimeLimitExceeded(reason) from exc
         except Exception as exc:
@@ -569,12 +592,16 @@ class ExecutionTask(Task):
                     spread=random.random(),
                 )
                 raise self._retry_after_error(claim, exc, delay) from exc
-            _reconnecting(
-                executions.finish,
+            _unless_recorded(
+                _reconnecting(
+                    executions.finish,
+                    claim,
+                    status=Execution.Status.FAILED,
+                    error=_error_text(exc),
+                    traceback_text=traceback.format_exc(),
+                ),
                 claim,
-                status=Execution.Status.FAILED,
-                error=_error_text(exc),
-                traceback_text=traceback.format_exc(),
+                exc,
             )
             raise
         finally:
@@ -586,7 +613,8 @@ class ExecutionTask(Task):
         else:
             row = celery_result.row_of(self, value, using=Execution.objects.db)
             finish = {"status": Execution.Status.SUCCEEDED, "result": _result_summary(value), "celery_row": row}
-            if _reconnecting(executions.finish, claim, **finish) and row is not None:
+            _unless_recorded(_reconnecting(executions.finish, claim, **finish), claim)
+            if row is not None:
                 celery_result.check_written(row, Execution.objects.db)
                 celery_result.stored(self)
         return value

@@ -8,6 +8,7 @@ storing the result itself, and compares the rows the two leave.
 from __future__ import annotations
 
 import uuid
+from datetime import timedelta
 from typing import Any
 
 import pytest
@@ -23,6 +24,7 @@ from scheduler import dbclock
 from scheduler.fastpath import celery_result
 from scheduler.fastpath.guard import FastPath
 from scheduler.models import Execution
+from scheduler.owners import executions
 from tests.integration.fastpath_support import fallback_warnings, fallbacks_counted, fresh
 from tests.support import factories
 
@@ -36,6 +38,20 @@ PER_RUN = {"id", "task_id", "date_created", "date_done"}
 @shared_task(name=TASK)
 def add(a: int, b: int, *, note: str = "") -> dict[str, Any]:
     return {"sum": a + b, "note": note}
+
+
+TAKEN_OVER = "tests.integration.fastpath_result_taken_over"
+
+
+@shared_task(name=TAKEN_OVER)
+def taken_over(task_id: str, *, fail: bool) -> str:
+    """A body whose claim another worker takes over while it runs (its own ran out): then it returns or raises."""
+    Execution.objects.filter(celery_task_id=task_id).update(claim_expires_at=dbclock.now() - timedelta(seconds=1))
+    successor = executions.claim(worker="successor@host:2", task=TAKEN_OVER, celery_task_id=task_id, key=task_id)
+    assert successor is not None and successor.attempt == 2
+    if fail:
+        raise RuntimeError("the first attempt fails late")
+    return "the first attempt's value"
 
 
 @pytest.fixture(autouse=True)
@@ -73,6 +89,34 @@ def run_in_worker(*, recorded: bool = False, task_id: str | None = None, **reque
     tracer = build_tracer(TASK, add, app=app, eager=False, propagate=True)
     tracer(task_id, (2, 3), {"note": "x"}, message)
     return task_id
+
+
+@pytest.mark.parametrize("fail", [False, True], ids=["returns", "raises"])
+def test_attempt_whose_claim_moved_on__leaves_the_result_row_to_the_attempt_holding_it(
+    fast_path: FastPath, fail: bool
+) -> None:
+    # Given a recorded execution whose first attempt's claim the second takes over while its body runs
+    task_id = str(uuid.uuid4())
+    recorded = factories.make_execution(
+        task_id, status=Execution.Status.QUEUED, celery_task_id=task_id, task=TAKEN_OVER
+    )
+    message = {
+        "id": task_id,
+        "task": TAKEN_OVER,
+        "hostname": "pool@test-host",
+        "headers": {Execution.MESSAGE_HEADER: recorded.pk},
+        "delivery_info": {"routing_key": "celery", "exchange": "", "priority": 0, "redelivered": False},
+        "is_eager": False,
+    }
+    tracer = build_tracer(TAKEN_OVER, taken_over, app=app, eager=False, propagate=False)
+
+    # When the first attempt's body returns, or raises, after that
+    tracer(task_id, (task_id,), {"fail": fail}, message)
+
+    # Then the execution is the second attempt's, still running, and no result row speaks for the first
+    execution = Execution.objects.get(celery_task_id=task_id)
+    assert (execution.status, execution.attempt) == (Execution.Status.RUNNING, 2)
+    assert not TaskResult.objects.filter(task_id=task_id).exists()
 
 
 def row(task_id: str) -> dict[str, Any]:
