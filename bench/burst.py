@@ -6,13 +6,16 @@ Once it holds the lease, N schedules due at the whole second T are inserted
 (server side, about 2 s before T): hourly interval schedules (``interval``)
 or one-off schedules whose ``run_at`` is T (``oneoff``: each turns itself
 off as it fires). From T on,
-this process reads every 20 ms how many Execution rows are committed and how
-many are ``queued``, and the length of the Redis queue. Measured per
+this process reads the length of the Redis queue every 20 ms, and how many
+Execution rows are committed and how many are ``queued`` every 100 ms and at
+every read once Redis holds every message (counting the rows scans the
+table the beat writes to, on the cores the beat and PostgreSQL share: every
+20 ms that cost them a measurable share of the machine). Measured per
 ``SCHEDULER_DISPATCH_BATCH_SIZE`` (500, the default, and 2,000) and per
 number of beat replicas (1, and 2: the follower publishes pending rows
 while the leader commits):
 
-- committed s: T -> all 10,000 Execution rows committed;
+- committed s: T -> all 10,000 Execution rows committed (to 100 ms);
 - published s: T -> all 10,000 messages in Redis and all rows ``queued``;
 - executions/s: 10,000 / published s (goal: >= 5,000 on 2 cores);
 - leader CPU s: user + system CPU of the leading beat process over the
@@ -89,7 +92,9 @@ GOAL_SECONDS = 2.0
 SHARDED_GOAL_PER_SECOND = 10000.0
 QUEUE = "celery"
 TASK = "bench.noop"
+#: How often Redis's queue length is read; the Execution rows are counted every DB_POLL_SECONDS.
 POLL_SECONDS = 0.02
+DB_POLL_SECONDS = 0.1
 LEAD_SECONDS = 2
 HOTSPOTS = 15
 KINDS = ("interval", "oneoff")
@@ -196,16 +201,21 @@ def _burst(
         time.sleep(max(start - time.time(), 0))
         cpu0 = {process.pid: cpu_seconds(process.pid) for process in processes}
         committed = published = None
+        read_rows_at = 0.0
         while published is None and time.time() < start + timeout:
-            rows, queued = execute_sql(
-                "SELECT count(*), count(*) FILTER (WHERE status = 'queued') FROM scheduler_execution"
-            )[0]
             in_redis = client.llen(QUEUE)
             now = time.time()
-            if committed is None and rows >= count:
-                committed = now - start
-            if queued >= count and in_redis >= count:
-                published = now - start
+            # Counting the rows scans the table the beat writes to, on the cores it shares:
+            # read it every DB_POLL_SECONDS, and at every poll once Redis holds every message.
+            if in_redis >= count or now >= read_rows_at:
+                rows, queued = execute_sql(
+                    "SELECT count(*), count(*) FILTER (WHERE status = 'queued') FROM scheduler_execution"
+                )[0]
+                read_rows_at = now + DB_POLL_SECONDS
+                if committed is None and rows >= count:
+                    committed = now - start
+                if queued >= count and in_redis >= count:
+                    published = now - start
             time.sleep(POLL_SECONDS)
         cpu = {pid: cpu_seconds(pid) - before for pid, before in cpu0.items()}
         rss = peak_rss_mib(leader)
