@@ -5,8 +5,8 @@ statement reaches the server as text with its values inlined, and is parsed
 and planned again on every call. A server-binding cursor sends the values
 apart, in binary where psycopg can, and may run the statement as a named
 prepared statement: parsed and planned once per connection, which halves
-the cost of the worker's claim and outcome (``python -m
-bench.worker_overhead --profile``).
+what the worker's claim and outcome cost (docs/performance.md, "Prepared
+statements").
 
 A transaction pooler (PgBouncer in transaction mode before 1.21, or
 without ``max_prepared_statements``) hands a connection's transactions to
@@ -83,11 +83,12 @@ def _cursor_class(prepare: bool) -> type:
     """
     import psycopg
 
+    always = prepare
+
     class BindingCursor(psycopg.Cursor):
         def execute(
             self, query: Any, params: Any = None, *, prepare: bool | None = None, binary: bool | None = None
         ) -> Any:
-            return super().execute(query, params, prepare=prepares_all, binary=binary)
+            return super().execute(query, params, prepare=always, binary=binary)
 
-    prepares_all = prepare
     return BindingCursor
