@@ -258,23 +258,16 @@ def current_claim() -> Claim | None:
     return getattr(task.request, _CLAIM_ATTR, None)
 
 
-def _unless_recorded(recorded: int, claim: Claim, ended_by: BaseException | None = None) -> None:
-    """Raise ``Ignore`` when the outcome was not recorded: the claim moved on, or the execution was cancelled.
+def _store_only_if_recorded(task: Task, recorded: int) -> None:
+    """Have Celery store no result for this attempt when its outcome was not recorded.
 
-    Celery then stores no state for this attempt: the task id's result is
-    the attempt's that holds the claim, and a late one must not overwrite it.
-    What ended the body is logged here, as Celery would have logged it.
+    The claim moved on to a later attempt, or the execution was cancelled:
+    the task id's result is the attempt's that holds the claim, and a late
+    one must not overwrite it. The body's value or error goes on as usual
+    (signals, logs, links); only the result backend is left alone.
     """
-    if recorded:
-        return
-    if ended_by is not None:
-        logger.warning(
-            "execution %s attempt %s ended with %s; not stored, the claim moved on",
-            *_token(claim),
-            _error_text(ended_by),
-            extra={"action": "outcome_not_stored", "execution_id": claim.execution_id},
-        )
-    raise Ignore()
+    if not recorded:
+        task.request.ignore_result = True
 
 
 def _result_summary(value: Any) -> Any:
@@ -561,7 +554,8 @@ class ExecutionTask(Task):
         except SoftTimeLimitExceeded as exc:
             _discard_interrupted_transaction()  # the limit may have struck inside the body's transaction
             reason = f"Soft time limit of {execution.timeout}s exceeded"
-            _unless_recorded(
+            _store_only_if_recorded(
+                self,
                 _reconnecting(
                     executions.finish,
                     claim,
@@ -569,8 +563,6 @@ class ExecutionTask(Task):
                     error=reason,
                     traceback_text=traceback.format_exc(),
                 ),
-                claim,
-                exc,
             )
             raise SoftTimeLimitExceeded(reason) from exc
         except Exception as exc:
@@ -592,7 +584,8 @@ class ExecutionTask(Task):
                     spread=random.random(),
                 )
                 raise self._retry_after_error(claim, exc, delay) from exc
-            _unless_recorded(
+            _store_only_if_recorded(
+                self,
                 _reconnecting(
                     executions.finish,
                     claim,
@@ -600,8 +593,6 @@ class ExecutionTask(Task):
                     error=_error_text(exc),
                     traceback_text=traceback.format_exc(),
                 ),
-                claim,
-                exc,
             )
             raise
         finally:
@@ -613,8 +604,9 @@ class ExecutionTask(Task):
         else:
             row = celery_result.row_of(self, value, using=Execution.objects.db)
             finish = {"status": Execution.Status.SUCCEEDED, "result": _result_summary(value), "celery_row": row}
-            _unless_recorded(_reconnecting(executions.finish, claim, **finish), claim)
-            if row is not None:
+            recorded = _reconnecting(executions.finish, claim, **finish)
+            _store_only_if_recorded(self, recorded)
+            if recorded and row is not None:
                 celery_result.check_written(row, Execution.objects.db)
                 celery_result.stored(self)
         return value
