@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 import redis
+from django_celery_results.models import TaskResult
 
 import scheduler
 from project.celery import app
@@ -151,5 +152,7 @@ def test_cancelled_body_in_a_threads_pool__gets_claim_lost_at_its_next_step(
         # And nothing is recorded: the execution stays cancelled
         row = Execution.objects.get(pk=execution.pk)
         assert (row.status, row.attempt, row.result) == (Status.CANCELLED, 1, None)
+        # nor is a result stored for the task id: the attempt's ClaimLost is not the execution's outcome
+        assert not TaskResult.objects.filter(task_id=row.celery_task_id).exists()
     finally:
         worker.stop()
