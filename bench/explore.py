@@ -5,8 +5,9 @@ freeze, error, delay) one scenario runs two beat replicas, two workers and
 a handful of every-second schedules, lets one execution (or one commit, one
 publish, one shard handover...) through the failpoint with that action, and
 checks the invariants: one execution per slot, every execution final within
-a bound after the fault, no body completing after its claim moved on, no
-on-time schedule stalled past 2 × the lease TTL, leadership changing only
+a bound after the fault, no body completing after its claim moved on,
+Celery's stored result agreeing with each row, no on-time schedule stalled
+past 2 × the lease TTL, leadership changing only
 when the fault stopped a beat replica (``tests/support/explore.py`` says exactly how).
 
 Run: ``python -m bench.explore [--database postgresql|sqlite] [--points NAME,...]
@@ -96,7 +97,9 @@ def markdown(databases: dict[str, Any]) -> str:
                 cells.append(
                     "**FAIL**: "
                     + ", ".join(
-                        name for name in ("slots", "final", "claims", "stall", "leadership") if not result.get(name)
+                        name
+                        for name in ("slots", "final", "claims", "results", "stall", "leadership")
+                        if not result.get(name)
                     )
                 )
         lines.append(f"| `{point}` | " + " | ".join(cells) + " |")

@@ -46,7 +46,8 @@ exactly one execution; every execution is final and succeeded (the
 ``cancel_previous`` one: or ``cancelled`` by a newer slot, or ``skipped``
 in the commit of a newer one); no claim ran its body twice, no body
 completed after its claim moved on, no two bodies of one execution
-overlapped; each fenced side effect committed exactly once; no every-second
+overlapped; each fenced side effect committed exactly once; Celery's stored
+result of each task id says what its execution's row says; no every-second
 schedule went more than 2 × the lease TTL without a committed slot.
 
 ``CHAOS_DURATION`` (seconds, default 60; the run lasts at least one round
@@ -77,6 +78,7 @@ from urllib.parse import quote
 import pytest
 import redis
 from django.db import connection
+from django_celery_results.models import TaskResult
 
 from scheduler import dbclock, failpoints, shards
 from scheduler.beat import dispatch
@@ -592,6 +594,8 @@ def test_chaos_soak__every_slot_once_nothing_run_twice_nothing_lost(
         events, executions, cancelled_by_policy=cancelled_by_policy
     )
     fenced_wrong = invariants.fenced_violations(test_tasks.side_effects(), executions)
+    # ... and Celery's stored result of each task id says what its execution's row says
+    results_wrong = invariants.result_violations(executions, dict(TaskResult.objects.values_list("task_id", "status")))
     stops = Counter(event["execution_id"] for event in events if event["event"] == "stop")
     rerun_after_interruption = sum(1 for n in stops.values() if n > 1)
     # 3. every execution succeeded (these tasks never raise but the planned
@@ -647,6 +651,7 @@ def test_chaos_soak__every_slot_once_nothing_run_twice_nothing_lost(
         "completed_after_claim_moved_on": stale,
         "concurrent_runs": len(concurrent),
         "fenced_side_effects_wrong": fenced_wrong,
+        "results_contradicting_rows": results_wrong,
         "succeeded_without_body": without_body,
         "rerun_after_interruption": rerun_after_interruption,
         "max_stall_s": round(stall, 2),
@@ -682,6 +687,7 @@ def test_chaos_soak__every_slot_once_nothing_run_twice_nothing_lost(
     assert raised_while_down and len(fired) >= injected["freeze_in_transaction"] + injected["freeze_in_fenced"], summary
     assert duplicates == 0 and gaps == 0, summary
     assert not ran_twice and not stale and not concurrent and not fenced_wrong, summary
+    assert not results_wrong, summary
     assert not open_rows, summary
     assert not unsuccessful, summary
     assert not without_body, summary

@@ -34,6 +34,10 @@ reconcile is part of what is tested). Then it checks:
   write to Redis against the rows' attempts), and where a ``fenced()`` task
   runs, each succeeded execution committed its side effect exactly once and
   no other did;
+- ``results``: Celery's result stored for each final execution's task id
+  (django-celery-results) says what the row says: ``SUCCESS`` for a
+  succeeded one, not ``SUCCESS`` for a failed or timed-out one (a late
+  attempt whose claim moved on stores nothing over it);
 - ``stall``: the largest gap between consecutive committed slots of an
   every-second schedule stays within 2 × the lease TTL (``max_gap``);
 - ``leadership``: no lease's fencing token changes, unless the fault hit a
@@ -71,6 +75,7 @@ from typing import Any
 import redis
 from django.db import connection
 from django.test.utils import override_settings
+from django_celery_results.models import TaskResult
 
 from scheduler import dbclock, failpoints, shards
 from scheduler.models import Execution, Instance, Lease, Schedule
@@ -118,7 +123,7 @@ SHARDS = 4
 RUNS_DB = 9
 LONG_INTERVAL_SECONDS = 3
 LONG_BODY_SECONDS = 2.5
-INVARIANTS = ("slots", "final", "claims", "stall", "leadership")
+INVARIANTS = ("slots", "final", "claims", "results", "stall", "leadership")
 
 
 @dataclass(frozen=True)
@@ -308,6 +313,7 @@ def run(point: Point, action: str, *, env: dict[str, str], workdir: Path) -> dic
         )
         settle_seconds = time.time() - final_wait_started
         executions = list(Execution.objects.order_by("id"))
+        results = dict(TaskResult.objects.values_list("task_id", "status"))
         events = test_tasks.events(runs)
         side_effects = test_tasks.side_effects() if fenced else []
     finally:
@@ -346,6 +352,7 @@ def run(point: Point, action: str, *, env: dict[str, str], workdir: Path) -> dic
                 created_at=created_at,
                 ended_at=ended_at,
                 executions=executions,
+                results=results,
                 events=events,
                 side_effects=side_effects if fenced else None,
                 lease_log=lease_log,
@@ -500,6 +507,7 @@ def _check(
     created_at: datetime,
     ended_at: datetime,
     executions: list[Execution],
+    results: dict[str, str],
     events: list[dict[str, Any]],
     side_effects: list[tuple[int, int, int]] | None,
     lease_log: list[tuple[float, str, str, int]],
@@ -538,6 +546,17 @@ def _check(
             + (f", fenced side effects wrong {fenced_wrong}" if fenced_wrong else "")
         )
 
+    # results: Celery's stored result of each execution's task id agrees with its row.
+    results_wrong = invariants.result_violations(executions, results)
+    if results_wrong:
+        by_id = {execution.pk: execution for execution in executions}
+        failures.append(
+            "results: Celery's stored result contradicts the row of "
+            + ", ".join(
+                f"{pk} ({by_id[pk].status}, stored {results[by_id[pk].celery_task_id]})" for pk in results_wrong
+            )
+        )
+
     # SQLite: a fault inside a write transaction holds the database's one writer, and with no row
     # locks to pass by everyone waits it out. Then the stall may last as long as the fault and no
     # longer, and a leader that could not renew through it may lose its lease.
@@ -559,6 +578,7 @@ def _check(
         "slots": not (duplicates or gaps),
         "final": not open_rows and time_to_final <= FINAL_BOUND_SECONDS,
         "claims": not (stale or twice or overlapping or fenced_wrong),
+        "results": not results_wrong,
         "stall": max_gap <= stall_bound,
         "leadership": not token_changes or stops_a_beat,
     }

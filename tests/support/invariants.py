@@ -14,6 +14,8 @@ the same things with these functions:
   its bodies has the body of its attempt logged to the end;
 - ``fenced_violations``: each succeeded ``tests.fenced_invoice`` committed
   its side effect exactly once, and no other did;
+- ``result_violations``: Celery's stored result of each final execution's
+  task id says what its row says;
 - ``max_stall``: the largest gap between two committed slots of an
   every-second (on-time) schedule, to hold within 2 × the lease TTL;
 - ``token_changes``: how often a lease changed hands.
@@ -25,7 +27,7 @@ this machine's.
 from __future__ import annotations
 
 from collections import Counter, defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime, timezone
 from itertools import pairwise
 from typing import Any
@@ -142,6 +144,28 @@ def fenced_violations(side_effects: list[tuple[int, int, int]], executions: Iter
             continue
         want = [execution.attempt] if execution.status == Execution.Status.SUCCEEDED else []
         if committed.get(execution.pk, []) != want:
+            wrong.append(execution.pk)
+    return wrong
+
+
+def result_violations(executions: Iterable[Execution], results: Mapping[str, str]) -> list[int]:
+    """Executions whose Celery result (``results``: task id -> stored state) says otherwise than their row.
+
+    One task id carries every attempt of its execution (a redelivery, a
+    retry sent again): the state stored is the attempt's that recorded the
+    outcome, never a late one's whose claim had moved on. A succeeded
+    execution's is ``SUCCESS``; a failed or timed-out one's is not. None
+    stored contradicts nothing (a worker may die after the outcome and
+    before a result Celery stores itself).
+    """
+    failed = (Execution.Status.FAILED, Execution.Status.TIMED_OUT)
+    wrong = []
+    for execution in executions:
+        stored = results.get(execution.celery_task_id)
+        if stored is None:
+            continue
+        succeeded = execution.status == Execution.Status.SUCCEEDED
+        if (succeeded and stored != "SUCCESS") or (execution.status in failed and stored == "SUCCESS"):
             wrong.append(execution.pk)
     return wrong
 
