@@ -258,16 +258,22 @@ def current_claim() -> Claim | None:
     return getattr(task.request, _CLAIM_ATTR, None)
 
 
-def _store_only_if_recorded(task: Task, recorded: int) -> None:
-    """Have Celery store no result for this attempt when its outcome was not recorded.
+def _write_outcome(task: Task, claim: Claim, **outcome: Any) -> int:
+    """Write this attempt's outcome (``executions.finish``); have Celery store its result only if it was recorded.
 
-    The claim moved on to a later attempt, or the execution was cancelled:
-    the task id's result is the attempt's that holds the claim, and a late
-    one must not overwrite it. The body's value or error goes on as usual
-    (signals, logs, links); only the result backend is left alone.
+    Not recorded (the claim moved on to a later attempt, the execution was
+    cancelled) or not written (a database error, raised on): the task id's
+    result is the attempt's whose outcome the row holds, and this one must
+    not overwrite it. The body's value or error goes on as usual (signals,
+    logs, links); only the result backend is left alone.
     """
-    if not recorded:
-        task.request.ignore_result = True
+    recorded = 0
+    try:
+        recorded = _reconnecting(executions.finish, claim, **outcome)
+    finally:
+        if not recorded:
+            task.request.ignore_result = True
+    return recorded
 
 
 def _result_summary(value: Any) -> Any:
@@ -554,15 +560,8 @@ class ExecutionTask(Task):
         except SoftTimeLimitExceeded as exc:
             _discard_interrupted_transaction()  # the limit may have struck inside the body's transaction
             reason = f"Soft time limit of {execution.timeout}s exceeded"
-            _store_only_if_recorded(
-                self,
-                _reconnecting(
-                    executions.finish,
-                    claim,
-                    status=Execution.Status.TIMED_OUT,
-                    error=reason,
-                    traceback_text=traceback.format_exc(),
-                ),
+            _write_outcome(
+                self, claim, status=Execution.Status.TIMED_OUT, error=reason, traceback_text=traceback.format_exc()
             )
             raise SoftTimeLimitExceeded(reason) from exc
         except Exception as exc:
@@ -584,15 +583,12 @@ class ExecutionTask(Task):
                     spread=random.random(),
                 )
                 raise self._retry_after_error(claim, exc, delay) from exc
-            _store_only_if_recorded(
+            _write_outcome(
                 self,
-                _reconnecting(
-                    executions.finish,
-                    claim,
-                    status=Execution.Status.FAILED,
-                    error=_error_text(exc),
-                    traceback_text=traceback.format_exc(),
-                ),
+                claim,
+                status=Execution.Status.FAILED,
+                error=_error_text(exc),
+                traceback_text=traceback.format_exc(),
             )
             raise
         finally:
@@ -604,8 +600,7 @@ class ExecutionTask(Task):
         else:
             row = celery_result.row_of(self, value, using=Execution.objects.db)
             finish = {"status": Execution.Status.SUCCEEDED, "result": _result_summary(value), "celery_row": row}
-            recorded = _reconnecting(executions.finish, claim, **finish)
-            _store_only_if_recorded(self, recorded)
+            recorded = _write_outcome(self, claim, **finish)
             if recorded and row is not None:
                 celery_result.check_written(row, Execution.objects.db)
                 celery_result.stored(self)
@@ -699,7 +694,10 @@ def _reconnecting(write: Callable[..., T], *args: Any, **kwargs: Any) -> T:
     """
     try:
         return write(*args, **kwargs)
-    except (InterfaceError, OperationalError):
+    except DatabaseError as exc:
+        # The server ending the session (an idle-in-transaction timeout) is an InternalError.
+        if not (isinstance(exc, (InterfaceError, OperationalError)) or _connection_lost(exc)):
+            raise
         logger.warning("database connection lost during %s; reconnecting once", write.__name__)
         connection.close()
         return write(*args, **kwargs)

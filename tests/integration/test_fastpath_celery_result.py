@@ -7,6 +7,7 @@ storing the result itself, and compares the rows the two leave.
 
 from __future__ import annotations
 
+import time
 import uuid
 from datetime import timedelta
 from typing import Any
@@ -15,7 +16,7 @@ import pytest
 from celery import shared_task
 from celery.app.trace import build_tracer
 from celery.backends.base import DisabledBackend
-from django.db import connection
+from django.db import connection, connections
 from django.test.utils import CaptureQueriesContext
 from django_celery_results.models import TaskResult
 
@@ -117,6 +118,62 @@ def test_attempt_whose_claim_moved_on__leaves_the_result_row_to_the_attempt_hold
     execution = Execution.objects.get(celery_task_id=task_id)
     assert (execution.status, execution.attempt) == (Execution.Status.RUNNING, 2)
     assert not TaskResult.objects.filter(task_id=task_id).exists()
+
+
+@pytest.mark.skipif(connection.vendor != "postgresql", reason="PostgreSQL only: a server that ends an idle session")
+@pytest.mark.parametrize("moved_on", [False, True], ids=["claim-held", "claim-moved-on"])
+def test_outcome_write_cut_off_by_the_server__written_again_or_no_result_stored(
+    fast_path: FastPath, monkeypatch: pytest.MonkeyPatch, moved_on: bool
+) -> None:
+    # Given a scheduled execution whose body succeeds, and a server that ends the session while
+    # the outcome's transaction waits (its idle-in-transaction timeout), the claim maybe moving on meanwhile
+    task_id = str(uuid.uuid4())
+    schedule = factories.make_schedule(f"every-{task_id}", task=TASK)
+    recorded = factories.make_execution(
+        task_id, schedule=schedule, status=Execution.Status.QUEUED, celery_task_id=task_id, task=TASK
+    )
+    successor = connections.create_connection("default")
+    cut = []
+
+    def cut_off(name: str) -> None:
+        if name != "outcome.in_transaction" or cut:
+            return
+        cut.append(name)
+        with connection.cursor() as cursor:
+            cursor.execute("SET idle_in_transaction_session_timeout = 50")
+        time.sleep(0.5)
+        if moved_on:  # a second attempt claims it elsewhere meanwhile
+            with successor.cursor() as cursor:
+                cursor.execute(
+                    "UPDATE scheduler_execution SET attempt = 2, worker = 'successor@host:2' WHERE id = %s",
+                    [recorded.pk],
+                )
+
+    monkeypatch.setattr(executions, "failpoint", cut_off)
+    message = {
+        "id": task_id,
+        "task": TASK,
+        "hostname": "pool@test-host",
+        "headers": {Execution.MESSAGE_HEADER: recorded.pk},
+        "delivery_info": {"routing_key": "celery", "exchange": "", "priority": 0, "redelivered": False},
+        "is_eager": False,
+    }
+
+    # When the first attempt's body returns and its outcome is written
+    try:
+        build_tracer(TASK, add, app=app, eager=False, propagate=False)(task_id, (2, 3), {}, message)
+    finally:
+        successor.close()
+
+    # Then the session was cut, and the outcome written again on a new one: the first attempt's success,
+    # with its result; or, the claim having moved on, nothing, and no result over the second attempt's
+    assert cut
+    execution = Execution.objects.get(pk=recorded.pk)
+    results = list(TaskResult.objects.filter(task_id=task_id).values_list("status", flat=True))
+    if moved_on:
+        assert (execution.status, execution.attempt, results) == (Execution.Status.RUNNING, 2, [])
+    else:
+        assert (execution.status, execution.attempt, results) == (Execution.Status.SUCCEEDED, 1, ["SUCCESS"])
 
 
 def row(task_id: str) -> dict[str, Any]:
