@@ -14,7 +14,7 @@ from django.db import DatabaseError
 
 from scheduler import shards
 from scheduler.conf import DEPRECATED_NAMES, DEPRECATED_UNTIL, settings
-from scheduler.web import cluster
+from scheduler.ops import cluster
 
 #: The beat scheduler every replica must run: anything else fires without the lease.
 LEADER_SCHEDULER = "scheduler.beat:LeaderScheduler"

@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from django.core.exceptions import ValidationError
+
 
 class SchedulerError(Exception):
     """A scheduler operation failed."""
@@ -118,3 +123,14 @@ def first_line(exc: BaseException) -> str:
     messages can run to many lines (a traceback from the server, a hint).
     """
     return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+
+
+def validation_message(exc: ValidationError) -> str:
+    """Flatten a model ValidationError to one line: ``field: message; other: message``."""
+    if hasattr(exc, "message_dict"):
+        parts = []
+        for field, messages in exc.message_dict.items():
+            label = "" if field == "__all__" else f"{field}: "
+            parts.append(label + " ".join(messages))
+        return "; ".join(parts)
+    return " ".join(exc.messages)

@@ -28,7 +28,7 @@ from django.db import DatabaseError
 from django.db.models import Model
 from django.utils.dateparse import parse_datetime
 
-from scheduler.exceptions import BrokerUnavailable, SchedulerError, first_line
+from scheduler.exceptions import BrokerUnavailable, SchedulerError, first_line, validation_message
 from scheduler.models import Execution
 from scheduler.models.schedule import EARLIEST, LATEST, Schedule
 
@@ -149,17 +149,6 @@ def _error_text(printed: str) -> str:
 def one_line(text: str) -> str:
     """Return ``text`` with line breaks and other unprintable characters escaped, as in a repr."""
     return "".join(char if char.isprintable() else repr(char)[1:-1] for char in text)
-
-
-def validation_message(exc: ValidationError) -> str:
-    """Flatten a model ValidationError to one line: ``field: message; other: message``."""
-    if hasattr(exc, "message_dict"):
-        parts = []
-        for field, messages in exc.message_dict.items():
-            label = "" if field == "__all__" else f"{field}: "
-            parts.append(label + " ".join(messages))
-        return "; ".join(parts)
-    return " ".join(exc.messages)
 
 
 def parse_iso(value: str, *, name: str = "date") -> datetime:

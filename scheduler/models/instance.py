@@ -19,7 +19,7 @@ class Instance(models.Model):
     started_at = models.DateTimeField()
     last_seen = models.DateTimeField(db_index=True)
     #: What a beat last wrote about itself; a beat killed with SIGKILL leaves it
-    #: set. Who leads is read from the lease row (``scheduler.web.cluster``).
+    #: set. Who leads is read from the lease row (``scheduler.ops.cluster``).
     is_leader = models.BooleanField(default=False)
 
     class Meta:

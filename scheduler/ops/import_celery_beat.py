@@ -21,8 +21,7 @@ from django.db import DEFAULT_DB_ALIAS, connections, transaction
 from django.utils.connection import ConnectionDoesNotExist
 from django.utils.dateparse import parse_datetime
 
-from scheduler.exceptions import SchedulerError
-from scheduler.management.base import validation_message
+from scheduler.exceptions import SchedulerError, validation_message
 from scheduler.models import Schedule
 from scheduler.ops import audit, operations
 from scheduler.tenancy import EVERY_TENANT

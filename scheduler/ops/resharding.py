@@ -29,8 +29,8 @@ from scheduler import dbclock, shards
 from scheduler.beat import liveness, shard_keeper
 from scheduler.conf import settings
 from scheduler.models import Schedule
+from scheduler.ops import cluster
 from scheduler.owners import schedules
-from scheduler.web import cluster
 
 #: Schedules one moving transaction covers (by id range), so no transaction locks many rows for long.
 MOVE_BATCH = 10_000

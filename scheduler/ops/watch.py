@@ -31,9 +31,9 @@ from django.db.models import Exists, OuterRef
 from scheduler import dbclock
 from scheduler.conf import settings
 from scheduler.models import Incident, Schedule
+from scheduler.ops import cluster
 from scheduler.outbox import notifications as outbox_notifications
 from scheduler.owners import notifications
-from scheduler.web import cluster
 
 logger = logging.getLogger(__name__)
 

@@ -64,11 +64,10 @@ from scheduler.models.schedule import (
     TIMING_REQUIRED,
     ScheduleQuerySet,
 )
-from scheduler.ops import audit, operations
+from scheduler.ops import audit, cluster, operations
 from scheduler.owners import executions, leases, work_rules
 from scheduler.tenancy import EVERY_TENANT, Scope, scope_of_user
 from scheduler.web import (
-    cluster,
     metrics,
     result_admin,  # noqa: F401  (imported to replace django-celery-results' pages with scoped ones)
 )

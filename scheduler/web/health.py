@@ -34,7 +34,7 @@ from scheduler import dbclock
 from scheduler.celery_app import celery_app
 from scheduler.conf import settings
 from scheduler.models import Schedule
-from scheduler.web import cluster
+from scheduler.ops import cluster
 from scheduler.web.metrics_token import token_required
 
 logger = logging.getLogger(__name__)

@@ -42,8 +42,8 @@ from scheduler.conf import settings
 from scheduler.fastpath.guard import PATHS as FASTPATH_PATHS
 from scheduler.models import ConcurrencyLimit, Execution, Instance, Lease, PauseRule, Schedule, tally
 from scheduler.models.tally import DURATION_BUCKETS, FASTPATH_FALLBACK, MESSAGE_REFUSED
+from scheduler.ops import cluster
 from scheduler.owners import executions, leases
-from scheduler.web import cluster
 from scheduler.web.metrics_token import token_required
 
 logger = logging.getLogger(__name__)

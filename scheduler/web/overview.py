@@ -18,9 +18,9 @@ from django.db.models.functions import Greatest
 from scheduler import dbclock, shards
 from scheduler.conf import settings
 from scheduler.models import Execution, Notification, PauseRule, Schedule
+from scheduler.ops import cluster
 from scheduler.owners import leases, notifications
 from scheduler.tenancy import Scope
-from scheduler.web import cluster
 from scheduler.web.metrics import QUEUED_SAMPLE
 
 #: Names listed per part; the count goes on past them up to ``COUNT_CAP``.

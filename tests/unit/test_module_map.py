@@ -41,7 +41,10 @@ URLS: dict[str, tuple[str, ...]] = {
         "/admin/scheduler/instance/",
         "admin:scheduler_",
     ),
-    "scheduler/web/cluster.py": ("/admin/scheduler/lease/", "/api/v1/cluster/"),  # the cluster page is the lease list
+    "scheduler/ops/cluster.py": (
+        "/admin/scheduler/lease/",
+        "/api/v1/cluster/",
+    ),  # read through the cluster page (the lease list) and endpoint
     "scheduler/web/health.py": ("/healthz", "/readyz", "/leaderz"),
     "scheduler/web/metrics.py": ("/metrics",),
     "scheduler/web/metrics_token.py": ("SCHEDULER_METRICS_TOKEN",),

@@ -16,8 +16,8 @@ from scheduler import dbclock, shards
 from scheduler.checks import check_shards
 from scheduler.management.base import SchedulerCommand
 from scheduler.models import Lease
+from scheduler.ops import cluster
 from scheduler.owners import leases
-from scheduler.web import cluster
 
 
 class Command(SchedulerCommand):

@@ -21,8 +21,7 @@ from scheduler.beat import shard_keeper
 from scheduler.checks import MAX_SHARDS, check_shards
 from scheduler.management.base import SchedulerCommand
 from scheduler.models import Schedule
-from scheduler.ops import audit, operations, resharding
-from scheduler.web import cluster
+from scheduler.ops import audit, cluster, operations, resharding
 
 
 class Command(SchedulerCommand):

@@ -36,8 +36,7 @@ from scheduler.celery_app import celery_app
 from scheduler.conf import settings
 from scheduler.exceptions import BackfillRefused, BackfillTooLarge, TaskRefused
 from scheduler.models import AuditEvent, Calendar, Execution, Lease, NotificationTarget, PauseRule, Schedule
-from scheduler.ops import audit, bulk, operations
-from scheduler.web import cluster
+from scheduler.ops import audit, bulk, cluster, operations
 from scheduler.web.api import serializers as s
 from scheduler.web.api.authentication import caller
 from scheduler.web.api.filters import AuditEventFilter, ExecutionFilter, ScheduleFilter
