@@ -16,7 +16,7 @@ import pytest
 from celery import shared_task
 from celery.app.trace import build_tracer
 from celery.backends.base import DisabledBackend
-from django.db import connection, connections
+from django.db import DatabaseError, connection, connections
 from django.test.utils import CaptureQueriesContext
 from django_celery_results.models import TaskResult
 
@@ -66,27 +66,32 @@ def fast_path(monkeypatch: pytest.MonkeyPatch) -> FastPath:
     return fresh(monkeypatch, celery_result)
 
 
-def run_in_worker(*, recorded: bool = False, task_id: str | None = None, **request: Any) -> str:
-    """Run ``add(2, 3, note="x")`` as a pool child runs a message; with ``recorded``, of a scheduled execution."""
-    task_id = task_id or str(uuid.uuid4())
-    headers: dict[str, Any] = {}
-    if recorded:
-        schedule = factories.make_schedule(f"every-{task_id}", task=TASK)
-        execution = factories.make_execution(
-            task_id, schedule=schedule, status=Execution.Status.QUEUED, celery_task_id=task_id, task=TASK
-        )
-        headers[Execution.MESSAGE_HEADER] = execution.pk
-    message = {
+def pool_message(task_id: str, task: str, execution_id: int | None = None, **request: Any) -> dict[str, Any]:
+    """The request a pool child runs ``task_id`` with; naming ``execution_id`` when one was recorded for it."""
+    return {
         "id": task_id,
-        "task": TASK,
+        "task": task,
         "hostname": "pool@test-host",
-        "headers": headers,
+        "headers": {} if execution_id is None else {Execution.MESSAGE_HEADER: execution_id},
         "delivery_info": {"routing_key": "celery", "exchange": "", "priority": 0, "redelivered": False},
-        "argsrepr": "(2, 3)",
-        "kwargsrepr": "{'note': 'x'}",
         "is_eager": False,
         **request,
     }
+
+
+def scheduled_execution(task_id: str) -> Execution:
+    """A queued execution of ``TASK`` recorded for a schedule, sent as ``task_id``."""
+    schedule = factories.make_schedule(f"every-{task_id}", task=TASK)
+    return factories.make_execution(
+        task_id, schedule=schedule, status=Execution.Status.QUEUED, celery_task_id=task_id, task=TASK
+    )
+
+
+def run_in_worker(*, recorded: bool = False, task_id: str | None = None, **request: Any) -> str:
+    """Run ``add(2, 3, note="x")`` as a pool child runs a message; with ``recorded``, of a scheduled execution."""
+    task_id = task_id or str(uuid.uuid4())
+    execution_id = scheduled_execution(task_id).pk if recorded else None
+    message = pool_message(task_id, TASK, execution_id, argsrepr="(2, 3)", kwargsrepr="{'note': 'x'}", **request)
     tracer = build_tracer(TASK, add, app=app, eager=False, propagate=True)
     tracer(task_id, (2, 3), {"note": "x"}, message)
     return task_id
@@ -101,18 +106,10 @@ def test_attempt_whose_claim_moved_on__leaves_the_result_row_to_the_attempt_hold
     recorded = factories.make_execution(
         task_id, status=Execution.Status.QUEUED, celery_task_id=task_id, task=TAKEN_OVER
     )
-    message = {
-        "id": task_id,
-        "task": TAKEN_OVER,
-        "hostname": "pool@test-host",
-        "headers": {Execution.MESSAGE_HEADER: recorded.pk},
-        "delivery_info": {"routing_key": "celery", "exchange": "", "priority": 0, "redelivered": False},
-        "is_eager": False,
-    }
     tracer = build_tracer(TAKEN_OVER, taken_over, app=app, eager=False, propagate=False)
 
     # When the first attempt's body returns, or raises, after that
-    tracer(task_id, (task_id,), {"fail": fail}, message)
+    tracer(task_id, (task_id,), {"fail": fail}, pool_message(task_id, TAKEN_OVER, recorded.pk))
 
     # Then the execution is the second attempt's, still running, and no result row speaks for the first
     execution = Execution.objects.get(celery_task_id=task_id)
@@ -128,10 +125,7 @@ def test_outcome_write_cut_off_by_the_server__written_again_or_no_result_stored(
     # Given a scheduled execution whose body succeeds, and a server that ends the session while
     # the outcome's transaction waits (its idle-in-transaction timeout), the claim maybe moving on meanwhile
     task_id = str(uuid.uuid4())
-    schedule = factories.make_schedule(f"every-{task_id}", task=TASK)
-    recorded = factories.make_execution(
-        task_id, schedule=schedule, status=Execution.Status.QUEUED, celery_task_id=task_id, task=TASK
-    )
+    recorded = scheduled_execution(task_id)
     successor = connections.create_connection("default")
     cut = []
 
@@ -150,18 +144,12 @@ def test_outcome_write_cut_off_by_the_server__written_again_or_no_result_stored(
                 )
 
     monkeypatch.setattr(executions, "failpoint", cut_off)
-    message = {
-        "id": task_id,
-        "task": TASK,
-        "hostname": "pool@test-host",
-        "headers": {Execution.MESSAGE_HEADER: recorded.pk},
-        "delivery_info": {"routing_key": "celery", "exchange": "", "priority": 0, "redelivered": False},
-        "is_eager": False,
-    }
 
     # When the first attempt's body returns and its outcome is written
     try:
-        build_tracer(TASK, add, app=app, eager=False, propagate=False)(task_id, (2, 3), {}, message)
+        build_tracer(TASK, add, app=app, eager=False, propagate=False)(
+            task_id, (2, 3), {}, pool_message(task_id, TASK, recorded.pk)
+        )
     finally:
         successor.close()
 
@@ -174,6 +162,32 @@ def test_outcome_write_cut_off_by_the_server__written_again_or_no_result_stored(
         assert (execution.status, execution.attempt, results) == (Execution.Status.RUNNING, 2, [])
     else:
         assert (execution.status, execution.attempt, results) == (Execution.Status.SUCCEEDED, 1, ["SUCCESS"])
+
+
+def test_outcome_write_that_fails__stores_no_result_over_the_attempt_to_come(
+    fast_path: FastPath, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given a scheduled execution whose body succeeds, and an outcome write that fails inside its
+    # transaction with an error that is not a lost connection (a statement timeout, say)
+    task_id = str(uuid.uuid4())
+    recorded = scheduled_execution(task_id)
+
+    def fail(name: str) -> None:
+        if name == "outcome.in_transaction":
+            raise DatabaseError("canceling statement due to statement timeout")
+
+    monkeypatch.setattr(executions, "failpoint", fail)
+
+    # When the first attempt's body returns and its outcome is written
+    build_tracer(TASK, add, app=app, eager=False, propagate=False)(
+        task_id, (2, 3), {}, pool_message(task_id, TASK, recorded.pk)
+    )
+
+    # Then nothing was recorded: the attempt's claim runs out and the execution runs again, and the
+    # task id's result is left to that attempt, not stored as this one's FAILURE
+    execution = Execution.objects.get(pk=recorded.pk)
+    assert (execution.status, execution.attempt) == (Execution.Status.RUNNING, 1)
+    assert not TaskResult.objects.filter(task_id=task_id).exists(), row(task_id)
 
 
 def row(task_id: str) -> dict[str, Any]:
