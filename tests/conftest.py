@@ -161,10 +161,11 @@ def process_env(process_database_url: str, redis_url: str) -> dict[str, str]:
 def celery_processes(
     process_env: dict[str, str], tmp_path: Path, redis_client: object
 ) -> Iterator[Callable[..., CeleryProcess]]:
-    """Return ``start(kind, name, queues=None, concurrency=2, checkout=None, **settings)``; all are stopped afterwards.
+    """Return ``start(kind, name, queues=None, concurrency=2, checkout=None, wrapper=None, **settings)``; all are stopped afterwards.
 
     ``checkout`` runs another release's code (a git worktree) with this
     virtualenv: the process starts there, with that directory first on its path.
+    ``wrapper`` is a command the ``celery`` command line is appended to (it runs it in its own process).
     """
     started: list[CeleryProcess] = []
 
@@ -175,6 +176,7 @@ def celery_processes(
         queues: str | None = None,
         concurrency: int = 2,
         checkout: Path | None = None,
+        wrapper: list[str] | None = None,
         **settings: object,
     ) -> CeleryProcess:
         env = dict(process_env)
@@ -185,7 +187,9 @@ def celery_processes(
         old_layout = checkout is not None and (checkout / "tests" / "tasks.py").exists()
         tasks = "tests.tasks" if old_layout else "tests.support.tasks"
         argv = beat_argv() if kind == "beat" else worker_argv(name, concurrency=concurrency, queues=queues, tasks=tasks)
-        process = CeleryProcess(name, argv, env, tmp_path / f"{name}.log", cwd=checkout or ROOT).start()
+        process = CeleryProcess(
+            name, [*(wrapper or []), *argv], env, tmp_path / f"{name}.log", cwd=checkout or ROOT
+        ).start()
         started.append(process)
         return process
 

@@ -10,6 +10,7 @@ mixed state of the rolling restart, held for longer than 2 x TTL, stays short.
 from __future__ import annotations
 
 import json
+import sys
 import time
 from collections import Counter
 from datetime import datetime
@@ -26,6 +27,7 @@ from tests.acceptance.test_sharded_beat import holders, instance_pid, make_sched
 from tests.acceptance.test_sharded_failover import assert_no_duplicate_and_no_gap, assert_sent
 from tests.integration.command_support import run
 from tests.support.processes import CeleryProcess, wait_until
+from tests.support.stranding_beat import stranded_by_own_settings
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -36,13 +38,11 @@ BOUND = 2 * TTL
 SCHEDULES = {"postgresql": 300, "sqlite": 60}
 #: A replica's start (imports, the first database round trip) before it registers.
 START_SECONDS = 30.0
-#: Restarts at most, looking for replica ids for which each replica's own count would strand a shard.
-DRAWS = 20
 
 
-def start_beat(start: Start, name: str, count: int) -> tuple[CeleryProcess, str]:
+def start_beat(start: Start, name: str, count: int, *, wrapper: list[str] | None = None) -> tuple[CeleryProcess, str]:
     """Start a replica with ``SCHEDULER_SHARDS = count``; return it and its instance id once it registered."""
-    beat = start("beat", name, shards=count, **LEASE)
+    beat = start("beat", name, shards=count, wrapper=wrapper, **LEASE)
 
     def registered() -> str | None:
         ids = Instance.objects.filter(role=Instance.Role.BEAT).values_list("instance_id", flat=True)
@@ -76,17 +76,6 @@ def all_held_by(count: int, beats: list[CeleryProcess]) -> bool:
     )
 
 
-def stranded_by_own_settings(live: dict[str, int], count: int) -> set[int]:
-    """The shards below ``count`` no replica would want if each followed its own setting ({instance id: setting})."""
-    wanted = {
-        shard
-        for instance_id, own in live.items()
-        for shard, owner in shards.preferred_owners(live, own).items()
-        if owner == instance_id
-    }
-    return set(range(count)) - wanted
-
-
 def assert_on_time(schedules: list[Schedule], *, since: datetime) -> None:
     """No slot from ``since`` on waited longer than ``BOUND`` for its row (its commit, on the beat's clock)."""
     rows = Execution.objects.filter(schedule__in=schedules, scheduled_for__gte=since).values_list(
@@ -116,22 +105,16 @@ def test_rolling_restart_with_another_shard_count__every_shard_stays_owned(
     schedules, (a, a_id), (b, b_id) = two_replicas_on_4_shards(celery_processes, settings, db_vendor)
     started = dbclock.now()
 
-    # When b is restarted with SCHEDULER_SHARDS = 8, as a rolling change would,
-    # until the two replica ids are ones for which each replica's own count
-    # would leave a shard with schedules wanted by nobody (about 1 pair in 4,
-    # but whether any b does depends on a: a is restarted on 4 too after the first try)
-    for draw in range(DRAWS):
-        if draw:
-            a.stop()
-            a, a_id = start_beat(celery_processes, f"a{draw}", 4)
-        b.stop()
-        b, b_id = start_beat(celery_processes, f"b{draw}", 8)
-        stranded = stranded_by_own_settings({a_id: 4, b_id: 8}, 4)
-        print(
-            f"draw {draw}: {a_id} on 4, {b_id} on 8: shards {sorted(stranded)} wanted by nobody on their own settings"
-        )
-        if stranded:
-            break
+    # When b is restarted with SCHEDULER_SHARDS = 8, as a rolling change
+    # would, with an instance id for which each replica's own count would
+    # leave a shard with schedules wanted by nobody
+    b.stop()
+    b, b_id = start_beat(
+        celery_processes, "b8", 8, wrapper=[sys.executable, "-m", "tests.support.stranding_beat", a_id, "4", "8"]
+    )
+    stranded = stranded_by_own_settings({a_id: 4, b_id: 8}, 4)
+    print(f"{a_id} on 4, {b_id} on 8: shards {sorted(stranded)} wanted by nobody on their own settings")
+    assert stranded
     # ... and the two run so for longer than twice the TTL
     time.sleep(BOUND + 4)
     mixed = holders(16)
