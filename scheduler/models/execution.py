@@ -218,8 +218,6 @@ class Execution(models.Model):
             models.Index(fields=["retry_of"], name="execution_retry_of", condition=Q(retry_of__isnull=False)),
             # The admin's trigger filter on a large table.
             models.Index(fields=["trigger", "-scheduled_for"], name="execution_trigger"),
-            # Oldest queued execution per queue (metrics, the cluster page's warning).
-            models.Index(fields=["queue", "created_at"], name="execution_queued", condition=Q(status="queued")),
             # /metrics: the dispatch lag of scheduled slots sent lately, newest first.
             models.Index(
                 fields=["-enqueued_at"],
