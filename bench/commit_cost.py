@@ -26,7 +26,6 @@ import argparse
 import cProfile
 import io
 import json
-import os
 import pstats
 import sys
 import time
@@ -38,6 +37,7 @@ from bench.common import (
     add_databases_option,
     child_command,
     migrated_databases,
+    print_load,
     run_child,
     table,
     write_results,
@@ -173,9 +173,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"\n--- {result['vendor']}, {kind['kind']}: most own time ---\n{kind.pop('profile')}")
     print()
     print(table(["database", "kind", "executions", "passes", "seconds", "µs/execution", "CPU µs/execution"], rows))
-    # The machine may be shared: the load beside the figures says how much to trust them.
-    load = [round(value, 2) for value in os.getloadavg()]
-    print(f"load average (1, 5, 15 min): {load[0]}, {load[1]}, {load[2]}")
+    load = print_load()
     write_results("commit_cost", {"load_average": load, "results": results})
     return 0
 

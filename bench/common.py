@@ -44,6 +44,13 @@ def machine() -> dict[str, Any]:
     }
 
 
+def print_load() -> list[float]:
+    """Print the load average and return it: the machine may be shared, and the load says how much to trust a run."""
+    load = [round(value, 2) for value in os.getloadavg()]
+    print(f"load average (1, 5, 15 min): {load[0]}, {load[1]}, {load[2]}")
+    return load
+
+
 def _cpu_model() -> str:
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():

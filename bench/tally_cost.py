@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import sys
 import time
@@ -35,6 +34,7 @@ from bench.common import (
     child_command,
     execute_sql,
     migrated_databases,
+    print_load,
     run_child,
     table,
     write_results,
@@ -177,9 +177,7 @@ def main(argv: list[str] | None = None) -> int:
             rows.append([result["vendor"], label, *medians, extra, extra / medians[1] * 100])
     print()
     print(table(["database", "per outcome write", *VARIANTS, "tally adds (paired)", "%"], rows))
-    # The machine may be shared: the load beside the figures says how much to trust them.
-    load = [round(value, 2) for value in os.getloadavg()]
-    print(f"load average (1, 5, 15 min): {load[0]}, {load[1]}, {load[2]}")
+    load = print_load()
     write_results("tally_cost", {"load_average": load, "results": results})
     return 0
 
