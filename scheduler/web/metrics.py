@@ -72,7 +72,8 @@ def oldest_queued(*, now: datetime) -> dict[str, float]:
     the queue Celery's routing picks (no queue given).
 
     Bounded: reads at most the ``QUEUED_SAMPLE`` oldest queued rows, through
-    the ``(status, created_at)`` index. Past that many queued rows, a queue
+    an index of the status (``execution_current`` or ``execution_status_created``,
+    as the planner picks). Past that many queued rows, a queue
     whose every row is younger than those is left out.
     """
     oldest = (

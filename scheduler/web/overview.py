@@ -127,7 +127,7 @@ def _failures(executions: QuerySet[Execution], *, now: datetime) -> list[tuple[s
 
 
 def _oldest_queued(executions: QuerySet[Execution], *, now: datetime) -> list[tuple[str, float]]:
-    # The oldest queued rows only (the (status, created_at) index), as /metrics reads them: a
+    # The oldest queued rows only, through an index of the status, as /metrics reads them: a
     # queue nobody consumes has its oldest rows among them.
     oldest = executions.filter(status=Execution.Status.QUEUED).order_by("created_at").values("pk")[:QUEUED_SAMPLE]
     rows = (
