@@ -529,7 +529,9 @@ def pending_rows(*, limit: int, locked: bool = False) -> tuple[list[dict[str, An
     Django ignores the clause there: a writer holds the whole database, so
     publishers are serialised at their ``mark_queued``, and two that read
     the same rows first both send them (the worker claims each once); the
-    beat publishes from its leader alone there.
+    beat publishes from its leader alone there. A row committed ahead of its
+    instant is returned there only once no give-back can delete it
+    (``_not_given_back``).
     """
     rows = Execution.objects.filter(status=Status.PENDING, buffered=False).exclude(_ahead_of_its_instant())
     if locked:
@@ -537,14 +539,34 @@ def pending_rows(*, limit: int, locked: bool = False) -> tuple[list[dict[str, An
     values = list(
         rows.order_by("created_at", "id")
         .annotate(read_at=RawSQL(dbclock.now_sql(), [], output_field=DateTimeField()))
-        .values(*MESSAGE_FIELDS, "schedule_id", "read_at", **SCHEDULE_MESSAGE_FIELDS)[:limit]
+        .values(*MESSAGE_FIELDS, "schedule_id", "created_at", "read_at", **SCHEDULE_MESSAGE_FIELDS)[:limit]
     )
     if not values:
         return [], None
     read_at = dbclock.as_datetime(values[0]["read_at"])
+    committed_ahead = {row["id"] for row in values if row["scheduled_for"] > row["created_at"]}
     for row in values:
-        del row["read_at"]
+        del row["read_at"], row["created_at"]
+    if locked and committed_ahead and not connections[rows.db].features.has_select_for_update:
+        given_back = committed_ahead - _not_given_back(committed_ahead)
+        values = [row for row in values if row["id"] not in given_back]
     return values, read_at
+
+
+def _not_given_back(ids: Collection[int]) -> set[int]:
+    """Those of ``ids``, rows committed ahead and read as due, still ``pending`` once no give-back can delete them.
+
+    For a database without row locks (SQLite): a give-back deletes only rows
+    it reads as ahead of their instant, inside a transaction that holds the
+    write lock (``withdraw_ahead``), and it may have read these before their
+    instant, in a transaction still open. Taking the write lock here waits
+    for such a transaction to end; any later one reads them as due and
+    leaves them. So a message is never sent for a row given back.
+    """
+    with transaction.atomic():  # BEGIN IMMEDIATE: the write lock
+        return set(
+            Execution.objects.filter(AnyOf(F("pk"), list(ids)), status=Status.PENDING).values_list("pk", flat=True)
+        )
 
 
 def mark_queued(ids: Iterable[int], *, now: datetime) -> int:

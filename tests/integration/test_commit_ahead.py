@@ -7,12 +7,16 @@ the one test that needs the instant to pass waits 2 s for it.
 
 from __future__ import annotations
 
+import json
+import threading
 import time
 from collections.abc import Callable, Iterator
 from datetime import datetime, timedelta
 from typing import Any
 
 import pytest
+import redis
+from django.db import connection, transaction
 
 from project.celery import app
 from scheduler import dbclock, outbox
@@ -20,6 +24,7 @@ from scheduler.beat import LeaderScheduler
 from scheduler.models import Execution, Schedule
 from scheduler.owners import schedules
 from tests.support.factories import make_schedule
+from tests.support.processes import wait_until
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -273,3 +278,38 @@ def test_leader_gone__the_next_one_sends_the_slot_at_its_instant(settings: Any, 
     # Then it sent the slot the first committed, once, and planned no second row for it
     row = Execution.objects.get()
     assert (row.scheduled_for, row.status) == (slot, Status.QUEUED)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_give_back_whose_transaction_outlasts_the_instant__every_message_names_a_row(
+    beat: LeaderScheduler, redis_client: redis.Redis, kind: str
+) -> None:
+    # Given a slot committed ahead, its instant 1 s away, and a publisher that sends what is due once the instant passed
+    schedule, slot = make_due_in(kind, 1)
+    committed_ahead(beat, schedule, slot)
+
+    def publish_after_the_instant() -> None:
+        try:
+            while dbclock.now() < slot:
+                time.sleep(0.02)
+            outbox.publish_pending(app)
+        finally:
+            connection.close()
+
+    publisher = threading.Thread(target=publish_after_the_instant)
+
+    # When a change gives the slot back in a transaction still open when the publisher reads after the instant
+    with transaction.atomic():
+        schedules.give_back_ahead([schedule.pk])
+        publisher.start()
+        # (on SQLite the publisher reads past this open transaction, then its mark waits for the commit)
+        wait_until(lambda: redis_client.llen("celery") > 0 or dbclock.now() > slot + timedelta(seconds=1), timeout=10)
+    publisher.join(timeout=30)
+    assert not publisher.is_alive()
+
+    # Then no message names a row the give-back deleted: the slot was sent as committed, or given back unsent
+    messages = [json.loads(raw)["headers"]["execution_id"] for raw in redis_client.lrange("celery", 0, -1)]
+    rows = list(Execution.objects.filter(schedule=schedule).values_list("pk", "status"))
+    given_back = (messages, rows) == ([], [])
+    sent_once = len(rows) == 1 and rows[0][1] == Status.QUEUED and messages == [rows[0][0]]
+    assert given_back or sent_once, f"messages for executions {messages}, rows {rows}"
