@@ -1359,7 +1359,8 @@ def withdraw_ahead(schedule_ids: Collection[int]) -> dict[int, tuple[datetime, i
     instant), so deleting it undoes its commit; the caller gives the slot
     back to its schedule (``schedules.give_back_ahead``), holding the
     schedule's row locked first. A publisher that took the row at its
-    instant holds it locked: this waits, and then finds it sent.
+    instant holds it locked: this waits, and then finds it sent (on SQLite
+    the publisher waits for this transaction instead: ``_not_given_back``).
     """
     ahead = (
         Execution.objects.filter(schedule_id__in=list(schedule_ids), status=Status.PENDING)
