@@ -29,6 +29,9 @@ from tests.support.processes import wait_until
 pytestmark = pytest.mark.django_db(transaction=True)
 
 AHEAD = 30.0
+#: The longest sleep of a tick: on PostgreSQL a tick ends with its sleep
+#: (``Leadership.wait``), and these tests look at what a tick commits and sends, not at how long it sleeps.
+TICK_SLEEP = 0.05
 Status = Execution.Status
 #: The schedules committed ahead: an interval one moves to its next slot, a one-off turns itself off.
 KINDS = ("interval", "one-off")
@@ -37,7 +40,7 @@ KINDS = ("interval", "one-off")
 @pytest.fixture
 def beat(settings: Any, redis_url: str) -> Iterator[LeaderScheduler]:
     settings.SCHEDULER_COMMIT_AHEAD_SECONDS = AHEAD
-    scheduler = LeaderScheduler(app, lazy=True)
+    scheduler = LeaderScheduler(app, lazy=True, max_interval=TICK_SLEEP)
     try:
         yield scheduler
     finally:
@@ -120,7 +123,7 @@ def test_slots_at_two_instants__each_sent_at_its_own(settings: Any, beat: Leader
     assert sent_first.status == Status.QUEUED and sent_first.enqueued_at is not None
     if left > 0:
         time.sleep(left)
-    beat.max_interval = 1  # (what this tick waits for after it sent is not this test's)
+    beat.max_interval = TICK_SLEEP  # (what this tick waits for after it sent is not this test's)
     beat.tick()
 
     # Then the sleep after it ended at the second instant (not at the leader's next look,
@@ -257,14 +260,14 @@ def test_leader_gone__the_next_one_sends_the_slot_at_its_instant(settings: Any, 
     # Given a leader that committed a slot 2 s ahead, then lost its lease without stopping
     settings.SCHEDULER_COMMIT_AHEAD_SECONDS = AHEAD
     schedule, slot = make_due_in(kind, 2)
-    gone = LeaderScheduler(app, lazy=True)
+    gone = LeaderScheduler(app, lazy=True, max_interval=TICK_SLEEP)
     committed_ahead(gone, schedule, slot)
     gone.leadership.release("for the test: it is gone")
     if gone._lock is not None:  # its sessions end with it
         gone._lock.close()
 
     # When another replica leads past the instant
-    successor = LeaderScheduler(app, lazy=True)
+    successor = LeaderScheduler(app, lazy=True, max_interval=TICK_SLEEP)
     try:
         successor.tick()
         assert successor.leadership.held
