@@ -544,10 +544,12 @@ def pending_rows(*, limit: int, locked: bool = False) -> tuple[list[dict[str, An
     if not values:
         return [], None
     read_at = dbclock.as_datetime(values[0]["read_at"])
-    committed_ahead = {row["id"] for row in values if row["scheduled_for"] > row["created_at"]}
+    committed_ahead: set[int] = set()
+    if locked and not connections[rows.db].features.has_select_for_update:
+        committed_ahead = {row["id"] for row in values if row["scheduled_for"] > row["created_at"]}
     for row in values:
         del row["read_at"], row["created_at"]
-    if locked and committed_ahead and not connections[rows.db].features.has_select_for_update:
+    if committed_ahead:
         given_back = committed_ahead - _not_given_back(committed_ahead)
         values = [row for row in values if row["id"] not in given_back]
     return values, read_at
