@@ -18,6 +18,7 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
+from django.db.models import F
 
 import scheduler
 from scheduler import dbclock
@@ -44,6 +45,19 @@ def running_on(execution: Execution, worker: CeleryProcess) -> Execution:
     return claimed  # type: ignore[return-value]
 
 
+def held_to_its_hard_limit(execution: Execution) -> None:
+    """Wait for the worker's second UPDATE, which makes a claim with a timeout last to its hard limit.
+
+    Cutting the claim short before it lands would be undone by it.
+    """
+    assert wait_until(
+        lambda: Execution.objects.filter(
+            pk=execution.pk, claim_expires_at__gte=F("started_at") + timedelta(seconds=3)
+        ).exists(),
+        timeout=10,
+    ), claim_state(execution)
+
+
 def taken_over(execution: Execution) -> dict[str, Any]:
     """Wait for A's claim to expire, claim the execution as worker B (attempt 2); return B's row state."""
     assert wait_until(lambda: Execution.objects.claimable().filter(pk=execution.pk).exists(), timeout=10)
@@ -66,6 +80,7 @@ def test_old_attempt_hard_time_limit__does_not_touch_the_successor(celery_proces
     # will be killed by its hard limit (timeout 3 s + grace 1 s)
     execution = scheduler.submit("tests.stubborn", args=[30], timeout=3)
     running_on(execution, worker_a)
+    held_to_its_hard_limit(execution)
     # When B takes the execution over as attempt 2 (forced: a claim with a
     # timeout lasts until its hard limit, so here A's claim is cut short, as a
     # worker configured with a shorter grace than A's would see it), and then
