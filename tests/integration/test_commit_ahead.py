@@ -312,7 +312,7 @@ def test_give_back_whose_transaction_outlasts_the_instant__every_message_names_a
     assert not publisher.is_alive()
 
     # Then no message names a row the give-back deleted: the slot was sent as committed, or given back unsent
-    messages = [json.loads(raw)["headers"]["execution_id"] for raw in redis_client.lrange("celery", 0, -1)]
+    messages = [json.loads(raw)["headers"][Execution.MESSAGE_HEADER] for raw in redis_client.lrange("celery", 0, -1)]
     rows = list(Execution.objects.filter(schedule=schedule).values_list("pk", "status"))
     given_back = (messages, rows) == ([], [])
     sent_once = len(rows) == 1 and rows[0][1] == Status.QUEUED and messages == [rows[0][0]]
