@@ -12,6 +12,7 @@ import redis
 from django.conf import settings
 from django.db import connection
 
+from tests.support import quick_test_process
 from tests.support.processes import ROOT, CeleryProcess, beat_argv, end_all, worker_argv
 
 # --- services (test tooling; see tests/support/services.py and tests/suite.py) -------
@@ -25,6 +26,7 @@ _DIRECTORY_MARKERS = {"integration": "integration", "acceptance": "acceptance", 
 def pytest_sessionstart(session: pytest.Session) -> None:
     """Refuse to run when the database is not the one tests.suite asked for; leave the tests' own session unbounded."""
     _no_idle_bound_on_the_test_thread()
+    quick_test_process.install()
     # tests.suite sets the label; if DATABASE_URL got lost on the way (a
     # wrapper script, a stray .env), the "PostgreSQL run" would quietly test
     # SQLite and pass. Fail the whole session instead.

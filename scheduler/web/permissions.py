@@ -38,7 +38,9 @@ _VISIBLE = (
 def ensure_groups(**kwargs: Any) -> None:
     """Create or update both groups (a ``post_migrate`` receiver; idempotent).
 
-    Restoring the permissions of a group someone changed is audited, by
+    ``migrate`` sends ``post_migrate`` once per installed app, so this runs
+    several times in a row: one query finds the groups in step and leaves
+    them. Restoring the permissions of a group someone changed is audited, by
     "system" (``scheduler.ops.access_audit``); a ``migrate`` that changes nothing
     records nothing. Creating a missing group is not: that is the
     installation (a new database, or each test's flush), not anyone's change.
@@ -55,14 +57,19 @@ def ensure_groups(**kwargs: Any) -> None:
         *("add_ratelimit", "change_ratelimit", "delete_ratelimit"),
         *("add_calendar", "change_calendar", "delete_calendar"),
     ]
+    wanted = {VIEWER_GROUP: view, OPERATOR_GROUP: [*view, *manage]}
+    held = Group.permissions.through.objects.filter(group__name__in=list(wanted)).values_list(
+        "group__name", "permission__codename"
+    )
+    if set(held) == {(name, codename) for name, codenames in wanted.items() for codename in codenames}:
+        return
     permissions = {p.codename: p for p in Permission.objects.filter(codename__in=[*view, *manage])}
     if len(permissions) < len(view) + len(manage):
         return  # permissions not created yet (first migrate of a partial app set)
-    for name, codenames in ((VIEWER_GROUP, view), (OPERATOR_GROUP, [*view, *manage])):
-        wanted = [permissions[c] for c in codenames]
+    for name, codenames in wanted.items():
         group = Group.objects.filter(name=name).first()
         if group is None:
             with unaudited():
-                Group.objects.create(name=name).permissions.set(wanted)
+                Group.objects.create(name=name).permissions.set([permissions[c] for c in codenames])
         else:
-            group.permissions.set(wanted)
+            group.permissions.set([permissions[c] for c in codenames])
