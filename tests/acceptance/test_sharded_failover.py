@@ -16,7 +16,6 @@ import sqlite3
 import time
 from collections import Counter
 from datetime import datetime
-from pathlib import Path
 
 import pytest
 import redis
@@ -36,7 +35,7 @@ from tests.acceptance.test_sharded_beat import (
     messages_per_execution,
     sharded_replicas,
 )
-from tests.support.processes import CeleryProcess, wait_until
+from tests.support.processes import CeleryProcess, process_state, wait_until
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -223,10 +222,6 @@ def frozen_past_ttl(beat: CeleryProcess, vendor: str) -> None:
         beat.send(signal.SIGCONT)
         time.sleep(0.3)
     raise AssertionError(f"{beat.name} held SQLite's write lock at every one of 10 stops")
-
-
-def process_state(pid: int) -> str:
-    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
 
 
 def sqlite_writable() -> bool:

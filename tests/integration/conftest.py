@@ -6,14 +6,18 @@ import os
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import pytest
 from celery import Celery
 from django.test import Client
 
+from project.celery import app
+from scheduler.beat import LeaderScheduler
 from scheduler.owners import leases
 from tests.integration.api_support import token_client
 from tests.support.processes import ROOT
+from tests.support.replicas import BeatReplica
 from tests.support.services import free_port
 
 
@@ -27,6 +31,21 @@ def lease() -> Iterator[leases.LeaseHandle]:
 
 
 @pytest.fixture
+def beat_replica(redis_url: str) -> Iterator[BeatReplica]:
+    """Return ``start(**options)``: a beat replica in this process, which the test ticks; each is closed after the test."""
+    started: list[LeaderScheduler] = []
+
+    def start(**options: Any) -> LeaderScheduler:
+        replica = LeaderScheduler(app, lazy=True, **options)
+        started.append(replica)
+        return replica
+
+    yield start
+    for replica in reversed(started):
+        replica.close()  # (a second close of one the test closed itself does nothing)
+
+
+@pytest.fixture
 def operator() -> Client:
     """An API client holding an operator's token (of no tenant)."""
     return token_client("ops", role="operator")
@@ -35,8 +54,6 @@ def operator() -> Client:
 @pytest.fixture
 def broker_down() -> Iterator[None]:
     """Point the project's Celery app at a loopback port nothing listens on."""
-    from project.celery import app
-
     configured = app.conf.broker_url
     app.conf.broker_url = f"redis://127.0.0.1:{free_port()}/0"
     try:

@@ -23,6 +23,7 @@ from django.core.management.base import CommandError
 from django.db import DatabaseError, connection, connections, transaction
 from django.db.models import Max
 from django.test import Client
+from django.test.utils import CaptureQueriesContext
 from django_celery_beat.models import IntervalSchedule, PeriodicTask
 
 from scheduler import dbclock, tasks
@@ -446,6 +447,17 @@ def test_migrate_restoring_the_groups__audited_only_when_something_changes() -> 
     event = trail.one("update", "auth.group", "system")
     assert event.changes["permissions"][1] == sorted(event.changes["permissions"][1])
     assert "scheduler.view_lease" in event.changes["permissions"][1]
+
+
+def test_migrate_with_the_groups_in_step__one_query_and_no_write() -> None:
+    # Given: the groups as migrate left them
+
+    # When: the post_migrate receiver runs again, as migrate runs it once for each installed app
+    with CaptureQueriesContext(connection) as queries:
+        ensure_groups()
+
+    # Then: one query found them in step
+    assert [query["sql"].split()[0] for query in queries] == ["SELECT"]
 
 
 # --- committed with the write ---------------------------------------------------------------

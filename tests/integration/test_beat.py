@@ -23,6 +23,7 @@ from scheduler.beat.scheduler import FIRES_LOGGED_ONE_BY_ONE
 from scheduler.models import Execution, Instance, Schedule
 from scheduler.owners import leases, schedules
 from tests.support.factories import make_schedule
+from tests.support.replicas import TICK_SLEEP, BeatReplica
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -37,39 +38,32 @@ def _load_schedules(total: int, *, due: int) -> list[int]:
     return list(Schedule.objects.order_by("id").values_list("id", flat=True)[:due])
 
 
-#: The longest sleep of a tick where the test looks at what it does, not at how long it sleeps
-#: (on PostgreSQL a tick ends with its sleep, ``Leadership.wait``).
-TICK_SLEEP = 0.05
-
-
 def _make_due(ids: list[int]) -> None:
     """Point the schedules at their latest slot (a whole minute), so exactly one slot is due."""
     now = dbclock.now()
     Schedule.objects.filter(id__in=ids).update(next_run_at=now.replace(second=0, microsecond=0))
 
 
-def test_tick_query_count__same_for_10_and_10000_schedules(redis_url: str) -> None:
+def test_tick_query_count__same_for_10_and_10000_schedules(beat_replica: BeatReplica) -> None:
     counts = {}
     for total in (10, 10_000):
         # Given `total` enabled schedules of which three are due, and a leader
         Execution.objects.all().delete()
         Schedule.objects.all().delete()
         due_ids = _load_schedules(total, due=3)
-        scheduler = LeaderScheduler(app, lazy=True, max_interval=TICK_SLEEP)
-        try:
-            _make_due(due_ids)
-            scheduler.tick()  # acquires the lease and dispatches
-            assert scheduler.leadership.held
-            Execution.objects.all().delete()  # so the same slot can fire again
-            _make_due(due_ids)
-            scheduler.leadership._last_renew = time.monotonic()  # type: ignore[attr-defined]  # keep the measured tick free of a renewal
-            scheduler._last_heartbeat = time.monotonic()  # and of a heartbeat, due every renewal interval
+        scheduler = beat_replica(max_interval=TICK_SLEEP)
+        _make_due(due_ids)
+        scheduler.tick()  # acquires the lease and dispatches
+        assert scheduler.leadership.held
+        Execution.objects.all().delete()  # so the same slot can fire again
+        _make_due(due_ids)
+        scheduler.leadership._last_renew = time.monotonic()  # type: ignore[attr-defined]  # keep the measured tick free of a renewal
+        scheduler._last_heartbeat = time.monotonic()  # and of a heartbeat, due every renewal interval
 
-            # When one more tick dispatches the three due schedules
-            with CaptureQueriesContext(connection) as queries:
-                scheduler.tick()
-        finally:
-            scheduler.close()
+        # When one more tick dispatches the three due schedules
+        with CaptureQueriesContext(connection) as queries:
+            scheduler.tick()
+        scheduler.close()  # the next round's leader takes the lease
         counts[total] = len(queries)
         assert Execution.objects.filter(status=Execution.Status.QUEUED).count() == 3
 
@@ -77,7 +71,7 @@ def test_tick_query_count__same_for_10_and_10000_schedules(redis_url: str) -> No
     assert counts[10] == counts[10_000], counts
 
 
-def test_leadership__signals_heartbeat_and_fenced_dispatch(redis_url: str) -> None:
+def test_leadership__signals_heartbeat_and_fenced_dispatch(beat_replica: BeatReplica) -> None:
     events: list[tuple[str, int, str]] = []
 
     def on_acquired(sender: object, instance_id: str, token: int, **kwargs: object) -> None:
@@ -88,7 +82,7 @@ def test_leadership__signals_heartbeat_and_fenced_dispatch(redis_url: str) -> No
 
     signals.leadership_acquired.connect(on_acquired)
     signals.leadership_lost.connect(on_lost)
-    scheduler = LeaderScheduler(app, lazy=True)
+    scheduler = beat_replica()
     usurper_lock = liveness.InstanceLock("usurper")
     try:
         # Given a replica that became leader and wrote its heartbeat
@@ -141,47 +135,41 @@ def test_dispatch__a_broken_schedule_is_paused_and_the_others_still_fire(lease: 
     assert Execution.objects.filter(schedule=good).count() == 1
 
 
-def test_database_outage__leader_steps_down_and_recovers(redis_url: str) -> None:
-    scheduler = LeaderScheduler(app, lazy=True)
-    try:
-        scheduler.tick()
-        assert scheduler.leadership.held
-        # When the database drops the beat's connection
-        _cut_connection()
-        delay = scheduler.tick()
-        # Then it stops leading (it cannot prove its lease) without raising
-        assert not scheduler.leadership.held
-        assert delay > 0
-        # ... and leads again once the database answers
-        scheduler.tick()
-        assert scheduler.leadership.held
-    finally:
-        scheduler.close()
+def test_database_outage__leader_steps_down_and_recovers(beat_replica: BeatReplica) -> None:
+    scheduler = beat_replica()
+    scheduler.tick()
+    assert scheduler.leadership.held
+    # When the database drops the beat's connection
+    _cut_connection()
+    delay = scheduler.tick()
+    # Then it stops leading (it cannot prove its lease) without raising
+    assert not scheduler.leadership.held
+    assert delay > 0
+    # ... and leads again once the database answers
+    scheduler.tick()
+    assert scheduler.leadership.held
 
 
 def test_database_outage__sharded_replica_pauses_its_shards_and_retakes_them_under_new_tokens(
-    redis_url: str, settings: object
+    beat_replica: BeatReplica, settings: object
 ) -> None:
     settings.SCHEDULER_SHARDS = 4  # type: ignore[attr-defined]
-    scheduler = LeaderScheduler(app, lazy=True)
-    try:
-        # Given a replica alone holding every shard
-        scheduler.tick()
-        assert sorted(scheduler.leadership.held) == [0, 1, 2, 3]
-        before = {shard: lease.token for shard, lease in scheduler.leadership.held.items()}
-        # When the database drops the beat's connection
-        _cut_connection()
-        delay = scheduler.tick()
-        # Then it drops every shard (uncertain, so paused) without raising
-        assert scheduler.leadership.held == {}
-        assert delay > 0
-        # ... and once the database answers takes them again, each under a new token
-        scheduler.tick()
-        after = {shard: lease.token for shard, lease in scheduler.leadership.held.items()}
-        assert sorted(after) == [0, 1, 2, 3]
-        assert all(after[shard] > before[shard] for shard in after)
-    finally:
-        scheduler.close()
+    scheduler = beat_replica()
+    # Given a replica alone holding every shard
+    scheduler.tick()
+    assert sorted(scheduler.leadership.held) == [0, 1, 2, 3]
+    before = {shard: lease.token for shard, lease in scheduler.leadership.held.items()}
+    # When the database drops the beat's connection
+    _cut_connection()
+    delay = scheduler.tick()
+    # Then it drops every shard (uncertain, so paused) without raising
+    assert scheduler.leadership.held == {}
+    assert delay > 0
+    # ... and once the database answers takes them again, each under a new token
+    scheduler.tick()
+    after = {shard: lease.token for shard, lease in scheduler.leadership.held.items()}
+    assert sorted(after) == [0, 1, 2, 3]
+    assert all(after[shard] > before[shard] for shard in after)
 
 
 def _cut_connection() -> None:
@@ -257,19 +245,16 @@ def test_sigterm__whose_exit_python_dropped_in_a_weakref_callback__still_stops_b
 
 @pytest.mark.parametrize("due", [FIRES_LOGGED_ONE_BY_ONE, FIRES_LOGGED_ONE_BY_ONE + 1])
 def test_a_pass__logs_each_fire_or_one_line_for_a_burst(
-    redis_url: str, caplog: pytest.LogCaptureFixture, due: int
+    beat_replica: BeatReplica, caplog: pytest.LogCaptureFixture, due: int
 ) -> None:
     # Given `due` one-off schedules due at once, and a leader
     run_at = dbclock.now().replace(microsecond=0)
     for index in range(due):
         make_schedule(f"once-{index}", run_at=run_at, now=run_at - timedelta(seconds=1))
-    scheduler = LeaderScheduler(app, lazy=True, max_interval=TICK_SLEEP)
-    try:
-        # When one tick fires them, and each turns itself off
-        with caplog.at_level(logging.INFO, logger="scheduler.beat.scheduler"):
-            scheduler.tick()
-    finally:
-        scheduler.close()
+    scheduler = beat_replica(max_interval=TICK_SLEEP)
+    # When one tick fires them, and each turns itself off
+    with caplog.at_level(logging.INFO, logger="scheduler.beat.scheduler"):
+        scheduler.tick()
     assert Execution.objects.count() == due
 
     # Then each fire and each schedule turned off has its own line, or the burst has one of each

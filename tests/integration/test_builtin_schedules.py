@@ -17,7 +17,6 @@ from django_celery_results.models import TaskResult
 
 from project.celery import app
 from scheduler import dbclock, task_policy, tasks
-from scheduler.beat import LeaderScheduler
 from scheduler.exceptions import PruneRefused
 from scheduler.models import Execution, Schedule
 from scheduler.ops import builtin_schedules
@@ -25,6 +24,7 @@ from scheduler.ops.builtin_schedules import BACKEND_CLEANUP, PRUNE_EXECUTIONS, e
 from scheduler.owners import schedules
 from tests.support.factories import make_past_execution, make_schedule
 from tests.support.processes import ROOT
+from tests.support.replicas import BeatReplica
 from tests.support.threads import run_at_once
 
 Status = Execution.Status
@@ -130,13 +130,11 @@ def test_ensure__no_backend_cleanup_when_celery_would_install_none(config: dict[
 
 
 @pytest.mark.django_db(transaction=True)
-def test_beat_setup__creates_the_builtins() -> None:
+def test_beat_setup__creates_the_builtins(beat_replica: BeatReplica) -> None:
     # When a beat replica starts
-    scheduler = LeaderScheduler(app, lazy=True)
-    try:
-        scheduler.setup_schedule()
-    finally:
-        scheduler.close()
+    scheduler = beat_replica()
+    scheduler.setup_schedule()
+    scheduler.close()
     # Then the built-ins are there, next to nothing else
     assert set(rows()) == BUILTINS
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -26,26 +26,20 @@ from scheduler.models import Execution, Schedule
 from scheduler.owners import schedules
 from tests.support.factories import make_schedule
 from tests.support.processes import wait_until
+from tests.support.replicas import TICK_SLEEP, BeatReplica
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 AHEAD = 30.0
-#: The longest sleep of a tick: on PostgreSQL a tick ends with its sleep
-#: (``Leadership.wait``), and these tests look at what a tick commits and sends, not at how long it sleeps.
-TICK_SLEEP = 0.05
 Status = Execution.Status
 #: The schedules committed ahead: an interval one moves to its next slot, a one-off turns itself off.
 KINDS = ("interval", "one-off")
 
 
 @pytest.fixture
-def beat(settings: Any, redis_url: str) -> Iterator[LeaderScheduler]:
+def beat(settings: Any, beat_replica: BeatReplica) -> LeaderScheduler:
     settings.SCHEDULER_COMMIT_AHEAD_SECONDS = AHEAD
-    scheduler = LeaderScheduler(app, lazy=True, max_interval=TICK_SLEEP)
-    try:
-        yield scheduler
-    finally:
-        scheduler.close()
+    return beat_replica(max_interval=TICK_SLEEP)
 
 
 def due_in(schedule: Schedule, seconds: float) -> datetime:
@@ -257,27 +251,26 @@ def test_shutdown__gives_the_slots_back(beat: LeaderScheduler, kind: str) -> Non
 
 
 @pytest.mark.parametrize("kind", KINDS)
-def test_leader_gone__the_next_one_sends_the_slot_at_its_instant(settings: Any, redis_url: str, kind: str) -> None:
+def test_leader_gone__the_next_one_sends_the_slot_at_its_instant(
+    settings: Any, beat_replica: BeatReplica, kind: str
+) -> None:
     # Given a leader that committed a slot 2 s ahead, then lost its lease without stopping
     settings.SCHEDULER_COMMIT_AHEAD_SECONDS = AHEAD
     schedule, slot = make_due_in(kind, 2)
-    gone = LeaderScheduler(app, lazy=True, max_interval=TICK_SLEEP)
+    gone = beat_replica(max_interval=TICK_SLEEP)
     committed_ahead(gone, schedule, slot)
     gone.leadership.release("for the test: it is gone")
     if gone._lock is not None:  # its sessions end with it
         gone._lock.close()
 
     # When another replica leads past the instant
-    successor = LeaderScheduler(app, lazy=True, max_interval=TICK_SLEEP)
-    try:
-        successor.tick()
-        assert successor.leadership.held
-        assert Execution.objects.get().status == Status.PENDING, "sent before its instant"
-        while dbclock.now() < slot:
-            time.sleep(0.05)
-        successor.tick()
-    finally:
-        successor.close()
+    successor = beat_replica(max_interval=TICK_SLEEP)
+    successor.tick()
+    assert successor.leadership.held
+    assert Execution.objects.get().status == Status.PENDING, "sent before its instant"
+    while dbclock.now() < slot:
+        time.sleep(0.05)
+    successor.tick()
 
     # Then it sent the slot the first committed, once, and planned no second row for it
     row = Execution.objects.get()

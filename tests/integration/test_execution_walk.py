@@ -28,12 +28,11 @@ from typing import Any
 
 import pytest
 
-from project.celery import app
 from scheduler import dbclock, timing
 from scheduler import tasks as builtin_tasks
-from scheduler.beat import LeaderScheduler
 from scheduler.models import Execution, Schedule
 from tests.support.factories import make_schedule
+from tests.support.replicas import TICK_SLEEP, BeatReplica
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -127,25 +126,25 @@ def documented_walk() -> list[str]:
     return [path.removesuffix(".py").removesuffix("/__init__").replace("/", ".") for path in paths]
 
 
-def test_one_execution_walks_through_the_documented_modules_with_no_return_trip(redis_url: str, settings: Any) -> None:
+def test_one_execution_walks_through_the_documented_modules_with_no_return_trip(
+    beat_replica: BeatReplica, settings: Any
+) -> None:
     # Given a leader holding the lease and a schedule due now
     settings.SCHEDULER_CLAIM_RENEW_SECONDS = 3600  # the guard's renewer thread would add its own calls
     make_schedule("walk", interval=60)
     # (its first slot an hour away, nothing is committed ahead of its instant either)
     Schedule.objects.update(next_run_at=dbclock.now() + timedelta(hours=1))
-    beat = LeaderScheduler(app, lazy=True, max_interval=0.05)  # a tick's sleep (PostgreSQL) is not the walk's
+    beat = beat_replica(max_interval=TICK_SLEEP)  # a tick's sleep (PostgreSQL) is not the walk's
     walk = Walk()
-    try:
-        beat.tick()  # takes the lease; nothing is due yet
-        Schedule.objects.update(next_run_at=dbclock.now().replace(second=0, microsecond=0))
-        beat.leadership._last_renew = time.monotonic()  # type: ignore[attr-defined]  # no renewal inside the walk
-        timing.zone_is_valid.cache_clear()  # the first execution of a process: what it checks once, it checks here
+    beat.tick()  # takes the lease; nothing is due yet
+    Schedule.objects.update(next_run_at=dbclock.now().replace(second=0, microsecond=0))
+    beat.leadership._last_renew = time.monotonic()  # type: ignore[attr-defined]  # no renewal inside the walk
+    timing.zone_is_valid.cache_clear()  # the first execution of a process: what it checks once, it checks here
 
-        # When the tick records and publishes it, and the guard runs it
-        with walk.following(entries=ENTRIES):
-            beat.tick()
-    finally:
-        beat.close()
+    # When the tick records and publishes it, and the guard runs it
+    with walk.following(entries=ENTRIES):
+        beat.tick()
+    beat.close()
     execution = Execution.objects.get()
     assert execution.status == Execution.Status.QUEUED
     with walk.following(entries=None):

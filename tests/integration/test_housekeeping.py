@@ -11,13 +11,13 @@ import pytest
 import redis
 from django.db import connection, connections
 
-from project.celery import app
 from scheduler import dbclock
 from scheduler.beat import LeaderScheduler
 from scheduler.models import Execution, Schedule
 from scheduler.outbox import broker
 from scheduler.owners import leases
 from tests.support.factories import make_schedule
+from tests.support.replicas import BeatReplica
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -42,9 +42,9 @@ def beat_log() -> Iterator[_Records]:
 
 
 @pytest.fixture
-def leader(settings: object, redis_url: str) -> Iterator[LeaderScheduler]:
+def leader(settings: object, beat_replica: BeatReplica) -> Iterator[LeaderScheduler]:
     settings.SCHEDULER_RECONCILE_INTERVAL_SECONDS = 0  # type: ignore[attr-defined]
-    scheduler = LeaderScheduler(app, lazy=True)
+    scheduler = beat_replica()
     scheduler.tick()
     assert scheduler.leadership.held
     assert scheduler.housekeeping.reconciler is None
@@ -176,18 +176,16 @@ def test_broker_check__first_under_a_lease_on_the_tick_then_on_its_own_thread_ev
 
 
 def test_broker_check__a_new_leader_on_a_broker_nobody_confirmed__sends_each_execution_once(
-    redis_client: redis.Redis,
+    redis_client: redis.Redis, beat_replica: BeatReplica
 ) -> None:
     # Given a broker the scheduler never looked at (no marker), and a schedule due now
     target = due_now("due")
     # When a new leader ticks: it commits the slot and publishes it
-    scheduler = LeaderScheduler(app, lazy=True)
-    try:
-        scheduler.tick()
-        if scheduler.housekeeping.broker_checker is not None:
-            scheduler.housekeeping.broker_checker.join(timeout=30)
-    finally:
-        scheduler.close()
+    scheduler = beat_replica()
+    scheduler.tick()
+    if scheduler.housekeeping.broker_checker is not None:
+        scheduler.housekeeping.broker_checker.join(timeout=30)
+    scheduler.close()
     # Then its message went out once: the broker check ran before the publish, so it did not take it for lost
     # (a second copy of a running task's message hides the first from Celery's revoke)
     execution = Execution.objects.get(schedule=target)

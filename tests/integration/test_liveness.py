@@ -7,12 +7,12 @@ from datetime import timedelta
 
 import pytest
 
-from project.celery import app
 from scheduler import dbclock
-from scheduler.beat import LeaderScheduler, liveness
+from scheduler.beat import liveness
 from scheduler.owners import leases
 from tests.support.factories import make_schedule
 from tests.support.processes import instance_lock_waiters, wait_until
+from tests.support.replicas import BeatReplica
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -34,10 +34,10 @@ def _waiting(holder: str, lease_name: str, timeout: float) -> tuple[threading.Th
     return thread, outcome
 
 
-def test_instance_lock__wait_ends_when_the_holder_session_ends(db_vendor: str) -> None:
+def test_instance_lock__wait_ends_when_the_holder_session_ends(db_vendor: str, beat_replica: BeatReplica) -> None:
     if db_vendor == "sqlite":
         # SQLite has neither advisory locks nor LISTEN: a follower just sleeps its retry delay
-        follower = LeaderScheduler(app, lazy=True)
+        follower = beat_replica()
         assert follower.leadership.wait(1.0) == 1.0
         return
     # Given "a" holding its instance lock, and a follower waiting up to 30 s for it
@@ -86,22 +86,21 @@ def test_release__notifies_a_waiting_follower(db_vendor: str) -> None:
         holder.close()
 
 
-def test_new_leader__a_schedule_changed_before_its_first_sleep_wakes_that_sleep(db_vendor: str) -> None:
+def test_new_leader__a_schedule_changed_before_its_first_sleep_wakes_that_sleep(
+    db_vendor: str, beat_replica: BeatReplica
+) -> None:
     # Given a replica that just took the lease and has not slept yet
-    beat = LeaderScheduler(app, lazy=True)
-    try:
-        assert beat.leadership.hold()
+    beat = beat_replica()
+    assert beat.leadership.hold()
 
-        # When a schedule is created to fire soon, before that first sleep
-        make_schedule("soon", interval=3600, start_at=dbclock.now() + timedelta(seconds=2))
+    # When a schedule is created to fire soon, before that first sleep
+    make_schedule("soon", interval=3600, start_at=dbclock.now() + timedelta(seconds=2))
 
-        # Then its first sleep is woken by that change on PostgreSQL (the NOTIFY was not lost); SQLite has none
-        if db_vendor == "sqlite":
-            assert beat.leadership.wait(5.0) == 5.0
-        else:
-            lock = beat._lock
-            assert lock is not None
-            woken = lock.wait_for(None, liveness.SCHEDULES_CHANGED, timeout=5.0)
-            assert woken is liveness.Wait.RELEASED, f"the change was not notified to the new leader: {woken}"
-    finally:
-        beat.close()
+    # Then its first sleep is woken by that change on PostgreSQL (the NOTIFY was not lost); SQLite has none
+    if db_vendor == "sqlite":
+        assert beat.leadership.wait(5.0) == 5.0
+    else:
+        lock = beat._lock
+        assert lock is not None
+        woken = lock.wait_for(None, liveness.SCHEDULES_CHANGED, timeout=5.0)
+        assert woken is liveness.Wait.RELEASED, f"the change was not notified to the new leader: {woken}"

@@ -13,11 +13,10 @@ import pytest
 import redis
 from django.db import connection
 
-from project.celery import app
 from scheduler import dbclock
-from scheduler.beat import LeaderScheduler
 from scheduler.models import Execution, Schedule
 from tests.support.factories import make_schedule
+from tests.support.replicas import BeatReplica
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -30,23 +29,21 @@ def publishing_threads() -> list[threading.Thread]:
 
 
 def test_a_burst__every_execution_sent_once_the_thread_publishing_beside_the_commits(
-    redis_client: redis.Redis, settings: Any
+    redis_client: redis.Redis, settings: Any, beat_replica: BeatReplica
 ) -> None:
     # Given more schedules due now than one tick dispatches
     settings.SCHEDULER_DISPATCH_BATCH_SIZE = BATCH
     for number in range(SCHEDULES):
         make_schedule(f"burst-{number}", interval=3600)
     Schedule.objects.update(next_run_at=dbclock.now())
-    beat = LeaderScheduler(app, lazy=True)
-    try:
-        # When the leader ticks until every slot is sent
-        for _ in range(20):
-            beat.tick()
-            if Execution.objects.filter(status=Execution.Status.QUEUED).count() == SCHEDULES:
-                break
-        thread_ran = bool(publishing_threads())
-    finally:
-        beat.close()
+    beat = beat_replica()
+    # When the leader ticks until every slot is sent
+    for _ in range(20):
+        beat.tick()
+        if Execution.objects.filter(status=Execution.Status.QUEUED).count() == SCHEDULES:
+            break
+    thread_ran = bool(publishing_threads())
+    beat.close()
 
     # Then every slot was committed and sent once, on PostgreSQL partly by the publishing thread
     assert Execution.objects.filter(status=Execution.Status.QUEUED).count() == SCHEDULES

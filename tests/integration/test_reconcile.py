@@ -13,12 +13,12 @@ from celery import Celery
 
 from project.celery import app
 from scheduler import dbclock
-from scheduler.beat import LeaderScheduler
 from scheduler.conf import settings as scheduler_settings
 from scheduler.models import Execution, Instance, Schedule
 from scheduler.ops.reconcile import ReconcileReport, reconcile
 from scheduler.owners import executions
 from tests.support.factories import make_execution, make_schedule
+from tests.support.replicas import BeatReplica
 from tests.support.threads import run_at_once
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -426,20 +426,18 @@ def test_two_passes_at_once__each_change_made_once(redis_client: redis.Redis) ->
 
 @pytest.mark.parametrize(("interval", "expected"), [(1e-6, Status.FAILED), (0, Status.RUNNING)])
 def test_leader_tick__runs_reconcile_every_interval(
-    settings: Any, redis_url: str, interval: float, expected: str
+    settings: Any, beat_replica: BeatReplica, interval: float, expected: str
 ) -> None:
     # Given a reconcile interval (0 turns it off) and a lost execution with no retries left
     settings.SCHEDULER_RECONCILE_INTERVAL_SECONDS = interval
     lost = running_with_expired_lease("lost")
-    scheduler = LeaderScheduler(app, lazy=True)
-    try:
-        # When a replica ticks as leader
-        scheduler.tick()
-        assert scheduler.leadership.held
-        if scheduler.housekeeping.reconciler is not None:  # the pass runs on a thread of its own
-            scheduler.housekeeping.reconciler.join(timeout=30)
-    finally:
-        scheduler.close()
+    scheduler = beat_replica()
+    # When a replica ticks as leader
+    scheduler.tick()
+    assert scheduler.leadership.held
+    if scheduler.housekeeping.reconciler is not None:  # the pass runs on a thread of its own
+        scheduler.housekeeping.reconciler.join(timeout=30)
+    scheduler.close()
 
     # Then its reconcile pass handled the execution, unless turned off
     assert Execution.objects.get(pk=lost.pk).status == expected

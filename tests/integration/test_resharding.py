@@ -9,9 +9,8 @@ from typing import Any
 import pytest
 from django.db import connections, transaction
 
-from project.celery import app
 from scheduler import dbclock, shards
-from scheduler.beat import LeaderScheduler, liveness, shard_keeper
+from scheduler.beat import liveness, shard_keeper
 from scheduler.beat.leadership import OneLease
 from scheduler.beat.shard_keeper import ShardKeeper
 from scheduler.exceptions import LeaseLost
@@ -19,6 +18,7 @@ from scheduler.models import AuditEvent, Execution, Schedule, ShardLayout
 from scheduler.ops import resharding
 from scheduler.owners import leases, schedules
 from tests.integration.command_support import refused, run
+from tests.support.replicas import BeatReplica
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -124,44 +124,41 @@ def test_store_count__waits_for_a_commit_in_flight_and_later_commits_see_it(leas
 # --- a replica follows the count ------------------------------------------------------
 
 
-def test_beat__one_lease_to_shards_and_back_on_its_next_tick(settings: Any, redis_url: str) -> None:
+def test_beat__one_lease_to_shards_and_back_on_its_next_tick(settings: Any, beat_replica: BeatReplica) -> None:
     # Given a replica started unsharded, leading under the one lease, and due schedules
     settings.SCHEDULER_SHARDS = 1
     schedules = _due_schedules(4)
-    scheduler = LeaderScheduler(app, lazy=True)
-    try:
-        scheduler.tick()
-        assert isinstance(scheduler.leadership, OneLease) and scheduler.leadership.held
-        assert {row.lease_name for row in Execution.objects.all()} == {"beat"}
+    scheduler = beat_replica()
+    scheduler.tick()
+    assert isinstance(scheduler.leadership, OneLease) and scheduler.leadership.held
+    assert {row.lease_name for row in Execution.objects.all()} == {"beat"}
 
-        # When the count is set to 4 and the schedules moved
-        resharding.store_count(4, by="test")
-        assert resharding.move_schedules(4) == 3
-        scheduler.tick()
-        # Then on its next tick it gave the one lease up and holds every shard (it is alone)
-        assert isinstance(scheduler.leadership, ShardKeeper) and not leases.current("beat").is_held
-        assert sorted(scheduler.leadership.held) == [0, 1, 2, 3]
-        # ... and dispatches under each schedule's shard lease
-        Execution.objects.all().delete()
-        _make_due(schedules)
-        scheduler.tick()
-        rows = {row.schedule_id: row.lease_name for row in Execution.objects.all()}
-        assert rows == {schedule.pk: f"beat:{schedule.pk % 4}" for schedule in schedules}
+    # When the count is set to 4 and the schedules moved
+    resharding.store_count(4, by="test")
+    assert resharding.move_schedules(4) == 3
+    scheduler.tick()
+    # Then on its next tick it gave the one lease up and holds every shard (it is alone)
+    assert isinstance(scheduler.leadership, ShardKeeper) and not leases.current("beat").is_held
+    assert sorted(scheduler.leadership.held) == [0, 1, 2, 3]
+    # ... and dispatches under each schedule's shard lease
+    Execution.objects.all().delete()
+    _make_due(schedules)
+    scheduler.tick()
+    rows = {row.schedule_id: row.lease_name for row in Execution.objects.all()}
+    assert rows == {schedule.pk: f"beat:{schedule.pk % 4}" for schedule in schedules}
 
-        # When the count goes back to 1
-        resharding.store_count(1, by="test")
-        scheduler.tick()
-        # Then it released every shard and leads under the one lease again
-        assert isinstance(scheduler.leadership, OneLease) and scheduler.leadership.held
-        view = [leases.current(shards.lease_name(shard)) for shard in range(4)]
-        assert not any(state.is_held for state in view)
-        Execution.objects.all().delete()
-        _make_due(schedules)
-        scheduler.tick()
-        assert {row.lease_name for row in Execution.objects.all()} == {"beat"}
-        assert Execution.objects.count() == len(schedules)
-    finally:
-        scheduler.close()
+    # When the count goes back to 1
+    resharding.store_count(1, by="test")
+    scheduler.tick()
+    # Then it released every shard and leads under the one lease again
+    assert isinstance(scheduler.leadership, OneLease) and scheduler.leadership.held
+    view = [leases.current(shards.lease_name(shard)) for shard in range(4)]
+    assert not any(state.is_held for state in view)
+    Execution.objects.all().delete()
+    _make_due(schedules)
+    scheduler.tick()
+    assert {row.lease_name for row in Execution.objects.all()} == {"beat"}
+    assert Execution.objects.count() == len(schedules)
 
 
 def _make_due(schedules: list[Schedule]) -> None:
@@ -171,33 +168,29 @@ def _make_due(schedules: list[Schedule]) -> None:
     )
 
 
-def test_beat__replicas_with_different_settings_follow_the_stored_count(settings: Any, redis_url: str) -> None:
+def test_beat__replicas_with_different_settings_follow_the_stored_count(
+    settings: Any, beat_replica: BeatReplica
+) -> None:
     # Given a replica started with 4 shards, which stores the count
     settings.SCHEDULER_SHARDS = 4
-    first = LeaderScheduler(app, lazy=True)
-    second = None
-    try:
+    first = beat_replica()
+    first.tick()
+    # When a second replica starts with 8
+    settings.SCHEDULER_SHARDS = 8
+    second = beat_replica()
+    for _ in range(3):
+        second.tick()
         first.tick()
-        # When a second replica starts with 8
-        settings.SCHEDULER_SHARDS = 8
-        second = LeaderScheduler(app, lazy=True)
-        for _ in range(3):
-            second.tick()
-            first.tick()
-        # Then both follow 4: between them they hold exactly shards 0-3, each once
-        assert first.shard_count == second.shard_count == 4
-        held = sorted([*first.leadership.held, *second.leadership.held])
-        assert held == [0, 1, 2, 3]
-        assert held == sorted(
-            [
-                *shards.wanted(first.instance_id, {first.instance_id, second.instance_id}, 4),
-                *shards.wanted(second.instance_id, {first.instance_id, second.instance_id}, 4),
-            ]
-        )
-    finally:
-        first.close()
-        if second is not None:
-            second.close()
+    # Then both follow 4: between them they hold exactly shards 0-3, each once
+    assert first.shard_count == second.shard_count == 4
+    held = sorted([*first.leadership.held, *second.leadership.held])
+    assert held == [0, 1, 2, 3]
+    assert held == sorted(
+        [
+            *shards.wanted(first.instance_id, {first.instance_id, second.instance_id}, 4),
+            *shards.wanted(second.instance_id, {first.instance_id, second.instance_id}, 4),
+        ]
+    )
 
 
 # --- manage.py shards --set --------------------------------------------------------------
@@ -247,38 +240,37 @@ def test_set__refuses_a_count_out_of_range_and_set_with_assign(settings: Any) ->
     assert shards.stored() is None
 
 
-def test_set__waits_for_live_replicas_to_hold_the_new_shards_before_moving(settings: Any, redis_url: str) -> None:
+def test_set__waits_for_live_replicas_to_hold_the_new_shards_before_moving(
+    settings: Any, beat_replica: BeatReplica
+) -> None:
     # Given a live replica holding the 2 stored shards, and schedules in them
     settings.SCHEDULER_SHARDS = 2
-    scheduler = LeaderScheduler(app, lazy=True)
-    try:
-        scheduler.tick()
-        assert sorted(scheduler.leadership.held) == [0, 1]
-        created = [schedules.create(name=f"s{n}", task="scheduler.echo", interval=60) for n in range(8)]
-        ticking = threading.Event()
+    scheduler = beat_replica()
+    scheduler.tick()
+    assert sorted(scheduler.leadership.held) == [0, 1]
+    created = [schedules.create(name=f"s{n}", task="scheduler.echo", interval=60) for n in range(8)]
+    ticking = threading.Event()
 
-        def tick() -> None:
-            try:
-                while not ticking.is_set():
-                    scheduler.tick()
-                    ticking.wait(0.1)
-            finally:
-                connections.close_all()
-
-        # When the count is set to 4 while the replica ticks
-        ticker = threading.Thread(target=tick)
-        ticker.start()
+    def tick() -> None:
         try:
-            change = resharding.change_count(4, by="test", settle_seconds=10)
+            while not ticking.is_set():
+                scheduler.tick()
+                ticking.wait(0.1)
         finally:
-            ticking.set()
-            ticker.join(10)
-        # Then it waited for the replica to hold all 4, then moved the schedules
-        assert change.settled is True and change.previous == 2
-        assert change.moved == sum(1 for schedule in created if schedule.pk % 4 != schedule.pk % 2)
-        assert sorted(scheduler.leadership.held) == [0, 1, 2, 3]
+            connections.close_all()
+
+    # When the count is set to 4 while the replica ticks
+    ticker = threading.Thread(target=tick)
+    ticker.start()
+    try:
+        change = resharding.change_count(4, by="test", settle_seconds=10)
     finally:
-        scheduler.close()
+        ticking.set()
+        ticker.join(10)
+    # Then it waited for the replica to hold all 4, then moved the schedules
+    assert change.settled is True and change.previous == 2
+    assert change.moved == sum(1 for schedule in created if schedule.pk % 4 != schedule.pk % 2)
+    assert sorted(scheduler.leadership.held) == [0, 1, 2, 3]
 
 
 def test_set__wakes_a_waiting_replica_at_once(db_vendor: str) -> None:

@@ -112,12 +112,17 @@ def wait_until(predicate: Callable[[], object], *, timeout: float, interval: flo
         time.sleep(interval)
 
 
+def process_state(pid: int) -> str:
+    """Return the state letter of process ``pid`` (``T``: stopped, ``Z``: a zombie not yet reaped, ...), or "gone"."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError):  # gone before the open, or reaped between the open and the read
+        return "gone"
+
+
 def exited(pid: int) -> bool:
     """Return whether process ``pid`` has ended (gone, or a zombie not yet reaped)."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
-    except FileNotFoundError:
-        return True
+    return process_state(pid) in {"gone", "Z"}
 
 
 def pid_of(process_id: str) -> int:

@@ -15,6 +15,7 @@ from django.core.exceptions import ImproperlyConfigured
 
 from scheduler import failpoints
 from scheduler.failpoints import Action, parse
+from tests.support.processes import process_state
 
 ROOT = Path(__file__).resolve().parents[2]
 #: Longest a child process of these tests may take (Python start-up and the action itself).
@@ -162,9 +163,9 @@ def test_freeze__stops_the_whole_process_then_lets_it_go_on() -> None:
         assert process.stdout.readline().strip() == "freezing"
         # When it hits the failpoint, it is stopped (state T) ...
         deadline = time.monotonic() + 10
-        while _state(process.pid) != "T" and time.monotonic() < deadline:
+        while process_state(process.pid) != "T" and time.monotonic() < deadline:
             time.sleep(0.02)
-        assert _state(process.pid) == "T"
+        assert process_state(process.pid) == "T"
         # ... and then goes on by itself, its other thread stopped all along
         out, err = process.communicate(timeout=CHILD_TIMEOUT)
     finally:
@@ -203,13 +204,6 @@ def test_freeze__the_calling_thread_goes_no_further_than_the_failpoint_before_it
     spans = json.loads(child.stdout.splitlines()[-1])
     assert spans
     assert min(spans) >= seconds, spans  # every hit returned only after the freeze
-
-
-def _state(pid: int) -> str:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except FileNotFoundError:
-        return "gone"
 
 
 # --- hits ---------------------------------------------------------------------------------------
