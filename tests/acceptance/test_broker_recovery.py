@@ -100,8 +100,8 @@ def test_broker_restarted_after_a_reacquire_before_the_first_check__what_the_lea
     celery_processes: Start,
     own_broker: OwnBroker,  # noqa: F811 -- the fixture imported above
 ) -> None:
-    # Given a leader that checks the broker every 40 s, and re-sends nothing merely for waiting
-    check = 40
+    # Given a leader that checks the broker every 20 s, and re-sends nothing merely for waiting
+    check = 20
     beat = celery_processes(
         "beat",
         "beat0",
