@@ -16,7 +16,7 @@ from scheduler.models import Execution, Schedule
 from scheduler.owners import leases
 from tests.support import tasks as test_tasks
 from tests.support.factories import make_schedule
-from tests.support.processes import CeleryProcess, instance_lock_waiters, pid_of, wait_until
+from tests.support.processes import CeleryProcess, freeze_outside_a_write, instance_lock_waiters, pid_of, wait_until
 from tests.support.services import find_redis_server, free_port
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -221,8 +221,8 @@ def test_paused_leader__commits_nothing_after_losing_the_lease(celery_processes:
     old_token = leases.current("beat").token
     assert wait_until(lambda: Execution.objects.filter(lease_token=old_token).exists(), timeout=10)
 
-    # When the leader is frozen for longer than the TTL, then resumed
-    leader.send(signal.SIGSTOP)
+    # When the leader is frozen (holding no SQLite write lock) for longer than the TTL, then resumed
+    freeze_outside_a_write(leader)
     frozen_count = None
     try:
         new_leader = wait_until(lambda: leases.current("beat").token > old_token, timeout=20)

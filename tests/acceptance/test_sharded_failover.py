@@ -12,14 +12,12 @@ checked, as in the steady-state test.
 from __future__ import annotations
 
 import signal
-import sqlite3
 import time
 from collections import Counter
 from datetime import datetime
 
 import pytest
 import redis
-from django.db import connection
 from django.db.models import Count, Max, Min
 
 from scheduler import dbclock, shards
@@ -35,7 +33,7 @@ from tests.acceptance.test_sharded_beat import (
     messages_per_execution,
     sharded_replicas,
 )
-from tests.support.processes import CeleryProcess, process_state, wait_until
+from tests.support.processes import CeleryProcess, freeze_outside_a_write, wait_until
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -207,36 +205,6 @@ def test_join_and_leave__no_duplicate_no_gap_balanced_after_each_change(
     assert_sent(redis_client)
 
 
-def frozen_past_ttl(beat: CeleryProcess, vendor: str) -> None:
-    """SIGSTOP ``beat`` at a moment it holds no database write lock.
-
-    On SQLite every writer shares one write lock: a replica stopped inside a
-    write transaction stops them all until it resumes, so nobody could take
-    anything over. That is SQLite, not the leases: stop it again elsewhere.
-    """
-    for _ in range(10):
-        beat.send(signal.SIGSTOP)
-        assert wait_until(lambda: process_state(beat.pid) == "T", timeout=5), f"{beat.name} did not stop"
-        if vendor != "sqlite" or sqlite_writable():
-            return
-        beat.send(signal.SIGCONT)
-        time.sleep(0.3)
-    raise AssertionError(f"{beat.name} held SQLite's write lock at every one of 10 stops")
-
-
-def sqlite_writable() -> bool:
-    """Whether the test database's write lock can be taken within 3 s (the live replicas hold it briefly)."""
-    probe = sqlite3.connect(connection.settings_dict["NAME"], timeout=3, isolation_level=None)
-    try:
-        probe.execute("BEGIN IMMEDIATE")
-        probe.execute("ROLLBACK")
-        return True
-    except sqlite3.OperationalError:
-        return False
-    finally:
-        probe.close()
-
-
 def test_freeze__taken_after_ttl_old_tokens_fenced_and_rejoins(
     celery_processes: Start, settings: object, db_vendor: str, redis_client: redis.Redis
 ) -> None:
@@ -250,7 +218,7 @@ def test_freeze__taken_after_ttl_old_tokens_fenced_and_rejoins(
     frozen, others = beats[0], beats[1:]
 
     # When one is frozen past the TTL
-    frozen_past_ttl(frozen, db_vendor)
+    freeze_outside_a_write(frozen)
     frozen_at = dbclock.now()
     old = held_by(size.shards, frozen)
     assert old, f"{frozen.name} held no shard when frozen"

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import re
 import signal
+import sqlite3
 import subprocess
 import sys
 import time
@@ -123,6 +124,36 @@ def process_state(pid: int) -> str:
 def exited(pid: int) -> bool:
     """Return whether process ``pid`` has ended (gone, or a zombie not yet reaped)."""
     return process_state(pid) in {"gone", "Z"}
+
+
+def freeze_outside_a_write(process: CeleryProcess) -> None:
+    """SIGSTOP ``process`` at a moment it holds no database write lock.
+
+    On SQLite every writer shares one write lock: a process stopped inside a
+    write transaction stops them all until it resumes, so nobody could take
+    anything over. That is SQLite, not the leases: stop it again elsewhere.
+    """
+    for _ in range(10):
+        process.send(signal.SIGSTOP)
+        assert wait_until(lambda: process_state(process.pid) == "T", timeout=5), f"{process.name} did not stop"
+        if connection.vendor != "sqlite" or _sqlite_writable():
+            return
+        process.send(signal.SIGCONT)
+        time.sleep(0.3)
+    raise AssertionError(f"{process.name} held SQLite's write lock at every one of 10 stops")
+
+
+def _sqlite_writable() -> bool:
+    """Whether the test database's write lock can be taken within 3 s (the live processes hold it briefly)."""
+    probe = sqlite3.connect(connection.settings_dict["NAME"], timeout=3, isolation_level=None)
+    try:
+        probe.execute("BEGIN IMMEDIATE")
+        probe.execute("ROLLBACK")
+        return True
+    except sqlite3.OperationalError:
+        return False
+    finally:
+        probe.close()
 
 
 def pid_of(process_id: str) -> int:
