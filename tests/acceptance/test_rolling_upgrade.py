@@ -170,10 +170,11 @@ class Leadership:
         assert self.state.is_held, "no beat leads"
         self.handovers = 0
 
-    def unchanged(self, step: str) -> None:
+    def unchanged(self, step: str, beats: list[CeleryProcess]) -> None:
         now = leases.current("beat")
         assert (now.token, now.holder) == (self.state.token, self.state.holder), (
             f"leadership changed while {step}: token {self.state.token} ({self.state.holder}) -> {now.token} ({now.holder})"
+            + "".join(f"\n--- {beat.name}'s log tail:\n{beat.log()[-3000:]}" for beat in beats)
         )
 
     def handed_over(self, step: str) -> None:
@@ -263,7 +264,7 @@ def test_rolling_upgrade_from_an_older_release__no_slot_doubled_or_lost_and_lead
         lambda: Execution.objects.filter(status=Execution.Status.SUCCEEDED).count() >= ran + 2 * SCHEDULES,
         timeout=START_SECONDS,
     ), "the older release stopped running the schedules after this release's migrate"
-    leadership.unchanged("this release's migrations ran")
+    leadership.unchanged("this release's migrations ran", old_beats)
     schedules = list(Schedule.objects.order_by("pk"))
     assert len(schedules) == SCHEDULES
 
@@ -276,7 +277,7 @@ def test_rolling_upgrade_from_an_older_release__no_slot_doubled_or_lost_and_lead
         new_beats.append(new)
         step(f"{new.name} started")
         time.sleep(STEADY_SECONDS)
-        leadership.unchanged(f"new-beat{index} started beside {len(old_beats)} old")
+        leadership.unchanged(f"new-beat{index} started beside {len(old_beats)} old", [*old_beats, *new_beats])
         leading = leader_process([*old_beats, *new_beats])
         old = leading if leading in old_beats else old_beats[0]
         old_beats.remove(old)
@@ -286,7 +287,7 @@ def test_rolling_upgrade_from_an_older_release__no_slot_doubled_or_lost_and_lead
             leadership.handed_over(f"stopping the leader {old.name}")
         else:
             time.sleep(STEADY_SECONDS)
-            leadership.unchanged(f"the follower {old.name} stopped")
+            leadership.unchanged(f"the follower {old.name} stopped", [*old_beats, *new_beats])
     assert leader_process(new_beats) and leadership.handovers >= 1
 
     # ... then the old worker, the same way
@@ -295,7 +296,7 @@ def test_rolling_upgrade_from_an_older_release__no_slot_doubled_or_lost_and_lead
     step("new-worker started")
     old_worker.send(signal.SIGTERM)  # waited for below: the new worker serves meanwhile, as in a rollout
     time.sleep(STEADY_SECONDS)
-    leadership.unchanged("the worker was replaced")
+    leadership.unchanged("the worker was replaced", new_beats)
 
     # Then every slot from the schedules' creation to the end has exactly one
     # execution, every execution succeeded within the bound, each body ran
@@ -306,7 +307,7 @@ def test_rolling_upgrade_from_an_older_release__no_slot_doubled_or_lost_and_lead
     waited = time.monotonic()
     settled = wait_until(lambda: not open_rows.exists(), timeout=FINAL_SECONDS, interval=0.2)
     final_after = time.monotonic() - waited
-    leadership.unchanged("the upgraded replicas ran")
+    leadership.unchanged("the upgraded replicas ran", new_beats)
     step("every execution final" if settled else "executions left open")
     exited(old_worker, within=WORKER_STOP_SECONDS)
     step("old-worker stopped")
