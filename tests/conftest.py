@@ -24,7 +24,10 @@ _DIRECTORY_MARKERS = {"integration": "integration", "acceptance": "acceptance", 
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:
-    """Refuse to run when the database is not the one tests.suite asked for; leave the tests' own session unbounded."""
+    """Refuse to run when the database is not the one tests.suite asked for; leave the tests' own session unbounded.
+
+    Also make this process's flush and password hashing the quicker ones (``tests.support.quick_test_process``).
+    """
     _no_idle_bound_on_the_test_thread()
     quick_test_process.install()
     # tests.suite sets the label; if DATABASE_URL got lost on the way (a
