@@ -29,6 +29,8 @@ from scheduler.conf import settings
 
 #: PostgreSQL's SQLSTATE for a lock wait that ``lock_timeout`` ended (``lock_not_available``).
 LOCK_NOT_AVAILABLE = "55P03"
+#: PostgreSQL's SQLSTATE for a lock wait it ended because it would never end (``deadlock_detected``).
+DEADLOCK_DETECTED = "40P01"
 
 
 def idle_in_transaction_seconds() -> float:
@@ -69,12 +71,14 @@ def bound_lock_wait(seconds: float) -> None:
 def lock_wait_ended(exc: BaseException) -> bool:
     """Return whether ``exc`` (a ``DatabaseError``) only says a lock was not free in time.
 
-    PostgreSQL's ``lock_timeout`` (SQLSTATE 55P03) and SQLite's busy timeout
+    PostgreSQL's ``lock_timeout`` (SQLSTATE 55P03), its deadlock detector
+    (40P01: this transaction and another each waited for what the other
+    holds, and this one was picked to give way) and SQLite's busy timeout
     ("database is locked"): the database answered, another transaction holds
-    what the statement needed.
+    what the statement needed, and this one was rolled back.
     """
     cause = exc.__cause__ or exc
-    if getattr(cause, "sqlstate", None) == LOCK_NOT_AVAILABLE:
+    if getattr(cause, "sqlstate", None) in (LOCK_NOT_AVAILABLE, DEADLOCK_DETECTED):
         return True
     return isinstance(cause, sqlite3.OperationalError) and "locked" in str(cause)
 

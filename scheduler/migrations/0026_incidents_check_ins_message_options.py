@@ -5,6 +5,8 @@ import django.db.models.deletion
 import django.db.models.functions.datetime
 from django.db import migrations, models
 
+from scheduler.migration_locks import LockTables
+
 
 class Migration(migrations.Migration):
     dependencies = [
@@ -12,6 +14,8 @@ class Migration(migrations.Migration):
     ]
 
     operations = [
+        # It changes more than one busy table: all their locks first.
+        LockTables("schedule", "notification", "notificationtarget"),
         migrations.AddField(
             model_name="schedule",
             name="exchange",

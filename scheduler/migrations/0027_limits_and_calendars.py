@@ -4,6 +4,8 @@ import django.core.validators
 import django.db.models.functions.datetime
 from django.db import migrations, models
 
+from scheduler.migration_locks import LockTables
+
 
 class Migration(migrations.Migration):
     dependencies = [
@@ -11,6 +13,8 @@ class Migration(migrations.Migration):
     ]
 
     operations = [
+        # It changes more than one busy table: all their locks first.
+        LockTables("execution", "schedule"),
         migrations.CreateModel(
             name="Calendar",
             fields=[

@@ -14,6 +14,8 @@ drop the execution tallies' triggers (migration 0012).
 
 from django.db import migrations, models
 
+from scheduler.migration_locks import LockTables
+
 #: (model, field, its new index's name; None: no index of its own any more).
 MOVES = (
     ("execution", "celery_task_id", "execution_celery_task"),
@@ -76,6 +78,8 @@ class Migration(migrations.Migration):
     ]
 
     operations = [
+        # It changes more than one busy table: all their locks first.
+        LockTables("execution", "schedule"),
         migrations.SeparateDatabaseAndState(
             database_operations=[migrations.RunPython(to_named_indexes, to_field_indexes)],
             state_operations=[

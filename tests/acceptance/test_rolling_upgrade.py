@@ -162,6 +162,11 @@ for index in range({SCHEDULES}):
 """
 
 
+def _not_fires(log: str) -> str:
+    """The lines of a beat's log that are not one fire each (those crowd out why it moved), the last 60."""
+    return "\n".join([line for line in log.splitlines() if " dispatch " not in line][-60:])
+
+
 class Leadership:
     """The beat lease's token, read at each step: it may move only when the step stopped the leader, and then once."""
 
@@ -174,7 +179,7 @@ class Leadership:
         now = leases.current("beat")
         assert (now.token, now.holder) == (self.state.token, self.state.holder), (
             f"leadership changed while {step}: token {self.state.token} ({self.state.holder}) -> {now.token} ({now.holder})"
-            + "".join(f"\n--- {beat.name}'s log tail:\n{beat.log()[-3000:]}" for beat in beats)
+            + "".join(f"\n--- {beat.name}'s log, but its fires:\n{_not_fires(beat.log())}" for beat in beats)
         )
 
     def handed_over(self, step: str) -> None:

@@ -31,10 +31,11 @@ from django.db import Error, connection, transaction
 
 from scheduler import dbclock, outbox, session_limits
 from scheduler.beat import dispatch
-from scheduler.models import Execution, Schedule
+from scheduler.models import Execution, Lease, Schedule
 from scheduler.owners import executions, leases
 from scheduler.owners.executions import Claim
 from tests.support.factories import make_schedule
+from tests.support.threads import closing_a_cycle
 
 pytestmark = [
     pytest.mark.django_db(transaction=True),
@@ -244,6 +245,34 @@ def test_leader__a_lock_nobody_names_in_advance__waits_a_bounded_time_and_commit
     # (a minute may have turned meanwhile: later slots may fire too)
     report = dispatch.dispatch_due(lease)
     assert ("blocked", slot) in report.fired and report.locked == 0
+
+
+def test_leader__a_deadlock_with_another_transaction__leaves_the_schedule_for_the_next_pass_and_keeps_the_lease(
+    lease: leases.LeaseHandle, settings: Any
+) -> None:
+    # Given a due schedule, and a transaction that inserted its slot and then wants the lease row
+    # the leader's commit holds while it waits for that insert: each waits for the other
+    settings.SCHEDULER_LEASE_TTL_SECONDS = 30  # the leader waits 3 s for a lock: the deadlock detector (1 s) ends it
+    blocked = schedule("blocked")
+    slot = blocked.next_run_at
+    connection.ensure_connection()
+    errors: list[BaseException] = []
+    other = closing_a_cycle(
+        lambda: executions.insert([executions.execution_for(blocked, slot, status=Status.PENDING, now=dbclock.now())]),
+        lambda: list(Lease.objects.select_for_update().filter(name=lease.name).values_list("pk")),
+        behind=connection.connection.info.backend_pid,
+        errors=errors,
+        timeout=BOUND,
+    )
+    # When the leader dispatches
+    report = dispatch.dispatch_due(lease)
+    other.join(BOUND)
+    # Then PostgreSQL ended the leader's side; it left the schedule for the next pass and still leads,
+    # and the other transaction committed
+    assert not other.is_alive() and not errors, errors
+    assert report.fired == [] and report.locked == 1
+    assert still_leads(lease)
+    assert Execution.objects.filter(schedule=blocked, scheduled_for=slot).exists()
 
 
 def test_leader__rows_locked_everywhere__the_pass_ends_within_its_wait_budget(lease: leases.LeaseHandle) -> None:
