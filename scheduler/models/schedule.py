@@ -231,9 +231,12 @@ class Schedule(models.Model):
         validators=[MinValueValidator(1)],
         help_text="Seconds after its slot past which a worker does not start an execution (recorded cancelled).",
     )
-    headers = models.JSONField(default=dict, blank=True, help_text="JSON object of extra message headers.")
-    exchange = models.CharField(max_length=200, blank=True, default="")
-    routing_key = models.CharField(max_length=200, blank=True, default="")
+    # Database defaults too: an older release's replica writes schedules without these columns during a rolling upgrade.
+    headers = models.JSONField(
+        default=dict, db_default={}, blank=True, help_text="JSON object of extra message headers."
+    )
+    exchange = models.CharField(max_length=200, blank=True, default="", db_default="")
+    routing_key = models.CharField(max_length=200, blank=True, default="", db_default="")
     description = models.TextField(blank=True, default="")
     tenant = models.CharField(max_length=100, blank=True, default="")
     #: Where its notifications go; none chosen: its tenant's default targets, else the deployer's.

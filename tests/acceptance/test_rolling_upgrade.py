@@ -160,6 +160,15 @@ for index in range({SCHEDULES}):
     schedule.full_clean()
     schedule.save()
 """
+#: Run by the older release's ``manage.py shell`` on this release's schema: it still writes what it knows.
+OLD_CODE_WRITES_A_SCHEDULE = """
+import tests.tasks
+from scheduler.models import Schedule
+schedule = Schedule(name="written-by-the-older-release", task="tests.record", interval=60, enabled=False)
+schedule.full_clean()
+schedule.save()
+Schedule.objects.filter(pk=schedule.pk).delete()
+"""
 
 
 def _not_fires(log: str) -> str:
@@ -270,6 +279,7 @@ def test_rolling_upgrade_from_an_older_release__no_slot_doubled_or_lost_and_lead
         timeout=START_SECONDS,
     ), "the older release stopped running the schedules after this release's migrate"
     leadership.unchanged("this release's migrations ran", old_beats)
+    manage(old_release, process_env, "shell", "-c", OLD_CODE_WRITES_A_SCHEDULE)
     schedules = list(Schedule.objects.order_by("pk"))
     assert len(schedules) == SCHEDULES
 
