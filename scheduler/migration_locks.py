@@ -12,6 +12,8 @@ one table while it waits for another: the cluster's transactions finish,
 and the migration gets its tables between two of them.
 
 Nothing on SQLite, where a migration holds the one write lock anyway.
+Migrations import this class by name, and migrations are history: it
+keeps its name, module and arguments for good.
 """
 
 from __future__ import annotations
