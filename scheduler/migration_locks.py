@@ -64,8 +64,10 @@ class LockTables(Operation):
             return
         tables = [state.apps.get_model(app_label, name)._meta.db_table for name in self.model_names]
         statement = f"LOCK TABLE {', '.join(map(schema_editor.quote_name, tables))} IN ACCESS EXCLUSIVE MODE"
-        if schema_editor.collect_sql or not connection.in_atomic_block:
-            schema_editor.execute(statement)  # ``sqlmigrate``, or a migration that is not atomic: nothing to hold
+        if schema_editor.collect_sql:  # ``sqlmigrate``: the statement, as the migration's first
+            schema_editor.execute(statement)
+            return
+        if not connection.in_atomic_block:  # a migration that is not atomic holds nothing from one change to the next
             return
         with connection.cursor() as cursor:
             cursor.execute("SHOW lock_timeout")

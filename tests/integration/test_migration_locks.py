@@ -14,8 +14,10 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Iterator
+from io import StringIO
 
 import pytest
+from django.core.management import call_command
 from django.db import DatabaseError, connection
 from django.db.migrations.executor import MigrationExecutor
 
@@ -94,3 +96,15 @@ def test_0028_beside_a_transaction_writing_a_schedule_then_an_execution(back_to_
     else:
         # Then PostgreSQL ended one of them
         assert any(deadlocked(error) for error in (raised, *errors)), (raised, errors)
+
+
+def test_sqlmigrate_shows_the_lock_first() -> None:
+    # When an operator prints 0028's SQL to run it by hand
+    out = StringIO()
+    call_command("sqlmigrate", "scheduler", "0028_plain_indexes", stdout=out)
+    # Then its first statement takes both tables' locks at once
+    statements = [line for line in out.getvalue().splitlines() if line and not line.startswith("--")]
+    assert statements[:2] == [
+        "BEGIN;",
+        'LOCK TABLE "scheduler_execution", "scheduler_schedule" IN ACCESS EXCLUSIVE MODE;',
+    ], statements[:3]
