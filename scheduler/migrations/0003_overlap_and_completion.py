@@ -2,6 +2,8 @@
 
 from django.db import migrations, models
 
+from scheduler.migration_locks import LockTables
+
 
 class Migration(migrations.Migration):
     dependencies = [
@@ -9,6 +11,8 @@ class Migration(migrations.Migration):
     ]
 
     operations = [
+        # It changes more than one busy table: all their locks first.
+        LockTables("execution", "schedule"),
         migrations.AddField(
             model_name="execution",
             name="held",

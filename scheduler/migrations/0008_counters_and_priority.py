@@ -2,6 +2,8 @@ from __future__ import annotations
 
 from django.db import migrations, models
 
+from scheduler.migration_locks import LockTables
+
 
 def backfill_counters(apps, schema_editor):
     """Start ``slots_sent`` from the beat's own rows and ``owed_since`` at creation."""
@@ -27,6 +29,8 @@ class Migration(migrations.Migration):
     dependencies = [("scheduler", "0007_admin_scale_indexes")]
 
     operations = [
+        # It changes more than one busy table: all their locks first.
+        LockTables("execution", "schedule"),
         migrations.AddField(
             model_name="schedule",
             name="slots_sent",

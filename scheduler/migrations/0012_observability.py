@@ -13,6 +13,8 @@ import django.core.validators
 from django.db import migrations, models
 from django.db.models import OuterRef, Q, Subquery
 
+from scheduler.migration_locks import LockTables
+
 #: Final statuses as of this migration (Execution.FINAL_STATUSES).
 FINAL = ("succeeded", "failed", "timed_out", "cancelled", "skipped", "missed")
 #: Run-time bucket bounds as of this migration (scheduler.models.tally.DURATION_BUCKETS).
@@ -166,6 +168,8 @@ class Migration(migrations.Migration):
     ]
 
     operations = [
+        # It changes more than one busy table: all their locks first.
+        LockTables("execution", "schedule"),
         migrations.AddField(
             model_name="schedule",
             name="alert_after",

@@ -10,6 +10,8 @@ from importlib import import_module
 
 from django.db import migrations, models
 
+from scheduler.migration_locks import LockTables
+
 tallies = import_module("scheduler.migrations.0013_fewer_execution_indexes")
 
 
@@ -19,6 +21,8 @@ class Migration(migrations.Migration):
     ]
 
     operations = [
+        # It changes more than one busy table: all their locks first.
+        LockTables("execution", "schedule"),
         # Backwards, this runs last: after the rebuilds below are undone.
         migrations.RunPython(migrations.RunPython.noop, tallies.recreate_sqlite_triggers),
         migrations.AddField(

@@ -13,6 +13,8 @@ from typing import Any
 from django.conf import settings
 from django.db import migrations, models
 
+from scheduler.migration_locks import LockTables
+
 
 def mark_existing_all_tenants(apps: Any, schema_editor: Any) -> None:
     User = apps.get_model(*settings.AUTH_USER_MODEL.split("."))
@@ -40,6 +42,8 @@ class Migration(migrations.Migration):
     ]
 
     operations = [
+        # It changes more than one busy table: all their locks first.
+        LockTables("apitoken", "operatorprofile", "schedule"),
         migrations.AddField(
             model_name="apitoken",
             name="all_tenants",
