@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Callable, Sequence
 
 from django.db import connection, transaction
+
+from tests.support.processes import wait_until
 
 
 def on_own_connection(body: Callable[[], None], errors: list[BaseException]) -> Callable[[], None]:
@@ -48,10 +49,10 @@ def closing_a_cycle(
 ) -> threading.Thread:
     """Start a thread whose transaction runs ``first``, waits until session ``behind`` waits for a lock, runs ``then``, commits.
 
-    Returns once ``first`` ran (or raised). When ``behind`` waits for what ``first`` took and ``then`` needs what
-    ``behind`` holds, the two wait for each other: PostgreSQL's deadlock
-    detector, or a ``lock_timeout``, ends one of them. What this side
-    raises goes to ``errors``.
+    Returns once ``first`` ran (or raised). When ``behind`` waits for what
+    ``first`` took and ``then`` needs what ``behind`` holds, the two wait for
+    each other: PostgreSQL's deadlock detector, or a ``lock_timeout``, ends
+    one of them. What this side raises goes to ``errors``.
     """
 
     first_ran = threading.Event()
@@ -62,10 +63,9 @@ def closing_a_cycle(
                 first()
             finally:
                 first_ran.set()
-            deadline = time.monotonic() + timeout
-            while not waits_for_a_lock(behind):
-                assert time.monotonic() < deadline, f"session {behind} never waited for a lock"
-                time.sleep(0.02)
+            assert wait_until(lambda: waits_for_a_lock(behind), timeout=timeout, interval=0.02), (
+                f"session {behind} never waited for a lock"
+            )
             then()
 
     thread = threading.Thread(target=on_own_connection(body, errors))
