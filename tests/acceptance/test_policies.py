@@ -114,7 +114,12 @@ def test_overlap_policy__every_second_with_a_two_and_a_half_second_task(
 def test_downtime__misfire_policies_and_catchup_window_exactly(celery_processes: Start) -> None:
     # Given three every-second schedules with a 4 s catch-up window, one per misfire policy
     policies = ["run_all", "run_once", "skip"]
-    targets = {p: make(f"misfire-{p}", interval=1, catchup_window=4, misfire=p) for p in policies}
+    # (their slots half a millisecond off the database clock's grid: a pass whose
+    # clock read a slot's very instant would keep the slot at the window's edge,
+    # test_plan_due__a_slot_exactly_the_window_old_is_within_it, and SQLite's
+    # clock has whole milliseconds)
+    start_at = dbclock.now().replace(microsecond=500) - timedelta(minutes=1)
+    targets = {p: make(f"misfire-{p}", interval=1, start_at=start_at, catchup_window=4, misfire=p) for p in policies}
     celery_processes("worker", "w1").wait_for_log(r"ready\.")
     first = celery_processes("beat", "beat1")
     assert wait_until(lambda: all(len(rows(t)) >= 2 for t in targets.values()), timeout=30)

@@ -44,6 +44,17 @@ def plan_behind(spec: Timing, behind: timedelta, **options: object) -> policies.
     return plan_due(spec, next_run_at=NOW - behind, now=NOW, **options)  # type: ignore[arg-type]
 
 
+@pytest.mark.parametrize(("later", "kept"), [(timedelta(0), True), (timedelta(microseconds=1), False)])
+def test_plan_due__a_slot_exactly_the_window_old_is_within_it(later: timedelta, kept: bool) -> None:
+    # Given an every-second schedule 4 s behind, planned at the instant of its latest slot or a microsecond after
+    oldest = NOW - timedelta(seconds=4)
+    plan = plan_due(Timing(interval=1), next_run_at=oldest, now=NOW + later, catchup_window=4, misfire="run_all")
+
+    # Then only a slot older than the window is missed: the one at its very edge still runs
+    assert (oldest in plan.run, oldest in plan.missed) == (kept, not kept)
+    assert plan.run[-1] == NOW
+
+
 @pytest.mark.parametrize(
     "spec", [Timing(cron="* * * * *"), Timing(cron="*/5 * * * *", timezone="Europe/Berlin"), Timing(interval=60)]
 )
