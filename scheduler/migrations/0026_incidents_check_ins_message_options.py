@@ -13,13 +13,15 @@ class Migration(migrations.Migration):
         ("scheduler", "0025_notifications"),
     ]
 
+    # The message options carry database defaults from here (they came only
+    # with 0032 at first: 0032 gives them to a database that ran 0026 before).
     operations = [
         # It changes more than one busy table: all their locks first.
         LockTables("schedule", "notification", "notificationtarget"),
         migrations.AddField(
             model_name="schedule",
             name="exchange",
-            field=models.CharField(blank=True, default="", max_length=200),
+            field=models.CharField(blank=True, db_default="", default="", max_length=200),
         ),
         migrations.AddField(
             model_name="schedule",
@@ -34,12 +36,14 @@ class Migration(migrations.Migration):
         migrations.AddField(
             model_name="schedule",
             name="headers",
-            field=models.JSONField(blank=True, default=dict, help_text="JSON object of extra message headers."),
+            field=models.JSONField(
+                blank=True, db_default={}, default=dict, help_text="JSON object of extra message headers."
+            ),
         ),
         migrations.AddField(
             model_name="schedule",
             name="routing_key",
-            field=models.CharField(blank=True, default="", max_length=200),
+            field=models.CharField(blank=True, db_default="", default="", max_length=200),
         ),
         migrations.AlterField(
             model_name="notification",
