@@ -15,14 +15,19 @@ import time
 
 import psycopg
 import pytest
+from django.db import connection
 
-from project.celery import app
 from scheduler.beat import LeaderScheduler, liveness
 from scheduler.beat.leadership import OneLease
 from scheduler.models import Lease
 from scheduler.owners import leases
+from tests.support.replicas import BeatReplica
 
 pytestmark = pytest.mark.django_db(transaction=True)
+#: The old version's lock is PostgreSQL's: on SQLite both versions go by the TTL alone.
+postgresql_only = pytest.mark.skipif(
+    connection.vendor != "postgresql", reason="PostgreSQL only: no advisory lock on SQLite, in either version"
+)
 
 #: The key the old version's ``AdvisoryLock("beat")`` took.
 OLD_LOCK_KEY = int.from_bytes(hashlib.blake2b(b"scheduler-lease:beat", digest_size=8).digest(), "big", signed=True)
@@ -39,11 +44,10 @@ def try_old_lock(session: psycopg.Connection) -> bool:
     return bool(row and row[0])
 
 
-def test_new_leader__holds_the_lock_an_old_follower_would_take_the_lease_by(db_vendor: str) -> None:
-    if db_vendor == "sqlite":
-        return
+@postgresql_only
+def test_new_leader__holds_the_lock_an_old_follower_would_take_the_lease_by(beat_replica: BeatReplica) -> None:
     # Given a replica of this version leading
-    leader = LeaderScheduler(app, lazy=True)
+    leader = beat_replica()
     old_follower = old_replica_session()
     try:
         leader.tick()
@@ -59,7 +63,6 @@ def test_new_leader__holds_the_lock_an_old_follower_would_take_the_lease_by(db_v
         assert not leases.current("beat").is_held
         assert try_old_lock(old_follower)
     finally:
-        leader.close()
         old_follower.close()
 
 
@@ -70,15 +73,16 @@ def run_ticks(scheduler: LeaderScheduler, seconds: float) -> None:
         time.sleep(min(scheduler.tick(), max(deadline - time.monotonic(), 0.0)))
 
 
-def test_new_follower__leaves_a_live_old_leader_alone_and_takes_over_when_its_process_is_gone(db_vendor: str) -> None:
-    if db_vendor == "sqlite":
-        return
+@postgresql_only
+def test_new_follower__leaves_a_live_old_leader_alone_and_takes_over_when_its_process_is_gone(
+    beat_replica: BeatReplica,
+) -> None:
     # Given a leader of the old version: the lease, and the old lock, but no instance lock
     old_leader = old_replica_session()
     assert try_old_lock(old_leader)
     held = leases.acquire("beat", "old-host-1-abcdef", ttl=30)
     assert held is not None
-    follower = LeaderScheduler(app, lazy=True)
+    follower = beat_replica()
     try:
         # When a follower of this version ticks for 3 s
         run_ticks(follower, 3.0)
@@ -92,7 +96,6 @@ def test_new_follower__leaves_a_live_old_leader_alone_and_takes_over_when_its_pr
         # Then the follower took over at once, not a TTL later
         assert follower.leadership.held and follower.leadership.held[0].token > held.token
     finally:
-        follower.close()
         old_leader.close()
 
 
