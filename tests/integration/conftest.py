@@ -18,6 +18,7 @@ from scheduler.owners import leases
 from tests.integration.api_support import token_client
 from tests.support.processes import ROOT
 from tests.support.replicas import BeatReplica
+from tests.support.schema_migrations import migrate_to_newest
 from tests.support.services import free_port
 
 
@@ -84,3 +85,10 @@ def manage(process_database_url: str, redis_url: str) -> Callable[..., subproces
         )
 
     return run
+
+
+@pytest.fixture
+def back_to_newest() -> Iterator[None]:
+    """For a test that moves the schema to an older migration (``migrate_to``): the newest comes back after it."""
+    yield
+    migrate_to_newest()

@@ -8,7 +8,6 @@ earlier 0026, which added them without.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -21,12 +20,6 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 BEFORE_0026 = ("scheduler", "0025_notifications")
 OPTIONS = ("exchange", "headers", "routing_key")
-
-
-@pytest.fixture
-def back_to_newest() -> Iterator[None]:
-    yield
-    migrate_to_newest()
 
 
 def older_release_schedule() -> Any:

@@ -13,7 +13,6 @@ transaction commits, and the migration then gets both tables.
 from __future__ import annotations
 
 import copy
-from collections.abc import Iterator
 from io import StringIO
 
 import pytest
@@ -24,7 +23,7 @@ from django.db.migrations.executor import MigrationExecutor
 from scheduler.migration_locks import LockTables
 from scheduler.session_limits import DEADLOCK_DETECTED
 from tests.support.factories import make_schedule
-from tests.support.schema_migrations import migrate_to, migrate_to_newest
+from tests.support.schema_migrations import migrate_to
 from tests.support.threads import closing_a_cycle
 
 pytestmark = [
@@ -37,12 +36,6 @@ pytestmark = [
 
 BOUND = 30.0  # seconds: the other transaction must be done by then
 BEFORE = ("scheduler", "0027_limits_and_calendars")
-
-
-@pytest.fixture
-def back_to_newest() -> Iterator[None]:
-    yield
-    migrate_to_newest()
 
 
 def apply_0028(*, locking: bool) -> DatabaseError | None:

@@ -8,8 +8,6 @@ would drop the execution tallies' triggers.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 from django.db import connection
 
@@ -24,12 +22,6 @@ AFTER = {
     ("scheduler_schedule", "task"): "schedule_task",
     ("scheduler_schedule", "tenant"): None,
 }
-
-
-@pytest.fixture
-def back_to_newest() -> Iterator[None]:
-    yield
-    migrate_to_newest()
 
 
 def indexes_on(table: str, column: str) -> list[str]:
