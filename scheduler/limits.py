@@ -1,4 +1,4 @@
-"""Limits on what callers may store: the size and depth of task arguments, the length of free text.
+"""Limits on what callers may store: the size and depth of task arguments, the length of free text, no NUL.
 
 Every entry point (the admin, the commands, the API, ``submit()``) reaches
 these through the model's validation or ``submissions.submit``, so a value is
@@ -24,6 +24,9 @@ PAUSED_REASON_MAX_CHARS = 500
 ARGUMENT_LABELS = {"args": "Arguments", "kwargs": "Keyword arguments"}
 
 _CONTAINERS = (list, tuple, dict)
+
+#: A character PostgreSQL stores in no text and no JSON (SQLite would, so both refuse it alike).
+NUL = "\x00"
 
 
 def nests_deeper_than(value: Any, limit: int) -> bool:
@@ -53,9 +56,10 @@ def argument_problem(value: Any, *, label: str) -> str | None:
     """Return why ``value`` (task arguments) is refused, starting with ``label``, or None when it fits.
 
     At most ``SCHEDULER_ARGS_MAX_DEPTH`` levels of nesting, then at most
-    ``SCHEDULER_ARGS_MAX_BYTES`` of compact JSON. The depth is checked first,
-    so the size is only measured on a value ``json.dumps`` can encode. A value
-    that is not JSON at all is left to the caller's own check.
+    ``SCHEDULER_ARGS_MAX_BYTES`` of compact JSON, and no NUL in its text. The
+    depth is checked first, so the size is only measured on a value
+    ``json.dumps`` can encode. A value that is not JSON at all is left to the
+    caller's own check.
     """
     if nests_deeper_than(value, settings.ARGS_MAX_DEPTH):
         return depth_problem(label)
@@ -66,7 +70,25 @@ def argument_problem(value: Any, *, label: str) -> str | None:
         return None
     if size > max_bytes:
         return f"{label} are {size:,} bytes as JSON; at most {max_bytes:,} (SCHEDULER_ARGS_MAX_BYTES) are allowed."
+    if contains_nul(value):
+        return f"{label} contain a NUL character (\\u0000), which the database cannot store."
     return None
+
+
+def contains_nul(value: Any) -> bool:
+    """Whether a string in ``value`` (JSON), a key or a value, contains a NUL."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            if NUL in item:
+                return True
+        elif isinstance(item, dict):
+            stack.extend(item.keys())
+            stack.extend(item.values())
+        elif isinstance(item, (list, tuple)):
+            stack.extend(item)
+    return False
 
 
 def depth_problem(label: str) -> str:

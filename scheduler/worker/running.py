@@ -26,6 +26,7 @@ from typing import Any
 
 from django.db import transaction
 
+from scheduler import limits
 from scheduler.exceptions import CheckpointInvalid, ClaimLost, FenceRefused
 from scheduler.failpoints import failpoint
 from scheduler.models import Execution
@@ -68,7 +69,7 @@ class RunningExecution:
     def checkpoint(self, data: Any) -> None:
         """Save ``data`` (JSON, at most ``CHECKPOINT_MAX_BYTES``) as this execution's progress.
 
-        Raises ``CheckpointInvalid`` for data that is not JSON or too large,
+        Raises ``CheckpointInvalid`` for data that is not JSON, too large or holds a NUL,
         and ``ClaimLost`` when this attempt no longer holds the execution;
         either way nothing is saved. Called inside the caller's own
         ``transaction.atomic()``, it commits (or rolls back) with the
@@ -90,6 +91,10 @@ class RunningExecution:
             raise CheckpointInvalid(
                 f"checkpoint refused: its JSON is {size} bytes, more than {CHECKPOINT_MAX_BYTES}; "
                 "save progress, not data"
+            )
+        if limits.contains_nul(data):
+            raise CheckpointInvalid(
+                "checkpoint refused: it holds a NUL character (\\u0000), which the database cannot store"
             )
         stored = json.loads(text)  # what the next attempt will read back (tuples become lists)
         failpoint("running.checkpoint")

@@ -284,11 +284,31 @@ def _result_summary(value: Any) -> Any:
         return {"repr": repr(value)[:1000]}
     if len(text) > RESULT_SUMMARY_MAX_CHARS:
         return {"truncated": text[:1000], "length": len(text)}
+    return _without_nul(value) if "\\u0000" in text else value
+
+
+def _without_nul(value: Any) -> Any:
+    """``value`` (JSON, or text) with each NUL replaced by U+FFFD.
+
+    PostgreSQL stores a NUL in no text and no JSON, and an outcome it
+    refused to write would leave the execution running: what a body
+    leaves (its value, its error) is stored with the replacement instead.
+    """
+    if isinstance(value, str):
+        return value.replace("\x00", "\ufffd")
+    if isinstance(value, dict):
+        return {_without_nul(key): _without_nul(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_without_nul(item) for item in value]
     return value
 
 
 def _error_text(exc: BaseException) -> str:
-    return f"{type(exc).__name__}: {exc}"
+    return _without_nul(f"{type(exc).__name__}: {exc}")
+
+
+def _traceback_text(exc: BaseException) -> str:
+    return _without_nul("".join(traceback.format_exception(exc)))
 
 
 # --- claims ----------------------------------------------------------------------------
@@ -561,7 +581,7 @@ class ExecutionTask(Task):
             _discard_interrupted_transaction()  # the limit may have struck inside the body's transaction
             reason = f"Soft time limit of {execution.timeout}s exceeded"
             _write_outcome(
-                self, claim, status=Execution.Status.TIMED_OUT, error=reason, traceback_text=traceback.format_exc()
+                self, claim, status=Execution.Status.TIMED_OUT, error=reason, traceback_text=_traceback_text(exc)
             )
             raise SoftTimeLimitExceeded(reason) from exc
         except Exception as exc:
@@ -588,7 +608,7 @@ class ExecutionTask(Task):
                 claim,
                 status=Execution.Status.FAILED,
                 error=_error_text(exc),
-                traceback_text=traceback.format_exc(),
+                traceback_text=_traceback_text(exc),
             )
             raise
         finally:
@@ -666,7 +686,7 @@ class ExecutionTask(Task):
             claim,
             delay_seconds=delay,
             error=error if error is not None else _error_text(exc) if exc else "",
-            traceback_text="".join(traceback.format_exception(exc)) if exc else "",
+            traceback_text=_traceback_text(exc) if exc else "",
         )
         if not marked:
             logger.warning("execution %s attempt %s: the claim moved on; not retrying it here", *_token(claim))

@@ -92,3 +92,9 @@ def back_to_newest() -> Iterator[None]:
     """For a test that moves the schema to an older migration (``migrate_to``): the newest comes back after it."""
     yield
     migrate_to_newest()
+
+
+@pytest.fixture
+def no_background_renewal(settings: Any) -> None:
+    """No claim renewal within the test: the guard's renewer thread would open its own connection in this process."""
+    settings.SCHEDULER_CLAIM_RENEW_SECONDS = 3600

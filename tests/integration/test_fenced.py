@@ -1,20 +1,12 @@
-"""``scheduler.fenced()`` and checkpoints, run in-process under the execution guard.
-
-Each test runs a body through the real guard (``before_start`` claims the
-execution, ``__call__`` records the outcome) with Celery's ``apply``, which
-runs the task in this process and passes the body a callable; the
-acceptance tests do the same with real workers.
-"""
+"""``scheduler.fenced()`` and checkpoints, run in-process under the execution guard (``tests.support.in_process_guard``)."""
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
 import pytest
-from celery import shared_task
 from django.db import connection, transaction
 
 import scheduler
@@ -23,42 +15,13 @@ from scheduler.exceptions import CheckpointInvalid, ClaimLost, FenceRefused, Not
 from scheduler.models import Execution
 from scheduler.owners import executions, schedules
 from scheduler.worker.running import CHECKPOINT_MAX_BYTES
+from tests.support.in_process_guard import fresh, queued, run
 from tests.support.tasks import SIDE_EFFECT_TABLE, side_effects
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("no_background_renewal")]
 
 Status = Execution.Status
 SUCCESSOR = "b@elsewhere:4242"
-
-
-@shared_task(name="tests.integration.body")
-def body(step: Callable[[], Any]) -> Any:
-    """Run ``step`` as the task's body (``apply`` passes it as is, unserialised)."""
-    return step()
-
-
-@pytest.fixture(autouse=True)
-def no_background_renewal(settings: Any) -> None:
-    # The guard's renewer thread would open its own connection in this process.
-    settings.SCHEDULER_CLAIM_RENEW_SECONDS = 3600
-
-
-def queued(**fields: Any) -> Execution:
-    key = f"fenced:{Execution.objects.count()}"
-    return Execution.objects.create(
-        idempotency_key=key,
-        task="tests.integration.body",
-        celery_task_id=key,
-        scheduled_for=dbclock.now(),
-        status=Status.QUEUED,
-        **fields,
-    )
-
-
-def run(execution: Execution, step: Callable[[], Any]) -> Any:
-    """Run ``step`` as the body of ``execution`` under the guard; return its value or raise its error."""
-    headers = {Execution.MESSAGE_HEADER: execution.pk}
-    return body.apply(kwargs={"step": step}, task_id=execution.celery_task_id, headers=headers, throw=True).get()
 
 
 def invoice() -> None:
@@ -78,10 +41,6 @@ def take_over() -> None:
         worker=SUCCESSOR, task=running.task, celery_task_id=running.celery_task_id, execution_id=running.pk
     )
     assert successor is not None
-
-
-def fresh(execution: Execution) -> Execution:
-    return Execution.objects.get(pk=execution.pk)
 
 
 # --- fenced() ---------------------------------------------------------------------------

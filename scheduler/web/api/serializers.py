@@ -7,7 +7,6 @@ admin's and the CLI's messages, as field errors.
 
 from __future__ import annotations
 
-import json
 from copy import copy
 from typing import Any
 
@@ -62,18 +61,11 @@ class ApiModelSerializer(serializers.ModelSerializer):
     }
 
 
-def _no_nul(value: Any) -> Any:
-    # No database stores a NUL inside JSON text (PostgreSQL's jsonb refuses it).
-    if "\\u0000" in json.dumps(value):
-        raise serializers.ValidationError("Must not contain NUL characters (\\u0000).")
-    return value
-
-
 class ScheduleSerializer(ApiModelSerializer):
     """A schedule: what runs, when, its policies, and its running state (read-only)."""
 
-    args = serializers.JSONField(required=False, validators=[_no_nul], help_text="JSON list of positional arguments.")
-    kwargs = serializers.JSONField(required=False, validators=[_no_nul], help_text="JSON object of keyword arguments.")
+    args = serializers.JSONField(required=False, help_text="JSON list of positional arguments.")
+    kwargs = serializers.JSONField(required=False, help_text="JSON object of keyword arguments.")
     overdue = serializers.SerializerMethodField(
         help_text="Enabled, not paused, and no success within alert_after (or twice its longest gap between slots)."
     )

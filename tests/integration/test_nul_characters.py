@@ -1,0 +1,109 @@
+"""A NUL character (``\\x00``), which PostgreSQL stores in no text and no JSON.
+
+What a user gives with one (a schedule's arguments or message headers, a
+submission, a checkpoint) is refused with a clear error, on both databases
+alike. What a body's run leaves with one (its return value, its error) is
+recorded with each NUL replaced (U+FFFD), never a database error that would
+leave the execution running.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from django.contrib.auth import get_user_model
+from django.core.exceptions import ValidationError
+from django.test import Client
+
+import scheduler
+from scheduler.exceptions import CheckpointInvalid, SubmissionInvalid
+from scheduler.models import Execution, Schedule
+from tests.integration.command_support import refused
+from tests.support.admin_forms import schedule_form
+from tests.support.factories import make_schedule
+from tests.support.in_process_guard import fresh, queued, run
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("no_background_renewal")]
+
+NUL = "\x00"
+WITH_NUL = {"args": [f"a{NUL}b"], "kwargs": {"k": f"a{NUL}b"}, "headers": {"x-note": f"a{NUL}b"}}
+
+
+@pytest.mark.parametrize("field", WITH_NUL)
+def test_schedule__a_nul_in_its_json__a_field_error(field: str) -> None:
+    schedule = Schedule(name="nul", task="scheduler.echo", interval=60, **{field: WITH_NUL[field]})
+    with pytest.raises(ValidationError) as refused:
+        schedule.full_clean()
+    assert "NUL" in " ".join(refused.value.message_dict[field])
+
+
+@pytest.mark.parametrize("field", WITH_NUL)
+def test_api__a_nul_in_a_schedules_json__400_and_nothing_saved(operator: Client, field: str) -> None:
+    body = {"name": "nul", "task": "scheduler.echo", "interval": 60, field: WITH_NUL[field]}
+    response = operator.post("/api/v1/schedules/", json.dumps(body), content_type="application/json")
+    assert response.status_code == 400, response.content[:300]
+    assert "NUL" in " ".join(response.json()[field])
+    assert not Schedule.objects.exists()
+
+
+def test_api__a_nul_in_a_run_nows_arguments__400_and_nothing_recorded(operator: Client) -> None:
+    schedule = make_schedule("stored", interval=60)
+    body = json.dumps({"kwargs": WITH_NUL["kwargs"]})
+    response = operator.post(f"/api/v1/schedules/{schedule.pk}/run-now/", body, content_type="application/json")
+    assert response.status_code == 400, response.content[:300]
+    assert "NUL" in " ".join(response.json()["kwargs"])
+    assert not Execution.objects.exists()
+
+
+@pytest.mark.parametrize("field", ["args", "kwargs", "headers"])
+def test_admin__a_nul_in_a_schedules_json__a_field_error_and_nothing_saved(field: str) -> None:
+    admin = Client()
+    admin.force_login(get_user_model().objects.create_superuser("root", "root@example.invalid", "pw"))
+    form = schedule_form(**{field: json.dumps(WITH_NUL[field])})
+    response = admin.post("/admin/scheduler/schedule/add/", form)
+    assert response.status_code == 200
+    assert "NUL" in " ".join(response.context["adminform"].form.errors[field])
+    assert not Schedule.objects.exists()
+
+
+def test_command__a_nul_in_a_schedules_json__refused_and_nothing_saved() -> None:
+    kwargs = json.dumps(WITH_NUL["kwargs"])
+    assert "NUL" in refused(
+        "schedules", "create", "nul", "--task", "scheduler.echo", "--every", "60", "--kwargs", kwargs
+    )
+    assert not Schedule.objects.exists()
+
+
+def test_submit__a_nul_in_its_arguments__refused() -> None:
+    with pytest.raises(SubmissionInvalid, match="NUL"):
+        scheduler.submit("scheduler.echo", kwargs={"k": f"a{NUL}b"})
+    assert not Execution.objects.exists()
+
+
+def test_checkpoint__a_nul__refused_and_nothing_saved() -> None:
+    execution = queued(progress={"done": 1})
+    with pytest.raises(CheckpointInvalid, match="NUL"):
+        run(execution, lambda: scheduler.current_execution().checkpoint({"cursor": f"a{NUL}b"}))
+    assert fresh(execution).progress == {"done": 1}
+
+
+def test_body__returns_a_nul__succeeded_with_it_replaced() -> None:
+    execution = queued()
+    run(execution, lambda: {f"k{NUL}": [f"a{NUL}b"]})
+    done = fresh(execution)
+    assert (done.status, done.result) == (Execution.Status.SUCCEEDED, {"k\ufffd": ["a\ufffdb"]})
+
+
+def test_body__raises_with_a_nul__failed_with_it_replaced() -> None:
+    def fail() -> Any:
+        raise ValueError(f"bad{NUL}input")
+
+    execution = queued()
+    with pytest.raises(ValueError):
+        run(execution, fail)
+    done = fresh(execution)
+    assert done.status == Execution.Status.FAILED
+    assert done.error == "ValueError: bad\ufffdinput"
+    assert NUL not in done.traceback and "bad\ufffdinput" in done.traceback
