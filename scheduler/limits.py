@@ -75,6 +75,23 @@ def argument_problem(value: Any, *, label: str) -> str | None:
     return None
 
 
+def without_nul(value: Any) -> Any:
+    """``value`` (JSON, or text) with each NUL replaced by U+FFFD, for a record of what a task got or left.
+
+    What the database stores for a run (a plain Celery call's arguments, a
+    body's value or error) cannot be refused: the call was made, the body
+    ran. PostgreSQL stores a NUL in no text and no JSON, and a write it
+    refused would leave the call unrecorded or the execution running.
+    """
+    if isinstance(value, str):
+        return value.replace(NUL, "\ufffd")
+    if not contains_nul(value):
+        return value
+    if isinstance(value, dict):
+        return {without_nul(key): without_nul(item) for key, item in value.items()}
+    return [without_nul(item) for item in value]
+
+
 def contains_nul(value: Any) -> bool:
     """Whether a string in ``value`` (JSON), a key or a value, contains a NUL."""
     stack = [value]

@@ -56,7 +56,7 @@ from django.db.models.lookups import LessThan
 from django.db.models.sql import InsertQuery, Query, UpdateQuery
 from django.db.transaction import TransactionManagementError
 
-from scheduler import dbclock, session_limits, tracing
+from scheduler import dbclock, limits, session_limits, tracing
 from scheduler.conf import settings
 from scheduler.exceptions import InFlightLocked, MessageRefused
 from scheduler.failpoints import failpoint
@@ -430,8 +430,9 @@ def _ad_hoc_row(
         idempotency_key=ad_hoc_key(celery_task_id),
         trigger=Execution.Trigger.SUBMIT,
         task=task,
-        args=list(args or ()),
-        kwargs=dict(kwargs or {}),
+        # (the call's record: the body gets the message's own arguments)
+        args=limits.without_nul(list(args or ())),
+        kwargs=limits.without_nul(dict(kwargs or {})),
         queue=queue,
         scheduled_for=now,
         status=Status.QUEUED,

@@ -60,7 +60,7 @@ from django.db import (
     connections,
 )
 
-from scheduler import clock, dbclock, logs, outbox, process_ids, tracing
+from scheduler import clock, dbclock, limits, logs, outbox, process_ids, tracing
 from scheduler.conf import settings
 from scheduler.exceptions import BrokerUnavailable, MessageRefused, NotInTask
 from scheduler.failpoints import failpoint
@@ -284,31 +284,15 @@ def _result_summary(value: Any) -> Any:
         return {"repr": repr(value)[:1000]}
     if len(text) > RESULT_SUMMARY_MAX_CHARS:
         return {"truncated": text[:1000], "length": len(text)}
-    return _without_nul(value) if "\\u0000" in text else value
-
-
-def _without_nul(value: Any) -> Any:
-    """``value`` (JSON, or text) with each NUL replaced by U+FFFD.
-
-    PostgreSQL stores a NUL in no text and no JSON, and an outcome it
-    refused to write would leave the execution running: what a body
-    leaves (its value, its error) is stored with the replacement instead.
-    """
-    if isinstance(value, str):
-        return value.replace("\x00", "\ufffd")
-    if isinstance(value, dict):
-        return {_without_nul(key): _without_nul(item) for key, item in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_without_nul(item) for item in value]
-    return value
+    return limits.without_nul(value) if "\\u0000" in text else value
 
 
 def _error_text(exc: BaseException) -> str:
-    return _without_nul(f"{type(exc).__name__}: {exc}")
+    return limits.without_nul(f"{type(exc).__name__}: {exc}")
 
 
 def _traceback_text(exc: BaseException) -> str:
-    return _without_nul("".join(traceback.format_exception(exc)))
+    return limits.without_nul("".join(traceback.format_exception(exc)))
 
 
 # --- claims ----------------------------------------------------------------------------
@@ -513,13 +497,13 @@ class ExecutionTask(Task):
         if execution_id is not None:
             target: dict[str, Any] = {"execution_id": execution_id}
         else:
-            limits = self.request.timelimit or (None, None)
+            time_limits = self.request.timelimit or (None, None)
             call = {
                 "task": self.name,
                 "args": args,
                 "kwargs": kwargs,
                 "queue": (self.request.delivery_info or {}).get("routing_key") or "",
-                "timeout": int(limits[1]) if limits[1] else None,
+                "timeout": int(time_limits[1]) if time_limits[1] else None,
                 "now": clock.now(),
             }
             if not _ruled():  # nothing to ask between the record and the claim: both in one statement

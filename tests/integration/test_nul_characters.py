@@ -4,7 +4,8 @@ What a user gives with one (a schedule's arguments or message headers, a
 submission, a checkpoint) is refused with a clear error, on both databases
 alike. What a body's run leaves with one (its return value, its error) is
 recorded with each NUL replaced (U+FFFD), never a database error that would
-leave the execution running.
+leave the execution running; so is a plain Celery call's record of its
+arguments (the body gets them as sent).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from django.core.exceptions import ValidationError
 from django.test import Client
 
 import scheduler
+from scheduler import tasks as builtin_tasks
 from scheduler.exceptions import CheckpointInvalid, SubmissionInvalid
 from scheduler.models import Execution, Schedule
 from tests.integration.command_support import refused
@@ -107,3 +109,17 @@ def test_body__raises_with_a_nul__failed_with_it_replaced() -> None:
     assert done.status == Execution.Status.FAILED
     assert done.error == "ValueError: bad\ufffdinput"
     assert NUL not in done.traceback and "bad\ufffdinput" in done.traceback
+
+
+def test_plain_celery_call__a_nul_in_its_arguments__runs_as_sent_and_recorded_with_it_replaced() -> None:
+    # When a guarded task is called the plain Celery way with a NUL in its arguments
+    result = builtin_tasks.echo.apply(args=[f"a{NUL}b"], task_id="plain-call-with-a-nul")
+
+    # Then the body got them as sent, and the call's record has each NUL replaced
+    assert result.get() == {"args": [f"a{NUL}b"], "kwargs": {}}
+    recorded = Execution.objects.get(celery_task_id="plain-call-with-a-nul")
+    assert (recorded.status, recorded.args, recorded.result) == (
+        Execution.Status.SUCCEEDED,
+        ["a\ufffdb"],
+        {"args": ["a\ufffdb"], "kwargs": {}},
+    )
