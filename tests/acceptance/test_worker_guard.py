@@ -359,3 +359,26 @@ def test_pickled_message__refused_by_the_worker(celery_processes: Start, redis_c
     execution = scheduler.submit("tests.record", kwargs={"label": "after"})
     assert wait_final(execution).status == Execution.Status.SUCCEEDED
     assert [run["label"] for run in test_tasks.runs(redis_client)] == ["after"]
+
+
+def test_plain_celery_call_with_a_nul__runs_and_its_failure_is_recorded(celery_processes: Start) -> None:
+    # Given a worker
+    worker = celery_processes("worker", "w1")
+    worker.wait_for_log(r"ready\.")
+
+    # When a plain Celery call carries a NUL (which PostgreSQL stores nowhere) and its body fails with it
+    result = app.send_task("tests.fail", kwargs={"message": "bad\x00input"})
+
+    # Then the failure is recorded, each NUL replaced, and Celery's own result row holds it too
+    execution = wait_until(
+        lambda: Execution.objects.filter(celery_task_id=result.id, status__in=FINAL).first(), timeout=20
+    )
+    assert execution, worker.log()[-3000:]
+    assert (execution.status, execution.kwargs, execution.error) == (
+        Execution.Status.FAILED,
+        {"message": "bad\ufffdinput"},
+        "RuntimeError: bad\ufffdinput",
+    )
+    assert wait_until(lambda: TaskResult.objects.filter(task_id=result.id, status="FAILURE").exists(), timeout=10), (
+        worker.log()[-3000:]
+    )
