@@ -78,10 +78,11 @@ def argument_problem(value: Any, *, label: str) -> str | None:
 def without_nul(value: Any) -> Any:
     """``value`` (JSON, or text) with each NUL replaced by U+FFFD, for a record of what a task got or left.
 
-    What the database stores for a run (a plain Celery call's arguments, a
-    body's value or error) cannot be refused: the call was made, the body
-    ran. PostgreSQL stores a NUL in no text and no JSON, and a write it
-    refused would leave the call unrecorded or the execution running.
+    What the database stores of what happened (a plain Celery call's
+    arguments, a body's value or error, a notification receiver's answer)
+    cannot be refused: the call was made, the body ran. PostgreSQL stores a
+    NUL in no text and no JSON, and a write it refused would leave the call
+    unrecorded, the execution running or the delivery pass stopped.
     """
     if isinstance(value, str):
         return value.replace(NUL, "\ufffd")

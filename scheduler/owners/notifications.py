@@ -21,6 +21,7 @@ from django.db import transaction
 from django.db.models import Q
 from django.db.models.functions import Now
 
+from scheduler import limits
 from scheduler.conf import settings
 from scheduler.models import Execution, Incident, Notification, NotificationTarget, Schedule
 from scheduler.models.notification import CHECK_IN_KINDS
@@ -225,7 +226,8 @@ def delivered(notification: Notification) -> None:
 def failed(notification: Notification, error: str, *, now: datetime) -> None:
     """Record a failed attempt: try again after the backoff, or give up after ``NOTIFY_MAX_ATTEMPTS``."""
     attempts = notification.attempts + 1
-    fields: dict[str, Any] = {"attempts": attempts, "last_error": error[:2000]}
+    # (the reason comes from the receiver's answer, whatever it sent)
+    fields: dict[str, Any] = {"attempts": attempts, "last_error": limits.without_nul(error[:2000])}
     if attempts >= settings.NOTIFY_MAX_ATTEMPTS:
         fields["gave_up_at"] = now
     else:

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import socket
+import threading
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import timedelta
 from typing import Any
 
@@ -332,3 +336,50 @@ def test_a_receiver_slower_than_the_timeout_is_a_failed_attempt_and_the_next_one
     note = Notification.objects.get()
     assert note.delivered_at is not None and note.attempts == 2
     assert len({request["headers"]["X-Scheduler-Delivery"] for request in received.requests}) == 1
+
+
+@contextmanager
+def garbage_answering_server(answer: bytes) -> Iterator[str]:
+    """A TCP server that answers every request with ``answer``, not HTTP; yield its URL."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    stop = threading.Event()
+
+    def serve() -> None:
+        listener.settimeout(0.1)
+        while not stop.is_set():
+            try:
+                peer, _ = listener.accept()
+            except TimeoutError:
+                continue
+            with peer:
+                peer.recv(65536)
+                peer.sendall(answer)
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{listener.getsockname()[1]}/hook"
+    finally:
+        stop.set()
+        thread.join(5)
+        listener.close()
+
+
+def test_a_receiver_answering_a_nul__a_failed_attempt_recorded_and_the_others_delivered() -> None:
+    # Given a tenant's target whose receiver answers with a NUL (which PostgreSQL stores in no text), and another's
+    with garbage_answering_server(b"\x00bad status\r\n\r\n") as hostile, webhook_server() as (url, received):
+        _target("hostile", address=hostile, tenant=TENANT_A, is_default=True)
+        _target("fine", address=url, tenant=TENANT_B, is_default=True)
+        _fail(make_schedule("a", tenant=TENANT_A, interval=60), "a", tenant=TENANT_A)
+        _fail(make_schedule("b", tenant=TENANT_B, interval=60), "b", tenant=TENANT_B)
+
+        # When the leader delivers
+        result = delivery.deliver_due()
+
+    # Then the hostile one is a failed attempt, recorded (its NUL replaced), and the other one was delivered
+    assert (result.delivered, result.failed) == (1, 1)
+    hostile_note = Notification.objects.get(target__name="hostile")
+    assert (
+        hostile_note.attempts == 1 and "\x00" not in hostile_note.last_error and "bad status" in hostile_note.last_error
+    )
+    assert len(received.answered_ok()) == 1
