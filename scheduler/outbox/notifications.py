@@ -8,23 +8,30 @@ and refuse an old replay; ``X-Scheduler-Delivery`` names the notification,
 the same on every attempt, so a receiver that got an attempt whose answer
 was lost can tell the next one apart. A check-in is a POST to the
 monitor's URL (``check_in_url``) with the one-line text as its body. An answer other than 2xx, a timeout
-or a refused connection is a failed attempt, tried again after its backoff.
+(``SCHEDULER_NOTIFY_TIMEOUT_SECONDS`` for the whole exchange) or a refused connection is a failed
+attempt, tried again after its backoff.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import hmac
+import http.client
 import json
 import logging
+import socket
+import threading
 import time
 import urllib.error
 import urllib.parse
 import urllib.request
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
-from django.core.mail import send_mail
+from django.core.mail import get_connection, send_mail
 
 from scheduler import dbclock
 from scheduler.conf import settings
@@ -89,7 +96,9 @@ def _send(row: Notification) -> None:
     target = row.target
     try:
         if target.kind == NotificationTarget.Kind.EMAIL:
-            send_mail(text_of(row)[:200], json.dumps(row.payload, indent=2), None, [target.address])
+            # Django's SMTP connection waits for ever by default (EMAIL_TIMEOUT): a silent server would hold the pass.
+            mailer = get_connection(timeout=settings.NOTIFY_TIMEOUT_SECONDS)
+            send_mail(text_of(row)[:200], json.dumps(row.payload, indent=2), None, [target.address], connection=mailer)
         elif target.kind == NotificationTarget.Kind.SLACK:
             _post(target.address, json.dumps({"text": text_of(row)}).encode(), {})
         elif target.is_check_in:
@@ -138,12 +147,73 @@ def _post(url: str, body: bytes, headers: dict[str, str]) -> None:
     request = urllib.request.Request(
         url, data=body, method="POST", headers={"Content-Type": "application/json", **headers}
     )
+    seconds = settings.NOTIFY_TIMEOUT_SECONDS
+    deadline = _Deadline(seconds)
     try:
-        with urllib.request.urlopen(request, timeout=settings.NOTIFY_TIMEOUT_SECONDS) as response:
+        with deadline, deadline.opener().open(request, timeout=seconds) as response:
             status = response.status
     except urllib.error.HTTPError as exc:
         raise DeliveryFailed(f"HTTP {exc.code}") from None
-    except (urllib.error.URLError, TimeoutError, OSError) as exc:
-        raise DeliveryFailed(first_line(exc)) from None
+    except (OSError, http.client.HTTPException) as exc:  # refused, timed out, not HTTP, or cut at the deadline
+        raise DeliveryFailed(f"timed out after {seconds:g}s" if deadline.cut else first_line(exc)) from None
     if not 200 <= status < 300:
         raise DeliveryFailed(f"HTTP {status}")
+
+
+class _Deadline:
+    """Cuts an HTTP exchange off when ``seconds`` have passed since it began.
+
+    A socket's timeout bounds each read, not the exchange: a receiver that
+    sends its answer a byte at a time, each within the timeout, would hold
+    the delivery pass (and the watch that shares its thread) for as long as
+    it likes. At the deadline the connection's socket is shut down, which
+    ends the read it blocks in.
+    """
+
+    def __init__(self, seconds: float) -> None:
+        self._timer = threading.Timer(seconds, self._cut)
+        self._connections: list[http.client.HTTPConnection] = []
+        self.cut = False
+
+    def __enter__(self) -> None:
+        self._timer.start()
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._timer.cancel()
+
+    def opener(self) -> urllib.request.OpenerDirector:
+        """urllib's usual opener (proxies from the environment included), its connections cut at the deadline."""
+        handlers = [_CutHTTPHandler(), _CutHTTPSHandler()]
+        for handler in handlers:
+            handler.deadline = self
+        return urllib.request.build_opener(*handlers)
+
+    def connection(self, http_class: Callable[..., http.client.HTTPConnection]) -> Callable[..., Any]:
+        def connect(*args: Any, **kwargs: Any) -> http.client.HTTPConnection:
+            made = http_class(*args, **kwargs)
+            self._connections.append(made)
+            return made
+
+        return connect
+
+    def _cut(self) -> None:
+        self.cut = True
+        for made in self._connections:
+            if made.sock is not None:
+                with contextlib.suppress(OSError):
+                    made.sock.shutdown(socket.SHUT_RDWR)
+
+
+class _CutAtDeadline(urllib.request.AbstractHTTPHandler):
+    deadline: _Deadline
+
+    def do_open(self, http_class: Any, req: urllib.request.Request, **http_conn_args: Any) -> Any:
+        return super().do_open(self.deadline.connection(http_class), req, **http_conn_args)
+
+
+class _CutHTTPHandler(_CutAtDeadline, urllib.request.HTTPHandler):
+    pass
+
+
+class _CutHTTPSHandler(_CutAtDeadline, urllib.request.HTTPSHandler):
+    pass

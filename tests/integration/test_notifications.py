@@ -14,6 +14,7 @@ import pytest
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Group
 from django.core import mail
+from django.db import connection
 from django.test import Client
 
 from scheduler import dbclock
@@ -339,8 +340,8 @@ def test_a_receiver_slower_than_the_timeout_is_a_failed_attempt_and_the_next_one
 
 
 @contextmanager
-def garbage_answering_server(answer: bytes) -> Iterator[str]:
-    """A TCP server that answers every request with ``answer``, not HTTP; yield its URL."""
+def garbage_answering_server(answer: bytes, *, every: float = 0.0) -> Iterator[str]:
+    """A TCP server that answers every request with ``answer``, not HTTP (one byte per ``every`` s); yield its URL."""
     listener = socket.create_server(("127.0.0.1", 0))
     stop = threading.Event()
 
@@ -353,7 +354,14 @@ def garbage_answering_server(answer: bytes) -> Iterator[str]:
                 continue
             with peer:
                 peer.recv(65536)
-                peer.sendall(answer)
+                chunks = [answer[i : i + 1] for i in range(len(answer))] if every else [answer]
+                for chunk in chunks:
+                    if stop.wait(every):
+                        return
+                    try:
+                        peer.sendall(chunk)
+                    except OSError:
+                        break
 
     thread = threading.Thread(target=serve, daemon=True)
     thread.start()
@@ -383,3 +391,53 @@ def test_a_receiver_answering_a_nul__a_failed_attempt_recorded_and_the_others_de
         hostile_note.attempts == 1 and "\x00" not in hostile_note.last_error and "bad status" in hostile_note.last_error
     )
     assert len(received.answered_ok()) == 1
+
+
+def deliver_on_a_thread_of_its_own(*, within: float) -> delivery.Delivered | None:
+    """One delivery pass on a thread of its own, as the leader's housekeeping runs it; ``None``: still going after ``within`` s."""
+    outcome: list[delivery.Delivered] = []
+
+    def send() -> None:
+        try:
+            outcome.append(delivery.deliver_due())
+        finally:
+            connection.close()  # this thread's own
+
+    sender = threading.Thread(target=send, daemon=True)
+    sender.start()
+    sender.join(within)
+    return None if sender.is_alive() else outcome[0]
+
+
+def test_a_receiver_trickling_its_answer__a_failed_attempt_within_the_timeout(settings: Any) -> None:
+    # Given a receiver that sends its answer one byte per 0.2 s, each within the 1 s timeout of a read
+    settings.SCHEDULER_NOTIFY_TIMEOUT_SECONDS = 1.0
+    answer = b"HTTP/1.1 200 OK\r\n" + b"X-Slow: " + b"." * 200 + b"\r\n\r\n"
+    with garbage_answering_server(answer, every=0.2) as trickling:
+        _target("trickling", address=trickling, is_default=True)
+        _fail(None, "failed")
+
+        # When the leader delivers (the answer would take 44 s)
+        outcome = deliver_on_a_thread_of_its_own(within=10)
+
+        # Then the attempt failed when its timeout ran out, not when the receiver stopped
+        assert outcome is not None, "the delivery pass waited past its timeout for a trickling receiver"
+    assert (outcome.delivered, outcome.failed) == (0, 1)
+    assert "timed out" in Notification.objects.get().last_error
+
+
+def test_a_mail_server_that_never_answers__a_failed_attempt_within_the_timeout(settings: Any) -> None:
+    # Given e-mail through an SMTP server that takes the connection and never greets
+    settings.SCHEDULER_NOTIFY_TIMEOUT_SECONDS = 1.0
+    settings.EMAIL_BACKEND = "django.core.mail.backends.smtp.EmailBackend"
+    with garbage_answering_server(b"") as silent:
+        settings.EMAIL_HOST, settings.EMAIL_PORT = "127.0.0.1", int(silent.rsplit(":", 1)[1].split("/")[0])
+        _target("mail", "email", address="ops@example.invalid", is_default=True)
+        _fail(None, "failed")
+
+        # When the leader delivers
+        outcome = deliver_on_a_thread_of_its_own(within=10)
+
+        # Then the attempt failed when its timeout ran out (Django's SMTP connection has none of its own)
+        assert outcome is not None, "the delivery pass waited past its timeout for a silent mail server"
+    assert (outcome.delivered, outcome.failed) == (0, 1)
