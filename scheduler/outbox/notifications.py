@@ -8,8 +8,8 @@ and refuse an old replay; ``X-Scheduler-Delivery`` names the notification,
 the same on every attempt, so a receiver that got an attempt whose answer
 was lost can tell the next one apart. A check-in is a POST to the
 monitor's URL (``check_in_url``) with the one-line text as its body. An answer other than 2xx, a timeout
-(``SCHEDULER_NOTIFY_TIMEOUT_SECONDS`` for the whole exchange) or a refused connection is a failed
-attempt, tried again after its backoff.
+(``SCHEDULER_NOTIFY_TIMEOUT_SECONDS`` for the whole exchange), a redirect (never followed) or a
+refused connection is a failed attempt, tried again after its backoff.
 """
 
 from __future__ import annotations
@@ -153,7 +153,10 @@ def _post(url: str, body: bytes, headers: dict[str, str]) -> None:
         with deadline, deadline.opener().open(request, timeout=seconds) as response:
             status = response.status
     except urllib.error.HTTPError as exc:
-        raise DeliveryFailed(f"HTTP {exc.code}") from None
+        moved = exc.headers.get("Location") if 300 <= exc.code < 400 else None
+        raise DeliveryFailed(
+            f"HTTP {exc.code}: redirects are not followed; moved to {moved}" if moved else f"HTTP {exc.code}"
+        ) from None
     except (OSError, http.client.HTTPException) as exc:  # refused, timed out, not HTTP, or cut at the deadline
         raise DeliveryFailed(f"timed out after {seconds:g}s" if deadline.cut else first_line(exc)) from None
     if not 200 <= status < 300:
@@ -182,11 +185,15 @@ class _Deadline:
         self._timer.cancel()
 
     def opener(self) -> urllib.request.OpenerDirector:
-        """urllib's usual opener (proxies from the environment included), its connections cut at the deadline."""
-        handlers = [_CutHTTPHandler(), _CutHTTPSHandler()]
+        """urllib's usual opener (proxies from the environment included), its connections cut at the deadline.
+
+        It follows no redirect: urllib would follow a POST's 301-303 as a GET
+        without the body, and its 200 would count as delivered.
+        """
+        handlers: list[_CutAtDeadline] = [_CutHTTPHandler(), _CutHTTPSHandler()]
         for handler in handlers:
             handler.deadline = self
-        return urllib.request.build_opener(*handlers)
+        return urllib.request.build_opener(*handlers, _NoRedirects())
 
     def connection(self, http_class: Callable[..., http.client.HTTPConnection]) -> Callable[..., Any]:
         def connect(*args: Any, **kwargs: Any) -> http.client.HTTPConnection:
@@ -217,3 +224,8 @@ class _CutHTTPHandler(_CutAtDeadline, urllib.request.HTTPHandler):
 
 class _CutHTTPSHandler(_CutAtDeadline, urllib.request.HTTPSHandler):
     pass
+
+
+class _NoRedirects(urllib.request.HTTPRedirectHandler):
+    def redirect_request(self, *args: Any, **kwargs: Any) -> None:
+        return None  # urllib then raises the 3xx as an HTTPError

@@ -441,3 +441,20 @@ def test_a_mail_server_that_never_answers__a_failed_attempt_within_the_timeout(s
         # Then the attempt failed when its timeout ran out (Django's SMTP connection has none of its own)
         assert outcome is not None, "the delivery pass waited past its timeout for a silent mail server"
     assert (outcome.delivered, outcome.failed) == (0, 1)
+
+
+def test_a_receiver_redirecting__a_failed_attempt_naming_the_new_address_and_nothing_sent_there() -> None:
+    # Given a webhook whose receiver answers 302 to an address that would answer 200 to anything
+    ok = b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n"
+    with garbage_answering_server(ok) as elsewhere:
+        moved = f"HTTP/1.1 302 Found\r\nLocation: {elsewhere}\r\nContent-Length: 0\r\n\r\n".encode()
+        with garbage_answering_server(moved) as redirecting:
+            _target("moved", address=redirecting, is_default=True)
+            _fail(None, "failed")
+
+            # When the leader delivers
+            result = delivery.deliver_due()
+
+    # Then it is not delivered (a redirect drops the body: the receiver would never get it), and says where to
+    assert (result.delivered, result.failed) == (0, 1)
+    assert Notification.objects.get().last_error == f"HTTP 302: redirects are not followed; moved to {elsewhere}"
