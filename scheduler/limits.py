@@ -1,4 +1,4 @@
-"""Limits on what callers may store: the size and depth of task arguments, the length of free text, no NUL.
+"""Limits on what callers may store: the size and depth of task arguments, the length of free text, storable values.
 
 Every entry point (the admin, the commands, the API, ``submit()``) reaches
 these through the model's validation or ``submissions.submit``, so a value is
@@ -8,6 +8,7 @@ refused with the same message wherever it comes from.
 from __future__ import annotations
 
 import json
+import math
 from typing import Any
 
 from django.core.exceptions import ValidationError
@@ -27,6 +28,8 @@ _CONTAINERS = (list, tuple, dict)
 
 #: A character PostgreSQL stores in no text and no JSON (SQLite would, so both refuse it alike).
 NUL = "\x00"
+#: How a NUL is stored where it cannot be refused (``storable``): U+FFFD, the replacement character.
+NUL_REPLACEMENT = "\ufffd"
 
 
 def nests_deeper_than(value: Any, limit: int) -> bool:
@@ -47,8 +50,8 @@ def nests_deeper_than(value: Any, limit: int) -> bool:
 
 
 def json_size(value: Any) -> int:
-    """Return the bytes of ``value`` as compact JSON in UTF-8 (how big it is stored and sent)."""
-    text = json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+    """Return the bytes of ``value`` as compact JSON in UTF-8 (how big it is stored and sent); ValueError for NaN."""
+    text = json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
     return len(text.encode("utf-8", "surrogatepass"))
 
 
@@ -56,7 +59,8 @@ def argument_problem(value: Any, *, label: str) -> str | None:
     """Return why ``value`` (task arguments) is refused, starting with ``label``, or None when it fits.
 
     At most ``SCHEDULER_ARGS_MAX_DEPTH`` levels of nesting, then at most
-    ``SCHEDULER_ARGS_MAX_BYTES`` of compact JSON, and no NUL in its text. The
+    ``SCHEDULER_ARGS_MAX_BYTES`` of compact JSON, no NaN or Infinity (not
+    JSON, though Python writes them), and no NUL in its text. The
     depth is checked first, so the size is only measured on a value
     ``json.dumps`` can encode. A value that is not JSON at all is left to the
     caller's own check.
@@ -66,8 +70,10 @@ def argument_problem(value: Any, *, label: str) -> str | None:
     max_bytes = settings.ARGS_MAX_BYTES
     try:
         size = json_size(value)
-    except (TypeError, ValueError):
+    except TypeError:
         return None
+    except ValueError:  # (a value that contains itself is past any depth, above)
+        return f"{label} contain NaN or Infinity, which JSON does not allow."
     if size > max_bytes:
         return f"{label} are {size:,} bytes as JSON; at most {max_bytes:,} (SCHEDULER_ARGS_MAX_BYTES) are allowed."
     if contains_nul(value):
@@ -75,22 +81,25 @@ def argument_problem(value: Any, *, label: str) -> str | None:
     return None
 
 
-def without_nul(value: Any) -> Any:
-    """``value`` (JSON, or text) with each NUL replaced by U+FFFD, for a record of what a task got or left.
+def storable(value: Any) -> Any:
+    """``value`` (JSON, or text) as both databases store it: each NUL as U+FFFD, each NaN or infinity by its name.
 
-    What the database stores of what happened (a plain Celery call's
-    arguments, a body's value or error, a notification receiver's answer)
-    cannot be refused: the call was made, the body ran. PostgreSQL stores a
-    NUL in no text and no JSON, and a write it refused would leave the call
-    unrecorded, the execution running or the delivery pass stopped.
+    For records of what happened, which cannot be refused (a plain Celery
+    call's arguments, a body's value or error, a notification receiver's
+    answer): the call was made, the body ran. PostgreSQL stores a NUL in no
+    text and no JSON, neither database stores NaN as JSON, and a write they
+    refused would leave the call unrecorded, the execution running or the
+    delivery pass stopped.
     """
     if isinstance(value, str):
-        return value.replace(NUL, "\ufffd")
-    if not contains_nul(value):
-        return value
+        return value.replace(NUL, NUL_REPLACEMENT)
+    if isinstance(value, float) and not math.isfinite(value):
+        return json.dumps(value)  # "NaN", "Infinity", "-Infinity"
     if isinstance(value, dict):
-        return {without_nul(key): without_nul(item) for key, item in value.items()}
-    return [without_nul(item) for item in value]
+        return {storable(key): storable(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [storable(item) for item in value]
+    return value
 
 
 def contains_nul(value: Any) -> bool:

@@ -431,8 +431,8 @@ def _ad_hoc_row(
         trigger=Execution.Trigger.SUBMIT,
         task=task,
         # (the call's record: the body gets the message's own arguments)
-        args=limits.without_nul(list(args or ())),
-        kwargs=limits.without_nul(dict(kwargs or {})),
+        args=limits.storable(list(args or ())),
+        kwargs=limits.storable(dict(kwargs or {})),
         queue=queue,
         scheduled_for=now,
         status=Status.QUEUED,

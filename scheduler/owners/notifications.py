@@ -227,7 +227,7 @@ def failed(notification: Notification, error: str, *, now: datetime) -> None:
     """Record a failed attempt: try again after the backoff, or give up after ``NOTIFY_MAX_ATTEMPTS``."""
     attempts = notification.attempts + 1
     # (the reason comes from the receiver's answer, whatever it sent)
-    fields: dict[str, Any] = {"attempts": attempts, "last_error": limits.without_nul(error[:2000])}
+    fields: dict[str, Any] = {"attempts": attempts, "last_error": limits.storable(error[:2000])}
     if attempts >= settings.NOTIFY_MAX_ATTEMPTS:
         fields["gave_up_at"] = now
     else:

@@ -284,15 +284,16 @@ def _result_summary(value: Any) -> Any:
         return {"repr": repr(value)[:1000]}
     if len(text) > RESULT_SUMMARY_MAX_CHARS:
         return {"truncated": text[:1000], "length": len(text)}
-    return limits.without_nul(value) if "\\u0000" in text else value
+    # (a NUL, NaN or Infinity would make the outcome's write fail: stored by name instead)
+    return limits.storable(value) if "\\u0000" in text or "NaN" in text or "Infinity" in text else value
 
 
 def _error_text(exc: BaseException) -> str:
-    return limits.without_nul(f"{type(exc).__name__}: {exc}")
+    return limits.storable(f"{type(exc).__name__}: {exc}")
 
 
 def _traceback_text(exc: BaseException) -> str:
-    return limits.without_nul("".join(traceback.format_exception(exc)))
+    return limits.storable("".join(traceback.format_exception(exc)))
 
 
 # --- claims ----------------------------------------------------------------------------

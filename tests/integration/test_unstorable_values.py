@@ -1,16 +1,19 @@
-"""A NUL character (``\\x00``), which PostgreSQL stores in no text and no JSON.
+"""Values no database stores: a NUL character (``\\x00``, in no PostgreSQL text or JSON) and NaN or Infinity (not JSON).
 
 What a user gives with one (a schedule's arguments or message headers, a
-submission, a checkpoint) is refused with a clear error, on both databases
-alike. What a body's run leaves with one (its return value, its error) is
-recorded with each NUL replaced (U+FFFD), never a database error that would
-leave the execution running; so is a plain Celery call's record of its
-arguments (the body gets them as sent).
+run now's, a submission, a checkpoint) is refused with a clear error, on
+both databases alike, through the model, the API, the admin and the
+command line. What a run leaves with one (a body's return value or error)
+is recorded with it replaced: each NUL by U+FFFD, each NaN or Infinity by
+its name as a string; never a database error that would leave the
+execution running. So is a plain Celery call's record of its arguments
+(the body gets them as sent).
 """
 
 from __future__ import annotations
 
 import json
+import math
 from typing import Any
 
 import pytest
@@ -31,14 +34,21 @@ pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("
 
 NUL = "\x00"
 WITH_NUL = {"args": [f"a{NUL}b"], "kwargs": {"k": f"a{NUL}b"}, "headers": {"x-note": f"a{NUL}b"}}
+WITH_NAN = {"args": [math.nan], "kwargs": {"k": math.inf}, "headers": {"x-rate": -math.inf}}
 
 
-@pytest.mark.parametrize("field", WITH_NUL)
-def test_schedule__a_nul_in_its_json__a_field_error(field: str) -> None:
-    schedule = Schedule(name="nul", task="scheduler.echo", interval=60, **{field: WITH_NUL[field]})
+#: (the values, a word the refusal must contain), by kind.
+UNSTORABLE = {"nul": (WITH_NUL, "NUL"), "nan": (WITH_NAN, "NaN or Infinity")}
+CASES = [(kind, field) for kind in UNSTORABLE for field in WITH_NUL]
+
+
+@pytest.mark.parametrize(("kind", "field"), CASES)
+def test_schedule__an_unstorable_value_in_its_json__a_field_error(kind: str, field: str) -> None:
+    values, word = UNSTORABLE[kind]
+    schedule = Schedule(name="bad", task="scheduler.echo", interval=60, **{field: values[field]})
     with pytest.raises(ValidationError) as refused:
         schedule.full_clean()
-    assert "NUL" in " ".join(refused.value.message_dict[field])
+    assert word in " ".join(refused.value.message_dict[field])
 
 
 @pytest.mark.parametrize("field", WITH_NUL)
@@ -47,6 +57,13 @@ def test_api__a_nul_in_a_schedules_json__400_and_nothing_saved(operator: Client,
     response = operator.post("/api/v1/schedules/", json.dumps(body), content_type="application/json")
     assert response.status_code == 400, response.content[:300]
     assert "NUL" in " ".join(response.json()[field])
+    assert not Schedule.objects.exists()
+
+
+def test_api__nan_in_a_body__400_and_nothing_saved(operator: Client) -> None:
+    body = json.dumps({"name": "nan", "task": "scheduler.echo", "interval": 60, "args": WITH_NAN["args"]})
+    response = operator.post("/api/v1/schedules/", body, content_type="application/json")
+    assert response.status_code == 400 and "NaN" in response.json()["detail"]
     assert not Schedule.objects.exists()
 
 
@@ -59,28 +76,33 @@ def test_api__a_nul_in_a_run_nows_arguments__400_and_nothing_recorded(operator: 
     assert not Execution.objects.exists()
 
 
-@pytest.mark.parametrize("field", ["args", "kwargs", "headers"])
-def test_admin__a_nul_in_a_schedules_json__a_field_error_and_nothing_saved(field: str) -> None:
+@pytest.mark.parametrize(("kind", "field"), CASES)
+def test_admin__an_unstorable_value_in_a_schedules_json__a_field_error_and_nothing_saved(kind: str, field: str) -> None:
+    values, word = UNSTORABLE[kind]
     admin = Client()
     admin.force_login(get_user_model().objects.create_superuser("root", "root@example.invalid", "pw"))
-    form = schedule_form(**{field: json.dumps(WITH_NUL[field])})
+    form = schedule_form(**{field: json.dumps(values[field])})
     response = admin.post("/admin/scheduler/schedule/add/", form)
     assert response.status_code == 200
-    assert "NUL" in " ".join(response.context["adminform"].form.errors[field])
+    assert word in " ".join(response.context["adminform"].form.errors[field])
     assert not Schedule.objects.exists()
 
 
-def test_command__a_nul_in_a_schedules_json__refused_and_nothing_saved() -> None:
-    kwargs = json.dumps(WITH_NUL["kwargs"])
-    assert "NUL" in refused(
-        "schedules", "create", "nul", "--task", "scheduler.echo", "--every", "60", "--kwargs", kwargs
+@pytest.mark.parametrize("kind", UNSTORABLE)
+def test_command__an_unstorable_value_in_a_schedules_json__refused_and_nothing_saved(kind: str) -> None:
+    values, word = UNSTORABLE[kind]
+    kwargs = json.dumps(values["kwargs"])
+    assert word in refused(
+        "schedules", "create", "bad", "--task", "scheduler.echo", "--every", "60", "--kwargs", kwargs
     )
     assert not Schedule.objects.exists()
 
 
-def test_submit__a_nul_in_its_arguments__refused() -> None:
-    with pytest.raises(SubmissionInvalid, match="NUL"):
-        scheduler.submit("scheduler.echo", kwargs={"k": f"a{NUL}b"})
+@pytest.mark.parametrize("kind", UNSTORABLE)
+def test_submit__an_unstorable_value_in_its_arguments__refused(kind: str) -> None:
+    values, word = UNSTORABLE[kind]
+    with pytest.raises(SubmissionInvalid, match=word):
+        scheduler.submit("scheduler.echo", kwargs=values["kwargs"])
     assert not Execution.objects.exists()
 
 
@@ -123,3 +145,20 @@ def test_plain_celery_call__a_nul_in_its_arguments__runs_as_sent_and_recorded_wi
         ["a\ufffdb"],
         {"args": ["a\ufffdb"], "kwargs": {}},
     )
+
+
+def test_body__returns_nan_and_infinity__succeeded_with_their_names() -> None:
+    execution = queued()
+    run(execution, lambda: {"rate": math.nan, "bounds": [-math.inf, math.inf], "n": 1.5})
+    done = fresh(execution)
+    assert (done.status, done.result) == (
+        Execution.Status.SUCCEEDED,
+        {"rate": "NaN", "bounds": ["-Infinity", "Infinity"], "n": 1.5},
+    )
+
+
+def test_plain_celery_call__nan_in_its_arguments__runs_as_sent_and_recorded_by_name() -> None:
+    result = builtin_tasks.echo.apply(kwargs={"rate": math.nan}, task_id="plain-call-with-nan")
+    assert math.isnan(result.get()["kwargs"]["rate"])
+    recorded = Execution.objects.get(celery_task_id="plain-call-with-nan")
+    assert (recorded.status, recorded.kwargs) == (Execution.Status.SUCCEEDED, {"rate": "NaN"})
