@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import json
 import math
+import re
+from collections.abc import Iterator
 from typing import Any
 
 from django.core.exceptions import ValidationError
@@ -26,10 +28,14 @@ ARGUMENT_LABELS = {"args": "Arguments", "kwargs": "Keyword arguments"}
 
 _CONTAINERS = (list, tuple, dict)
 
-#: A character PostgreSQL stores in no text and no JSON (SQLite would, so both refuse it alike).
-NUL = "\x00"
-#: How a NUL is stored where it cannot be refused (``storable``): U+FFFD, the replacement character.
-NUL_REPLACEMENT = "\ufffd"
+#: Half of a UTF-16 pair, alone: JSON's ``"\\ud800"`` decodes to one, Python's ``surrogateescape`` makes
+#: one of a byte that is not UTF-8 (a command's argument), and no UTF-8 encodes one.
+LONE_SURROGATE = re.compile("[\ud800-\udfff]")
+#: Characters no database stores in text: NUL (PostgreSQL refuses it; SQLite would not, so both refuse it
+#: alike) and lone surrogates.
+_UNSTORABLE_CHARACTER = re.compile("[\x00\ud800-\udfff]")
+#: What such a character becomes where it cannot be refused (``storable``): U+FFFD, the replacement character.
+REPLACEMENT = "\ufffd"
 
 
 def nests_deeper_than(value: Any, limit: int) -> bool:
@@ -60,7 +66,7 @@ def argument_problem(value: Any, *, label: str) -> str | None:
 
     At most ``SCHEDULER_ARGS_MAX_DEPTH`` levels of nesting, then at most
     ``SCHEDULER_ARGS_MAX_BYTES`` of compact JSON, no NaN or Infinity (not
-    JSON, though Python writes them), and no NUL in its text. The
+    JSON, though Python writes them), and no NUL or lone surrogate in its text. The
     depth is checked first, so the size is only measured on a value
     ``json.dumps`` can encode. A value that is not JSON at all is left to the
     caller's own check.
@@ -76,23 +82,25 @@ def argument_problem(value: Any, *, label: str) -> str | None:
         return f"{label} contain NaN or Infinity, which JSON does not allow."
     if size > max_bytes:
         return f"{label} are {size:,} bytes as JSON; at most {max_bytes:,} (SCHEDULER_ARGS_MAX_BYTES) are allowed."
-    if contains_nul(value):
-        return f"{label} contain a NUL character (\\u0000), which the database cannot store."
+    if holds_unstorable_text(value):
+        return (
+            f"{label} contain a NUL (\\u0000) or a lone surrogate (\\ud800-\\udfff), which no database stores as text."
+        )
     return None
 
 
 def storable(value: Any) -> Any:
-    """``value`` (JSON, or text) as both databases store it: each NUL as U+FFFD, each NaN or infinity by its name.
+    """``value`` (JSON, or text) as both databases store it: each NUL or lone surrogate as U+FFFD, NaN by its name.
 
     For records of what happened, which cannot be refused (a plain Celery
     call's arguments, a body's value or error, a notification receiver's
     answer): the call was made, the body ran. PostgreSQL stores a NUL in no
-    text and no JSON, neither database stores NaN as JSON, and a write they
+    text, no UTF-8 holds a lone surrogate, no JSON holds NaN, and a write they
     refused would leave the call unrecorded, the execution running or the
     delivery pass stopped.
     """
     if isinstance(value, str):
-        return value.replace(NUL, NUL_REPLACEMENT)
+        return _UNSTORABLE_CHARACTER.sub(REPLACEMENT, value)
     if isinstance(value, float) and not math.isfinite(value):
         return json.dumps(value)  # "NaN", "Infinity", "-Infinity"
     if isinstance(value, dict):
@@ -102,20 +110,23 @@ def storable(value: Any) -> Any:
     return value
 
 
-def contains_nul(value: Any) -> bool:
-    """Whether a string in ``value`` (JSON), a key or a value, contains a NUL."""
+def holds_unstorable_text(value: Any) -> bool:
+    """Whether a string in ``value`` (JSON), a key or a value, holds a NUL or a lone surrogate."""
+    return any(_UNSTORABLE_CHARACTER.search(text) for text in strings_in(value))
+
+
+def strings_in(value: Any) -> Iterator[str]:
+    """Every string in ``value`` (JSON), keys and values, walked with a stack (any depth)."""
     stack = [value]
     while stack:
         item = stack.pop()
         if isinstance(item, str):
-            if NUL in item:
-                return True
+            yield item
         elif isinstance(item, dict):
             stack.extend(item.keys())
             stack.extend(item.values())
         elif isinstance(item, (list, tuple)):
             stack.extend(item)
-    return False
 
 
 def depth_problem(label: str) -> str:

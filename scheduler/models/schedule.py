@@ -153,11 +153,15 @@ def _overdue(now: datetime | Now) -> Q:
     return Q(enabled=True, paused_reason="", overdue_at__isnull=False, overdue_at__lte=now)
 
 
+#: How messages name a schedule's ``headers``.
+HEADERS_LABEL = "Message headers"
+
+
 def header_problems(headers: Any) -> list[str]:
     """Return why ``headers`` cannot be a schedule's extra message headers (none: they can)."""
     if not isinstance(headers, dict):
         return ["Must be a JSON object."]
-    problem = limits.argument_problem(headers, label="Message headers")
+    problem = limits.argument_problem(headers, label=HEADERS_LABEL)
     if problem:
         return [problem]
     reserved = sorted(RESERVED_HEADERS & set(headers))

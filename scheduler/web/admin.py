@@ -44,6 +44,7 @@ from scheduler.limits import (
     PAUSED_REASON_MAX_CHARS,
     argument_problem,
     depth_problem,
+    holds_unstorable_text,
     nests_deeper_than,
 )
 from scheduler.models import (
@@ -58,6 +59,7 @@ from scheduler.models import (
 )
 from scheduler.models.schedule import (
     EARLIEST,
+    HEADERS_LABEL,
     LATEST,
     MESSAGE_OPTION_FIELDS,
     POLICY_FIELDS,
@@ -300,18 +302,27 @@ class ArgumentsField(forms.JSONField):
 
     def bound_data(self, data: Any, initial: Any) -> Any:
         # The form shown again with its errors: JSON past the depth limit is shown
-        # as typed, not decoded and encoded again (both recurse).
+        # as typed, not decoded and encoded again (both recurse), and so is JSON
+        # whose "\ud800" decodes to a character no page can be encoded with.
         try:
             value = super().bound_data(data, initial)
         except RecursionError:
             return InvalidJSONInput(data)
-        return InvalidJSONInput(data) if nests_deeper_than(value, settings.ARGS_MAX_DEPTH) else value
+        if nests_deeper_than(value, settings.ARGS_MAX_DEPTH) or holds_unstorable_text(value):
+            return InvalidJSONInput(data)
+        return value
 
 
 class KeywordArgumentsField(ArgumentsField):
     """The ``kwargs`` form field."""
 
     limit_label = ARGUMENT_LABELS["kwargs"]
+
+
+class MessageHeadersField(ArgumentsField):
+    """The ``headers`` form field: the same limits (the model adds its own checks of headers)."""
+
+    limit_label = HEADERS_LABEL
 
 
 class BackfillForm(forms.Form):
@@ -362,7 +373,7 @@ class ScheduleForm(forms.ModelForm):
     class Meta:
         model = Schedule
         fields = "__all__"
-        field_classes = {"args": ArgumentsField, "kwargs": KeywordArgumentsField}
+        field_classes = {"args": ArgumentsField, "kwargs": KeywordArgumentsField, "headers": MessageHeadersField}
         widgets = {"task": DatalistInput(registered_task_names, attrs={"class": "vTextField", "autocomplete": "off"})}
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:

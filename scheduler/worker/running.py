@@ -92,9 +92,9 @@ class RunningExecution:
                 f"checkpoint refused: its JSON is {size} bytes, more than {CHECKPOINT_MAX_BYTES}; "
                 "save progress, not data"
             )
-        if limits.contains_nul(data):
+        if limits.holds_unstorable_text(data):
             raise CheckpointInvalid(
-                "checkpoint refused: it holds a NUL character (\\u0000), which the database cannot store"
+                "checkpoint refused: it holds a NUL (\\u0000) or a lone surrogate, which no database stores as text"
             )
         stored = json.loads(text)  # what the next attempt will read back (tuples become lists)
         failpoint("running.checkpoint")

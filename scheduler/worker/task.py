@@ -284,8 +284,8 @@ def _result_summary(value: Any) -> Any:
         return {"repr": repr(value)[:1000]}
     if len(text) > RESULT_SUMMARY_MAX_CHARS:
         return {"truncated": text[:1000], "length": len(text)}
-    # (a NUL, NaN or Infinity would make the outcome's write fail: stored by name instead)
-    return limits.storable(value) if "\\u0000" in text or "NaN" in text or "Infinity" in text else value
+    # (a NUL, a lone surrogate, NaN or Infinity would make the outcome's write fail: replaced)
+    return limits.storable(value) if "\\u" in text or "NaN" in text or "Infinity" in text else value
 
 
 def _error_text(exc: BaseException) -> str:

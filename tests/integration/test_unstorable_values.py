@@ -1,10 +1,10 @@
-"""Values no database stores: a NUL character (``\\x00``, in no PostgreSQL text or JSON) and NaN or Infinity (not JSON).
+"""Values no database stores: a NUL (in no PostgreSQL text), a lone surrogate (not UTF-8), NaN or Infinity (not JSON).
 
 What a user gives with one (a schedule's arguments or message headers, a
 run now's, a submission, a checkpoint) is refused with a clear error, on
 both databases alike, through the model, the API, the admin and the
 command line. What a run leaves with one (a body's return value or error)
-is recorded with it replaced: each NUL by U+FFFD, each NaN or Infinity by
+is recorded with it replaced: each NUL or lone surrogate by U+FFFD, each NaN or Infinity by
 its name as a string; never a database error that would leave the
 execution running. So is a plain Celery call's record of its arguments
 (the body gets them as sent).
@@ -35,10 +35,16 @@ pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("
 NUL = "\x00"
 WITH_NUL = {"args": [f"a{NUL}b"], "kwargs": {"k": f"a{NUL}b"}, "headers": {"x-note": f"a{NUL}b"}}
 WITH_NAN = {"args": [math.nan], "kwargs": {"k": math.inf}, "headers": {"x-rate": -math.inf}}
+SURROGATE = "\ud800"  # half of a UTF-16 pair, alone: JSON's "\\ud800" decodes to it, and no UTF-8 encodes it
+WITH_SURROGATE = {"args": [f"a{SURROGATE}b"], "kwargs": {"k": f"a{SURROGATE}b"}, "headers": {"x-note": SURROGATE}}
 
 
 #: (the values, a word the refusal must contain), by kind.
-UNSTORABLE = {"nul": (WITH_NUL, "NUL"), "nan": (WITH_NAN, "NaN or Infinity")}
+UNSTORABLE = {
+    "nul": (WITH_NUL, "NUL"),
+    "nan": (WITH_NAN, "NaN or Infinity"),
+    "surrogate": (WITH_SURROGATE, "surrogate"),
+}
 CASES = [(kind, field) for kind in UNSTORABLE for field in WITH_NUL]
 
 
@@ -65,6 +71,18 @@ def test_api__nan_in_a_body__400_and_nothing_saved(operator: Client) -> None:
     response = operator.post("/api/v1/schedules/", body, content_type="application/json")
     assert response.status_code == 400 and "NaN" in response.json()["detail"]
     assert not Schedule.objects.exists()
+
+
+def test_api__a_lone_surrogate_anywhere_in_a_body__400_and_nothing_saved(operator: Client) -> None:
+    body = '{"name": "half\\ud800", "task": "scheduler.echo", "interval": 60}'  # the escape, as a client sends it
+    response = operator.post("/api/v1/schedules/", body, content_type="application/json")
+    assert response.status_code == 400 and "surrogate" in response.json()["detail"], response.content[:300]
+    assert not Schedule.objects.exists()
+
+
+def test_command__a_lone_surrogate_in_an_argument__refused() -> None:
+    # (how Python hands a program an argument's bytes that are not UTF-8)
+    assert "UTF-8" in refused("schedules", "show", "night\udcffly")
 
 
 def test_api__a_nul_in_a_run_nows_arguments__400_and_nothing_recorded(operator: Client) -> None:
@@ -162,3 +180,17 @@ def test_plain_celery_call__nan_in_its_arguments__runs_as_sent_and_recorded_by_n
     assert math.isnan(result.get()["kwargs"]["rate"])
     recorded = Execution.objects.get(celery_task_id="plain-call-with-nan")
     assert (recorded.status, recorded.kwargs) == (Execution.Status.SUCCEEDED, {"rate": "NaN"})
+
+
+def test_body__returns_and_raises_with_a_lone_surrogate__recorded_with_it_replaced() -> None:
+    returned = queued()
+    run(returned, lambda: {"k": f"a{SURROGATE}b"})
+    assert (fresh(returned).status, fresh(returned).result) == (Execution.Status.SUCCEEDED, {"k": "a\ufffdb"})
+
+    def fail() -> Any:
+        raise ValueError(f"bad{SURROGATE}")
+
+    raised = queued()
+    with pytest.raises(ValueError):
+        run(raised, fail)
+    assert (fresh(raised).status, fresh(raised).error) == (Execution.Status.FAILED, "ValueError: bad\ufffd")

@@ -1,4 +1,4 @@
-"""The API's request bodies: JSON no larger than Django's upload limit and no deeper than the arguments allow.
+"""The API's request bodies: JSON no larger than Django's upload limit, no deeper than the arguments allow, all text.
 
 An oversized body answers 413 with a JSON error, without being read; a body
 nested too deep (or too deep for ``json.loads`` itself, which would raise
@@ -31,7 +31,7 @@ else:
     _ViewBase = object  # a mixin: the view class supplies APIView
 
 from scheduler.conf import settings
-from scheduler.limits import nests_deeper_than
+from scheduler.limits import LONE_SURROGATE, nests_deeper_than, strings_in
 
 #: Bytes read from the body at a time.
 CHUNK = 64 * 1024
@@ -72,6 +72,9 @@ class BoundedJSONParser(JSONParser):
             raise too_deep from None
         if nests_deeper_than(data, depth):
             raise too_deep
+        if any(LONE_SURROGATE.search(text) for text in strings_in(data)):
+            # An escape like "\ud800" alone is valid JSON, but no text: no database would store it.
+            raise exceptions.ParseError("JSON parse error - a string holds a lone surrogate (\\ud800-\\udfff).")
         return data
 
 
