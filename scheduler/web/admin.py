@@ -73,6 +73,7 @@ from scheduler.web import (
     metrics,
     result_admin,  # noqa: F401  (imported to replace django-celery-results' pages with scoped ones)
 )
+from scheduler.web.admin_lookups import TextLookups
 
 #: How many upcoming slots the schedule page previews.
 PREVIEW_COUNT = 5
@@ -438,7 +439,7 @@ class ScheduleForm(forms.ModelForm):
 
 
 @admin.register(Schedule)
-class ScheduleAdmin(TenantScoped, ActionsNeedPermission, admin.ModelAdmin):
+class ScheduleAdmin(TextLookups, TenantScoped, ActionsNeedPermission, admin.ModelAdmin):
     form = ScheduleForm
     paginator = EstimatedCountPaginator
     list_display = ("name", "task", "timing_text", "timezone", "next_run", "last_run", "state", "origin")
@@ -917,7 +918,7 @@ class ScheduleAdmin(TenantScoped, ActionsNeedPermission, admin.ModelAdmin):
         )
 
 
-class ReadOnlyAdmin(admin.ModelAdmin):
+class ReadOnlyAdmin(TextLookups, admin.ModelAdmin):
     """Rows written by machines: viewable, never edited by hand."""
 
     show_full_result_count = False
@@ -1233,7 +1234,7 @@ class AuditEventAdmin(TenantScoped, ReadOnlyAdmin):
 
 
 @admin.register(OperatorProfile)
-class OperatorProfileAdmin(admin.ModelAdmin):
+class OperatorProfileAdmin(TextLookups, admin.ModelAdmin):
     """Binds a staff user to a tenant: the admin and the API then show that user only that tenant's rows."""
 
     list_display = ("user", "tenant", "all_tenants")

@@ -16,9 +16,10 @@ from django.http import HttpRequest
 from scheduler.models import Notification, NotificationTarget
 from scheduler.ops import audit, operations
 from scheduler.tenancy import scope_of_user
+from scheduler.web.admin_lookups import TextLookups
 
 
-class _DeployerManages(admin.ModelAdmin):
+class _DeployerManages(TextLookups, admin.ModelAdmin):
     def get_queryset(self, request: HttpRequest) -> QuerySet[Any]:
         return scope_of_user(request.user).filter(super().get_queryset(request))
 

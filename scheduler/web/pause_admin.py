@@ -20,6 +20,7 @@ from scheduler.models import PauseRule
 from scheduler.ops import audit, operations
 from scheduler.tenancy import scope_of_user
 from scheduler.web import overview
+from scheduler.web.admin_lookups import TextLookups
 
 
 class PauseForm(forms.ModelForm):
@@ -63,7 +64,7 @@ class PauseForm(forms.ModelForm):
 
 
 @admin.register(PauseRule)
-class PauseRuleAdmin(admin.ModelAdmin):
+class PauseRuleAdmin(TextLookups, admin.ModelAdmin):
     form = PauseForm
     list_display = ("__str__", "reason", "created_by", "created_at")
     actions = ("resume",)

@@ -1,0 +1,55 @@
+"""Every admin list of the app, asked to filter by a NUL (``?field=%00``): never a 500.
+
+PostgreSQL refuses a NUL in any text, so a lookup with one would fail when
+the page reads its rows. Each list answers as Django's admin does for a
+lookup it cannot apply: back to the list, with ``?e=1``
+(``scheduler.web.admin_lookups``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from django.contrib import admin
+from django.contrib.auth import get_user_model
+from django.db import models
+from django.test import Client
+from django.urls import reverse
+
+from scheduler.web.admin_lookups import TextLookups
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+APPS = ("scheduler", "django_celery_results")
+LISTS = sorted(
+    (model._meta.app_label, model._meta.model_name, field.name)
+    for model in admin.site._registry
+    if model._meta.app_label in APPS
+    for field in model._meta.fields[:40]
+    if isinstance(field, models.CharField) and not field.choices
+)
+
+
+def _first_text_field_of_each(rows: list[tuple[str, str, str]]) -> list[tuple[str, str, str]]:
+    seen: dict[tuple[str, str], tuple[str, str, str]] = {}
+    for row in rows:
+        seen.setdefault(row[:2], row)
+    return list(seen.values())
+
+
+@pytest.mark.parametrize(("app", "model", "field"), _first_text_field_of_each(LISTS))
+def test_a_nul_in_a_lookup__back_to_the_list_never_a_500(app: str, model: str, field: str) -> None:
+    client = Client(raise_request_exception=False)
+    client.force_login(get_user_model().objects.create_superuser("root", "root@example.invalid", "pw"))
+    url = reverse(f"admin:{app}_{model}_changelist")
+    for query in (f"?{field}=%00", "?status__exact=%00", "?q=a%00b"):
+        response: Any = client.get(url + query)
+        assert response.status_code in (200, 302), (url + query, response.status_code)
+
+
+def test_every_admin_of_the_app_refuses_such_lookups() -> None:
+    ours = {model: model_admin for model, model_admin in admin.site._registry.items() if model._meta.app_label in APPS}
+    assert ours and all(isinstance(model_admin, TextLookups) for model_admin in ours.values()), [
+        type(model_admin).__name__ for model_admin in ours.values() if not isinstance(model_admin, TextLookups)
+    ]
