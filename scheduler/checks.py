@@ -149,7 +149,7 @@ def check_time_zones(app_configs: Any = None, **kwargs: Any) -> list[Error]:
             continue
         try:
             ZoneInfo(value)
-        except (ZoneInfoNotFoundError, ValueError):
+        except (ZoneInfoNotFoundError, ValueError, OSError):  # OSError: a folder of zones ('Europe')
             errors.append(Error(f"{name} {value!r} is not an IANA time zone.", id="scheduler.E004"))
     if not django_settings.USE_TZ:
         errors.append(

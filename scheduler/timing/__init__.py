@@ -213,8 +213,9 @@ def validate_timezone(name: str) -> None:
         raise ScheduleInvalid("Unknown timezone 'localtime'; use an IANA name such as 'Europe/Berlin'")
     try:
         ZoneInfo(name)
-    except (ZoneInfoNotFoundError, ValueError) as exc:
-        # ValueError covers keys that are not relative paths ('/etc/x', '../x').
+    except (ZoneInfoNotFoundError, ValueError, OSError) as exc:
+        # ValueError covers keys that are not relative paths ('/etc/x', '../x'),
+        # OSError a folder of the zone files ('Europe') or a name too long for a file.
         raise ScheduleInvalid(f"Unknown timezone {name!r}") from exc
 
 

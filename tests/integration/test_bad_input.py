@@ -407,6 +407,7 @@ HOSTILE = [
     "*/0 * * * *",
     "61 * * * *",
     "Mars/Olympus",
+    "Europe",
 ]
 PLAUSIBLE = [
     "nightly",

@@ -92,6 +92,7 @@ def test_settings__debug_off_means_secure_cookies_and_json_only() -> None:
         ({"CELERY_BEAT_SCHEDULER": "celery.beat:PersistentScheduler"}, checks.check_beat_scheduler, "scheduler.E002"),
         ({"CELERY_BROKER_URL": ""}, checks.check_broker, "scheduler.E003"),
         ({"CELERY_TIMEZONE": "Mars/Olympus"}, checks.check_time_zones, "scheduler.E004"),
+        ({"CELERY_TIMEZONE": "Europe"}, checks.check_time_zones, "scheduler.E004"),
         ({"USE_TZ": False}, checks.check_time_zones, "scheduler.E005"),
         ({"SCHEDULER_COMMIT_AHEAD_SECONDS": 0.6}, checks.check_commit_ahead, "scheduler.E008"),
         ({"SCHEDULER_COMMIT_AHEAD_SECONDS": -0.1}, checks.check_commit_ahead, "scheduler.E008"),

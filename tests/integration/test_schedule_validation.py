@@ -108,6 +108,7 @@ ADMIN_BAD_INPUT = [
     ("invalid cron", {"cron": "61 * * * *"}, "61 * * * *"),
     ("unknown task", {"interval": "5", "task": "no.such.task"}, "Unknown task no.such.task"),
     ("unknown timezone", {"interval": "5", "timezone": "Mars/Olympus"}, "Mars/Olympus"),
+    ("a folder of zones", {"interval": "5", "timezone": "Europe"}, "Unknown timezone 'Europe'"),
     ("no timing", {}, "exactly one of"),
     ("two timings", {"cron": "* * * * *", "interval": "5"}, "exactly one of"),
     ("non-JSON args", {"interval": "5", "args": "[1,"}, "valid JSON"),

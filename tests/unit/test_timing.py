@@ -156,6 +156,9 @@ def test_validate_timezone__accepts_iana_names(name: str) -> None:
         ("../etc/passwd", "Unknown timezone '../etc/passwd'"),
         ("/etc/localtime", "Unknown timezone '/etc/localtime'"),
         ("", "Timezone is required"),
+        # a folder of the zone files, and a name longer than a file's: not zones, and no OSError
+        ("Europe", "Unknown timezone 'Europe'"),
+        ("x" * 300, f"Unknown timezone {'x' * 300!r}"),
     ],
 )
 def test_validate_timezone__rejects_unknown_names(name: str, message: str) -> None:
