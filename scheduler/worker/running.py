@@ -69,7 +69,7 @@ class RunningExecution:
     def checkpoint(self, data: Any) -> None:
         """Save ``data`` (JSON, at most ``CHECKPOINT_MAX_BYTES``) as this execution's progress.
 
-        Raises ``CheckpointInvalid`` for data that is not JSON, too large or holds a NUL,
+        Raises ``CheckpointInvalid`` for data that is not JSON, too large, or holds a NUL or a lone surrogate,
         and ``ClaimLost`` when this attempt no longer holds the execution;
         either way nothing is saved. Called inside the caller's own
         ``transaction.atomic()``, it commits (or rolls back) with the
