@@ -31,6 +31,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from django.conf import settings as django_settings
 from django.core.mail import get_connection, send_mail
 
 from scheduler import dbclock
@@ -96,9 +97,9 @@ def _send(row: Notification) -> None:
     target = row.target
     try:
         if target.kind == NotificationTarget.Kind.EMAIL:
-            # Django's SMTP connection waits for ever by default (EMAIL_TIMEOUT): a silent server would hold the pass.
-            mailer = get_connection(timeout=settings.NOTIFY_TIMEOUT_SECONDS)
-            send_mail(text_of(row)[:200], json.dumps(row.payload, indent=2), None, [target.address], connection=mailer)
+            send_mail(
+                text_of(row)[:200], json.dumps(row.payload, indent=2), None, [target.address], connection=_mailer()
+            )
         elif target.kind == NotificationTarget.Kind.SLACK:
             _post(target.address, json.dumps({"text": text_of(row)}).encode(), {})
         elif target.is_check_in:
@@ -141,6 +142,20 @@ def check_in_url(target: NotificationTarget, row: Notification) -> str:
     else:
         query = {"status": status, "check_in_id": run_id}
     return f"{url}{'&' if '?' in url else '?'}{urllib.parse.urlencode(query)}"
+
+
+def _mailer() -> Any:
+    """The host's mail connection, waiting at most the delivery's timeout for each answer unless ``EMAIL_TIMEOUT`` says.
+
+    Django's SMTP connection waits for ever by default: a server that took
+    the connection and never answered would hold the delivery pass.
+    """
+    if getattr(django_settings, "EMAIL_TIMEOUT", None) is not None:
+        return get_connection()
+    try:
+        return get_connection(timeout=settings.NOTIFY_TIMEOUT_SECONDS)
+    except TypeError:  # a host's backend that takes no timeout
+        return get_connection()
 
 
 def _post(url: str, body: bytes, headers: dict[str, str]) -> None:

@@ -14,6 +14,7 @@ import pytest
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Group
 from django.core import mail
+from django.core.mail.backends import locmem
 from django.db import connection
 from django.test import Client
 
@@ -458,3 +459,18 @@ def test_a_receiver_redirecting__a_failed_attempt_naming_the_new_address_and_not
     # Then it is not delivered (a redirect drops the body: the receiver would never get it), and says where to
     assert (result.delivered, result.failed) == (0, 1)
     assert Notification.objects.get().last_error == f"HTTP 302: redirects are not followed; moved to {elsewhere}"
+
+
+class NoTimeoutBackend(locmem.EmailBackend):
+    """A host's mail backend that takes no ``timeout``."""
+
+    def __init__(self, fail_silently: bool = False) -> None:
+        super().__init__(fail_silently=fail_silently)
+
+
+def test_a_mail_backend_without_a_timeout__still_delivers(settings: Any) -> None:
+    settings.EMAIL_BACKEND = f"{__name__}.NoTimeoutBackend"
+    _target("mail", "email", address="ops@example.invalid", is_default=True)
+    _fail(None, "failed")
+    assert delivery.deliver_due().delivered == 1
+    assert [message.to for message in mail.outbox] == [["ops@example.invalid"]]
