@@ -11,7 +11,7 @@ zone everywhere (``project/formats`` for the model's own fields).
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any, cast
+from typing import Any, cast
 from zoneinfo import ZoneInfo
 
 from django import forms
@@ -73,7 +73,7 @@ from scheduler.web import (
     metrics,
     result_admin,  # noqa: F401  (imported to replace django-celery-results' pages with scoped ones)
 )
-from scheduler.web.admin_lookups import TextLookups
+from scheduler.web.admin_lists import ActionsNeedPermission, TenantScoped, TextLookups
 
 #: How many upcoming slots the schedule page previews.
 PREVIEW_COUNT = 5
@@ -259,29 +259,6 @@ class OverdueFilter(admin.SimpleListFilter):
         if self.value() == "yes":
             return cast(ScheduleQuerySet, queryset).overdue(now=Now())
         return queryset
-
-
-if TYPE_CHECKING:
-    _AdminBase = admin.ModelAdmin[Any]
-else:
-    _AdminBase = object  # a mixin: the admin class supplies ModelAdmin
-
-
-class ActionsNeedPermission(_AdminBase):
-    """Answer 403 to an action the user may not run, instead of Django's silent "no action"."""
-
-    def changelist_view(self, request: HttpRequest, extra_context: dict[str, Any] | None = None) -> HttpResponse:
-        action = request.POST.get("action") if request.method == "POST" else None
-        if action and action not in self.get_actions(request):
-            raise PermissionDenied(f"You may not run {action!r}.")
-        return super().changelist_view(request, extra_context)
-
-
-class TenantScoped(_AdminBase):
-    """A staff user sees and changes only the rows of its scope: its tenant, every tenant, or none (``tenancy``)."""
-
-    def get_queryset(self, request: HttpRequest) -> QuerySet[Any]:
-        return scope_of_user(request.user).filter(super().get_queryset(request))
 
 
 class ArgumentsField(forms.JSONField):

@@ -16,7 +16,7 @@ from django.http import HttpRequest
 from scheduler.models import Notification, NotificationTarget
 from scheduler.ops import audit, operations
 from scheduler.tenancy import scope_of_user
-from scheduler.web.admin_lookups import TextLookups
+from scheduler.web.admin_lists import TextLookups
 
 
 class _DeployerManages(TextLookups, admin.ModelAdmin):

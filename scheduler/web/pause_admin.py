@@ -20,7 +20,7 @@ from scheduler.models import PauseRule
 from scheduler.ops import audit, operations
 from scheduler.tenancy import scope_of_user
 from scheduler.web import overview
-from scheduler.web.admin_lookups import TextLookups
+from scheduler.web.admin_lists import TextLookups
 
 
 class PauseForm(forms.ModelForm):

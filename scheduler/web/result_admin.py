@@ -19,7 +19,7 @@ from django_celery_results.models import GroupResult, TaskResult
 
 from scheduler.models import Execution
 from scheduler.tenancy import scope_of_user
-from scheduler.web.admin_lookups import TextLookups
+from scheduler.web.admin_lists import TextLookups
 
 
 def results_in_scope(request: HttpRequest, queryset: QuerySet[TaskResult]) -> QuerySet[TaskResult]:

@@ -25,7 +25,7 @@ from scheduler.models import Calendar, ConcurrencyLimit, RateLimit
 from scheduler.ops import audit, operations
 from scheduler.owners import executions
 from scheduler.tenancy import scope_of_user
-from scheduler.web.admin_lookups import TextLookups
+from scheduler.web.admin_lists import TextLookups
 
 #: Keys shown on a limit's page, busiest first.
 KEYS_SHOWN = 50

@@ -3,7 +3,7 @@
 PostgreSQL refuses a NUL in any text, so a lookup with one would fail when
 the page reads its rows. Each list answers as Django's admin does for a
 lookup it cannot apply: back to the list, with ``?e=1``
-(``scheduler.web.admin_lookups``).
+(``scheduler.web.admin_lists``).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from django.db import models
 from django.test import Client
 from django.urls import reverse
 
-from scheduler.web.admin_lookups import TextLookups
+from scheduler.web.admin_lists import TextLookups
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
