@@ -495,17 +495,21 @@ def pause_work(
 def resume_work(rule: PauseRule, *, actor: audit.Actor, app: Celery) -> int:
     """Lift ``rule``, audited, then send again what it held; return how many executions were sent.
 
-    Executions another rule still holds stay waiting. A broker that does
+    What it held is what waited ``queued`` before the lift: the leader, woken
+    by it, may send the work's next slot first, and that one is not sent
+    twice. Executions another rule still holds stay waiting. A broker that does
     not answer leaves them ``queued``; reconcile sends them once it does.
     """
     with transaction.atomic():
         audit.record(actor, "resume_work", rule, changes={"rule": [rule.describe(), None]})
         work_rules.delete_pause(rule)
+        # (before the commit: what the leader sends once it sees the rule gone is queued after)
+        lifted_at = dbclock.now()
     condition = work_rules.Rule.of(rule).condition()
     still_held = work_rules.held(work_rules.pauses_in_force(max_age=0))
     if still_held is not None:
         condition &= ~still_held
-    rows = executions.held_rows(condition)
+    rows = executions.held_rows(condition, queued_before=lifted_at)
     try:
         return len(outbox.publish(app, rows, now=dbclock.now())) if rows else 0
     except BrokerUnavailable:

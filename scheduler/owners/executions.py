@@ -1439,9 +1439,10 @@ def routing_of(*, execution_id: Any = None, key: str | None = None) -> tuple[int
     return pk, {"task": task, "queue": queue, "tenant": tenant}
 
 
-def held_rows(condition: Q) -> list[dict[str, Any]]:
-    """The ``queued`` executions ``condition`` matches, as ``message_rows``: what a lifted hold sends again."""
-    return message_rows(Execution.objects.filter(condition, status=Status.QUEUED))
+def held_rows(condition: Q, *, queued_before: datetime) -> list[dict[str, Any]]:
+    """The executions ``condition`` matches ``queued`` before ``queued_before``, as ``message_rows``: what a lifted hold sends again."""
+    waited = Q(enqueued_at__isnull=True) | Q(enqueued_at__lt=queued_before)
+    return message_rows(Execution.objects.filter(condition, waited, status=Status.QUEUED))
 
 
 def _cancel(rows: QuerySet[Execution], *, reason: str, now: datetime) -> int:

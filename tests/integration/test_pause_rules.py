@@ -16,7 +16,7 @@ from scheduler import dbclock
 from scheduler.beat import dispatch
 from scheduler.models import AuditEvent, Execution, PauseRule, Schedule
 from scheduler.ops import audit, operations
-from scheduler.owners import leases, work_rules
+from scheduler.owners import executions, leases, work_rules
 from scheduler.tenancy import EVERY_TENANT, Scope
 from tests.integration import command_support
 from tests.integration.api_support import (
@@ -128,6 +128,31 @@ def test_resume_sends_again_what_the_rule_held_but_not_what_another_rule_still_h
     assert operations.resume_work(rule, actor=audit.CLI, app=app) == 1
     assert redis_client.llen("reports") == 1
     assert not PauseRule.objects.filter(pk=rule.pk).exists()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_resume_sends_again_only_what_was_waiting_before_the_lift(
+    redis_client: redis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given one execution the rule held
+    queued = {"status": Status.QUEUED, "queue": "reports", "task": TENANT_TASK}
+    make_execution("held", celery_task_id="held", enqueued_at=dbclock.now(), **queued)
+    rule = _pause(queue="reports")
+    # and a leader that, woken by the lift, sends the work's next slot before the resume reads what waits
+    read_held = executions.held_rows
+
+    def the_leader_sends_first(*args: Any, **kwargs: Any) -> list[dict[str, Any]]:
+        make_execution("next-slot", celery_task_id="next", enqueued_at=dbclock.now(), **queued)
+        return read_held(*args, **kwargs)
+
+    monkeypatch.setattr(executions, "held_rows", the_leader_sends_first)
+
+    # When the rule is lifted
+    sent = operations.resume_work(rule, actor=audit.CLI, app=app)
+
+    # Then only the held one is sent again: the leader's was sent already
+    assert sent == 1
+    assert redis_client.llen("reports") == 1
 
 
 def test_a_tenants_caller_pauses_its_own_tenants_work_only() -> None:
