@@ -651,7 +651,22 @@ def test_chaos_soak__every_slot_once_nothing_run_twice_nothing_lost(
         "completed_after_claim_moved_on": stale,
         "concurrent_runs": len(concurrent),
         "fenced_side_effects_wrong": fenced_wrong,
-        "results_contradicting_rows": results_wrong,
+        # (each with what the row and Celery's result say, and the run's events: what to read the logs for)
+        "results_contradicting_rows": [
+            {
+                "id": e.pk,
+                "row": [e.status, e.attempt, e.worker],
+                "stored": [
+                    [state, str(done)]
+                    for state, done in TaskResult.objects.filter(task_id=e.celery_task_id).values_list(
+                        "status", "date_done"
+                    )
+                ],
+                "events": [event for event in events if event["execution_id"] == e.pk],
+            }
+            for e in executions
+            if e.pk in set(results_wrong)
+        ],
         "succeeded_without_body": without_body,
         "rerun_after_interruption": rerun_after_interruption,
         "max_stall_s": round(stall, 2),
