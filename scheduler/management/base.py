@@ -29,7 +29,7 @@ from django.db.models import Model
 from django.utils.dateparse import parse_datetime
 
 from scheduler.exceptions import BrokerUnavailable, SchedulerError, first_line, validation_message
-from scheduler.limits import LONE_SURROGATE
+from scheduler.limits import holds_unstorable_text
 from scheduler.models import Execution
 from scheduler.models.schedule import EARLIEST, LATEST, Schedule
 
@@ -58,9 +58,7 @@ class OneLineParser(CommandParser):
         # A shell cannot pass a NUL, but a caller's list can, and no database
         # column stores one (PostgreSQL refuses it in any text); bytes that are
         # not UTF-8 reach Python as lone surrogates, which no text holds.
-        if args is not None and any(
-            "\x00" in arg or LONE_SURROGATE.search(arg) for arg in args if isinstance(arg, str)
-        ):
+        if args is not None and holds_unstorable_text(list(args)):
             self.error("arguments cannot contain NUL characters or bytes that are not UTF-8")
         return super().parse_known_args(args, namespace)
 
