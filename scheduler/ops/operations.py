@@ -57,7 +57,7 @@ MAX_PAUSE_RULES = 50
 MAX_LIMITS = 50
 #: What a run now may replace of the schedule's stored values, for that run only.
 RUN_OVERRIDES = ("args", "kwargs", "queue", "priority")
-#: A one-off time this little behind the database clock still counts as "now": it runs.
+#: A one-off time (or an end) this little behind the database clock still counts as "now".
 RUN_AT_GRACE = timedelta(seconds=10)
 
 
@@ -65,8 +65,16 @@ class ActionRefused(SchedulerError):
     """The action cannot be taken: its task is unknown or not the caller's to run, or the execution is in the wrong state."""
 
 
-class RunAtInPast(SchedulerError):
-    """A one-off time is already past: the beat would record it missed and never run it."""
+class TimeInPast(SchedulerError):
+    """An edit sets a one-off time or an end that is already past: the schedule would never run.
+
+    ``field`` is the one to blame, ``run_at`` or ``end_at``, for a form or
+    a payload to put the message on.
+    """
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(message)
+        self.field = field
 
 
 @dataclass
@@ -115,16 +123,34 @@ def validate_schedule(schedule: Schedule, *, app: Celery, scope: Scope) -> None:
 
 
 def ensure_run_at_ahead(run_at: datetime | None, *, now: datetime, hint: str) -> None:
-    """Raise ``RunAtInPast`` (its message ends with ``hint``) when a one-off's new ``run_at`` is before ``now``.
+    """Raise ``TimeInPast`` (its message ends with ``hint``) when a one-off's new ``run_at`` is before ``now``.
 
     ``now`` is the database clock, the beat's; ``RUN_AT_GRACE`` lets "now" typed a moment ago through.
     """
     if run_at is not None and run_at < now - RUN_AT_GRACE:
-        raise RunAtInPast(
-            f"The one-off time {run_at.astimezone(timezone.utc):%Y-%m-%d %H:%M:%S} UTC is in the past "
-            f"(it is {now.astimezone(timezone.utc):%Y-%m-%d %H:%M:%S} UTC): it would be recorded missed and "
-            f"never run. {hint}"
+        raise TimeInPast(
+            "run_at",
+            f"The one-off time {_utc(run_at)} is in the past (it is {_utc(now)}): it would be recorded missed "
+            f"and never run. {hint}",
         )
+
+
+def ensure_end_at_ahead(end_at: datetime | None, *, now: datetime) -> None:
+    """Raise ``TimeInPast`` when a schedule's new ``end_at`` is before ``now``: it would have no slot left.
+
+    Called only when the edit sets the end: a schedule that has since passed
+    its end can still be edited otherwise.
+    """
+    if end_at is not None and end_at < now - RUN_AT_GRACE:
+        raise TimeInPast(
+            "end_at",
+            f"The end {_utc(end_at)} is in the past (it is {_utc(now)}): the schedule would never run again. "
+            "Give a future end, or leave it empty.",
+        )
+
+
+def _utc(moment: datetime) -> str:
+    return f"{moment.astimezone(timezone.utc):%Y-%m-%d %H:%M:%S} UTC"
 
 
 # --- schedules --------------------------------------------------------------------------

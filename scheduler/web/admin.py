@@ -383,15 +383,18 @@ class ScheduleForm(forms.ModelForm):
                 task_policy.ensure_scope_allows(task, tenant=tenant, scope=self.scope)
             except TaskRefused as exc:
                 self.add_error("task" if "task" in self.fields else None, str(exc))
-        if cleaned.get("run_at_now"):
-            cleaned["run_at"] = dbclock.now()
-        elif cleaned.get("run_at") is not None and "run_at" in self.changed_data:
-            try:
+        now = dbclock.now()
+        try:
+            if cleaned.get("run_at_now"):
+                cleaned["run_at"] = now
+            elif "run_at" in self.changed_data:
                 operations.ensure_run_at_ahead(
-                    cleaned["run_at"], now=dbclock.now(), hint="Give a future time, or tick “Run it now”."
+                    cleaned.get("run_at"), now=now, hint="Give a future time, or tick “Run it now”."
                 )
-            except operations.RunAtInPast as exc:
-                self.add_error("run_at", str(exc))
+            if "end_at" in self.changed_data:
+                operations.ensure_end_at_ahead(cleaned.get("end_at"), now=now)
+        except operations.TimeInPast as exc:
+            self.add_error(exc.field, str(exc))
         return cleaned
 
     def _post_clean(self) -> None:

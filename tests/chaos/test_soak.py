@@ -450,8 +450,12 @@ def test_chaos_soak__every_slot_once_nothing_run_twice_nothing_lost(
 
     pending_faults: list[str] = []
     deadline = time.monotonic() + DURATION
-    # At least DURATION, and at least until every nemesis hit once.
-    while time.monotonic() < deadline or set(injected) != set(faults):
+    fault_floor = DURATION // 10
+    # At least DURATION, until every nemesis hit once, and until one fault per
+    # 10 s of DURATION hit: a slower database makes the faults take longer
+    # (a rolling restart waits for each process to be ready), so it runs
+    # longer rather than with fewer faults.
+    while time.monotonic() < deadline or set(injected) != set(faults) or sum(injected.values()) < fault_floor:
         if time.monotonic() > deadline + 600:
             break  # a nemesis that cannot find its target: the assertion below names it
         time.sleep(rng.uniform(3, 6))
@@ -698,7 +702,7 @@ def test_chaos_soak__every_slot_once_nothing_run_twice_nothing_lost(
     )
 
     # A fault every 3-6 s, plus what each takes; every nemesis at least once, and each did what it says.
-    assert sum(injected.values()) >= DURATION // 10 and set(injected) == set(faults), summary
+    assert sum(injected.values()) >= fault_floor and set(injected) == set(faults), summary
     assert raised_while_down and len(fired) >= injected["freeze_in_transaction"] + injected["freeze_in_fenced"], summary
     assert duplicates == 0 and gaps == 0, summary
     assert not ran_twice and not stale and not concurrent and not fenced_wrong, summary

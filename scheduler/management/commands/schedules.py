@@ -351,6 +351,7 @@ Run "manage.py schedules ACTION --help" for the options of each action."""
         operations.ensure_run_at_ahead(
             schedule.run_at, now=now, hint="Give a future time, or use --run-now (instead of --at) to run it now."
         )
+        operations.ensure_end_at_ahead(schedule.end_at, now=now)
         if dry_run:
             schedule.next_run_at = schedule.compute_next_run_at(now=clock.now())
         else:
@@ -365,12 +366,15 @@ Run "manage.py schedules ACTION --help" for the options of each action."""
         for field, value in changes.items():
             setattr(schedule, field, value)
         operations.validate_schedule(schedule, app=celery_app(), scope=EVERY_TENANT)
-        if "run_at" in schedule.changed_fields():
+        changed, now = schedule.changed_fields(), dbclock.now()
+        if "run_at" in changed:
             operations.ensure_run_at_ahead(
                 schedule.run_at,
-                now=dbclock.now(),
+                now=now,
                 hint=f"Give a future time; to run the task once now, use: schedules run-now {name}",
             )
+        if "end_at" in changed:
+            operations.ensure_end_at_ahead(schedule.end_at, now=now)
         with _rolled_back_if(dry_run):
             operations.save_schedule(schedule, actor=audit.CLI, now=dbclock.now())
         self._report(schedule, "Would update" if dry_run else "Updated", json=json, dry_run=dry_run)

@@ -153,16 +153,19 @@ class ScheduleSerializer(ApiModelSerializer):
         app = celery_app()
         try:
             operations.validate_schedule(schedule, app=app, scope=scope)
-            if "run_at" in schedule.changed_fields() or (self.instance is None and schedule.run_at):
+            changed, now = schedule.changed_fields(), dbclock.now()
+            if "run_at" in changed:
                 operations.ensure_run_at_ahead(
                     schedule.run_at,
-                    now=dbclock.now(),
+                    now=now,
                     hint="Give a future time; to run the task once now, use the run-now action.",
                 )
+            if "end_at" in changed:
+                operations.ensure_end_at_ahead(schedule.end_at, now=now)
         except DjangoValidationError as exc:
             raise drf_errors(exc) from None
-        except operations.RunAtInPast as exc:
-            raise serializers.ValidationError({"run_at": [str(exc)]}) from None
+        except operations.TimeInPast as exc:
+            raise serializers.ValidationError({exc.field: [str(exc)]}) from None
         self.candidate = schedule
         return attrs
 

@@ -31,10 +31,10 @@ from rest_framework.response import Response
 from rest_framework.serializers import BaseSerializer
 from rest_framework.views import APIView
 
-from scheduler import dbclock, task_policy
+from scheduler import dbclock, task_policy, timing
 from scheduler.celery_app import celery_app
 from scheduler.conf import settings
-from scheduler.exceptions import BackfillRefused, BackfillTooLarge, TaskRefused
+from scheduler.exceptions import BackfillRefused, BackfillTooLarge, ScheduleInvalid, TaskRefused
 from scheduler.models import AuditEvent, Calendar, Execution, Lease, NotificationTarget, PauseRule, Schedule
 from scheduler.ops import audit, bulk, cluster, operations
 from scheduler.web.api import serializers as s
@@ -269,6 +269,11 @@ class ScheduleViewSet(
         schedule = self.get_object()
         params = s.NextQuerySerializer(data=request.query_params)
         params.is_valid(raise_exception=True)
+        try:
+            timing.validate_timezone(schedule.timezone)
+        except ScheduleInvalid as exc:  # valid when saved, since dropped from the tzdata: the beat skips it
+            note = f"{exc}: the schedule does not fire until its timezone is corrected."
+            return Response(s.NextSerializer({"times": [], "excluded": [], "note": note}).data)
         zone = ZoneInfo(schedule.timezone)
         count = params.validated_data["n"]
         times = schedule.next_fire_times(count, after=dbclock.now())

@@ -1,0 +1,105 @@
+"""An edit that sets a schedule's end in the past is refused, with the same message, by the admin, the API and the CLI.
+
+Such a schedule would be saved enabled and never run again. A schedule
+that has since passed its end stays editable otherwise.
+"""
+
+from __future__ import annotations
+
+import io
+from datetime import timedelta
+
+import pytest
+from django.contrib.auth import get_user_model
+from django.core.management import CommandError, call_command
+from django.test import Client
+from django.utils import timezone
+
+from scheduler import dbclock
+from scheduler.models import Schedule
+from tests.support.admin_forms import schedule_form
+from tests.support.factories import make_schedule
+
+pytestmark = pytest.mark.django_db
+
+REFUSED = "The end 2020-01-01 00:00:00 UTC is in the past"
+
+
+@pytest.fixture
+def staff() -> Client:
+    client = Client()
+    client.force_login(get_user_model().objects.create_superuser("root", "root@example.invalid", "pw"))
+    return client
+
+
+def _ended_yesterday() -> Schedule:
+    schedule = make_schedule("ended", interval=60, end_at=dbclock.now() + timedelta(days=1))
+    Schedule.objects.filter(pk=schedule.pk).update(end_at=dbclock.now() - timedelta(days=1))
+    return Schedule.objects.get(pk=schedule.pk)
+
+
+def _admin_form(schedule_name: str, **fields: str) -> dict[str, str]:
+    return schedule_form(name=schedule_name) | fields
+
+
+def test_admin__a_new_schedule_ending_in_the_past_is_refused(staff: Client) -> None:
+    response = staff.post("/admin/scheduler/schedule/add/", _admin_form("new", end_at_0="2020-01-01", end_at_1="00:00"))
+    assert response.status_code == 200
+    assert REFUSED in response.content.decode()
+    assert not Schedule.objects.exists()
+
+
+def test_admin__moving_the_end_into_the_past_is_refused_and_other_edits_are_not(staff: Client) -> None:
+    schedule = make_schedule("later", interval=60, end_at=dbclock.now() + timedelta(days=1))
+    url = f"/admin/scheduler/schedule/{schedule.pk}/change/"
+    response = staff.post(url, _admin_form("later", end_at_0="2020-01-01", end_at_1="00:00"))
+    assert response.status_code == 200 and REFUSED in response.content.decode()
+    assert Schedule.objects.get(pk=schedule.pk).end_at == schedule.end_at
+
+    ended = _ended_yesterday()
+    end = timezone.localtime(ended.end_at)
+    response = staff.post(
+        f"/admin/scheduler/schedule/{ended.pk}/change/",
+        _admin_form("ended", description="kept", end_at_0=f"{end:%Y-%m-%d}", end_at_1=f"{end:%H:%M:%S}"),
+    )
+    assert response.status_code == 302, response.content.decode()[-2000:]
+    assert Schedule.objects.get(pk=ended.pk).description == "kept"
+
+
+def test_api__create_and_update_with_a_past_end_are_refused(operator: Client) -> None:
+    response = operator.post(
+        "/api/v1/schedules/",
+        {"name": "new", "task": "scheduler.echo", "interval": 60, "end_at": "2020-01-01T00:00:00Z"},
+        content_type="application/json",
+    )
+    assert response.status_code == 400
+    assert response.json()["end_at"][0].startswith(REFUSED)
+    assert not Schedule.objects.exists()
+
+    ended = _ended_yesterday()
+    response = operator.patch(
+        f"/api/v1/schedules/{ended.pk}/", {"description": "kept"}, content_type="application/json"
+    )
+    assert response.status_code == 200, response.content
+    response = operator.patch(
+        f"/api/v1/schedules/{ended.pk}/", {"end_at": "2020-01-01T00:00:00Z"}, content_type="application/json"
+    )
+    assert response.status_code == 400 and response.json()["end_at"][0].startswith(REFUSED)
+    assert Schedule.objects.get(pk=ended.pk).end_at == ended.end_at
+
+
+def test_cli__create_and_update_with_a_past_end_are_refused() -> None:
+    def schedules(*argv: str) -> None:
+        call_command("schedules", *argv, stdout=io.StringIO(), stderr=io.StringIO())
+
+    with pytest.raises(CommandError) as refused:
+        schedules("create", "new", "--task", "scheduler.echo", "--every", "60", "--end", "2020-01-01T00:00:00Z")
+    assert str(refused.value).startswith(REFUSED) and "leave it empty" in str(refused.value)
+    assert not Schedule.objects.exists()
+
+    ended = _ended_yesterday()
+    schedules("update", "ended", "--description", "kept")
+    assert Schedule.objects.get(pk=ended.pk).description == "kept"
+    with pytest.raises(CommandError, match="is in the past"):
+        schedules("update", "ended", "--end", "2020-01-01T00:00:00Z")
+    assert Schedule.objects.get(pk=ended.pk).end_at == ended.end_at
