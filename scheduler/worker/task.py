@@ -93,11 +93,14 @@ EARLY_RETRY_WAIT_SECONDS = 2.0  # seconds
 CONNECTION_LOST_RETRY_SECONDS = 1.0  # seconds
 
 
-class _RetryNotSent(Reject):
+class _RetryNotSent(Ignore):
     """The retry's message could not be sent; the execution stays ``retrying`` for someone else to send.
 
-    A ``Reject`` (not requeued), as Celery's own when it cannot send a retry,
-    and told apart from a body's error by the guard.
+    An ``Ignore``: the message is acknowledged and no Celery result is
+    stored. Celery's own ``Reject`` (not requeued) would have the worker
+    store FAILURE for the task id, which the retry sent later reuses: a
+    worker's main process still cut off from the broker stores it late,
+    over the retry's SUCCESS. Told apart from a body's error by the guard.
     """
 
 
@@ -747,7 +750,7 @@ def _not_sent(claim: Claim, error: BaseException) -> _RetryNotSent:
     The execution is ``retrying`` already, due at its time, and this process
     holds no claim on it: the leader sends it (its broker check, once a
     restarted broker answers; else reconcile, ``RECONCILE_QUEUED_AFTER_SECONDS``
-    after it was due). The message is rejected, not requeued, as Celery does.
+    after it was due). The message is acknowledged, as done with.
     """
     reason = getattr(error, "reason", None) or error
     logger.warning(
@@ -756,7 +759,7 @@ def _not_sent(claim: Claim, error: BaseException) -> _RetryNotSent:
         reason,
         extra={"action": "retry_not_sent", "execution_id": claim.execution_id},
     )
-    return _RetryNotSent(reason, requeue=False)  # type: ignore[arg-type]  # Reject keeps any reason; the stubs say Exception | str
+    return _RetryNotSent(reason)
 
 
 class GuardedRequest(Request):

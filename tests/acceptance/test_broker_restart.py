@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 import redis
+from django_celery_results.models import TaskResult
 
 from scheduler import dbclock
 from scheduler.models import Execution
@@ -181,9 +182,13 @@ def _final(execution: Execution) -> Execution | None:
     return Execution.objects.filter(pk=execution.pk, status__in=Execution.FINAL_STATUSES).first()
 
 
-def _rejected(worker: CeleryProcess, execution: Execution) -> None:
-    """Wait until Celery has given up sending the retry of ``execution`` (its message is rejected)."""
-    worker.wait_for_log(rf"tests\.flaky\[{execution.celery_task_id}\] reject requeue=False", timeout=30)
+def _given_up(worker: CeleryProcess, execution: Execution) -> None:
+    """Wait until the guard has given up sending the retry of ``execution`` (it stays ``retrying``)."""
+    worker.wait_for_log(rf"execution {execution.pk} attempt 1: its retry could not be sent", timeout=30)
+
+
+def _celery_state(execution: Execution) -> str | None:
+    return TaskResult.objects.filter(task_id=execution.celery_task_id).values_list("status", flat=True).first()
 
 
 def test_retry_while_the_broker_is_down__sent_once_it_answers(
@@ -204,7 +209,7 @@ def test_retry_while_the_broker_is_down__sent_once_it_answers(
     # When the broker stops, and then the body fails: Celery cannot send its retry
     own_broker.stop()
     redis_client.set(test_tasks.GO_KEY, "1")
-    _rejected(worker, execution)
+    _given_up(worker, execution)
     # and the broker is started again, empty
     own_broker.start()
 
@@ -245,7 +250,12 @@ def test_retry_the_broker_refuses__the_pool_child_keeps_no_claim_and_runs_on(
     # those open stay), and then the body fails: Celery cannot send its retry
     own_broker.client.config_set("maxclients", own_broker.client.info("clients")["connected_clients"])
     redis_client.set(test_tasks.GO_KEY, "1")
-    _rejected(worker, execution)
+    _given_up(worker, execution)
+    # Then the worker is done with the message (over the connection it kept),
+    # and stores no failure for the task id: the execution is not over, and
+    # its retry will reuse the id.
+    assert wait_until(lambda: not own_broker.client.hlen("unacked"), timeout=15), worker.log()[-3000:]
+    assert _celery_state(execution) != "FAILURE"
     # and the broker takes connections again
     own_broker.client.config_set("maxclients", 10_000)
 
@@ -254,6 +264,7 @@ def test_retry_the_broker_refuses__the_pool_child_keeps_no_claim_and_runs_on(
     current = Execution.objects.get(pk=execution.pk)
     assert done, f"execution {current.status} (attempt {current.attempt}) {RECOVERY_SECONDS}s after the broker answered"
     assert (done.status, done.attempt, done.result) == (Status.SUCCEEDED, 2, 2), worker.log()[-3000:]
+    assert wait_until(lambda: _celery_state(execution) == "SUCCESS", timeout=10), _celery_state(execution)
     assert [event["pid"] for event in test_tasks.events(redis_client, "tests:attempts:refused")] == [child, child]
     # And that child holds no claim left over: a later task there runs to the end
     later = _record_one("later", task="tests.record", kwargs={"label": "later", "seconds": 3})
