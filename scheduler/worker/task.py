@@ -47,7 +47,7 @@ from datetime import timedelta, timezone
 from typing import Any, TypeVar
 
 from celery import Task, current_task
-from celery.exceptions import Ignore, Reject, Retry, SoftTimeLimitExceeded, WorkerLostError
+from celery.exceptions import Ignore, Reject, Retry, SoftTimeLimitExceeded, TimeLimitExceeded, WorkerLostError
 from celery.signals import task_postrun, task_prerun, worker_init, worker_process_init
 from celery.worker.request import Request
 from django.db import (
@@ -775,7 +775,8 @@ class GuardedRequest(Request):
     attempt: a successor's claim (another worker, or a later attempt) is
     never touched, even when it reuses this message's Celery task id.
     Matching the task id instead would let a stale attempt's time limit or
-    lost child write over its successor's row (issue 15).
+    lost child write over its successor's row (issue 15). For the same
+    reason a stale attempt's hard time limit stores no Celery result.
     """
 
     def _child_claim(self) -> Claim | None:
@@ -787,23 +788,44 @@ class GuardedRequest(Request):
             return executions.held_by(worker=worker, execution_id=execution_id)
         return executions.held_by(worker=worker, key=executions.ad_hoc_key(self.id))
 
+    #: A hard time limit was handled (Celery reports it twice: as the job's failure, then as its timeout).
+    _hard_limit_handled = False
+    #: It struck a child whose claim had moved on: this message has no outcome to store.
+    _outcome_elsewhere = False
+
+    @property
+    def store_errors(self) -> bool:
+        # The task id is the successor's too (a re-send reuses it): Celery's
+        # FAILURE for this attempt would cover the successor's result.
+        return not self._outcome_elsewhere and bool(super().store_errors)
+
+    def _hard_limit_struck(self, timeout: float) -> None:
+        """Record the hard time limit as ``timed_out``, or note that the claim moved on (Celery kills the child)."""
+        if self._hard_limit_handled:
+            return
+        self._hard_limit_handled = True
+        try:
+            claim = self._child_claim()
+            if claim is None:
+                self._outcome_elsewhere = True
+                return
+            executions.finish(
+                claim,
+                status=Execution.Status.TIMED_OUT,
+                error=f"Hard time limit of {timeout}s exceeded; the worker process was killed",
+            )
+        except DatabaseError:
+            logger.exception("could not record the hard time limit of task %s", self.id)
+
     def on_timeout(self, soft: bool, timeout: float) -> None:
-        """Record a hard time limit as ``timed_out`` (Celery kills the child right after)."""
         if not soft:
-            try:
-                claim = self._child_claim()
-                if claim is not None:
-                    executions.finish(
-                        claim,
-                        status=Execution.Status.TIMED_OUT,
-                        error=f"Hard time limit of {timeout}s exceeded; the worker process was killed",
-                    )
-            except DatabaseError:
-                logger.exception("could not record the hard time limit of task %s", self.id)
+            self._hard_limit_struck(timeout)
         super().on_timeout(soft, timeout)
 
     def on_failure(self, exc_info: Any, send_failed_event: bool = True, return_ok: bool = False) -> None:
         exc = getattr(exc_info.exception, "exc", exc_info.exception)
+        if isinstance(exc, TimeLimitExceeded) and not return_ok:  # the pool's, before on_timeout
+            self._hard_limit_struck(exc.args[0] if exc.args else 0.0)
         if isinstance(exc, WorkerLostError) and self.task.reject_on_worker_lost:
             # The child is gone for sure: let the requeued message claim the
             # execution at once instead of waiting for its claim to expire.

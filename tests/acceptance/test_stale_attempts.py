@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 from django.db.models import F
+from django_celery_results.models import TaskResult
 
 import scheduler
 from scheduler import dbclock
@@ -91,6 +92,10 @@ def test_old_attempt_hard_time_limit__does_not_touch_the_successor(celery_proces
     # Then B's row keeps B's claim: not timed out, not finished
     assert not wait_until(lambda: claim_state(execution) != successor, timeout=3), claim_state(execution)
     assert claim_state(execution)["status"] == Execution.Status.RUNNING
+    # and no failure is stored for the task id, which is B's now: B's outcome will be
+    assert not TaskResult.objects.filter(task_id=execution.celery_task_id).exists(), list(
+        TaskResult.objects.values("result", "traceback", "worker")
+    )
 
 
 def test_old_attempt_lost_child__does_not_release_the_successors_claim(celery_processes: Start) -> None:
