@@ -595,6 +595,9 @@ class Schedule(models.Model):
                 timing.validate_cron(self.cron, hash_key=self.hash_key)
             except ScheduleInvalid as exc:
                 add("cron", str(exc))
+            else:
+                if problem := timing.cron_dates_problem(self.cron, hash_key=self.hash_key):
+                    add("cron", problem)
         try:
             timing.validate_timezone(self.timezone)
         except ScheduleInvalid as exc:

@@ -49,6 +49,7 @@ __all__ = ["Timing", "count_slots", "longest_gap", "next_slot", "slots_between",
 UTC = dt_timezone.utc
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _NAIVE_EPOCH = datetime(1970, 1, 1)
+_Y2K = datetime(2000, 1, 1, tzinfo=UTC)
 _TICK = timedelta(microseconds=1)  # the resolution of datetime
 #: Excluded days in a row after which a schedule's calendars are taken to keep out every day to come.
 CALENDAR_DAYS_SKIPPED = 3660
@@ -183,8 +184,9 @@ def validate_cron(expr: str, *, hash_key: str = "") -> None:
     """Raise ScheduleInvalid, saying what is wrong, unless expr is a usable cron expression.
 
     An expression that is well formed but never matches (``0 0 30 2 *``) is
-    accepted; next_slot returns None for it. ``H`` fields are hashed from
-    ``hash_key``; any key shows whether the expression is well formed.
+    accepted; next_slot returns None for it (``cron_dates_problem`` says
+    so, for a form). ``H`` fields are hashed from ``hash_key``; any key
+    shows whether the expression is well formed.
     """
     if not isinstance(expr, str) or not expr.strip():
         raise ScheduleInvalid("Cron expression is required")
@@ -193,6 +195,19 @@ def validate_cron(expr: str, *, hash_key: str = "") -> None:
         raise ScheduleInvalid(f"At most {MAX_CRON_SPECS} cron expressions, separated by ';'; got {len(specs)}")
     for spec in specs:
         _parse_cron(spec, hash_key)
+
+
+def cron_dates_problem(expr: str, *, hash_key: str = "") -> str:
+    """Say which expression of a valid ``expr`` matches no date at all (``0 0 30 2 *``); "" when each one does.
+
+    Such a schedule would be saved and never fire. Asked of the expression
+    alone, in UTC from 2000 on: a cron without a year repeats within 28
+    years, so no slot within croniter's 50 means none ever.
+    """
+    for spec in cron_specs(expr):
+        if next_slot(Timing(cron=spec, timezone="UTC", hash_key=hash_key), after=_Y2K) is None:
+            return f"{spec!r} matches no date (no such day in those months): it would never fire."
+    return ""
 
 
 def cron_specs(expr: str) -> list[str]:

@@ -10,6 +10,7 @@ import pytest
 from scheduler.exceptions import ScheduleInvalid
 from scheduler.timing import (
     Timing,
+    cron_dates_problem,
     describe,
     next_slot,
     resolved_cron,
@@ -139,6 +140,27 @@ def test_hashed_cron__is_described_and_previewed_with_the_values_it_stands_for()
 
 def test_validate_cron__accepts_expression_that_never_matches() -> None:
     validate_cron("0 0 30 2 *")
+
+
+@pytest.mark.parametrize(
+    ("expr", "culprit"),
+    [
+        ("0 0 30 2 *", "0 0 30 2 *"),
+        ("0 0 31 4,6,9,11 *", "0 0 31 4,6,9,11 *"),
+        ("0 12 * * *; H H 30 2 *", "H H 30 2 *"),
+        ("0 0 0 31 2 *", "0 0 0 31 2 *"),
+    ],
+)
+def test_cron_dates_problem__names_the_expression_that_matches_no_date(expr: str, culprit: str) -> None:
+    assert (
+        cron_dates_problem(expr, hash_key="k")
+        == f"{culprit!r} matches no date (no such day in those months): it would never fire."
+    )
+
+
+@pytest.mark.parametrize("expr", ["0 0 29 2 *", "0 0 31 * *", "0 0 30 1-3 *", "0 0 29 2 1", "*/5 * * * *"])
+def test_cron_dates_problem__none_for_expressions_with_a_date(expr: str) -> None:
+    assert cron_dates_problem(expr) == ""
 
 
 # --- validate_timezone ---------------------------------------------------------

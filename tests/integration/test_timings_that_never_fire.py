@@ -1,11 +1,13 @@
-"""An edit that sets a schedule's end in the past is refused, with the same message, by the admin, the API and the CLI.
+"""A timing that would never fire is refused, with the same message, by the admin, the API and the CLI.
 
-Such a schedule would be saved enabled and never run again. A schedule
-that has since passed its end stays editable otherwise.
+An end in the past, or a cron expression that matches no date (30
+February): such a schedule would be saved enabled and never run. A
+schedule that has since passed its end stays editable otherwise.
 """
 
 from __future__ import annotations
 
+import html
 import io
 from datetime import timedelta
 
@@ -103,3 +105,29 @@ def test_cli__create_and_update_with_a_past_end_are_refused() -> None:
     with pytest.raises(CommandError, match="is in the past"):
         schedules("update", "ended", "--end", "2020-01-01T00:00:00Z")
     assert Schedule.objects.get(pk=ended.pk).end_at == ended.end_at
+
+
+NO_DATE = "'0 0 30 2 *' matches no date (no such day in those months): it would never fire."
+
+
+def test_a_cron_matching_no_date__is_refused_everywhere(staff: Client, operator: Client) -> None:
+    page = staff.post("/admin/scheduler/schedule/add/", _admin_form("new", interval="", cron="0 0 30 2 *"))
+    assert page.status_code == 200 and html.escape(NO_DATE) in page.content.decode()
+    response = operator.post(
+        "/api/v1/schedules/",
+        {"name": "new", "task": "scheduler.echo", "cron": "0 0 30 2 *"},
+        content_type="application/json",
+    )
+    assert response.status_code == 400 and response.json()["cron"] == [NO_DATE]
+    with pytest.raises(CommandError, match="matches no date"):
+        call_command(
+            "schedules", "create", "new", "--task", "scheduler.echo", "--cron", "0 0 30 2 *", stdout=io.StringIO()
+        )
+    assert not Schedule.objects.exists()
+    # and a leap day is a date
+    response = operator.post(
+        "/api/v1/schedules/",
+        {"name": "leap", "task": "scheduler.echo", "cron": "0 0 29 2 *"},
+        content_type="application/json",
+    )
+    assert response.status_code == 201, response.content
