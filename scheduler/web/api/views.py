@@ -271,7 +271,7 @@ class ScheduleViewSet(
         params.is_valid(raise_exception=True)
         try:
             timing.validate_timezone(schedule.timezone)
-        except ScheduleInvalid as exc:  # valid when saved, since dropped from the tzdata: the beat skips it
+        except ScheduleInvalid as exc:  # valid when saved, since dropped from the tzdata: the beat pauses it
             note = f"{exc}: the schedule does not fire until its timezone is corrected."
             return Response(s.NextSerializer({"times": [], "excluded": [], "note": note}).data)
         zone = ZoneInfo(schedule.timezone)
