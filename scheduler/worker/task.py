@@ -108,6 +108,8 @@ class _RetryNotSent(Ignore):
 _Found = tuple[int, dict[str, str]]
 #: A rate limit's start this far away, or nearer, is waited for in the pool process; a later one is sent later.
 RATE_WAIT_SECONDS = 5.0
+#: The share of a time limit a rate limit's wait in the pool process may take (Celery's timer is running).
+RATE_WAIT_SHARE_OF_LIMIT = 0.1
 
 
 def _ruled() -> bool:
@@ -130,21 +132,32 @@ def _arguments(args: Any, kwargs: Any) -> tuple[Any, Any]:
     return (args if isinstance(args, (list, tuple)) else (), kwargs if isinstance(kwargs, dict) else {})
 
 
-def _keep_to_rate(found: _Found, args: Any, kwargs: Any, app: Any) -> float | None:
+def _rate_wait_allowed(time_limits: tuple[float | None, float | None] | None) -> float:
+    """How long a body may wait for its rate limit's start in the pool process, under its (hard, soft) time limits.
+
+    The pool's timer runs from the moment it took the message: a wait there
+    is taken from the body's time, so it may use only a small share of it.
+    """
+    limits = [limit for limit in (time_limits or ()) if limit]
+    return min([RATE_WAIT_SECONDS, *(limit * RATE_WAIT_SHARE_OF_LIMIT for limit in limits)])
+
+
+def _keep_to_rate(found: _Found, args: Any, kwargs: Any, app: Any, *, wait_allowed: float) -> float | None:
     """Take the execution's start under its rate limit; return when to start it (monotonic clock), or raise ``Ignore``.
 
-    A start at most ``RATE_WAIT_SECONDS`` away is taken, and the body waits
-    for it in this process once claimed (the end of ``before_start``). A later one is
-    not taken: the message is acknowledged and sent again to arrive that much
-    before it, so no pool process waits long. ``None``: no rate limit governs it.
+    A start at most ``wait_allowed`` away is taken, and the body waits for
+    it in this process once claimed (the end of ``before_start``). A later
+    one is not taken: the message is acknowledged and sent again to arrive
+    that much before it, so no pool process waits long, nor eats into a
+    time limit. ``None``: no rate limit governs it.
     """
     rate = work_rules.governing(work_rules.rates_in_force(), **found[1])
     if rate is None:
         return None
-    reservation = work_rules.reserve_start(rate, rate.key_of(*_arguments(args, kwargs)), within=RATE_WAIT_SECONDS)
+    reservation = work_rules.reserve_start(rate, rate.key_of(*_arguments(args, kwargs)), within=wait_allowed)
     if reservation.reserved:
         return time.monotonic() + reservation.seconds
-    due = dbclock.now() + timedelta(seconds=reservation.seconds - RATE_WAIT_SECONDS)
+    due = dbclock.now() + timedelta(seconds=reservation.seconds - wait_allowed)
     try:
         outbox.publish(app, executions.send_later(found[0], due=due), now=dbclock.now())
     except BrokerUnavailable:  # reconcile sends it, once it waited unclaimed past its due time
@@ -522,7 +535,9 @@ class ExecutionTask(Task):
         place, start_at = None, None
         if found is not None:
             _refuse_if_paused(found)
-            start_at = _keep_to_rate(found, args, kwargs, self.app)
+            start_at = _keep_to_rate(
+                found, args, kwargs, self.app, wait_allowed=_rate_wait_allowed(self.request.timelimit)
+            )
             place = _place_of(found, args, kwargs)
         setattr(self.request, _START_ATTR, start_at)
         claim = {"worker": worker, "task": self.name, "celery_task_id": task_id, "place": place, **target}

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import pytest
+from django_celery_results.models import TaskResult
 
 import scheduler
 from scheduler.models import Execution, RateLimit
@@ -64,3 +65,25 @@ def test_hundred_executions_under_ten_a_second__start_no_faster_across_two_worke
     # early or at once would put many more in a second.
     assert took >= (EXECUTIONS - 1) / STARTS_PER_SECOND - 0.5
     assert busiest <= STARTS_PER_SECOND + 2
+
+
+def test_a_timed_execution__waits_for_its_start_outside_its_time_limit(celery_processes: Start) -> None:
+    # Given one start every 4 s for the task, and a worker of two processes
+    work_rules.save_limit(RateLimit(name="slow", every_tenant=True, task="tests.record", starts=1, per_seconds=4))
+    worker = celery_processes("worker", "timed", concurrency=2)
+    worker.wait_for_log(r"ready\.", timeout=60)
+
+    # When two executions with a one-second time limit are submitted at once
+    ids = [scheduler.submit("tests.record", kwargs={"label": f"t{n}"}, timeout=1).pk for n in range(2)]
+
+    # Then both succeed at the first attempt, 4 s apart: the second waited
+    # for its start as a message sent again, not in a pool process whose
+    # Celery timer (its soft limit of 1 s) was already running
+    assert wait_until(lambda: Execution.objects.filter(pk__in=ids, status=Status.SUCCEEDED).count() == 2, timeout=30), (
+        list(Execution.objects.filter(pk__in=ids).values_list("status", "error"))
+    )
+    first, second = Execution.objects.filter(pk__in=ids).order_by("started_at")
+    assert (first.attempt, second.attempt) == (1, 1)
+    assert (second.started_at - first.started_at).total_seconds() >= 4 - 4 * 0.1
+    assert "Soft time limit" not in worker.log()
+    assert not TaskResult.objects.filter(status="FAILURE").exists()

@@ -1,12 +1,13 @@
-"""Retry backoff and result summaries: pure functions of the worker guard."""
+"""Retry backoff, result summaries and rate waits: pure functions of the worker guard."""
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from scheduler.timing.policies import retry_delay
-from scheduler.worker.task import RESULT_SUMMARY_MAX_CHARS, _result_summary
+from scheduler.worker.task import RATE_WAIT_SECONDS, RESULT_SUMMARY_MAX_CHARS, _rate_wait_allowed, _result_summary
 
 
 def test_retry_delay__doubles_from_the_base() -> None:
@@ -49,3 +50,19 @@ def test_result_summary__large_values_truncated() -> None:
     summary = _result_summary("x" * (RESULT_SUMMARY_MAX_CHARS + 10))
     assert summary["length"] == RESULT_SUMMARY_MAX_CHARS + 12
     assert len(summary["truncated"]) == 1000
+
+
+@pytest.mark.parametrize(
+    ("time_limits", "allowed"),
+    [
+        (None, RATE_WAIT_SECONDS),
+        ((None, None), RATE_WAIT_SECONDS),
+        ((11.0, 1.0), 0.1),  # timeout 1 s and its grace: a tenth of the soft limit
+        ((70.0, 60.0), RATE_WAIT_SECONDS),
+        ((10.0, None), 1.0),  # a hard limit alone
+    ],
+)
+def test_rate_wait__a_tenth_of_the_time_limit_at_most(
+    time_limits: tuple[float | None, float | None] | None, allowed: float
+) -> None:
+    assert _rate_wait_allowed(time_limits) == pytest.approx(allowed)
