@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 from celery import Celery
+from django.contrib.auth import get_user_model
 from django.test import Client
 
 from project.celery import app
@@ -44,6 +45,14 @@ def beat_replica(redis_url: str) -> Iterator[BeatReplica]:
     yield start
     for replica in reversed(started):
         replica.close()  # (a second close of one the test closed itself does nothing)
+
+
+@pytest.fixture
+def staff() -> Client:
+    """An admin client logged in as a superuser (of every tenant)."""
+    client = Client()
+    client.force_login(get_user_model().objects.create_superuser("root", "root@example.invalid", "pw"))
+    return client
 
 
 @pytest.fixture

@@ -5,7 +5,6 @@ from __future__ import annotations
 from datetime import timedelta
 
 import pytest
-from django.contrib.auth import get_user_model
 from django.db.models.functions import Now
 from django.test import Client
 
@@ -17,13 +16,6 @@ from tests.support.factories import make_execution, make_schedule
 pytestmark = pytest.mark.django_db
 
 Status = Execution.Status
-
-
-@pytest.fixture
-def staff() -> Client:
-    client = Client()
-    client.force_login(get_user_model().objects.create_superuser("root", "root@example.invalid", "pw"))
-    return client
 
 
 @pytest.fixture

@@ -17,13 +17,6 @@ from scheduler.owners import leases
 pytestmark = pytest.mark.django_db
 
 
-@pytest.fixture
-def staff() -> Client:
-    client = Client()
-    client.force_login(get_user_model().objects.create_superuser("root", "root@example.invalid", "pw"))
-    return client
-
-
 def instance(instance_id: str, *, role: str = "beat", age: float, is_leader: bool = False) -> Instance:
     """An instance whose last heartbeat was ``age`` seconds ago on the database clock."""
     seen = dbclock.now() - timedelta(seconds=age)

@@ -17,7 +17,6 @@ from typing import Any
 import hypothesis
 import pytest
 import redis
-from django.contrib.auth import get_user_model
 from django.core.exceptions import ValidationError
 from django.core.management import ManagementUtility, find_commands, load_command_class
 from django.test import Client
@@ -233,13 +232,6 @@ def test_schedules__catchup_window_zero_is_refused(nightly: Schedule, action: st
 
 
 # --- admin -----------------------------------------------------------------------------
-
-
-@pytest.fixture
-def staff() -> Client:
-    client = Client()
-    client.force_login(get_user_model().objects.create_superuser("root", "root@example.invalid", "pw"))
-    return client
 
 
 def test_admin_add__the_valid_form_saves(staff: Client) -> None:

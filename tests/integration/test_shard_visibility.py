@@ -230,13 +230,6 @@ def test_check_stranded__only_as_a_database_check_and_only_for_active_schedules(
 # --- the cluster page ------------------------------------------------------------------
 
 
-@pytest.fixture
-def staff() -> Client:
-    client = Client()
-    client.force_login(get_user_model().objects.create_superuser("root", "root@example.invalid", "pw"))
-    return client
-
-
 def _table(page: str, table_id: str, attribute: str) -> dict[str, str]:
     table = re.search(rf'<table id="{table_id}">(.*?)</table>', page, re.DOTALL)
     assert table, page

@@ -12,7 +12,6 @@ import io
 from datetime import timedelta
 
 import pytest
-from django.contrib.auth import get_user_model
 from django.core.management import CommandError, call_command
 from django.test import Client
 from django.utils import timezone
@@ -25,13 +24,6 @@ from tests.support.factories import make_schedule
 pytestmark = pytest.mark.django_db
 
 REFUSED = "The end 2020-01-01 00:00:00 UTC is in the past"
-
-
-@pytest.fixture
-def staff() -> Client:
-    client = Client()
-    client.force_login(get_user_model().objects.create_superuser("root", "root@example.invalid", "pw"))
-    return client
 
 
 def _ended_yesterday() -> Schedule:

@@ -10,7 +10,6 @@ import html
 import io
 
 import pytest
-from django.contrib.auth import get_user_model
 from django.core.management import CommandError, call_command
 from django.test import Client
 
@@ -38,13 +37,6 @@ def test_beat__pauses_it_saying_why(schedule: Schedule, lease: leases.LeaseHandl
     schedule.refresh_from_db()
     assert schedule.paused_reason == f"Invalid timing: Unknown timezone {GONE!r}"
     assert not Execution.objects.exists()
-
-
-@pytest.fixture
-def staff() -> Client:
-    client = Client()
-    client.force_login(get_user_model().objects.create_superuser("root", "root@example.invalid", "pw"))
-    return client
 
 
 def test_admin__list_and_change_page_name_the_zone(staff: Client, schedule: Schedule) -> None:
