@@ -32,12 +32,10 @@ def _ended_yesterday() -> Schedule:
     return Schedule.objects.get(pk=schedule.pk)
 
 
-def _admin_form(schedule_name: str, **fields: str) -> dict[str, str]:
-    return schedule_form(name=schedule_name) | fields
-
-
 def test_admin__a_new_schedule_ending_in_the_past_is_refused(staff: Client) -> None:
-    response = staff.post("/admin/scheduler/schedule/add/", _admin_form("new", end_at_0="2020-01-01", end_at_1="00:00"))
+    response = staff.post(
+        "/admin/scheduler/schedule/add/", schedule_form(name="new", end_at_0="2020-01-01", end_at_1="00:00")
+    )
     assert response.status_code == 200
     assert REFUSED in response.content.decode()
     assert not Schedule.objects.exists()
@@ -46,7 +44,7 @@ def test_admin__a_new_schedule_ending_in_the_past_is_refused(staff: Client) -> N
 def test_admin__moving_the_end_into_the_past_is_refused_and_other_edits_are_not(staff: Client) -> None:
     schedule = make_schedule("later", interval=60, end_at=dbclock.now() + timedelta(days=1))
     url = f"/admin/scheduler/schedule/{schedule.pk}/change/"
-    response = staff.post(url, _admin_form("later", end_at_0="2020-01-01", end_at_1="00:00"))
+    response = staff.post(url, schedule_form(name="later", end_at_0="2020-01-01", end_at_1="00:00"))
     assert response.status_code == 200 and REFUSED in response.content.decode()
     assert Schedule.objects.get(pk=schedule.pk).end_at == schedule.end_at
 
@@ -54,7 +52,7 @@ def test_admin__moving_the_end_into_the_past_is_refused_and_other_edits_are_not(
     end = timezone.localtime(ended.end_at)
     response = staff.post(
         f"/admin/scheduler/schedule/{ended.pk}/change/",
-        _admin_form("ended", description="kept", end_at_0=f"{end:%Y-%m-%d}", end_at_1=f"{end:%H:%M:%S}"),
+        schedule_form(name="ended", description="kept", end_at_0=f"{end:%Y-%m-%d}", end_at_1=f"{end:%H:%M:%S}"),
     )
     assert response.status_code == 302, response.content.decode()[-2000:]
     assert Schedule.objects.get(pk=ended.pk).description == "kept"
@@ -103,7 +101,7 @@ NO_DATE = "'0 0 30 2 *' matches no date (no such day in those months): it would 
 
 
 def test_a_cron_matching_no_date__is_refused_everywhere(staff: Client, operator: Client) -> None:
-    page = staff.post("/admin/scheduler/schedule/add/", _admin_form("new", interval="", cron="0 0 30 2 *"))
+    page = staff.post("/admin/scheduler/schedule/add/", schedule_form(name="new", interval="", cron="0 0 30 2 *"))
     assert page.status_code == 200 and html.escape(NO_DATE) in page.content.decode()
     response = operator.post(
         "/api/v1/schedules/",
