@@ -50,6 +50,7 @@ from celery import Task, current_task
 from celery.exceptions import Ignore, Reject, Retry, SoftTimeLimitExceeded, TimeLimitExceeded, WorkerLostError
 from celery.signals import task_postrun, task_prerun, worker_init, worker_process_init
 from celery.worker.request import Request
+from celery.worker.state import task_ready
 from django.db import (
     DEFAULT_DB_ALIAS,
     DatabaseError,
@@ -791,7 +792,8 @@ class GuardedRequest(Request):
     never touched, even when it reuses this message's Celery task id.
     Matching the task id instead would let a stale attempt's time limit or
     lost child write over its successor's row (issue 15). For the same
-    reason a stale attempt's hard time limit stores no Celery result.
+    reason a stale attempt's hard time limit reports nothing to Celery: no
+    result, no errback, no ``task_failure``.
     """
 
     def _child_claim(self) -> Claim | None:
@@ -805,14 +807,8 @@ class GuardedRequest(Request):
 
     #: A hard time limit was handled (Celery reports it twice: as the job's failure, then as its timeout).
     _hard_limit_handled = False
-    #: It struck a child whose claim had moved on: this message has no outcome to store.
+    #: It struck a child whose claim had moved on: this message has no outcome to report.
     _outcome_elsewhere = False
-
-    @property
-    def store_errors(self) -> bool:
-        # The task id is the successor's too (a re-send reuses it): Celery's
-        # FAILURE for this attempt would cover the successor's result.
-        return not self._outcome_elsewhere and bool(super().store_errors)
 
     def _hard_limit_struck(self, timeout: float) -> None:
         """Record the hard time limit as ``timed_out``, or note that the claim moved on (Celery kills the child)."""
@@ -823,6 +819,11 @@ class GuardedRequest(Request):
             claim = self._child_claim()
             if claim is None:
                 self._outcome_elsewhere = True
+                logger.warning(
+                    "task %s hit its hard time limit after its claim moved on; its outcome is its successor's",
+                    self.id,
+                    extra={"action": "stale_hard_limit"},
+                )
                 return
             executions.finish(
                 claim,
@@ -832,15 +833,27 @@ class GuardedRequest(Request):
         except DatabaseError:
             logger.exception("could not record the hard time limit of task %s", self.id)
 
+    def _end_stale_attempt(self) -> None:
+        # The task id is the successor's too (a re-send reuses it): Celery's
+        # failure handling would store a FAILURE over the successor's result
+        # and fire the errbacks and task_failure for an execution still
+        # running. The message is done with; nothing else is reported.
+        task_ready(self)
+        self.acknowledge()
+
     def on_timeout(self, soft: bool, timeout: float) -> None:
         if not soft:
             self._hard_limit_struck(timeout)
+            if self._outcome_elsewhere:
+                return self._end_stale_attempt()
         super().on_timeout(soft, timeout)
 
     def on_failure(self, exc_info: Any, send_failed_event: bool = True, return_ok: bool = False) -> None:
         exc = getattr(exc_info.exception, "exc", exc_info.exception)
         if isinstance(exc, TimeLimitExceeded) and not return_ok:  # the pool's, before on_timeout
             self._hard_limit_struck(exc.args[0] if exc.args else 0.0)
+            if self._outcome_elsewhere:
+                return self._end_stale_attempt()
         if isinstance(exc, WorkerLostError) and self.task.reject_on_worker_lost:
             # The child is gone for sure: let the requeued message claim the
             # execution at once instead of waiting for its claim to expire.

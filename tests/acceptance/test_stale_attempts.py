@@ -18,6 +18,7 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
+import redis
 from django.db.models import F
 from django_celery_results.models import TaskResult
 
@@ -25,7 +26,7 @@ import scheduler
 from scheduler import dbclock
 from scheduler.models import Execution
 from scheduler.owners import executions
-from tests.support import tasks  # noqa: F401 -- registers the tasks submit() checks
+from tests.support import tasks  # also registers the tasks submit() checks
 from tests.support.processes import CeleryProcess, wait_until
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -73,7 +74,9 @@ def claim_state(execution: Execution) -> dict[str, Any]:
     return Execution.objects.filter(pk=execution.pk).values(*CLAIM_STATE).get()
 
 
-def test_old_attempt_hard_time_limit__does_not_touch_the_successor(celery_processes: Start, settings: Any) -> None:
+def test_old_attempt_hard_time_limit__does_not_touch_the_successor(
+    celery_processes: Start, settings: Any, redis_client: redis.Redis
+) -> None:
     settings.SCHEDULER_TIMEOUT_GRACE_SECONDS = 1.0
     worker_a = celery_processes("worker", "a", **EXPIRING)
     worker_a.wait_for_log(r"ready\.")
@@ -88,7 +91,7 @@ def test_old_attempt_hard_time_limit__does_not_touch_the_successor(celery_proces
     # A's hard limit strikes
     Execution.objects.filter(pk=execution.pk).update(claim_expires_at=dbclock.now() - timedelta(seconds=5))
     successor = taken_over(execution)
-    worker_a.wait_for_log(r"Hard time limit \(4\.0s\) exceeded")
+    worker_a.wait_for_log(r"hard time limit after its claim moved on; its outcome is its successor's")
     # Then B's row keeps B's claim: not timed out, not finished
     assert not wait_until(lambda: claim_state(execution) != successor, timeout=3), claim_state(execution)
     assert claim_state(execution)["status"] == Execution.Status.RUNNING
@@ -96,6 +99,8 @@ def test_old_attempt_hard_time_limit__does_not_touch_the_successor(celery_proces
     assert not TaskResult.objects.filter(task_id=execution.celery_task_id).exists(), list(
         TaskResult.objects.values("result", "traceback", "worker")
     )
+    # nor is a failure reported to task_failure receivers (nor errbacks, in the same path)
+    assert not tasks.events(redis_client, tasks.FAILURES_KEY)
 
 
 def test_old_attempt_lost_child__does_not_release_the_successors_claim(celery_processes: Start) -> None:

@@ -171,9 +171,9 @@ PRUNED_TABLE = "chaos_pruned_execution"
 class Broker:
     """A redis-server on a fixed port that can be restarted (without persistence: queues are lost)."""
 
-    def __init__(self) -> None:
+    def __init__(self, directory: Path) -> None:
         self.port = free_port()
-        self.dir = Path(tempfile.mkdtemp(prefix="chaos-redis-"))
+        self.dir = directory
         self.proc: subprocess.Popen[bytes] | None = None
 
     @property
@@ -219,8 +219,9 @@ def _pings(client: redis.Redis) -> bool:
 
 
 @pytest.fixture
-def broker() -> Iterator[Broker]:
-    server = Broker()
+def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Broker]:
+    # pytest's temporary folders: kept for the last runs' inspection, then removed
+    server = Broker(tmp_path_factory.mktemp("chaos-redis"))
     server.start()
     yield server
     server.stop()

@@ -15,6 +15,7 @@ from typing import Any
 import redis
 from celery import shared_task
 from celery.exceptions import SoftTimeLimitExceeded
+from celery.signals import task_failure
 from django.conf import settings
 from django.db import Error, connection, transaction
 
@@ -33,6 +34,8 @@ GO_KEY = "tests:go"
 ITEMS_KEY = "tests:items"
 #: Table (no model: tests create it) that ``tests.fenced_invoice`` inserts its one row into.
 SIDE_EFFECT_TABLE = "test_side_effect"
+#: Redis list of ``{"task_id": id}`` entries: Celery's ``task_failure`` for ``tests.stubborn``.
+FAILURES_KEY = "tests:failures"
 #: Longest a test task waits for a signal from its test.
 WAIT_SECONDS = 60.0
 
@@ -127,6 +130,15 @@ def flaky(key: str, failures: int, hold: int = 0) -> int:
     if calls <= failures:
         raise RuntimeError(f"planned failure {calls} of {failures}")
     return calls
+
+
+@task_failure.connect
+def _note_stubborn_failure(sender: Any = None, task_id: str = "", **_: Any) -> None:
+    """What Celery tells ``task_failure`` receivers and errbacks about ``tests.stubborn``, which tests can read back."""
+    if getattr(sender, "name", "") == "tests.stubborn":
+        client = _client()
+        _event(client, FAILURES_KEY, task_id=task_id)
+        client.close()
 
 
 @shared_task(name="tests.fail")
