@@ -91,7 +91,7 @@ class CheckpointInvalid(SchedulerError):
 
 
 class MessageRefused(SchedulerError):
-    """The message was not sent for the execution it names (another task name or task id); it was not touched."""
+    """The message was not sent for the execution it names, or no row can hold its task id; nothing was touched."""
 
     def __init__(
         self,
@@ -105,7 +105,7 @@ class MessageRefused(SchedulerError):
         message_task_id: str = "",
     ) -> None:
         super().__init__(message)
-        #: ``task_mismatch`` or ``task_id_mismatch`` (``scheduler.owners.executions.REFUSAL_REASONS``).
+        #: One of ``scheduler.owners.executions.REFUSAL_REASONS``.
         self.reason = reason
         #: The execution the message named, and its task and Celery task id.
         self.execution_id = execution_id

@@ -387,6 +387,7 @@ def record_ad_hoc(
     leader's broker check send it again if no worker claims it (its worker
     died before the claim, or the broker lost the message).
     """
+    _refuse_unrecordable(task, celery_task_id)
     row = _ad_hoc_row(celery_task_id, task=task, args=args, kwargs=kwargs, queue=queue, timeout=timeout, now=now)
     _AD_HOC.execute(Execution.objects.db, (False, 0), _ad_hoc_values(row, _AD_HOC_NOW))
     return row.idempotency_key
@@ -413,6 +414,7 @@ def record_ad_hoc_claimed(
     guard when no work rule is in force (the rules are asked between the
     record and the claim).
     """
+    _refuse_unrecordable(task, celery_task_id)
     row = _ad_hoc_row(celery_task_id, task=task, args=args, kwargs=kwargs, queue=queue, timeout=timeout, now=now)
     row.status, row.worker = Status.RUNNING, worker
     values = _ad_hoc_values(row, {**_AD_HOC_NOW, **_CLAIMED_NOW})
@@ -724,6 +726,7 @@ def claim(
     by reason, and changes nothing: told apart from a duplicate by one read
     on this path only.
     """
+    _refuse_unrecordable(task, celery_task_id, execution_id)
     using = Execution.objects.db
     by_id = execution_id is not None
     target = execution_id if by_id else key
@@ -811,7 +814,6 @@ _KEY_LOCK_CLASS = 0x5C0C
 _CLAIM = Prepared(_claim_sql)
 _ROW = RowReader(Execution)
 
-#: Why a message was refused: it names the execution under another task name, or another task id.
 # --- waiting for a concurrency limit's place --------------------------------------------
 
 #: An execution offered a slot this recently has its message on the way: it is not offered again yet.
@@ -922,9 +924,33 @@ def place_in_line(execution: Execution) -> int | None:
     return ahead.count() + 1
 
 
+#: Why a message was refused: it names the execution under another task name, or another task id,
+#: or its task id is one no row can hold.
 TASK_MISMATCH = "task_mismatch"
 TASK_ID_MISMATCH = "task_id_mismatch"
-REFUSAL_REASONS = (TASK_MISMATCH, TASK_ID_MISMATCH)
+TASK_ID_UNRECORDABLE = "task_id_unrecordable"
+REFUSAL_REASONS = (TASK_MISMATCH, TASK_ID_MISMATCH, TASK_ID_UNRECORDABLE)
+#: The longest Celery task id a row records: its ad-hoc key (``celery:`` and the id) fits in 255 characters.
+MAX_TASK_ID_LENGTH = 255 - len(ad_hoc_key(""))
+
+
+def _refuse_unrecordable(task: str, celery_task_id: str, execution_id: int | None = None) -> None:
+    """Raise ``MessageRefused`` (counted) for a task id no row can hold: with a NUL character, or too long.
+
+    PostgreSQL refuses both (SQLite would store them): refused before any
+    statement, the message is refused alike on both, without a traceback.
+    """
+    if "\x00" not in celery_task_id and len(celery_task_id) <= MAX_TASK_ID_LENGTH:
+        return
+    _count_refused(TASK_ID_UNRECORDABLE)
+    raise MessageRefused(
+        f"message {celery_task_id[:64]!r} (task {task}) refused: a task id cannot hold a NUL character or be "
+        f"longer than {MAX_TASK_ID_LENGTH} characters: {TASK_ID_UNRECORDABLE}",
+        reason=TASK_ID_UNRECORDABLE,
+        execution_id=execution_id,
+        message_task=task,
+        message_task_id=celery_task_id,
+    )
 
 
 def _refuse_unless_sent_for(found: tuple[int, str, str] | None, task: str, celery_task_id: str) -> None:
@@ -1310,6 +1336,7 @@ def fail_unrun(execution_id: int, *, task: str, celery_task_id: str, reason: str
     changes: one that runs or has finished keeps its status. Returns
     whether the row changed.
     """
+    _refuse_unrecordable(task, celery_task_id, execution_id)
     read = ("pk", "schedule_id", "started_at", "task", "celery_task_id")
     execution = Execution.objects.filter(pk=execution_id).only(*read).first()
     if execution is None:

@@ -221,7 +221,8 @@ class DatabaseCollector(Collector):
             CounterMetricFamily(
                 "scheduler_messages_refused",
                 "Messages refused by a worker, not run, because they were not sent for the execution they name "
-                "(task_mismatch: another task name; task_id_mismatch: another task id); the execution was left as it was.",
+                "(task_mismatch: another task name; task_id_mismatch: another task id), or because no row can hold their "
+                "task id (task_id_unrecordable); the execution was left as it was.",
                 labels=["reason"],
             ),
         )

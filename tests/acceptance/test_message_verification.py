@@ -110,7 +110,7 @@ def test_messages_not_sent_for_the_execution__refused_then_its_own_runs_once(
     assert f"(task tests.record, celery id {b.celery_task_id}): task_mismatch" in first
     assert f"message {intruder} (task tests.record) refused for execution {b.pk} " in second
     assert f"(task tests.record, celery id {b.celery_task_id}): task_id_mismatch" in second
-    assert refused_counts() == {"task_mismatch": 1.0, "task_id_mismatch": 1.0}
+    assert refused_counts() == {"task_mismatch": 1.0, "task_id_mismatch": 1.0, "task_id_unrecordable": 0.0}
     assert test_tasks.runs(redis_client) == [] and test_tasks.events(redis_client, test_tasks.STEPS_KEY) == []
     assert row_state(b) == before
     # When B's own message is published the way the beat publishes it
@@ -131,7 +131,7 @@ def test_message_of_an_unknown_task_naming_b__does_not_fail_b(
     worker.wait_for_log(r"Received unregistered task of type 'no\.such\.task'")
     assert wait_until(lambda: len(refusals_logged(worker)) == 1, timeout=20), worker.log()[-3000:]
     assert refusals_logged(worker)[0].endswith(": task_mismatch; not failed")
-    assert refused_counts() == {"task_mismatch": 1.0, "task_id_mismatch": 0.0}
+    assert refused_counts() == {"task_mismatch": 1.0, "task_id_mismatch": 0.0, "task_id_unrecordable": 0.0}
     assert row_state(b) == before
     # And B's own message still runs it once
     b_runs_once_from_its_own_message(b, redis_client)
@@ -156,9 +156,31 @@ def test_celery_group_carrying_a_message_for_b__runs_nothing_against_b(
     ), worker.log()[-3000:]
     assert wait_until(lambda: len(refusals_logged(worker)) == 1, timeout=20), worker.log()[-3000:]
     assert f"message {inner_id} (task tests.record) refused for execution {b.pk} " in refusals_logged(worker)[0]
-    assert refused_counts() == {"task_mismatch": 0.0, "task_id_mismatch": 1.0}
+    assert refused_counts() == {"task_mismatch": 0.0, "task_id_mismatch": 1.0, "task_id_unrecordable": 0.0}
     # And nothing ran against B's row
     assert test_tasks.runs(redis_client) == []
     assert row_state(b) == before
     # When B's own message comes, B runs once
     b_runs_once_from_its_own_message(b, redis_client)
+
+
+def test_plain_calls_with_task_ids_no_row_can_hold__refused_in_one_line_and_the_next_runs(
+    celery_processes: Start, redis_client: redis.Redis
+) -> None:
+    # Given a worker
+    worker = celery_processes("worker", "w1")
+    worker.wait_for_log(r"ready\.")
+    # When plain Celery calls arrive with a task id holding a NUL character,
+    # and one too long for a row, then an ordinary one
+    for odd in ("a\x00b", "z" * (executions.MAX_TASK_ID_LENGTH + 1)):
+        app.send_task("tests.record", kwargs={"label": "odd"}, task_id=odd)
+    fine = app.send_task("tests.record", kwargs={"label": "fine"})
+    # Then the ordinary one runs, and only it
+    assert wait_until(lambda: test_tasks.runs(redis_client), timeout=20), worker.log()[-3000:]
+    assert wait_until(lambda: worker.log().count("task_id_unrecordable; acknowledged, not run") == 2, timeout=10), (
+        worker.log()[-3000:]
+    )
+    assert [run["task_id"] for run in test_tasks.runs(redis_client)] == [fine.id]
+    # the others refused with one line each, no traceback, nothing recorded for them
+    assert "Traceback" not in worker.log()
+    assert list(Execution.objects.values_list("celery_task_id", flat=True)) == [fine.id]

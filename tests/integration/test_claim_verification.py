@@ -65,7 +65,7 @@ def test_claim__refuses_a_message_with_another_task_name(state: str) -> None:
     assert (refused.value.task, refused.value.celery_task_id) == (TASK, execution.celery_task_id)
     assert (refused.value.message_task, refused.value.message_task_id) == ("tests.steps", execution.celery_task_id)
     assert row_state(execution.pk) == before
-    assert refused_counts() == {"task_mismatch": 1.0, "task_id_mismatch": 0.0}
+    assert refused_counts() == {"task_mismatch": 1.0, "task_id_mismatch": 0.0, "task_id_unrecordable": 0.0}
 
 
 @pytest.mark.parametrize("state", CLAIMABLE)
@@ -81,7 +81,7 @@ def test_claim__refuses_a_message_with_another_task_id(state: str) -> None:
     assert (refused.value.reason, refused.value.message_task_id) == ("task_id_mismatch", other)
     assert refused.value.celery_task_id == execution.celery_task_id
     assert row_state(execution.pk) == before
-    assert refused_counts() == {"task_mismatch": 0.0, "task_id_mismatch": 1.0}
+    assert refused_counts() == {"task_mismatch": 0.0, "task_id_mismatch": 1.0, "task_id_unrecordable": 0.0}
 
 
 @pytest.mark.parametrize("state", CLAIMABLE)
@@ -102,7 +102,7 @@ def test_claim__the_message_sent_for_the_execution_claims_it(state: str) -> None
         worker="b@host:3", task=TASK, celery_task_id=execution.celery_task_id, execution_id=execution.pk
     )
     assert again is None
-    assert refused_counts() == {"task_mismatch": 0.0, "task_id_mismatch": 0.0}
+    assert refused_counts() == {"task_mismatch": 0.0, "task_id_mismatch": 0.0, "task_id_unrecordable": 0.0}
 
 
 def test_claim__a_finished_execution_refuses_a_foreign_message_and_ignores_its_own() -> None:
@@ -122,7 +122,7 @@ def test_claim__a_finished_execution_refuses_a_foreign_message_and_ignores_its_o
 
 def test_claim__a_message_for_an_unknown_execution_claims_nothing() -> None:
     assert executions.claim(worker="a@host:2", task=TASK, celery_task_id="x", execution_id=10**9) is None
-    assert refused_counts() == {"task_mismatch": 0.0, "task_id_mismatch": 0.0}
+    assert refused_counts() == {"task_mismatch": 0.0, "task_id_mismatch": 0.0, "task_id_unrecordable": 0.0}
 
 
 def test_claim_by_key__a_plain_celery_call_claims_its_own_row_and_refuses_another_task_under_its_id() -> None:
@@ -160,7 +160,7 @@ def test_refusals__counted_per_reason_and_kept_out_of_the_execution_counters() -
         with pytest.raises(MessageRefused):
             executions.claim(worker="a@host:2", task=task, celery_task_id=task_id, execution_id=execution.pk)
     # Then /metrics counts each by its reason, and no execution counter moved
-    assert refused_counts() == {"task_mismatch": 2.0, "task_id_mismatch": 1.0}
+    assert refused_counts() == {"task_mismatch": 2.0, "task_id_mismatch": 1.0, "task_id_unrecordable": 0.0}
     assert "scheduler_executions_total{" not in Client().get("/metrics").content.decode()
 
 
@@ -174,7 +174,7 @@ def test_fail_unrun__only_by_the_message_sent_for_the_execution() -> None:
             executions.fail_unrun(execution.pk, task=task, celery_task_id=task_id, reason="rejected")
     # Then the row is untouched and both are counted
     assert row_state(execution.pk) == before
-    assert refused_counts() == {"task_mismatch": 1.0, "task_id_mismatch": 1.0}
+    assert refused_counts() == {"task_mismatch": 1.0, "task_id_mismatch": 1.0, "task_id_unrecordable": 0.0}
     # And when it rejected the message sent for it, the execution fails with the reason
     assert executions.fail_unrun(execution.pk, task=TASK, celery_task_id=execution.celery_task_id, reason="rejected")
     assert (row_state(execution.pk)["status"], row_state(execution.pk)["error"]) == (Status.FAILED, "rejected")
@@ -202,3 +202,41 @@ def test_record_ad_hoc_claimed__one_statement_records_it_running_and_a_second_de
     assert row.started_at is not None and row.claim_expires_at is not None and row.claim_expires_at > row.started_at
     # and the redelivery, claimed by its key as usual, finds it held (a duplicate)
     assert executions.claim(worker="b@host:3", task=TASK, celery_task_id=task_id, key=row.idempotency_key) is None
+
+
+#: Task ids no row can hold: PostgreSQL refuses a NUL character in text, and its ad-hoc key would pass 255 characters.
+UNRECORDABLE_TASK_IDS = ["a\x00b", "z" * (executions.MAX_TASK_ID_LENGTH + 1)]
+
+
+@pytest.mark.parametrize("task_id", UNRECORDABLE_TASK_IDS, ids=["nul", "too-long"])
+def test_unrecordable_task_id__refused_by_every_writer_before_any_statement(task_id: str) -> None:
+    # Given tenant B's queued execution
+    execution = recorded()
+    before = row_state(execution.pk)
+    call = {"task": TASK, "args": [], "kwargs": {}, "queue": "", "timeout": None, "now": dbclock.now()}
+    # When a message with such a task id is claimed, recorded as a plain call, or failed unrun
+    attempts = (
+        lambda: executions.claim(worker="a@host:2", task=TASK, celery_task_id=task_id, execution_id=execution.pk),
+        lambda: executions.claim(worker="a@host:2", task=TASK, celery_task_id=task_id, key="celery:x"),
+        lambda: executions.record_ad_hoc(task_id, **call),
+        lambda: executions.record_ad_hoc_claimed(task_id, worker="a@host:2", **call),
+        lambda: executions.fail_unrun(execution.pk, task=TASK, celery_task_id=task_id, reason="rejected"),
+    )
+    for attempt in attempts:
+        with pytest.raises(MessageRefused) as refused:
+            attempt()
+        assert refused.value.reason == executions.TASK_ID_UNRECORDABLE
+    # Then nothing was written, on either database, and each refusal is counted
+    assert list(Execution.objects.values_list("pk", flat=True)) == [execution.pk]
+    assert row_state(execution.pk) == before
+    assert refused_counts() == {"task_mismatch": 0.0, "task_id_mismatch": 0.0, "task_id_unrecordable": 5.0}
+
+
+def test_longest_recordable_task_id__recorded_and_claimed() -> None:
+    # Given a plain call whose task id is as long as a row can hold
+    task_id = "z" * executions.MAX_TASK_ID_LENGTH
+    call = {"task": TASK, "args": [], "kwargs": {}, "queue": "", "timeout": None, "now": dbclock.now()}
+    # When its worker records it claimed
+    claimed = executions.record_ad_hoc_claimed(task_id, worker="a@host:2", **call)
+    # Then it is, under its whole id
+    assert claimed is not None and Execution.objects.get().celery_task_id == task_id
