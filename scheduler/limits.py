@@ -20,6 +20,8 @@ from scheduler.conf import settings
 
 #: Longest ``description`` of a schedule, in characters.
 DESCRIPTION_MAX_CHARS = 2000
+#: The largest value the integer columns hold (PostgreSQL's ``integer``): counts, and seconds (68 years).
+INTEGER_MAX = 2_147_483_647
 #: Longest ``paused_reason`` of a schedule (the pause action's reason), in characters.
 PAUSED_REASON_MAX_CHARS = 500
 

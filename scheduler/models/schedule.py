@@ -68,7 +68,7 @@ OWED_FIELDS = ("cron", "interval", "run_at", "timezone", "start_at", "dst_gap", 
 
 #: Largest value of each integer column type on PostgreSQL. SQLite stores more,
 #: so ``clean()`` holds every database to the same bound.
-COLUMN_MAX = {"PositiveIntegerField": 2_147_483_647, "PositiveSmallIntegerField": 32_767}
+COLUMN_MAX = {"PositiveIntegerField": limits.INTEGER_MAX, "PositiveSmallIntegerField": 32_767}
 
 #: Times a schedule may name: nothing is scheduled before the Unix epoch, and
 #: slot arithmetic near year 9999 overflows.

@@ -15,9 +15,10 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import uuid
 from collections.abc import Sequence
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, cast
 
 from celery import current_app
@@ -26,6 +27,7 @@ from django.db import transaction
 from scheduler import dbclock, limits, outbox, task_policy
 from scheduler.exceptions import BrokerUnavailable, SubmissionInvalid
 from scheduler.models import Execution
+from scheduler.models.schedule import LATEST
 from scheduler.owners import executions
 
 if TYPE_CHECKING:
@@ -77,23 +79,22 @@ def submit(
     if not task_policy.is_task_guarded(name, app=app):
         raise SubmissionInvalid(task_policy.unguarded_message(name))
     args, kwargs = _checked_arguments(args, kwargs)
-    if timeout is not None and (not isinstance(timeout, int) or timeout <= 0):
+    if timeout is not None and (not _whole(timeout) or timeout <= 0):
         raise SubmissionInvalid(f"timeout must be a positive whole number of seconds, got {timeout!r}.")
-    if countdown is not None and countdown < 0:
-        raise SubmissionInvalid(f"countdown must not be negative, got {countdown!r}.")
-    if priority is not None and (
-        isinstance(priority, bool) or not isinstance(priority, int) or not 0 <= priority <= MAX_PRIORITY
-    ):
+    if timeout is not None and timeout > limits.INTEGER_MAX:
+        raise SubmissionInvalid(f"timeout must be at most {limits.INTEGER_MAX} seconds, got {timeout!r}.")
+    now = dbclock.now()
+    scheduled_for = _scheduled_for(now, countdown)
+    if priority is not None and (not _whole(priority) or not 0 <= priority <= MAX_PRIORITY):
         raise SubmissionInvalid(f"priority must be a whole number from 0 to {MAX_PRIORITY}, got {priority!r}.")
     for label, value in (("max_retries", max_retries), ("retry_backoff", retry_backoff)):
-        if not isinstance(value, int) or value < 0:
-            raise SubmissionInvalid(f"{label} must be a non-negative integer, got {value!r}.")
+        if not _whole(value) or not 0 <= value <= limits.INTEGER_MAX:
+            raise SubmissionInvalid(f"{label} must be a whole number from 0 to {limits.INTEGER_MAX}, got {value!r}.")
     if idempotency_key is not None and not (0 < len(idempotency_key) <= 255):
         raise SubmissionInvalid("idempotency_key must be 1 to 255 characters long.")
     if not isinstance(tenant, str) or len(tenant) > TENANT_MAX:
         raise SubmissionInvalid(f"tenant must be text of at most {TENANT_MAX} characters, got {tenant!r}.")
 
-    now = dbclock.now()
     execution = Execution(
         idempotency_key=idempotency_key or executions.submit_key(),
         trigger=Execution.Trigger.SUBMIT,
@@ -102,7 +103,7 @@ def submit(
         kwargs=kwargs,
         queue=queue or "",
         priority=priority,
-        scheduled_for=now + timedelta(seconds=countdown or 0),
+        scheduled_for=scheduled_for,
         timeout=timeout,
         max_retries=max_retries,
         retry_backoff=retry_backoff,
@@ -145,3 +146,26 @@ def _checked_arguments(args: Sequence[Any], kwargs: dict[str, Any] | None) -> tu
     except (TypeError, ValueError) as exc:
         raise SubmissionInvalid(f"args and kwargs must be JSON-serialisable: {exc}") from None
     return list(args), kwargs
+
+
+def _whole(value: Any) -> bool:
+    """Whether ``value`` is a whole number (``True`` is not one)."""
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _scheduled_for(now: datetime, countdown: Any) -> datetime:
+    """When a submission ``countdown`` seconds from ``now`` is due; ``SubmissionInvalid`` when it is no such thing."""
+    if countdown is None:
+        return now
+    if not isinstance(countdown, (int, float)) or isinstance(countdown, bool) or not 0 <= countdown < math.inf:
+        raise SubmissionInvalid(_COUNTDOWN_MESSAGE.format(countdown=countdown))
+    try:
+        due = now + timedelta(seconds=countdown)
+    except OverflowError:
+        due = LATEST
+    if due >= LATEST:
+        raise SubmissionInvalid(_COUNTDOWN_MESSAGE.format(countdown=countdown))
+    return due
+
+
+_COUNTDOWN_MESSAGE = "countdown must be a number of seconds from 0 that ends before 9000-01-01, got {countdown!r}."

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import random
 import time
@@ -407,6 +408,17 @@ def _discard_interrupted_transaction() -> None:
     del connections[DEFAULT_DB_ALIAS]  # a fresh wrapper: the interrupted block's bookkeeping goes with the old one
 
 
+def _recorded_timeout(soft_limit: Any) -> int | None:
+    """A plain call's soft time limit as its row's ``timeout``: whole seconds, rounded up.
+
+    None for no limit, and for one longer than the column holds (``limits.INTEGER_MAX``):
+    Celery enforces the message's own limit either way.
+    """
+    if isinstance(soft_limit, bool) or not isinstance(soft_limit, (int, float)):
+        return None
+    return math.ceil(soft_limit) if 0 < soft_limit <= limits.INTEGER_MAX else None
+
+
 # --- the guard -------------------------------------------------------------------------
 
 
@@ -521,7 +533,7 @@ class ExecutionTask(Task):
                 "args": args,
                 "kwargs": kwargs,
                 "queue": (self.request.delivery_info or {}).get("routing_key") or "",
-                "timeout": int(time_limits[1]) if time_limits[1] else None,
+                "timeout": _recorded_timeout(time_limits[1]),
                 "now": clock.now(),
             }
             if not _ruled():  # nothing to ask between the record and the claim: both in one statement

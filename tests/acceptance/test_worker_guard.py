@@ -382,3 +382,19 @@ def test_plain_celery_call_with_a_nul__runs_and_its_failure_is_recorded(celery_p
     assert wait_until(lambda: TaskResult.objects.filter(task_id=result.id, status="FAILURE").exists(), timeout=10), (
         worker.log()[-3000:]
     )
+
+
+def test_plain_calls_with_odd_soft_time_limits__recorded_in_whole_seconds_and_run(
+    celery_processes: Start, redis_client: redis.Redis
+) -> None:
+    # Given a worker
+    worker = celery_processes("worker", "w1")
+    worker.wait_for_log(r"ready\.")
+    # When plain Celery calls come with a soft time limit of half a second,
+    # and one longer than the timeout column holds (about 95 years)
+    short = app.send_task("tests.record", kwargs={"label": "short"}, soft_time_limit=0.5)
+    endless = app.send_task("tests.record", kwargs={"label": "endless"}, soft_time_limit=3e9)
+    # Then both run, recorded with a timeout of a whole second, and none
+    assert wait_until(lambda: len(test_tasks.runs(redis_client)) == 2, timeout=20), worker.log()[-3000:]
+    recorded = dict(Execution.objects.values_list("celery_task_id", "timeout"))
+    assert recorded == {short.id: 1, endless.id: None}
