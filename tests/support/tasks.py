@@ -15,7 +15,7 @@ from typing import Any
 import redis
 from celery import shared_task
 from celery.exceptions import SoftTimeLimitExceeded
-from celery.signals import task_failure
+from celery.signals import task_failure, task_postrun
 from django.conf import settings
 from django.db import Error, connection, transaction
 
@@ -349,6 +349,15 @@ def freeze_holding(where: str) -> str:
             with connection.cursor() as cursor:
                 cursor.execute("SELECT 1")
     return "ran"
+
+
+@task_postrun.connect
+def _note_freeze_holding_ended(sender: Any = None, **_: Any) -> None:
+    """Log "ended" in ``HOLDING_KEY``, with the pid, once a ``tests.freeze_holding`` run is over, the guard's work too."""
+    if getattr(sender, "name", "") == "tests.freeze_holding":
+        client = _client()
+        _event(client, HOLDING_KEY, event="ended")
+        client.close()
 
 
 def _freeze(client: redis.Redis, **fields: Any) -> None:
