@@ -101,7 +101,12 @@ class Prepared:
                     compiled = self._build(using, *variant)
                 sql, params = compiled[0], self._params(compiled[1], values, using)
             except BREAKAGE as exc:
+                # A value no statement takes fails the ORM alike (raised from here):
+                # only a fast path failing alone is broken.
+                with _inlined(values):
+                    sql, params = self._build(using, *variant)
                 FAST_PATH.fall_back(f"compiling or filling in a statement raised {exc!r}", exc)
+                return _run(using, sql, params, prepare=False)
             else:
                 if not fresh or FAST_PATH.check(lambda: self._difference(sql, params, using, variant, values)):
                     self._compiled[key] = compiled

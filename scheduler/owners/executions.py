@@ -924,32 +924,62 @@ def place_in_line(execution: Execution) -> int | None:
     return ahead.count() + 1
 
 
-#: Why a message was refused: it names the execution under another task name, or another task id,
-#: or its task id is one no row can hold.
+#: Why a message was refused: it names the execution under another task name, or another task id;
+#: its task id is one no row can hold; its execution id header is no row's id.
 TASK_MISMATCH = "task_mismatch"
 TASK_ID_MISMATCH = "task_id_mismatch"
 TASK_ID_UNRECORDABLE = "task_id_unrecordable"
-REFUSAL_REASONS = (TASK_MISMATCH, TASK_ID_MISMATCH, TASK_ID_UNRECORDABLE)
+EXECUTION_ID_INVALID = "execution_id_invalid"
+REFUSAL_REASONS = (TASK_MISMATCH, TASK_ID_MISMATCH, TASK_ID_UNRECORDABLE, EXECUTION_ID_INVALID)
+#: The largest id a row can have (a 64-bit key).
+MAX_EXECUTION_ID = 2**63 - 1
 #: The longest Celery task id a row records: its ad-hoc key (``celery:`` and the id) fits in 255 characters.
 MAX_TASK_ID_LENGTH = 255 - len(ad_hoc_key(""))
 
 
-def _refuse_unrecordable(task: str, celery_task_id: str, execution_id: int | None = None) -> None:
-    """Raise ``MessageRefused`` (counted) for a task id no row can hold: with a NUL character, or too long.
+def valid_execution_id(header: Any) -> int | None:
+    """The execution id a message's header names, or ``None`` when it is none: the senders write a row's id."""
+    if isinstance(header, int) and not isinstance(header, bool) and 0 < header <= MAX_EXECUTION_ID:
+        return header
+    return None
+
+
+def execution_id_of(header: Any, *, task: str, celery_task_id: Any) -> int:
+    """The execution id a message's header names; ``MessageRefused`` (counted) when it is no row's id.
+
+    A whole number in a key's range is what every sender writes; text, a
+    fraction, ``True`` or a list comes from none, and would reach the
+    statements as something else (``1.5`` as execution 1).
+    """
+    execution_id = valid_execution_id(header)
+    if execution_id is not None:
+        return execution_id
+    _count_refused(EXECUTION_ID_INVALID)
+    raise MessageRefused(
+        f"message {str(celery_task_id)[:64]!r} (task {task}) refused: its {Execution.MESSAGE_HEADER} header "
+        f"{str(header)[:64]!r} is no execution's id: {EXECUTION_ID_INVALID}",
+        reason=EXECUTION_ID_INVALID,
+        message_task=task,
+        message_task_id=str(celery_task_id),
+    )
+
+
+def _refuse_unrecordable(task: str, celery_task_id: Any, execution_id: int | None = None) -> None:
+    """Raise ``MessageRefused`` (counted) for a task id no row can hold: not text, with a NUL character, or too long.
 
     PostgreSQL refuses both (SQLite would store them): refused before any
     statement, the message is refused alike on both, without a traceback.
     """
-    if "\x00" not in celery_task_id and len(celery_task_id) <= MAX_TASK_ID_LENGTH:
+    if isinstance(celery_task_id, str) and "\x00" not in celery_task_id and len(celery_task_id) <= MAX_TASK_ID_LENGTH:
         return
     _count_refused(TASK_ID_UNRECORDABLE)
     raise MessageRefused(
-        f"message {celery_task_id[:64]!r} (task {task}) refused: a task id cannot hold a NUL character or be "
-        f"longer than {MAX_TASK_ID_LENGTH} characters: {TASK_ID_UNRECORDABLE}",
+        f"message {str(celery_task_id)[:64]!r} (task {task}) refused: a task id is text without a NUL character, "
+        f"at most {MAX_TASK_ID_LENGTH} characters long: {TASK_ID_UNRECORDABLE}",
         reason=TASK_ID_UNRECORDABLE,
         execution_id=execution_id,
         message_task=task,
-        message_task_id=celery_task_id,
+        message_task_id=str(celery_task_id),
     )
 
 
@@ -1362,6 +1392,7 @@ def cancel_expired(execution_id: int, *, task: str, celery_task_id: str, reason:
     only while it waits. Not a run: its schedule's counters stay as they
     were. Returns whether the row changed.
     """
+    _refuse_unrecordable(task, celery_task_id, execution_id)
     waiting = Execution.objects.filter(
         pk=execution_id, status__in=Execution.WAITING_STATUSES, task=task, celery_task_id=celery_task_id
     )

@@ -222,7 +222,8 @@ class DatabaseCollector(Collector):
                 "scheduler_messages_refused",
                 "Messages refused by a worker, not run, because they were not sent for the execution they name "
                 "(task_mismatch: another task name; task_id_mismatch: another task id), or because no row can hold their "
-                "task id (task_id_unrecordable); the execution was left as it was.",
+                "task id (task_id_unrecordable) or their execution_id header is no row's id (execution_id_invalid); "
+                "the execution was left as it was.",
                 labels=["reason"],
             ),
         )

@@ -26,7 +26,7 @@ from scheduler.exceptions import MessageRefused
 from scheduler.models import Execution
 from scheduler.ops import watch
 from scheduler.owners import instances
-from scheduler.owners.executions import cancel_expired, fail_unrun
+from scheduler.owners.executions import cancel_expired, execution_id_of, fail_unrun
 from scheduler.worker import heartbeat
 
 logger = logging.getLogger(__name__)
@@ -93,12 +93,9 @@ def _fail_refused(message: Any, reason: str) -> None:
     close_old_connections()
     try:
         # Only the message sent for the execution may fail it: its task name and task id must be the row's.
-        failed = fail_unrun(
-            int(execution_id),
-            task=str(headers.get("task") or ""),
-            celery_task_id=str(headers.get("id") or ""),
-            reason=reason,
-        )
+        task, celery_task_id = str(headers.get("task") or ""), str(headers.get("id") or "")
+        named = execution_id_of(execution_id, task=task, celery_task_id=celery_task_id)
+        failed = fail_unrun(named, task=task, celery_task_id=celery_task_id, reason=reason)
     except MessageRefused as refused:
         logger.warning(
             "%s; not failed",
@@ -106,7 +103,7 @@ def _fail_refused(message: Any, reason: str) -> None:
             extra={"action": "message_refused", "execution_id": refused.execution_id, "reason": refused.reason},
         )
         return
-    except (DatabaseError, TypeError, ValueError):
+    except DatabaseError:
         # The row stays waiting; reconcile re-sends it and the next refusal records it.
         logger.exception("could not record execution %s as failed: %s", execution_id, reason)
         return
@@ -138,13 +135,12 @@ def cancel_expired_message(sender: Any = None, request: Any = None, expired: boo
     if execution_id is None:
         return  # a plain Celery call
     close_old_connections()
+    task, celery_task_id = str(getattr(sender, "name", "") or ""), str(getattr(request, "id", "") or "")
     try:
-        cancel_expired(
-            int(execution_id),
-            task=str(getattr(sender, "name", "") or ""),
-            celery_task_id=str(getattr(request, "id", "") or ""),
-            reason=EXPIRED_REASON,
-        )
-    except (DatabaseError, TypeError, ValueError):
+        named = execution_id_of(execution_id, task=task, celery_task_id=celery_task_id)
+        cancel_expired(named, task=task, celery_task_id=celery_task_id, reason=EXPIRED_REASON)
+    except MessageRefused as refused:
+        logger.warning("%s; not cancelled", refused, extra={"action": "message_refused", "reason": refused.reason})
+    except DatabaseError:
         # The row stays waiting; reconcile sends it again, and its expiry cancels it then.
         logger.exception("an expired execution was not recorded cancelled", extra={"action": "expired_not_recorded"})

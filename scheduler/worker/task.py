@@ -434,7 +434,8 @@ def _refuse_executions(self: Task, task_id: str, args: Any, kwargs: Any) -> None
         return
     reason = f"Task {self.name!r} is not guarded (guarded=False): an execution of it cannot be run"
     try:
-        executions.fail_unrun(int(execution_id), task=self.name, celery_task_id=task_id, reason=reason)
+        named = executions.execution_id_of(execution_id, task=self.name, celery_task_id=task_id)
+        executions.fail_unrun(named, task=self.name, celery_task_id=task_id, reason=reason)
     except MessageRefused as refused:
         logger.warning("%s; not failed", refused, extra={"action": "message_refused", "execution_id": execution_id})
     logger.warning("%s (execution %s); not run", reason, execution_id, extra={"action": "unguarded_execution"})
@@ -471,10 +472,13 @@ class ExecutionTask(Task):
 
     def before_start(self, task_id: str, args: Any, kwargs: Any) -> None:
         """Claim this message's execution, or refuse it with ``Ignore``: a duplicate, or not sent for it."""
-        execution_id = (self.request.headers or {}).get(Execution.MESSAGE_HEADER)
+        header = (self.request.headers or {}).get(Execution.MESSAGE_HEADER)
         # The pool child's own identity: the main process finds this claim by it (GuardedRequest).
         worker = process_ids.process_id(self.request.hostname, os.getpid())
         try:
+            execution_id = (
+                None if header is None else executions.execution_id_of(header, task=self.name, celery_task_id=task_id)
+            )
             execution, since = self._claim(task_id, args, kwargs, worker=worker, execution_id=execution_id)
         except MessageRefused as refused:
             logger.warning(
@@ -812,9 +816,10 @@ class GuardedRequest(Request):
         if self.worker_pid is None:  # never reached a pool child: it claimed nothing
             return None
         worker = process_ids.process_id(self.hostname, self.worker_pid)
-        execution_id = (self.request_dict or {}).get(Execution.MESSAGE_HEADER)
-        if execution_id is not None:
-            return executions.held_by(worker=worker, execution_id=execution_id)
+        header = (self.request_dict or {}).get(Execution.MESSAGE_HEADER)
+        if header is not None:
+            execution_id = executions.valid_execution_id(header)  # another is refused before any claim
+            return None if execution_id is None else executions.held_by(worker=worker, execution_id=execution_id)
         return executions.held_by(worker=worker, key=executions.ad_hoc_key(self.id))
 
     #: A hard time limit was handled (Celery reports it twice: as the job's failure, then as its timeout).

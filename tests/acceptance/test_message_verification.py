@@ -110,7 +110,12 @@ def test_messages_not_sent_for_the_execution__refused_then_its_own_runs_once(
     assert f"(task tests.record, celery id {b.celery_task_id}): task_mismatch" in first
     assert f"message {intruder} (task tests.record) refused for execution {b.pk} " in second
     assert f"(task tests.record, celery id {b.celery_task_id}): task_id_mismatch" in second
-    assert refused_counts() == {"task_mismatch": 1.0, "task_id_mismatch": 1.0, "task_id_unrecordable": 0.0}
+    assert refused_counts() == {
+        "task_mismatch": 1.0,
+        "task_id_mismatch": 1.0,
+        "task_id_unrecordable": 0.0,
+        "execution_id_invalid": 0.0,
+    }
     assert test_tasks.runs(redis_client) == [] and test_tasks.events(redis_client, test_tasks.STEPS_KEY) == []
     assert row_state(b) == before
     # When B's own message is published the way the beat publishes it
@@ -131,7 +136,12 @@ def test_message_of_an_unknown_task_naming_b__does_not_fail_b(
     worker.wait_for_log(r"Received unregistered task of type 'no\.such\.task'")
     assert wait_until(lambda: len(refusals_logged(worker)) == 1, timeout=20), worker.log()[-3000:]
     assert refusals_logged(worker)[0].endswith(": task_mismatch; not failed")
-    assert refused_counts() == {"task_mismatch": 1.0, "task_id_mismatch": 0.0, "task_id_unrecordable": 0.0}
+    assert refused_counts() == {
+        "task_mismatch": 1.0,
+        "task_id_mismatch": 0.0,
+        "task_id_unrecordable": 0.0,
+        "execution_id_invalid": 0.0,
+    }
     assert row_state(b) == before
     # And B's own message still runs it once
     b_runs_once_from_its_own_message(b, redis_client)
@@ -156,7 +166,12 @@ def test_celery_group_carrying_a_message_for_b__runs_nothing_against_b(
     ), worker.log()[-3000:]
     assert wait_until(lambda: len(refusals_logged(worker)) == 1, timeout=20), worker.log()[-3000:]
     assert f"message {inner_id} (task tests.record) refused for execution {b.pk} " in refusals_logged(worker)[0]
-    assert refused_counts() == {"task_mismatch": 0.0, "task_id_mismatch": 1.0, "task_id_unrecordable": 0.0}
+    assert refused_counts() == {
+        "task_mismatch": 0.0,
+        "task_id_mismatch": 1.0,
+        "task_id_unrecordable": 0.0,
+        "execution_id_invalid": 0.0,
+    }
     # And nothing ran against B's row
     assert test_tasks.runs(redis_client) == []
     assert row_state(b) == before
@@ -184,3 +199,27 @@ def test_plain_calls_with_task_ids_no_row_can_hold__refused_in_one_line_and_the_
     # the others refused with one line each, no traceback, nothing recorded for them
     assert "Traceback" not in worker.log()
     assert list(Execution.objects.values_list("celery_task_id", flat=True)) == [fine.id]
+
+
+def test_messages_whose_header_is_no_execution_id__refused_in_one_line_and_the_fast_path_kept(
+    celery_processes: Start, redis_client: redis.Redis
+) -> None:
+    # Given tenant B's queued execution (id 1 or more) and a worker
+    b, before, worker = b_queued_and_a_worker(celery_processes)
+    # When messages of B's task name its execution by headers no sender writes
+    # (1.5 and True would otherwise be read as execution 1)
+    malformed = ["abc", "", [1], {"id": 1}, True, 1.5, 0, 2**63]
+    for header in malformed:
+        app.send_task("tests.record", kwargs={"label": "odd"}, task_id=b.celery_task_id, headers={HEADER: header})
+    fine = app.send_task("tests.record", kwargs={"label": "fine"})
+    # Then each is refused in one line, nothing runs but the ordinary call
+    assert wait_until(
+        lambda: worker.log().count("execution_id_invalid; acknowledged, not run") == len(malformed), timeout=20
+    ), worker.log()[-3000:]
+    assert wait_until(lambda: test_tasks.runs(redis_client), timeout=20), worker.log()[-3000:]
+    assert [run["task_id"] for run in test_tasks.runs(redis_client)] == [fine.id]
+    assert "Traceback" not in worker.log()
+    # B's row is as it was, the refusals are counted, and the worker kept its fast path
+    assert row_state(b) == before
+    assert refused_counts()["execution_id_invalid"] == len(malformed)
+    assert "falls back" not in worker.log()

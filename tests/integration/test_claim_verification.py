@@ -65,7 +65,12 @@ def test_claim__refuses_a_message_with_another_task_name(state: str) -> None:
     assert (refused.value.task, refused.value.celery_task_id) == (TASK, execution.celery_task_id)
     assert (refused.value.message_task, refused.value.message_task_id) == ("tests.steps", execution.celery_task_id)
     assert row_state(execution.pk) == before
-    assert refused_counts() == {"task_mismatch": 1.0, "task_id_mismatch": 0.0, "task_id_unrecordable": 0.0}
+    assert refused_counts() == {
+        "task_mismatch": 1.0,
+        "task_id_mismatch": 0.0,
+        "task_id_unrecordable": 0.0,
+        "execution_id_invalid": 0.0,
+    }
 
 
 @pytest.mark.parametrize("state", CLAIMABLE)
@@ -81,7 +86,12 @@ def test_claim__refuses_a_message_with_another_task_id(state: str) -> None:
     assert (refused.value.reason, refused.value.message_task_id) == ("task_id_mismatch", other)
     assert refused.value.celery_task_id == execution.celery_task_id
     assert row_state(execution.pk) == before
-    assert refused_counts() == {"task_mismatch": 0.0, "task_id_mismatch": 1.0, "task_id_unrecordable": 0.0}
+    assert refused_counts() == {
+        "task_mismatch": 0.0,
+        "task_id_mismatch": 1.0,
+        "task_id_unrecordable": 0.0,
+        "execution_id_invalid": 0.0,
+    }
 
 
 @pytest.mark.parametrize("state", CLAIMABLE)
@@ -102,7 +112,12 @@ def test_claim__the_message_sent_for_the_execution_claims_it(state: str) -> None
         worker="b@host:3", task=TASK, celery_task_id=execution.celery_task_id, execution_id=execution.pk
     )
     assert again is None
-    assert refused_counts() == {"task_mismatch": 0.0, "task_id_mismatch": 0.0, "task_id_unrecordable": 0.0}
+    assert refused_counts() == {
+        "task_mismatch": 0.0,
+        "task_id_mismatch": 0.0,
+        "task_id_unrecordable": 0.0,
+        "execution_id_invalid": 0.0,
+    }
 
 
 def test_claim__a_finished_execution_refuses_a_foreign_message_and_ignores_its_own() -> None:
@@ -122,7 +137,12 @@ def test_claim__a_finished_execution_refuses_a_foreign_message_and_ignores_its_o
 
 def test_claim__a_message_for_an_unknown_execution_claims_nothing() -> None:
     assert executions.claim(worker="a@host:2", task=TASK, celery_task_id="x", execution_id=10**9) is None
-    assert refused_counts() == {"task_mismatch": 0.0, "task_id_mismatch": 0.0, "task_id_unrecordable": 0.0}
+    assert refused_counts() == {
+        "task_mismatch": 0.0,
+        "task_id_mismatch": 0.0,
+        "task_id_unrecordable": 0.0,
+        "execution_id_invalid": 0.0,
+    }
 
 
 def test_claim_by_key__a_plain_celery_call_claims_its_own_row_and_refuses_another_task_under_its_id() -> None:
@@ -160,7 +180,12 @@ def test_refusals__counted_per_reason_and_kept_out_of_the_execution_counters() -
         with pytest.raises(MessageRefused):
             executions.claim(worker="a@host:2", task=task, celery_task_id=task_id, execution_id=execution.pk)
     # Then /metrics counts each by its reason, and no execution counter moved
-    assert refused_counts() == {"task_mismatch": 2.0, "task_id_mismatch": 1.0, "task_id_unrecordable": 0.0}
+    assert refused_counts() == {
+        "task_mismatch": 2.0,
+        "task_id_mismatch": 1.0,
+        "task_id_unrecordable": 0.0,
+        "execution_id_invalid": 0.0,
+    }
     assert "scheduler_executions_total{" not in Client().get("/metrics").content.decode()
 
 
@@ -174,7 +199,12 @@ def test_fail_unrun__only_by_the_message_sent_for_the_execution() -> None:
             executions.fail_unrun(execution.pk, task=task, celery_task_id=task_id, reason="rejected")
     # Then the row is untouched and both are counted
     assert row_state(execution.pk) == before
-    assert refused_counts() == {"task_mismatch": 1.0, "task_id_mismatch": 1.0, "task_id_unrecordable": 0.0}
+    assert refused_counts() == {
+        "task_mismatch": 1.0,
+        "task_id_mismatch": 1.0,
+        "task_id_unrecordable": 0.0,
+        "execution_id_invalid": 0.0,
+    }
     # And when it rejected the message sent for it, the execution fails with the reason
     assert executions.fail_unrun(execution.pk, task=TASK, celery_task_id=execution.celery_task_id, reason="rejected")
     assert (row_state(execution.pk)["status"], row_state(execution.pk)["error"]) == (Status.FAILED, "rejected")
@@ -229,7 +259,7 @@ def test_unrecordable_task_id__refused_by_every_writer_before_any_statement(task
     # Then nothing was written, on either database, and each refusal is counted
     assert list(Execution.objects.values_list("pk", flat=True)) == [execution.pk]
     assert row_state(execution.pk) == before
-    assert refused_counts() == {"task_mismatch": 0.0, "task_id_mismatch": 0.0, "task_id_unrecordable": 5.0}
+    assert refused_counts()[executions.TASK_ID_UNRECORDABLE] == 5.0
 
 
 def test_longest_recordable_task_id__recorded_and_claimed() -> None:
@@ -240,3 +270,21 @@ def test_longest_recordable_task_id__recorded_and_claimed() -> None:
     claimed = executions.record_ad_hoc_claimed(task_id, worker="a@host:2", **call)
     # Then it is, under its whole id
     assert claimed is not None and Execution.objects.get().celery_task_id == task_id
+
+
+#: ``execution_id`` headers no sender writes: the senders write a row's id, a whole number.
+MALFORMED_HEADERS = ["12", "", [1], {"id": 1}, True, 1.5, 0, -1, 2**63]
+
+
+@pytest.mark.parametrize("header", MALFORMED_HEADERS, ids=repr)
+def test_malformed_execution_id_header__refused_and_counted(header: Any) -> None:
+    # Given tenant B's queued execution, id 1 or more
+    execution = recorded()
+    before = row_state(execution.pk)
+    # When a message's header is no execution id
+    with pytest.raises(MessageRefused) as refused:
+        executions.execution_id_of(header, task=TASK, celery_task_id=execution.celery_task_id)
+    # Then it is refused for that, counted, nothing written
+    assert refused.value.reason == executions.EXECUTION_ID_INVALID
+    assert refused_counts()[executions.EXECUTION_ID_INVALID] == 1.0
+    assert row_state(execution.pk) == before

@@ -161,3 +161,17 @@ def test_compiler_changed__self_check_compiles_per_call(
     [warning] = fallback_warnings(caplog)
     assert "Param" in warning.getMessage()
     assert fallbacks_counted("prepared") == 1
+
+
+@pytest.mark.parametrize("execution_id", [[1], "abc"], ids=repr)
+def test_a_value_no_statement_takes__raises_the_inputs_error_and_keeps_the_fast_path(
+    execution_id: Any, fast_path: FastPath, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Given a claim statement compiled and checked
+    queued("k")
+    claimed("k")
+    # When a caller passes an id that is no number
+    with pytest.raises((TypeError, ValueError)):
+        executions.claim(worker="w@host:1", task="scheduler.echo", celery_task_id="celery-1", execution_id=execution_id)
+    # Then the error is the value's (compiled per call, it fails alike), and the fast path stays taken
+    assert not fast_path.fallen and not fallback_warnings(caplog)
