@@ -91,7 +91,7 @@ class CheckpointInvalid(SchedulerError):
 
 
 class MessageRefused(SchedulerError):
-    """The message was not sent for the execution it names, or no row can hold its task id; nothing was touched."""
+    """The message was not sent for the execution it names, or names it in a way no row can hold; nothing was touched."""
 
     def __init__(
         self,

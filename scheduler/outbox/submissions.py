@@ -153,6 +153,9 @@ def _whole(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
+_COUNTDOWN_MESSAGE = "countdown must be a number of seconds from 0 that ends before 9000-01-01, got {countdown!r}."
+
+
 def _scheduled_for(now: datetime, countdown: Any) -> datetime:
     """When a submission ``countdown`` seconds from ``now`` is due; ``SubmissionInvalid`` when it is no such thing."""
     if countdown is None:
@@ -167,5 +170,3 @@ def _scheduled_for(now: datetime, countdown: Any) -> datetime:
         raise SubmissionInvalid(_COUNTDOWN_MESSAGE.format(countdown=countdown))
     return due
 
-
-_COUNTDOWN_MESSAGE = "countdown must be a number of seconds from 0 that ends before 9000-01-01, got {countdown!r}."

@@ -967,8 +967,9 @@ def execution_id_of(header: Any, *, task: str, celery_task_id: Any) -> int:
 def _refuse_unrecordable(task: str, celery_task_id: Any, execution_id: int | None = None) -> None:
     """Raise ``MessageRefused`` (counted) for a task id no row can hold: not text, with a NUL character, or too long.
 
-    PostgreSQL refuses both (SQLite would store them): refused before any
-    statement, the message is refused alike on both, without a traceback.
+    PostgreSQL refuses a NUL and a key past 255 characters (SQLite would
+    store them): refused before any statement, the message is refused
+    alike on both, without a traceback.
     """
     if isinstance(celery_task_id, str) and "\x00" not in celery_task_id and len(celery_task_id) <= MAX_TASK_ID_LENGTH:
         return
