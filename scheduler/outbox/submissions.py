@@ -169,4 +169,3 @@ def _scheduled_for(now: datetime, countdown: Any) -> datetime:
     if due >= LATEST:
         raise SubmissionInvalid(_COUNTDOWN_MESSAGE.format(countdown=countdown))
     return due
-
