@@ -22,6 +22,8 @@ from scheduler.conf import settings
 DESCRIPTION_MAX_CHARS = 2000
 #: The largest value the integer columns hold (PostgreSQL's ``integer``): counts, and seconds (68 years).
 INTEGER_MAX = 2_147_483_647
+#: The largest id a row can have, and the largest number SQLite can bind (64 bits).
+KEY_MAX = 2**63 - 1
 #: Longest ``paused_reason`` of a schedule (the pause action's reason), in characters.
 PAUSED_REASON_MAX_CHARS = 500
 

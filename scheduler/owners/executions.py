@@ -931,15 +931,13 @@ TASK_ID_MISMATCH = "task_id_mismatch"
 TASK_ID_UNRECORDABLE = "task_id_unrecordable"
 EXECUTION_ID_INVALID = "execution_id_invalid"
 REFUSAL_REASONS = (TASK_MISMATCH, TASK_ID_MISMATCH, TASK_ID_UNRECORDABLE, EXECUTION_ID_INVALID)
-#: The largest id a row can have (a 64-bit key).
-MAX_EXECUTION_ID = 2**63 - 1
 #: The longest Celery task id a row records: its ad-hoc key (``celery:`` and the id) fits in 255 characters.
 MAX_TASK_ID_LENGTH = 255 - len(ad_hoc_key(""))
 
 
 def valid_execution_id(header: Any) -> int | None:
     """The execution id a message's header names, or ``None`` when it is none: the senders write a row's id."""
-    if isinstance(header, int) and not isinstance(header, bool) and 0 < header <= MAX_EXECUTION_ID:
+    if isinstance(header, int) and not isinstance(header, bool) and 0 < header <= limits.KEY_MAX:
         return header
     return None
 

@@ -73,7 +73,7 @@ from scheduler.web import (
     metrics,
     result_admin,  # noqa: F401  (imported to replace django-celery-results' pages with scoped ones)
 )
-from scheduler.web.admin_lists import ActionsNeedPermission, TenantScoped, TextLookups
+from scheduler.web.admin_lists import ActionsNeedPermission, StorableLookups, TenantScoped
 
 #: How many upcoming slots the schedule page previews.
 PREVIEW_COUNT = 5
@@ -419,7 +419,7 @@ class ScheduleForm(forms.ModelForm):
 
 
 @admin.register(Schedule)
-class ScheduleAdmin(TextLookups, TenantScoped, ActionsNeedPermission, admin.ModelAdmin):
+class ScheduleAdmin(StorableLookups, TenantScoped, ActionsNeedPermission, admin.ModelAdmin):
     form = ScheduleForm
     paginator = EstimatedCountPaginator
     list_display = ("name", "task", "timing_text", "timezone", "next_run", "last_run", "state", "origin")
@@ -898,7 +898,7 @@ class ScheduleAdmin(TextLookups, TenantScoped, ActionsNeedPermission, admin.Mode
         )
 
 
-class ReadOnlyAdmin(TextLookups, admin.ModelAdmin):
+class ReadOnlyAdmin(StorableLookups, admin.ModelAdmin):
     """Rows written by machines: viewable, never edited by hand."""
 
     show_full_result_count = False
@@ -1214,7 +1214,7 @@ class AuditEventAdmin(TenantScoped, ReadOnlyAdmin):
 
 
 @admin.register(OperatorProfile)
-class OperatorProfileAdmin(TextLookups, admin.ModelAdmin):
+class OperatorProfileAdmin(StorableLookups, admin.ModelAdmin):
     """Binds a staff user to a tenant: the admin and the API then show that user only that tenant's rows."""
 
     list_display = ("user", "tenant", "all_tenants")

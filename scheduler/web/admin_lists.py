@@ -4,15 +4,19 @@ Each is a mixin of a ``ModelAdmin``:
 
 - ``TenantScoped``: a staff user sees and changes only the rows of its scope.
 - ``ActionsNeedPermission``: an action the user may not run answers 403.
-- ``TextLookups``: a lookup holding a NUL (``?task=%00``), which PostgreSQL
-  stores in no text and so would fail when the page reads its rows (a 500),
-  is refused as Django refuses a lookup it cannot apply. Every admin of the
-  app, and of the results it shows, mixes it in
-  (``tests/integration/test_admin_lists.py`` checks each registered one).
+- ``StorableLookups``: a lookup holding a NUL (``?task=%00``), which
+  PostgreSQL stores in no text, or a number past 64 bits
+  (``?schedule=99999999999999999999``), which SQLite cannot bind (Django
+  guards an integer column's lookups, not a foreign key's), would fail
+  when the page reads its rows (a 500); it is refused as Django refuses a
+  lookup it cannot apply. Every admin of the app, and of the results it
+  shows, mixes it in (``tests/integration/test_admin_lists.py`` checks
+  each registered one).
 """
 
 from __future__ import annotations
 
+import re
 from typing import TYPE_CHECKING, Any
 
 from django.contrib import admin
@@ -21,6 +25,7 @@ from django.core.exceptions import PermissionDenied
 from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 
+from scheduler import limits
 from scheduler.tenancy import scope_of_user
 
 if TYPE_CHECKING:
@@ -46,11 +51,20 @@ class ActionsNeedPermission(_AdminBase):
         return super().changelist_view(request, extra_context)
 
 
-class TextLookups(_AdminBase):
-    """Refuse a lookup holding a NUL as Django refuses one it cannot apply."""
+#: A whole number, as a lookup's value may name one.
+_WHOLE_NUMBER = re.compile(r"[+-]?[0-9]+")
+
+
+def _unstorable(value: str) -> bool:
+    """Whether no database can compare with ``value``: it holds a NUL, or is a number past 64 bits."""
+    return "\x00" in value or (_WHOLE_NUMBER.fullmatch(value) is not None and abs(int(value)) > limits.KEY_MAX)
+
+
+class StorableLookups(_AdminBase):
+    """Refuse a lookup no database can compare with as Django refuses one it cannot apply."""
 
     def changelist_view(self, request: HttpRequest, extra_context: dict[str, Any] | None = None) -> HttpResponse:
-        if any("\x00" in key or "\x00" in value for key, values in request.GET.lists() for value in values):
+        if any("\x00" in key or _unstorable(value) for key, values in request.GET.lists() for value in values):
             # What Django answers a lookup it cannot apply: the list, flagged "invalid".
             return HttpResponseRedirect(f"{request.path}?{ERROR_FLAG}=1")
         return super().changelist_view(request, extra_context)

@@ -16,10 +16,10 @@ from django.http import HttpRequest
 from scheduler.models import Notification, NotificationTarget
 from scheduler.ops import audit, operations
 from scheduler.tenancy import scope_of_user
-from scheduler.web.admin_lists import TextLookups
+from scheduler.web.admin_lists import StorableLookups
 
 
-class _DeployerManages(TextLookups, admin.ModelAdmin):
+class _DeployerManages(StorableLookups, admin.ModelAdmin):
     def get_queryset(self, request: HttpRequest) -> QuerySet[Any]:
         return scope_of_user(request.user).filter(super().get_queryset(request))
 

@@ -20,7 +20,7 @@ from scheduler.models import PauseRule
 from scheduler.ops import audit, operations
 from scheduler.tenancy import scope_of_user
 from scheduler.web import overview
-from scheduler.web.admin_lists import TextLookups
+from scheduler.web.admin_lists import StorableLookups
 
 
 class PauseForm(forms.ModelForm):
@@ -64,7 +64,7 @@ class PauseForm(forms.ModelForm):
 
 
 @admin.register(PauseRule)
-class PauseRuleAdmin(TextLookups, admin.ModelAdmin):
+class PauseRuleAdmin(StorableLookups, admin.ModelAdmin):
     form = PauseForm
     list_display = ("__str__", "reason", "created_by", "created_at")
     actions = ("resume",)

@@ -19,7 +19,7 @@ from django_celery_results.models import GroupResult, TaskResult
 
 from scheduler.models import Execution
 from scheduler.tenancy import scope_of_user
-from scheduler.web.admin_lists import TextLookups
+from scheduler.web.admin_lists import StorableLookups
 
 
 def results_in_scope(request: HttpRequest, queryset: QuerySet[TaskResult]) -> QuerySet[TaskResult]:
@@ -31,7 +31,7 @@ def results_in_scope(request: HttpRequest, queryset: QuerySet[TaskResult]) -> Qu
     return queryset.filter(task_id__in=task_ids)
 
 
-class ScopedTaskResultAdmin(TextLookups, results_admin.TaskResultAdmin):
+class ScopedTaskResultAdmin(StorableLookups, results_admin.TaskResultAdmin):
     # The scheduler's additions (stylesheet, no-leader warning) on these pages too.
     change_list_template = "admin/scheduler/change_list.html"
     change_form_template = "admin/scheduler/change_form.html"
@@ -48,7 +48,7 @@ class ScopedTaskResultAdmin(TextLookups, results_admin.TaskResultAdmin):
         )
 
 
-class UnscopedOnlyGroupResultAdmin(TextLookups, results_admin.GroupResultAdmin):
+class UnscopedOnlyGroupResultAdmin(StorableLookups, results_admin.GroupResultAdmin):
     """Group results name their members' results whatever the tenant: every-tenant callers only."""
 
     change_list_template = "admin/scheduler/change_list.html"

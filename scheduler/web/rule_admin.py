@@ -25,7 +25,7 @@ from scheduler.models import Calendar, ConcurrencyLimit, RateLimit
 from scheduler.ops import audit, operations
 from scheduler.owners import executions
 from scheduler.tenancy import scope_of_user
-from scheduler.web.admin_lists import TextLookups
+from scheduler.web.admin_lists import StorableLookups
 
 #: Keys shown on a limit's page, busiest first.
 KEYS_SHOWN = 50
@@ -70,7 +70,7 @@ class TenantRuleForm(forms.ModelForm):
         """Nothing more to check or copy: ``keep`` validated and wrote the row in ``clean()``."""
 
 
-class _TenantRuleAdmin(TextLookups, admin.ModelAdmin):
+class _TenantRuleAdmin(StorableLookups, admin.ModelAdmin):
     """A tenant's user sees its own rows and every tenant's, and changes its own only."""
 
     def keep(self, request: HttpRequest, obj: Any) -> None:

@@ -1,9 +1,10 @@
-"""Every admin list of the app, asked to filter by a NUL (``?field=%00``): never a 500.
+"""Every admin list of the app, asked to filter by a NUL (``?field=%00``) or a number past 64 bits: never a 500.
 
-PostgreSQL refuses a NUL in any text, so a lookup with one would fail when
-the page reads its rows. Each list answers as Django's admin does for a
-lookup it cannot apply: back to the list, with ``?e=1``
-(``scheduler.web.admin_lists``).
+PostgreSQL refuses a NUL in any text, and SQLite cannot bind a number past
+64 bits (Django guards an integer column's lookups, not a foreign key's),
+so such a lookup would fail when the page reads its rows. Each list answers
+as Django's admin does for a lookup it cannot apply: back to the list, with
+``?e=1`` (``scheduler.web.admin_lists``).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from django.db import models
 from django.test import Client
 from django.urls import reverse
 
-from scheduler.web.admin_lists import TextLookups
+from scheduler.web.admin_lists import StorableLookups
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -34,6 +35,16 @@ def _lists() -> list[tuple[str, str, str]]:
     return sorted(found)
 
 
+def _foreign_keys() -> list[tuple[str, str, str]]:
+    """(app, model, a foreign key) of each admin list of ``APPS`` whose model has one."""
+    found = []
+    for model in admin.site._registry:
+        keys = [f.name for f in model._meta.fields if isinstance(f, models.ForeignKey)]
+        if model._meta.app_label in APPS and keys:
+            found.append((model._meta.app_label, model._meta.model_name, keys[0]))
+    return sorted(found)
+
+
 @pytest.mark.parametrize(("app", "model", "field"), _lists())
 def test_a_nul_in_a_lookup__back_to_the_list_never_a_500(app: str, model: str, field: str) -> None:
     client = Client(raise_request_exception=False)
@@ -44,8 +55,18 @@ def test_a_nul_in_a_lookup__back_to_the_list_never_a_500(app: str, model: str, f
         assert response.status_code in (200, 302), (url + query, response.status_code)
 
 
+@pytest.mark.parametrize(("app", "model", "field"), _foreign_keys())
+def test_a_number_past_64_bits_in_a_lookup__back_to_the_list_never_a_500(app: str, model: str, field: str) -> None:
+    client = Client(raise_request_exception=False)
+    client.force_login(get_user_model().objects.create_superuser("root", "root@example.invalid", "pw"))
+    url = reverse(f"admin:{app}_{model}_changelist")
+    for value in ("99999999999999999999", "-99999999999999999999"):
+        response: Any = client.get(f"{url}?{field}={value}")
+        assert (response.status_code, response.get("Location")) == (302, f"{url}?e=1"), (field, value)
+
+
 def test_every_admin_of_the_app_refuses_such_lookups() -> None:
     ours = {model: model_admin for model, model_admin in admin.site._registry.items() if model._meta.app_label in APPS}
-    assert ours and all(isinstance(model_admin, TextLookups) for model_admin in ours.values()), [
-        type(model_admin).__name__ for model_admin in ours.values() if not isinstance(model_admin, TextLookups)
+    assert ours and all(isinstance(model_admin, StorableLookups) for model_admin in ours.values()), [
+        type(model_admin).__name__ for model_admin in ours.values() if not isinstance(model_admin, StorableLookups)
     ]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from datetime import datetime, timezone
+from typing import Any
 
 import django_filters
 from django import forms
@@ -11,14 +12,19 @@ from django.db.models import QuerySet
 from django.db.models.functions import Now
 from django_filters.fields import IsoDateTimeField
 
+from scheduler import limits
 from scheduler.models import AuditEvent, Execution, Schedule
 from scheduler.models.schedule import EARLIEST, LATEST, ScheduleQuerySet
 
 
 class IdFilter(django_filters.NumberFilter):
-    """An id: a whole number, with no check that the row exists (another tenant's would be revealed)."""
+    """An id: a whole number a key can be, with no check that the row exists (another tenant's would be revealed)."""
 
     field_class = forms.IntegerField
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        # (past 64 bits SQLite cannot bind it: a 500, not an empty list)
+        super().__init__(*args, min_value=1, max_value=limits.KEY_MAX, **kwargs)
 
 
 class MomentField(IsoDateTimeField):
