@@ -19,7 +19,7 @@ from rest_framework.settings import api_settings
 from scheduler import dbclock
 from scheduler.celery_app import celery_app
 from scheduler.conf import settings
-from scheduler.limits import PAUSED_REASON_MAX_CHARS
+from scheduler.limits import KEY_MAX, PAUSED_REASON_MAX_CHARS
 from scheduler.models import AuditEvent, Calendar, Execution, Lease, NotificationTarget, PauseRule, Schedule
 from scheduler.models.schedule import EARLIEST, LATEST, MESSAGE_OPTION_FIELDS, POLICY_FIELDS
 from scheduler.ops import bulk, operations
@@ -513,7 +513,7 @@ class ClusterSerializer(serializers.Serializer):
 class StatsQuerySerializer(serializers.Serializer):
     since = IsoDateTime(required=False, validators=[_in_range], help_text="Default: 24 hours ago.")
     until = IsoDateTime(required=False, validators=[_in_range], help_text="Default: now.")
-    schedule = serializers.IntegerField(required=False, min_value=1, max_value=2**63 - 1)
+    schedule = serializers.IntegerField(required=False, min_value=1, max_value=KEY_MAX)
     queue = serializers.CharField(required=False, allow_blank=True, max_length=200)
     task = serializers.CharField(required=False, max_length=255)
 
