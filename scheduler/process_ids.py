@@ -6,6 +6,11 @@ import os
 import secrets
 import socket
 
+#: The longest id a row holds (``Instance.instance_id``, ``Execution.worker``, ``Lease.holder``).
+MAX_LENGTH = 255
+#: The largest pid Linux gives (``pid_max`` at most 2**22).
+MAX_PID = 4_194_304
+
 
 def process_id(host: str | None = None, pid: int | str | None = None, *, unique: bool = False) -> str:
     """Return a process's id: ``<host>:<pid>``, then ``:<token>`` when ``unique``.

@@ -1,4 +1,7 @@
-"""Celery signal receivers (observe, never veto): a worker's heartbeat and watch, messages refused or expired.
+"""Celery signal receivers: a worker's start, heartbeat and watch, messages refused or expired.
+
+A worker whose node name no row can hold (every claim and heartbeat names
+the process by it) stops at its start, in one line.
 
 The heartbeat thread (``scheduler.worker.heartbeat``) starts when the worker is
 ready and stops when it shuts down; it writes only after the worker's own
@@ -19,9 +22,10 @@ import logging
 import socket
 from typing import Any
 
-from celery.signals import task_rejected, task_revoked, task_unknown, worker_ready, worker_shutdown
+from celery.signals import task_rejected, task_revoked, task_unknown, worker_init, worker_ready, worker_shutdown
 from django.db import DatabaseError, close_old_connections
 
+from scheduler import process_ids
 from scheduler.exceptions import MessageRefused
 from scheduler.models import Execution
 from scheduler.ops import watch
@@ -33,6 +37,18 @@ logger = logging.getLogger(__name__)
 
 _heartbeat: heartbeat.Heartbeat | None = None
 _watcher: watch.Watcher | None = None
+
+
+@worker_init.connect(dispatch_uid="scheduler.node_name_fits")
+def refuse_a_node_name_no_row_holds(sender: Any = None, **kwargs: Any) -> None:
+    # Each claim and heartbeat would fail on PostgreSQL (SQLite would store it), and no task would run.
+    nodename = str(getattr(sender, "hostname", "") or "")
+    allowed = process_ids.MAX_LENGTH - len(process_ids.process_id("", process_ids.MAX_PID))
+    if len(nodename) > allowed:
+        raise SystemExit(
+            f"scheduler: the worker's node name is {len(nodename)} characters long; at most {allowed} fit in the "
+            "rows that name a process (celery worker -n)"
+        )
 
 
 @worker_ready.connect(dispatch_uid="scheduler.worker_heartbeat")

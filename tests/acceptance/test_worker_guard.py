@@ -398,3 +398,16 @@ def test_plain_calls_with_odd_soft_time_limits__recorded_in_whole_seconds_and_ru
     assert wait_until(lambda: len(test_tasks.runs(redis_client)) == 2, timeout=20), worker.log()[-3000:]
     recorded = dict(Execution.objects.values_list("celery_task_id", "timeout"))
     assert recorded == {short.id: 1, endless.id: None}
+
+
+def test_worker_with_a_node_name_no_row_can_hold__refuses_to_start_in_one_line(celery_processes: Start) -> None:
+    # Given a node name longer than a claim's and a heartbeat's worker column can hold with a pid
+    name = "w" * 250
+    # When a worker starts under it
+    worker = celery_processes("worker", name)
+    # Then it stops at once with one line naming the limit, before any task or heartbeat
+    assert wait_until(lambda: not worker.alive(), timeout=20), worker.log()[-3000:]
+    assert worker.popen.returncode != 0
+    assert "node name" in worker.log() and "at most" in worker.log(), worker.log()[-3000:]
+    assert "Traceback" not in worker.log(), worker.log()[-3000:]
+    assert not Instance.objects.exists()
