@@ -22,6 +22,8 @@ LEADER_SCHEDULER = "scheduler.beat:LeaderScheduler"
 MAX_COMMIT_AHEAD_SECONDS = 0.5
 #: Most shards: ``Schedule.shard`` is a small integer, and each shard is a lease row every replica reads per tick.
 MAX_SHARDS = 1024
+#: The longest ``SCHEDULER_LEASE_NAME``: a shard's lease ``<name>:<k>`` (k up to 1023) fits the lease's 100 characters.
+MAX_LEASE_NAME_LENGTH = 100 - len(f":{MAX_SHARDS - 1}")
 
 
 @register()
@@ -50,6 +52,22 @@ def check_shards(app_configs: Any = None, **kwargs: Any) -> list[Error]:
                 f"SCHEDULER_SHARDS must be a whole number from 1 to {MAX_SHARDS}, got {configured!r}.",
                 hint="1 runs one leader; more split the schedules across the beat replicas.",
                 id="scheduler.E006",
+            )
+        ]
+    return []
+
+
+@register()
+def check_lease_name(app_configs: Any = None, **kwargs: Any) -> list[Error]:
+    """``SCHEDULER_LEASE_NAME`` is text a lease row holds, its shards' names included (else every tick fails)."""
+    name = settings.LEASE_NAME
+    if not isinstance(name, str) or not 0 < len(name) <= MAX_LEASE_NAME_LENGTH or "\x00" in name:
+        return [
+            Error(
+                f"SCHEDULER_LEASE_NAME must be text of 1 to {MAX_LEASE_NAME_LENGTH} characters without a NUL, "
+                f"got {name!r}.",
+                hint="Replicas that share a lease name share one leadership; the default is 'beat'.",
+                id="scheduler.E010",
             )
         ]
     return []

@@ -98,6 +98,10 @@ def test_settings__debug_off_means_secure_cookies_and_json_only() -> None:
         ({"SCHEDULER_COMMIT_AHEAD_SECONDS": -0.1}, checks.check_commit_ahead, "scheduler.E008"),
         ({"SCHEDULER_COMMIT_AHEAD_SECONDS": "0.2"}, checks.check_commit_ahead, "scheduler.E008"),
         ({"SCHEDULER_PREPARED_STATEMENTS": "false"}, checks.check_prepared_statements, "scheduler.E009"),
+        ({"SCHEDULER_LEASE_NAME": ""}, checks.check_lease_name, "scheduler.E010"),
+        ({"SCHEDULER_LEASE_NAME": "b" * 96}, checks.check_lease_name, "scheduler.E010"),
+        ({"SCHEDULER_LEASE_NAME": "a\x00b"}, checks.check_lease_name, "scheduler.E010"),
+        ({"SCHEDULER_LEASE_NAME": 5}, checks.check_lease_name, "scheduler.E010"),
     ],
 )
 def test_system_check__fires_on_its_misconfiguration(overrides: dict[str, Any], check: Any, check_id: str) -> None:
