@@ -5,6 +5,8 @@ Ids never change once released: ``scheduler.E001`` ... for errors, ``scheduler.W
 
 from __future__ import annotations
 
+import math
+import typing
 from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
@@ -13,7 +15,7 @@ from django.core.checks import Error, Tags, Warning, register
 from django.db import DatabaseError
 
 from scheduler import shards
-from scheduler.conf import DEPRECATED_NAMES, DEPRECATED_UNTIL, settings
+from scheduler.conf import DEPRECATED_NAMES, DEPRECATED_UNTIL, Defaults, settings
 from scheduler.ops import cluster
 
 #: The beat scheduler every replica must run: anything else fires without the lease.
@@ -26,11 +28,70 @@ MAX_SHARDS = 1024
 MAX_LEASE_NAME_LENGTH = 100 - len(f":{MAX_SHARDS - 1}")
 
 
+#: Numeric settings that must be above 0: at 0 they would stall, or refuse everything, instead of turning
+#: something off. The other numbers may be 0 (several say 0 turns their work off).
+POSITIVE_SETTINGS = frozenset(
+    {
+        "LEASE_TTL_SECONDS",
+        "LEASE_RENEW_SECONDS",
+        "FOLLOWER_RETRY_SECONDS",
+        "MAX_INTERVAL_SECONDS",
+        "DISPATCH_BATCH_SIZE",
+        "DEFAULT_CATCHUP_WINDOW_SECONDS",
+        "CLAIM_SECONDS",
+        "CLAIM_RENEW_SECONDS",
+        "NOTIFY_RETRY_SECONDS",
+        "NOTIFY_MAX_ATTEMPTS",
+        "NOTIFY_TIMEOUT_SECONDS",
+        "ARGS_MAX_BYTES",
+        "ARGS_MAX_DEPTH",
+        "BACKFILL_MAX_SLOTS",
+    }
+)
+#: Settings a check of their own holds to more than their type.
+_CHECKED_APART = frozenset({"SHARDS", "COMMIT_AHEAD_SECONDS", "PREPARED_STATEMENTS", "LEASE_NAME"})
+
+
+@register()
+def check_setting_types(app_configs: Any = None, **kwargs: Any) -> list[Error]:
+    """Every ``SCHEDULER_*`` setting has its default's type, and a number is finite and not negative.
+
+    A value read from the environment in a project's own settings is text:
+    without this check, the first comparison with it fails deep in a beat
+    or a worker, or in ``manage.py check`` itself.
+    """
+    errors = []
+    for name, kind in typing.get_type_hints(Defaults).items():
+        if name in _CHECKED_APART:
+            continue
+        value = getattr(settings, name)
+        wanted = _type_problem(kind, value, positive=name in POSITIVE_SETTINGS)
+        if wanted:
+            errors.append(Error(f"SCHEDULER_{name} must be {wanted}, got {value!r}.", id="scheduler.E011"))
+    return errors
+
+
+def _type_problem(kind: Any, value: Any, *, positive: bool) -> str:
+    """What ``value`` must be to be a setting of type ``kind``; "" when it is."""
+    if kind is bool or kind is str:
+        return "" if isinstance(value, kind) else ("True or False" if kind is bool else "text")
+    if kind is int or kind is float:
+        noun = "a whole number" if kind is int else "a number"
+        bound = "above 0" if positive else "from 0"
+        taken = (int,) if kind is int else (int, float)
+        if isinstance(value, bool) or not isinstance(value, taken) or not math.isfinite(value):
+            return f"{noun} {bound}"
+        return "" if (value > 0 if positive else value >= 0) else f"{noun} {bound}"
+    return ""  # a mapping (TENANT_TASKS) is checked where it is read
+
+
 @register()
 def check_lease_timing(app_configs: Any = None, **kwargs: Any) -> list[Error]:
     """The lease must outlive at least two missed renewals, or a healthy leader loses it."""
     ttl, renew = settings.LEASE_TTL_SECONDS, settings.LEASE_RENEW_SECONDS
-    if renew <= 0 or ttl <= 2 * renew:
+    if _type_problem(float, ttl, positive=True) or _type_problem(float, renew, positive=True):
+        return []  # check_setting_types says so
+    if ttl <= 2 * renew:
         return [
             Error(
                 f"SCHEDULER_LEASE_TTL_SECONDS ({ttl}) must be greater than twice "

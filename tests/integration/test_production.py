@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Group
+from django.core.checks import run_checks
 from django.test import Client, override_settings
 
 from scheduler import checks
@@ -102,12 +103,34 @@ def test_settings__debug_off_means_secure_cookies_and_json_only() -> None:
         ({"SCHEDULER_LEASE_NAME": "b" * 96}, checks.check_lease_name, "scheduler.E010"),
         ({"SCHEDULER_LEASE_NAME": "a\x00b"}, checks.check_lease_name, "scheduler.E010"),
         ({"SCHEDULER_LEASE_NAME": 5}, checks.check_lease_name, "scheduler.E010"),
+        # read from the environment by a project's own settings: text
+        ({"SCHEDULER_CLAIM_SECONDS": "30"}, checks.check_setting_types, "scheduler.E011"),
+        ({"SCHEDULER_LEASE_TTL_SECONDS": "10"}, checks.check_setting_types, "scheduler.E011"),
+        ({"SCHEDULER_DISPATCH_BATCH_SIZE": 0}, checks.check_setting_types, "scheduler.E011"),
+        ({"SCHEDULER_DISPATCH_BATCH_SIZE": 500.0}, checks.check_setting_types, "scheduler.E011"),
+        ({"SCHEDULER_RECONCILE_INTERVAL_SECONDS": -1}, checks.check_setting_types, "scheduler.E011"),
+        ({"SCHEDULER_NOTIFY_TIMEOUT_SECONDS": float("inf")}, checks.check_setting_types, "scheduler.E011"),
+        ({"SCHEDULER_LOST_RETRIES": True}, checks.check_setting_types, "scheduler.E011"),
+        ({"SCHEDULER_BUILTIN_SCHEDULES": "false"}, checks.check_setting_types, "scheduler.E011"),
+        ({"SCHEDULER_METRICS_TOKEN": None}, checks.check_setting_types, "scheduler.E011"),
     ],
 )
 def test_system_check__fires_on_its_misconfiguration(overrides: dict[str, Any], check: Any, check_id: str) -> None:
     assert check() == []
     with override_settings(**overrides):
         assert [error.id for error in check()] == [check_id]
+
+
+def test_settings_of_the_wrong_type__every_check_runs_and_only_e011_names_them() -> None:
+    # Given a TTL and a renew interval given as text, as an environment variable reads
+    with override_settings(SCHEDULER_LEASE_TTL_SECONDS="10", SCHEDULER_LEASE_RENEW_SECONDS="2"):
+        # When every check runs, the lease timing's comparison included
+        found = [error for error in run_checks() if error.id.startswith("scheduler.")]
+    # Then each wrong setting is named once, by its type check, and nothing raised
+    assert sorted(error.msg for error in found) == [
+        "SCHEDULER_LEASE_RENEW_SECONDS must be a number above 0, got '2'.",
+        "SCHEDULER_LEASE_TTL_SECONDS must be a number above 0, got '10'.",
+    ]
 
 
 @pytest.mark.parametrize(
