@@ -6,6 +6,7 @@ Ids never change once released: ``scheduler.E001`` ... for errors, ``scheduler.W
 from __future__ import annotations
 
 import math
+import re
 import typing
 from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
@@ -48,6 +49,8 @@ POSITIVE_SETTINGS = frozenset(
         "BACKFILL_MAX_SLOTS",
     }
 )
+#: Text settings read in a format: the format, and how the error names it.
+_FORMATS = {"API_THROTTLE_RATE": (re.compile(r"[0-9]+/[smhd][a-z]*"), "a rate as N/second, N/minute, N/hour or N/day")}
 #: Settings a check of their own holds to more than their type.
 _CHECKED_APART = frozenset({"SHARDS", "COMMIT_AHEAD_SECONDS", "PREPARED_STATEMENTS", "LEASE_NAME"})
 
@@ -66,6 +69,8 @@ def check_setting_types(app_configs: Any = None, **kwargs: Any) -> list[Error]:
             continue
         value = getattr(settings, name)
         wanted = _type_problem(kind, value, positive=name in POSITIVE_SETTINGS)
+        if not wanted and name in _FORMATS and value is not None and not _FORMATS[name][0].fullmatch(value):
+            wanted = _FORMATS[name][1]  # (a rate Django REST framework cannot read would answer 500 to every call)
         if wanted:
             errors.append(Error(f"SCHEDULER_{name} must be {wanted}, got {value!r}.", id="scheduler.E011"))
     return errors
@@ -73,8 +78,10 @@ def check_setting_types(app_configs: Any = None, **kwargs: Any) -> list[Error]:
 
 def _type_problem(kind: Any, value: Any, *, positive: bool) -> str:
     """What ``value`` must be to be a setting of type ``kind``; "" when it is."""
-    if kind is bool or kind is str:
-        return "" if isinstance(value, kind) else ("True or False" if kind is bool else "text")
+    if kind is bool:
+        return "" if isinstance(value, bool) else "True or False"
+    if kind is str:  # None, as os.environ.get() gives for an unset variable, reads as "" (off, or the default)
+        return "" if value is None or isinstance(value, str) else "text"
     if kind is int or kind is float:
         noun = "a whole number" if kind is int else "a number"
         bound = "above 0" if positive else "from 0"

@@ -112,7 +112,8 @@ def test_settings__debug_off_means_secure_cookies_and_json_only() -> None:
         ({"SCHEDULER_NOTIFY_TIMEOUT_SECONDS": float("inf")}, checks.check_setting_types, "scheduler.E011"),
         ({"SCHEDULER_LOST_RETRIES": True}, checks.check_setting_types, "scheduler.E011"),
         ({"SCHEDULER_BUILTIN_SCHEDULES": "false"}, checks.check_setting_types, "scheduler.E011"),
-        ({"SCHEDULER_METRICS_TOKEN": None}, checks.check_setting_types, "scheduler.E011"),
+        ({"SCHEDULER_METRICS_TOKEN": 12345}, checks.check_setting_types, "scheduler.E011"),
+        ({"SCHEDULER_API_THROTTLE_RATE": "1200 per minute"}, checks.check_setting_types, "scheduler.E011"),
     ],
 )
 def test_system_check__fires_on_its_misconfiguration(overrides: dict[str, Any], check: Any, check_id: str) -> None:
