@@ -1,9 +1,6 @@
 """Django system checks that catch scheduler misconfiguration at startup, not in production.
 
-``manage.py`` runs them all; a beat replica and a worker run the ones about
-their settings and stop on an error (``refuse_to_start``). Ids never change
-once released: ``scheduler.E001`` ... for errors, ``scheduler.W001`` ... for
-warnings.
+Ids never change once released: ``scheduler.E001`` ... for errors, ``scheduler.W001`` ... for warnings.
 """
 
 from __future__ import annotations
