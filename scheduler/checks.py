@@ -8,12 +8,11 @@ from __future__ import annotations
 import math
 import re
 import typing
-from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from django.conf import settings as django_settings
-from django.core.checks import CheckMessage, Error, Tags, Warning, register
+from django.core.checks import Error, Tags, Warning, register
 from django.db import DatabaseError
 
 from scheduler import shards
@@ -318,23 +317,3 @@ def check_sqlite_sharing(app_configs: Any = None, **kwargs: Any) -> list[Warning
             )
         )
     return warnings
-
-
-#: What a beat replica and a worker check before they start: their settings only, no database. (Celery
-#: runs Django's checks in a worker, and starts whatever they say.)
-BEAT_CHECKS = (
-    check_setting_types,
-    check_lease_timing,
-    check_shards,
-    check_commit_ahead,
-    check_prepared_statements,
-    check_lease_name,
-)
-WORKER_CHECKS = (check_setting_types, check_prepared_statements)
-
-
-def refuse_to_start(process: str, checks: Iterable[Callable[..., Sequence[CheckMessage]]]) -> None:
-    """Stop ``process`` (a beat, a worker) with one line per error ``checks`` find in its settings."""
-    errors = [message for check in checks for message in check() if message.is_serious()]
-    if errors:
-        raise SystemExit("\n".join(f"scheduler: the {process} does not start: {e.id}: {e.msg}" for e in errors))

@@ -28,7 +28,7 @@ from celery.beat import Scheduler
 from django.db import DatabaseError, close_old_connections, connection
 from django.db.backends.signals import connection_created
 
-from scheduler import checks, logs, outbox, process_ids, shards, tracing
+from scheduler import logs, outbox, process_ids, shards, tracing
 from scheduler.beat import dispatch, leadership, shard_keeper
 from scheduler.beat.housekeeping import Housekeeping
 from scheduler.beat.liveness import InstanceLock
@@ -74,7 +74,6 @@ class LeaderScheduler(Scheduler):
     """A ``celery.beat.Scheduler`` whose due set lives in the database, gated by a lease."""
 
     def __init__(self, app: Any, *args: Any, **kwargs: Any) -> None:
-        checks.refuse_to_start("beat", checks.BEAT_CHECKS)
         # Celery builds a lazy instance just for the banner: no I/O here.
         kwargs.pop("schedule_filename", None)
         kwargs["max_interval"] = kwargs.get("max_interval") or settings.MAX_INTERVAL_SECONDS

@@ -1,8 +1,7 @@
 """Celery signal receivers: a worker's start, heartbeat and watch, messages refused or expired.
 
-A worker whose settings a system check refuses, or whose node name no row
-can hold (every claim and heartbeat names the process by it), stops at its
-start, in one line each.
+A worker whose node name no row can hold (every claim and heartbeat names
+the process by it) stops at its start, in one line.
 
 The heartbeat thread (``scheduler.worker.heartbeat``) starts when the worker is
 ready and stops when it shuts down; it writes only after the worker's own
@@ -26,7 +25,7 @@ from typing import Any
 from celery.signals import task_rejected, task_revoked, task_unknown, worker_init, worker_ready, worker_shutdown
 from django.db import DatabaseError, close_old_connections
 
-from scheduler import checks, process_ids
+from scheduler import process_ids
 from scheduler.exceptions import MessageRefused
 from scheduler.models import Execution
 from scheduler.ops import watch
@@ -38,11 +37,6 @@ logger = logging.getLogger(__name__)
 
 _heartbeat: heartbeat.Heartbeat | None = None
 _watcher: watch.Watcher | None = None
-
-
-@worker_init.connect(dispatch_uid="scheduler.worker_settings_checked")
-def refuse_settings_a_check_refuses(sender: Any = None, **kwargs: Any) -> None:
-    checks.refuse_to_start("worker", checks.WORKER_CHECKS)
 
 
 @worker_init.connect(dispatch_uid="scheduler.node_name_fits")

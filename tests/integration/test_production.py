@@ -16,12 +16,12 @@ from django.core.checks import run_checks
 from django.test import Client, override_settings
 
 from scheduler import checks
-from scheduler.models import Instance, Lease, Schedule
+from scheduler.models import Schedule
 from scheduler.web.permissions import OPERATOR_GROUP, VIEWER_GROUP
 from tests.integration.api_support import bind
 from tests.support.admin_forms import schedule_form
 from tests.support.factories import make_schedule
-from tests.support.processes import ROOT, wait_until
+from tests.support.processes import ROOT
 
 PRODUCTION_ENV = {
     "DJANGO_DEBUG": "0",
@@ -212,26 +212,3 @@ def test_operator__changes_schedules_and_runs_actions(schedule: Schedule) -> Non
     assert response.status_code == 302
     schedule.refresh_from_db()
     assert schedule.name == "renamed" and schedule.paused_reason.startswith("Paused by")
-
-
-@pytest.mark.django_db(transaction=True)
-@pytest.mark.parametrize(
-    ("kind", "setting", "found"),
-    [
-        ("beat", {"lease_ttl_seconds": 3, "lease_renew_seconds": 2}, "scheduler.E001"),
-        ("beat", {"claim_seconds": 0}, "scheduler.E011"),
-        ("worker", {"claim_renew_seconds": 0}, "scheduler.E011"),
-    ],
-)
-def test_misconfigured_beat_or_worker__does_not_start_and_says_why_in_one_line(
-    celery_processes: Any, kind: str, setting: dict[str, Any], found: str
-) -> None:
-    # Given settings a system check refuses (Celery alone would start with them)
-    # When a beat replica or a worker starts with them
-    process = celery_processes(kind, f"{kind}-misconfigured", **setting)
-    # Then it stops at once, naming the check, with no traceback and nothing done
-    assert wait_until(lambda: not process.alive(), timeout=30), process.log()[-2000:]
-    assert process.popen.returncode != 0
-    assert f"scheduler: the {kind} does not start: {found}:" in process.log(), process.log()[-2000:]
-    assert "Traceback" not in process.log(), process.log()[-2000:]
-    assert not Instance.objects.exists() and not Lease.objects.filter(holder__gt="").exists()
