@@ -11,7 +11,7 @@ import json
 import math
 import re
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, TypeGuard
 
 from django.core.exceptions import ValidationError
 from django.core.validators import MaxLengthValidator
@@ -24,6 +24,13 @@ DESCRIPTION_MAX_CHARS = 2000
 INTEGER_MAX = 2_147_483_647
 #: The largest id a row can have, and the largest number SQLite can bind (64 bits).
 KEY_MAX = 2**63 - 1
+
+
+def is_whole_number(value: Any) -> TypeGuard[int]:
+    """Whether ``value`` is an ``int`` (``True`` is one to Python, but no count or id)."""
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
 #: Longest ``paused_reason`` of a schedule (the pause action's reason), in characters.
 PAUSED_REASON_MAX_CHARS = 500
 

@@ -79,16 +79,16 @@ def submit(
     if not task_policy.is_task_guarded(name, app=app):
         raise SubmissionInvalid(task_policy.unguarded_message(name))
     args, kwargs = _checked_arguments(args, kwargs)
-    if timeout is not None and (not _whole(timeout) or timeout <= 0):
+    if timeout is not None and (not limits.is_whole_number(timeout) or timeout <= 0):
         raise SubmissionInvalid(f"timeout must be a positive whole number of seconds, got {timeout!r}.")
     if timeout is not None and timeout > limits.INTEGER_MAX:
         raise SubmissionInvalid(f"timeout must be at most {limits.INTEGER_MAX} seconds, got {timeout!r}.")
     now = dbclock.now()
     scheduled_for = _scheduled_for(now, countdown)
-    if priority is not None and (not _whole(priority) or not 0 <= priority <= MAX_PRIORITY):
+    if priority is not None and (not limits.is_whole_number(priority) or not 0 <= priority <= MAX_PRIORITY):
         raise SubmissionInvalid(f"priority must be a whole number from 0 to {MAX_PRIORITY}, got {priority!r}.")
     for label, value in (("max_retries", max_retries), ("retry_backoff", retry_backoff)):
-        if not _whole(value) or not 0 <= value <= limits.INTEGER_MAX:
+        if not limits.is_whole_number(value) or not 0 <= value <= limits.INTEGER_MAX:
             raise SubmissionInvalid(f"{label} must be a whole number from 0 to {limits.INTEGER_MAX}, got {value!r}.")
     if idempotency_key is not None and not (0 < len(idempotency_key) <= 255):
         raise SubmissionInvalid("idempotency_key must be 1 to 255 characters long.")
@@ -146,11 +146,6 @@ def _checked_arguments(args: Sequence[Any], kwargs: dict[str, Any] | None) -> tu
     except (TypeError, ValueError) as exc:
         raise SubmissionInvalid(f"args and kwargs must be JSON-serialisable: {exc}") from None
     return list(args), kwargs
-
-
-def _whole(value: Any) -> bool:
-    """Whether ``value`` is a whole number (``True`` is not one)."""
-    return isinstance(value, int) and not isinstance(value, bool)
 
 
 _COUNTDOWN_MESSAGE = "countdown must be a number of seconds from 0 that ends before 9000-01-01, got {countdown!r}."

@@ -937,7 +937,7 @@ MAX_TASK_ID_LENGTH = 255 - len(ad_hoc_key(""))
 
 def valid_execution_id(header: Any) -> int | None:
     """The execution id a message's header names, or ``None`` when it is none: the senders write a row's id."""
-    if isinstance(header, int) and not isinstance(header, bool) and 0 < header <= limits.KEY_MAX:
+    if limits.is_whole_number(header) and 0 < header <= limits.KEY_MAX:
         return header
     return None
 

@@ -57,7 +57,13 @@ _WHOLE_NUMBER = re.compile(r"[+-]?[0-9]+")
 
 def _unstorable(value: str) -> bool:
     """Whether no database can compare with ``value``: it holds a NUL, or is a number past 64 bits."""
-    return "\x00" in value or (_WHOLE_NUMBER.fullmatch(value) is not None and abs(int(value)) > limits.KEY_MAX)
+    if "\x00" in value:
+        return True
+    if _WHOLE_NUMBER.fullmatch(value) is None:
+        return False
+    # Counted before read: past 4,300 digits int() itself raises.
+    digits = value.lstrip("+-").lstrip("0")
+    return len(digits) > len(str(limits.KEY_MAX)) or int(digits or "0") > limits.KEY_MAX
 
 
 class StorableLookups(_AdminBase):

@@ -140,8 +140,8 @@ def _rate_wait_allowed(time_limits: tuple[float | None, float | None] | None) ->
     The pool's timer runs from the moment it took the message: a wait there
     is taken from the body's time, so it may use only a small share of it.
     """
-    limits = [limit for limit in (time_limits or ()) if limit]
-    return min([RATE_WAIT_SECONDS, *(limit * RATE_WAIT_SHARE_OF_LIMIT for limit in limits)])
+    given = [limit for limit in (time_limits or ()) if limit]
+    return min([RATE_WAIT_SECONDS, *(limit * RATE_WAIT_SHARE_OF_LIMIT for limit in given)])
 
 
 def _keep_to_rate(found: _Found, args: Any, kwargs: Any, app: Any, *, wait_allowed: float) -> float | None:

@@ -203,6 +203,7 @@ def test_submit__takes_a_tenant() -> None:
         "/api/v1/executions/?schedule=1.5",
         "/api/v1/executions/?schedule=99999999999999999999",  # past 64 bits: SQLite could not bind it
         "/api/v1/executions/?schedule=0",
+        "/api/v1/executions/?schedule=" + "9" * 5000,
         "/api/v1/schedules/?name=a%00b",
         "/api/v1/schedules/{pk}/next/?n=0",
         "/api/v1/schedules/{pk}/next/?n=1001",
