@@ -7,6 +7,7 @@ JSON object per span and line; the tests read them back from the logs.
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from collections.abc import Callable
@@ -146,7 +147,9 @@ def test_tracing__submit_in_a_request_continues_the_request_trace(
         timeout=120,
     )
     assert web.returncode == 0, web.stderr[-3000:]
-    execution_id = int(web.stdout.split("execution ")[1].split()[0])
+    printed = re.search(r"^execution (\d+)$", web.stdout, re.MULTILINE)
+    assert printed, web.stdout[-3000:]
+    execution_id = int(printed[1])
 
     # Then the request's server span is the caller's child, and the publish hangs below it
     web_spans = [s for s in spans_in(web.stdout) if s["context"]["trace_id"] == f"0x{CALLER_TRACE}"]

@@ -59,6 +59,7 @@ SHARED_GROUND = (
     "scheduler.failpoints",
     "scheduler.session_limits",
     "scheduler.exceptions",
+    "scheduler.limits",
     "scheduler.signals",
     "scheduler.models",
     "scheduler.fastpath",

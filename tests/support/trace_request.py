@@ -34,7 +34,9 @@ urlpatterns = [path("submit", submit_view)]
 def main(traceparent: str) -> None:
     with override_settings(ROOT_URLCONF=__name__):
         response = Client(HTTP_HOST="localhost").post("/submit", HTTP_TRACEPARENT=traceparent)
-    print(f"execution {response.json()['execution_id']}", flush=True)
+    # One write: print() writes the line and its newline apart, and the span exporter's thread can land between them.
+    sys.stdout.write(f"execution {response.json()['execution_id']}\n")
+    sys.stdout.flush()
 
 
 if __name__ == "__main__":
