@@ -23,9 +23,18 @@ NO_TESTS_COLLECTED = 5  #: pytest's exit code when nothing was collected
 #: What the whole suite (no paths given) runs in one database's run only, to keep within its time. The chaos soak
 #: runs on PostgreSQL, the production database, and the explorer's fast subset on SQLite, so each run has a fault
 #: run; ``make run`` uses its own SQLite file whatever the suite's database, so it is the same test in both runs.
+#: So are the tests that reach no database: the pure unit tests and the checks of the repository's files.
 LEFT_TO_THE_OTHER_RUN = {
     "sqlite": ["tests/chaos/test_soak.py"],
-    "postgresql": ["tests/chaos/test_explore.py", "tests/acceptance/test_make_run.py"],
+    "postgresql": [
+        "tests/chaos/test_explore.py",
+        "tests/acceptance/test_make_run.py",
+        "tests/unit",
+        "tests/integration/test_docker_files.py",
+        "tests/integration/test_docs.py",
+        "tests/integration/test_packaging.py",
+        "tests/integration/test_runbooks.py",
+    ],
 }
 
 
