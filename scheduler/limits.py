@@ -26,6 +26,12 @@ INTEGER_MAX = 2_147_483_647
 KEY_MAX = 2**63 - 1
 
 
+def is_key_text(text: str) -> bool:
+    """Whether ``text`` is an id as a page or a cursor writes one: ASCII digits, from 1 to ``KEY_MAX``."""
+    # Counted before read: past 4,300 digits int() itself raises.
+    return text.isascii() and text.isdigit() and len(text) <= len(str(KEY_MAX)) and 1 <= int(text) <= KEY_MAX
+
+
 def is_whole_number(value: Any) -> TypeGuard[int]:
     """Whether ``value`` is an ``int`` (``True`` is one to Python, but no count or id)."""
     return isinstance(value, int) and not isinstance(value, bool)

@@ -477,6 +477,18 @@ class ScheduleAdmin(StorableLookups, TenantScoped, ActionsNeedPermission, admin.
         form = super().get_form(request, obj, change, **kwargs)
         return type(form.__name__, (form,), {"scope": scope_of_user(request.user)})
 
+    def get_changeform_initial_data(self, request: HttpRequest) -> dict[str, Any]:
+        initial = super().get_changeform_initial_data(request)
+        # Django hands a link's ?start_at=... to the form as text, on which the date and time widget
+        # fails (a 500): read each time as the form would, and leave out one it would refuse.
+        for name in ("run_at", "start_at", "end_at"):
+            if isinstance(initial.get(name), str):
+                try:
+                    initial[name] = forms.DateTimeField().clean(initial[name])
+                except ValidationError:
+                    del initial[name]
+        return initial
+
     def get_readonly_fields(self, request: HttpRequest, obj: Schedule | None = None) -> Any:
         readonly = super().get_readonly_fields(request, obj)
         # Bound to a tenant: its schedules get that tenant, and cannot be given another.

@@ -11,7 +11,8 @@ Each is a mixin of a ``ModelAdmin``:
   when the page reads its rows (a 500); it is refused as Django refuses a
   lookup it cannot apply. Every admin of the app, and of the results it
   shows, mixes it in (``tests/integration/test_admin_lists.py`` checks
-  each registered one).
+  each registered one). So is an action's selection that is no id
+  (``_selected_action=abc``: the form is the page's, anyone's to forge).
 """
 
 from __future__ import annotations
@@ -19,9 +20,11 @@ from __future__ import annotations
 import re
 from typing import TYPE_CHECKING, Any
 
-from django.contrib import admin
+from django.contrib import admin, messages
+from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
 from django.contrib.admin.views.main import ERROR_FLAG
 from django.core.exceptions import PermissionDenied
+from django.db import models
 from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 
@@ -67,10 +70,20 @@ def _unstorable(value: str) -> bool:
 
 
 class StorableLookups(_AdminBase):
-    """Refuse a lookup no database can compare with as Django refuses one it cannot apply."""
+    """Refuse a lookup no database can compare with as Django refuses one it cannot apply, and rows no id names."""
 
     def changelist_view(self, request: HttpRequest, extra_context: dict[str, Any] | None = None) -> HttpResponse:
         if any("\x00" in key or _unstorable(value) for key, values in request.GET.lists() for value in values):
             # What Django answers a lookup it cannot apply: the list, flagged "invalid".
             return HttpResponseRedirect(f"{request.path}?{ERROR_FLAG}=1")
+        selected = request.POST.getlist(ACTION_CHECKBOX_NAME) if request.method == "POST" else []
+        if not all(map(self._names_a_row, selected)):
+            # Django reads the selection as ids only when the action's query runs: a 500.
+            messages.warning(request, "No row has that id. No items have been changed.")
+            return HttpResponseRedirect(request.get_full_path())
         return super().changelist_view(request, extra_context)
+
+    def _names_a_row(self, value: str) -> bool:
+        if isinstance(self.model._meta.pk, models.IntegerField):
+            return limits.is_key_text(value)
+        return "\x00" not in value

@@ -1,10 +1,12 @@
-"""Every admin list of the app, asked to filter by a NUL (``?field=%00``) or a number past 64 bits: never a 500.
+"""Every admin list of the app, asked to filter by a NUL (``?field=%00``) or a number past 64 bits, or to act on rows no id names: never a 500.
 
 PostgreSQL refuses a NUL in any text, and SQLite cannot bind a number past
 64 bits (Django guards an integer column's lookups, not a foreign key's),
 so such a lookup would fail when the page reads its rows. Each list answers
 as Django's admin does for a lookup it cannot apply: back to the list, with
-``?e=1`` (``scheduler.web.admin_lists``).
+``?e=1`` (``scheduler.web.admin_lists``). An action's selected rows are the
+page's form to post, and so anyone's to forge: a selection that is no id
+goes back to the list, with a message, and changes nothing.
 """
 
 from __future__ import annotations
@@ -64,6 +66,25 @@ def test_a_number_past_64_bits_in_a_lookup__back_to_the_list_never_a_500(app: st
     for value in ("99999999999999999999", "-99999999999999999999", "9" * 5000):
         response: Any = client.get(f"{url}?{field}={value}")
         assert (response.status_code, response.get("Location")) == (302, f"{url}?e=1"), (field, value)
+
+
+def _admin_lists() -> list[tuple[str, str]]:
+    return sorted(
+        (model._meta.app_label, model._meta.model_name)
+        for model in admin.site._registry
+        if model._meta.app_label in APPS
+    )
+
+
+@pytest.mark.parametrize(("app", "model"), _admin_lists())
+def test_an_action_on_rows_no_id_names__back_to_the_list_never_a_500(app: str, model: str) -> None:
+    client = Client(raise_request_exception=False)
+    client.force_login(get_user_model().objects.create_superuser("root", "root@example.invalid", "pw"))
+    url = reverse(f"admin:{app}_{model}_changelist")
+    for selected in ("abc", "1.5", "a\x00b", "99999999999999999999", "9" * 5000):
+        response: Any = client.post(url, {"action": "delete_selected", "_selected_action": [selected]})
+        # (a list with no such action shows itself again, as Django does: 200)
+        assert response.status_code in (200, 302, 403) and response.get("Location", url) == url, (selected, response)
 
 
 def test_every_admin_of_the_app_refuses_such_lookups() -> None:

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import base64
 from datetime import timedelta
 from typing import Any
+from urllib.parse import urlencode
 
 import pytest
 from django.contrib.auth import get_user_model
@@ -20,7 +22,15 @@ from scheduler.ops import operations
 from scheduler.outbox import submissions
 from scheduler.tenancy import EVERY_TENANT
 from scheduler.web.permissions import OPERATOR_GROUP, VIEWER_GROUP
-from tests.integration.api_support import TENANT_A, TENANT_B, bind, make_schedule, tables, token_client
+from tests.integration.api_support import (
+    TENANT_A,
+    TENANT_B,
+    bind,
+    make_execution,
+    make_schedule,
+    tables,
+    token_client,
+)
 
 pytestmark = pytest.mark.django_db
 
@@ -212,6 +222,30 @@ def test_submit__takes_a_tenant() -> None:
 def test_bad_query__400_never_500(operator: Client, query: str) -> None:
     schedule = make_schedule("one")
     assert operator.get(query.format(pk=schedule.pk)).status_code == 400
+
+
+@pytest.mark.parametrize("endpoint", ["executions", "audit-events"])
+@pytest.mark.parametrize(
+    "position",
+    ["2026-13-45", "99999-01-01", "1.5", "-1", "0", "99999999999999999999", "9" * 5000, "\u0663", "1\x00"],
+)
+def test_forged_cursor__404_invalid_cursor_never_500(operator: Client, endpoint: str, position: str) -> None:
+    # Given a page cursor whose position is no id (the cursor is the caller's to write: base64 of a query string)
+    make_schedule("one")
+    cursor = base64.b64encode(urlencode({"p": position}).encode()).decode()
+
+    # When it is asked for, Then the answer is DRF's own for a bad cursor
+    answer = operator.get(f"/api/v1/{endpoint}/", {"cursor": cursor})
+    assert (answer.status_code, answer.json()) == (404, {"detail": "Invalid cursor"})
+
+
+def test_cursor__the_next_page_still_follows(operator: Client) -> None:
+    schedule = make_schedule("one")
+    for attempt in range(3):
+        make_execution(schedule, f"key-{attempt}", Execution.Status.SUCCEEDED)
+    first = operator.get("/api/v1/executions/", {"page_size": 2}).json()
+    second = operator.get(first["next"]).json()
+    assert len(first["results"]) == 2 and len(second["results"]) == 1
 
 
 @pytest.mark.parametrize(

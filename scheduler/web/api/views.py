@@ -25,13 +25,13 @@ from drf_spectacular.utils import OpenApiParameter
 from rest_framework import exceptions, mixins, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.generics import get_object_or_404
-from rest_framework.pagination import CursorPagination, PageNumberPagination
+from rest_framework.pagination import Cursor, CursorPagination, PageNumberPagination
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.serializers import BaseSerializer
 from rest_framework.views import APIView
 
-from scheduler import dbclock, task_policy, timing
+from scheduler import dbclock, limits, task_policy, timing
 from scheduler.celery_app import celery_app
 from scheduler.conf import settings
 from scheduler.exceptions import BackfillRefused, BackfillTooLarge, ScheduleInvalid, TaskRefused
@@ -83,6 +83,14 @@ class NewestFirst(CursorPagination):
     page_size = 50
     page_size_query_param = "page_size"
     max_page_size = 500
+
+    def decode_cursor(self, request: Request) -> Cursor | None:
+        cursor = super().decode_cursor(request)
+        # DRF checks a cursor's offset, not its position, and the caller writes both (base64 of a query
+        # string): a position that is no id would reach the id lookup and fail there, a 500.
+        if cursor is not None and cursor.position is not None and not limits.is_key_text(str(cursor.position)):
+            raise exceptions.NotFound(self.invalid_cursor_message)
+        return cursor
 
 
 def scoped(queryset: _QS, request: Request) -> _QS:
