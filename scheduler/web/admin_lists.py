@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from django.contrib import admin, messages
 from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
+from django.contrib.admin.utils import unquote
 from django.contrib.admin.views.main import ERROR_FLAG
 from django.core.exceptions import PermissionDenied
 from django.db import models
@@ -82,6 +83,18 @@ class StorableLookups(_AdminBase):
             messages.warning(request, "No row has that id. No items have been changed.")
             return HttpResponseRedirect(request.get_full_path())
         return super().changelist_view(request, extra_context)
+
+    def get_object(self, request: HttpRequest, object_id: str, from_field: str | None = None) -> Any:
+        # A NUL in the page's id (``/lease/%00/change/``, or ``_00`` as the admin quotes one): no row, not a 500.
+        if "\x00" in unquote(object_id):
+            return None
+        return super().get_object(request, object_id, from_field)
+
+    def get_search_results(self, request: HttpRequest, queryset: QuerySet[Any], search_term: str) -> Any:
+        # The lists refuse such a search above; another page's autocomplete searches here too.
+        if "\x00" in search_term:
+            return queryset.none(), False
+        return super().get_search_results(request, queryset, search_term)
 
     def _names_a_row(self, value: str) -> bool:
         if isinstance(self.model._meta.pk, models.IntegerField):

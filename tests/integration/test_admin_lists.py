@@ -11,6 +11,7 @@ goes back to the list, with a message, and changes nothing.
 
 from __future__ import annotations
 
+import itertools
 from typing import Any
 
 import pytest
@@ -85,6 +86,25 @@ def test_an_action_on_rows_no_id_names__back_to_the_list_never_a_500(app: str, m
         response: Any = client.post(url, {"action": "delete_selected", "_selected_action": [selected]})
         # (a list with no such action shows itself again, as Django does: 200)
         assert response.status_code in (200, 302, 403) and response.get("Location", url) == url, (selected, response)
+
+
+@pytest.mark.parametrize(("app", "model"), _admin_lists())
+def test_a_nul_in_a_pages_id__no_such_row_never_a_500(app: str, model: str) -> None:
+    client = Client(raise_request_exception=False)
+    client.force_login(get_user_model().objects.create_superuser("root", "root@example.invalid", "pw"))
+    # (``_00`` is a NUL as the admin quotes an id in its links)
+    for object_id, view in itertools.product(("%00", "a_00b"), ("change", "delete", "history")):
+        response: Any = client.get(f"/admin/{app}/{model}/{object_id}/{view}/")
+        assert response.status_code in (302, 403, 404), (object_id, view, response.status_code)
+
+
+def test_a_nul_in_an_autocomplete_search__no_match_never_a_500() -> None:
+    client = Client(raise_request_exception=False)
+    client.force_login(get_user_model().objects.create_superuser("root", "root@example.invalid", "pw"))
+    # The execution list's schedule filter searches the schedules
+    query = {"app_label": "scheduler", "model_name": "execution", "field_name": "schedule", "term": "a\x00"}
+    response: Any = client.get("/admin/autocomplete/", query)
+    assert (response.status_code, response.json()["results"]) == (200, [])
 
 
 def test_every_admin_of_the_app_refuses_such_lookups() -> None:
