@@ -372,9 +372,57 @@ class ScheduleForm(forms.ModelForm):
             field.widget.attrs["min"] = 1
             field.validators = [v for v in field.validators if not isinstance(v, MinValueValidator)]
             field.validators.append(MinValueValidator(1))
+        if self.instance.pk is not None:
+            # The page carries the value it showed of each field (``initial-<name>``), so that what its
+            # operator changed is told apart from what someone else (another operator, a worker) wrote since.
+            for name in self._stored_fields():
+                self.fields[name].show_hidden_initial = True
+
+    def _stored_fields(self) -> list[str]:
+        return [name for name in self.fields if name in self.initial]
+
+    def _shown(self, name: str) -> Any:
+        """What the posted page says it showed of field ``name`` (its ``initial-<name>``); ``None`` if it says nothing."""
+        bound = self[name]
+        hidden = bound.field.hidden_widget()
+        if not bound.field.show_hidden_initial or hidden.value_omitted_from_data(
+            self.data, self.files, bound.html_initial_name
+        ):
+            return None
+        return hidden.value_from_datadict(self.data, self.files, bound.html_initial_name)
+
+    @cached_property
+    def changed_data(self) -> list[str]:
+        # Against what the page showed where it says so; else (a form posted by a script) against the stored row.
+        return [name for name in self.fields if self._changed(name)]
+
+    def _changed(self, name: str) -> bool:
+        bound, shown = self[name], self._shown(name)
+        if shown is None:
+            return bound.field.has_changed(bound.initial, bound.data)
+        try:
+            return bound.field.has_changed(bound.field.to_python(shown), bound.data)
+        except ValidationError:
+            return True
+
+    def _keep_what_others_wrote(self) -> None:
+        """Write only what this page's operator changed; refuse a field someone else changed since it was shown."""
+        for name in self._stored_fields():
+            shown = self._shown(name)
+            if shown is None:
+                continue
+            if name not in self.changed_data:
+                self.cleaned_data.pop(name, None)  # the stored value stays, whoever wrote it since
+            elif self[name].field.has_changed(self[name].initial, shown):
+                self.add_error(
+                    name,
+                    "This was changed by someone else since this page was opened. "
+                    "Open the schedule again to see their change, then make yours.",
+                )
 
     def clean(self) -> dict[str, Any]:
         super().clean()
+        self._keep_what_others_wrote()
         cleaned = self.cleaned_data
         task = cleaned.get("task") or self.instance.task
         if task and "task" not in self.errors:
@@ -805,11 +853,10 @@ class ScheduleAdmin(StorableLookups, TenantScoped, ActionsNeedPermission, admin.
             obj.tenant = scope.tenant
         # Only the fields the operator changed: the leader and the workers write
         # next_run_at and the counters of this row meanwhile.
+        # ("Run it now" is no column: it sets the one-off's time.)
+        changed = [("run_at" if name == "run_at_now" else name) for name in form.changed_data]
         operations.save_schedule(
-            obj,
-            actor=audit.user_actor(request.user),
-            fields=form.changed_data if change else None,
-            now=dbclock.now(),
+            obj, actor=audit.user_actor(request.user), fields=changed if change else None, now=dbclock.now()
         )
 
     def delete_model(self, request: HttpRequest, obj: Schedule) -> None:

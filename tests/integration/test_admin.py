@@ -11,6 +11,7 @@ from django.test import Client
 from scheduler import dbclock
 from scheduler.models import Execution, Instance, Lease, Schedule
 from scheduler.owners import leases
+from tests.support.admin_forms import page_form
 from tests.support.factories import make_execution, make_schedule
 
 pytestmark = pytest.mark.django_db
@@ -319,3 +320,66 @@ def test_add_page__any_field_given_in_its_link_answers_without_a_500(staff: Clie
 
     # Then each page answers
     assert {key: code for key, code in answers.items() if code != 200} == {}
+
+
+def test_two_people_edit_one_schedule__each_keeps_the_change_they_made(staff: Client) -> None:
+    # Given two operators with the same schedule's page open
+    schedule = make_schedule("shared", interval=60, kwargs={"to": "a"})
+    page = f"/admin/scheduler/schedule/{schedule.pk}/change/"
+    first, second = page_form(staff.get(page).content.decode()), page_form(staff.get(page).content.decode())
+
+    # When one changes its interval, and then the other, from the page opened before, its arguments
+    assert staff.post(page, {**first, "interval": "120"}).status_code == 302
+    assert staff.post(page, {**second, "kwargs": '{"to": "b"}'}).status_code == 302
+
+    # Then both changes are kept: the second page wrote only what its operator changed
+    schedule.refresh_from_db()
+    assert (schedule.interval, schedule.kwargs) == (120, {"to": "b"})
+
+
+def test_two_people_change_one_field__the_second_is_told_and_changes_nothing(staff: Client) -> None:
+    # Given two operators with the same schedule's page open
+    schedule = make_schedule("shared", interval=60)
+    page = f"/admin/scheduler/schedule/{schedule.pk}/change/"
+    first, second = page_form(staff.get(page).content.decode()), page_form(staff.get(page).content.decode())
+
+    # When both change its interval, one after the other
+    assert staff.post(page, {**first, "interval": "120"}).status_code == 302
+    answer = staff.post(page, {**second, "interval": "300"})
+
+    # Then the second sees why on the page, and the first one's interval stands
+    assert answer.status_code == 200
+    assert "changed by someone else" in str(answer.context["adminform"].form.errors["interval"])
+    schedule.refresh_from_db()
+    assert schedule.interval == 120
+
+
+def test_a_page_opened_before_runs_were_counted__saves_without_undoing_them(staff: Client) -> None:
+    # Given an operator with a schedule's page open
+    schedule = make_schedule("counted", interval=60)
+    page = f"/admin/scheduler/schedule/{schedule.pk}/change/"
+    opened = page_form(staff.get(page).content.decode())
+
+    # When the workers count runs, and pause it after failures, meanwhile, and the operator changes its queue
+    Schedule.objects.filter(pk=schedule.pk).update(total_runs=7, paused_reason="Paused after 3 consecutive failures")
+    assert staff.post(page, {**opened, "queue": "slow"}).status_code == 302
+
+    # Then the queue changed and what the workers wrote stands
+    schedule.refresh_from_db()
+    assert (schedule.queue, schedule.total_runs) == ("slow", 7)
+    assert schedule.paused_reason == "Paused after 3 consecutive failures"
+
+
+def test_run_it_now_on_a_one_offs_page__sets_its_time_to_now(staff: Client) -> None:
+    # Given a one-off three days ahead, and its page
+    schedule = make_schedule("once", interval=None, run_at=dbclock.now() + timedelta(days=3))
+    page = f"/admin/scheduler/schedule/{schedule.pk}/change/"
+    opened = page_form(staff.get(page).content.decode())
+
+    # When its operator ticks "Run it now" and saves
+    before = dbclock.now()
+    assert staff.post(page, {**opened, "run_at_now": "on"}).status_code == 302
+
+    # Then it is due now
+    schedule.refresh_from_db()
+    assert schedule.run_at is not None and before <= schedule.run_at <= dbclock.now()
