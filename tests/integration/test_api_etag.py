@@ -10,7 +10,9 @@ from django.core.cache import cache
 from django.db import connection
 from django.test import Client
 
-from scheduler.models import Schedule
+from scheduler import dbclock
+from scheduler.models import Execution, Schedule
+from scheduler.owners import schedules
 from scheduler.web.api import serializers
 from tests.integration.api_support import make_schedule, token_client
 
@@ -44,6 +46,42 @@ def test_schedule_update__etag_roundtrip_and_stale_etag_is_412() -> None:
     )
     assert stale.status_code == 412
     assert Schedule.objects.get(pk=schedule.pk).queue == "q1"
+
+
+@pytest.mark.django_db
+def test_schedule_update__runs_counted_since_the_read__not_an_edit_so_200() -> None:
+    # Given: a schedule read with its ETag
+    client = token_client("editor", role="operator")
+    schedule = make_schedule("busy")
+    tag = client.get(f"/api/v1/schedules/{schedule.pk}/")["ETag"]
+
+    # When: a worker counts runs of it (an every-second schedule does all the time), then the editor writes
+    schedules.count_run(schedule.pk, status=Execution.Status.SUCCEEDED, error="", started_at=dbclock.now())
+    answer = client.patch(
+        f"/api/v1/schedules/{schedule.pk}/", {"queue": "q1"}, content_type="application/json", HTTP_IF_MATCH=tag
+    )
+
+    # Then: the write is no conflict: nobody edited the schedule
+    assert answer.status_code == 200
+
+
+@pytest.mark.django_db
+def test_schedule_update__paused_since_the_read__412() -> None:
+    # Given: a schedule read with its ETag
+    client = token_client("editor", role="operator")
+    schedule = make_schedule("paused meanwhile")
+    tag = client.get(f"/api/v1/schedules/{schedule.pk}/")["ETag"]
+
+    # When: someone pauses it, then the editor writes with the ETag read before
+    assert (
+        client.post(f"/api/v1/schedules/{schedule.pk}/pause/", {}, content_type="application/json").status_code == 200
+    )
+    answer = client.patch(
+        f"/api/v1/schedules/{schedule.pk}/", {"queue": "q1"}, content_type="application/json", HTTP_IF_MATCH=tag
+    )
+
+    # Then: refused: the schedule changed since it was read
+    assert answer.status_code == 412
 
 
 @pytest.mark.django_db(transaction=True)

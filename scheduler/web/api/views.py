@@ -10,6 +10,7 @@ transactions each, commit theirs before the work and complete it after.
 from __future__ import annotations
 
 import hashlib
+import json
 from collections.abc import Callable
 from dataclasses import asdict
 from datetime import datetime, timedelta
@@ -17,6 +18,7 @@ from typing import Any, TypeVar
 from zoneinfo import ZoneInfo
 
 from django.core.exceptions import ValidationError as DjangoValidationError
+from django.core.serializers.json import DjangoJSONEncoder
 from django.db import transaction
 from django.db.models import Count, Min, Q, QuerySet
 from django_filters.rest_framework import DjangoFilterBackend
@@ -106,9 +108,18 @@ def ensure_task_allowed(request: Request, task: str, *, tenant: str) -> None:
         raise exceptions.ValidationError({"task": [str(exc)]}) from None
 
 
+#: The fields a write of the API changes (the serializer's writable ones, the actions' enabled and paused_reason).
+_EDITABLE = tuple(name for name, field in s.ScheduleSerializer().fields.items() if not field.read_only)
+
+
 def etag(schedule: Schedule) -> str:
-    """Return the schedule's version as a strong ETag: it changes with every operator write."""
-    stamp = f"{schedule.pk}:{schedule.updated_at.isoformat() if schedule.updated_at else ''}"
+    """Return the version of what an operator can change of ``schedule`` (its writable fields) as a strong ETag.
+
+    Not its runs: the workers count those into the row all the time, and an
+    every-second schedule would never match the version its editor read.
+    """
+    state = {name: getattr(schedule, name) for name in _EDITABLE}
+    stamp = f"{schedule.pk}:{json.dumps(state, sort_keys=True, cls=DjangoJSONEncoder)}"
     return '"' + hashlib.sha256(stamp.encode()).hexdigest()[:20] + '"'
 
 
