@@ -407,6 +407,8 @@ class ScheduleForm(forms.ModelForm):
 
     def _keep_what_others_wrote(self) -> None:
         """Write only what this page's operator changed; refuse a field someone else changed since it was shown."""
+        if self.instance.pk is None:
+            return  # a new schedule: nobody else wrote it
         for name in self._stored_fields():
             shown = self._shown(name)
             if shown is None:
