@@ -24,19 +24,6 @@ DESCRIPTION_MAX_CHARS = 2000
 INTEGER_MAX = 2_147_483_647
 #: The largest id a row can have, and the largest number SQLite can bind (64 bits).
 KEY_MAX = 2**63 - 1
-
-
-def is_key_text(text: str) -> bool:
-    """Whether ``text`` is an id as a page or a cursor writes one: ASCII digits, from 1 to ``KEY_MAX``."""
-    # Counted before read: past 4,300 digits int() itself raises.
-    return text.isascii() and text.isdigit() and len(text) <= len(str(KEY_MAX)) and 1 <= int(text) <= KEY_MAX
-
-
-def is_whole_number(value: Any) -> TypeGuard[int]:
-    """Whether ``value`` is an ``int`` (``True`` is one to Python, but no count or id)."""
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
 #: Longest ``paused_reason`` of a schedule (the pause action's reason), in characters.
 PAUSED_REASON_MAX_CHARS = 500
 
@@ -53,6 +40,17 @@ LONE_SURROGATE = re.compile("[\ud800-\udfff]")
 _UNSTORABLE_CHARACTER = re.compile("[\x00\ud800-\udfff]")
 #: What such a character becomes where it cannot be refused (``storable``): U+FFFD, the replacement character.
 REPLACEMENT = "\ufffd"
+
+
+def is_key_text(text: str) -> bool:
+    """Whether ``text`` is an id as a page or a cursor writes one: ASCII digits, from 1 to ``KEY_MAX``."""
+    # Counted before read: past 4,300 digits int() itself raises.
+    return text.isascii() and text.isdigit() and len(text) <= len(str(KEY_MAX)) and 1 <= int(text) <= KEY_MAX
+
+
+def is_whole_number(value: Any) -> TypeGuard[int]:
+    """Whether ``value`` is an ``int`` (``True`` is one to Python, but no count or id)."""
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def nests_deeper_than(value: Any, limit: int) -> bool:

@@ -19,7 +19,7 @@ from django.contrib import admin, messages
 from django.core.exceptions import NON_FIELD_ERRORS, PermissionDenied, ValidationError
 from django.core.paginator import Paginator
 from django.core.validators import MinValueValidator
-from django.db import connection
+from django.db import connection, transaction
 from django.db.models import Exists, OuterRef, QuerySet
 from django.db.models.functions import Now
 from django.forms.fields import InvalidJSONInput
@@ -526,6 +526,14 @@ class ScheduleAdmin(StorableLookups, TenantScoped, ActionsNeedPermission, admin.
     def get_form(self, request: HttpRequest, obj: Schedule | None = None, change: bool = False, **kwargs: Any) -> Any:
         form = super().get_form(request, obj, change, **kwargs)
         return type(form.__name__, (form,), {"scope": scope_of_user(request.user)})
+
+    def get_object(self, request: HttpRequest, object_id: str, from_field: str | None = None) -> Schedule | None:
+        schedule = super().get_object(request, object_id, from_field)
+        if schedule is None or request.method != "POST" or not transaction.get_connection().in_atomic_block:
+            return schedule
+        # A page's save (in the admin's transaction): the row is locked before its form is checked against
+        # what others wrote, so of two pages changing one field at once one is saved and the other told.
+        return Schedule.objects.select_for_update().filter(pk=schedule.pk).first()
 
     def get_changeform_initial_data(self, request: HttpRequest) -> dict[str, Any]:
         initial = super().get_changeform_initial_data(request)

@@ -2,21 +2,30 @@
 
 from __future__ import annotations
 
+import contextlib
+import threading
 from datetime import timedelta
+from typing import Any
 
 import pytest
+from django.contrib.auth import get_user_model
+from django.db import connection
 from django.db.models.functions import Now
 from django.test import Client
 
 from scheduler import dbclock
 from scheduler.models import Execution, Instance, Lease, Schedule
 from scheduler.owners import leases
+from scheduler.web.admin import ScheduleForm
 from tests.support.admin_forms import page_form
 from tests.support.factories import make_execution, make_schedule
 
 pytestmark = pytest.mark.django_db
 
 Status = Execution.Status
+
+#: Longest a save waits for the other one to pass its check (seconds); only an unlocked check lets it arrive.
+MEET_TIMEOUT = 2.0
 
 
 @pytest.fixture
@@ -383,3 +392,50 @@ def test_run_it_now_on_a_one_offs_page__sets_its_time_to_now(staff: Client) -> N
     # Then it is due now
     schedule.refresh_from_db()
     assert schedule.run_at is not None and before <= schedule.run_at <= dbclock.now()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_two_pages_saved_at_once__one_change_wins_the_other_is_told(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Given two operators with the same schedule's page open, both changing its interval
+    schedule = make_schedule("contended", interval=60)
+    page = f"/admin/scheduler/schedule/{schedule.pk}/change/"
+    operators = []
+    for n in range(2):
+        client = Client()
+        client.force_login(get_user_model().objects.create_superuser(f"op{n}", f"op{n}@example.invalid", "pw"))
+        operators.append((client, page_form(client.get(page).content.decode())))
+    # The worst interleaving: each save, once past the check against what others wrote, waits for the other
+    # to get past it too. Checked and written under the row's lock, the other never gets there (it waits for
+    # the lock) and the first goes on after MEET_TIMEOUT; checked unlocked, both would pass and both write.
+    meet = threading.Barrier(2)
+    check = ScheduleForm._keep_what_others_wrote
+
+    def check_then_meet(form: ScheduleForm) -> None:
+        check(form)
+        with contextlib.suppress(threading.BrokenBarrierError):
+            meet.wait(timeout=MEET_TIMEOUT)
+
+    monkeypatch.setattr(ScheduleForm, "_keep_what_others_wrote", check_then_meet)
+    statuses: list[int] = []
+    saved: list[int] = []
+
+    def save(client: Client, form: dict[str, Any], interval: int) -> None:
+        try:
+            status = client.post(page, {**form, "interval": str(interval)}).status_code
+            statuses.append(status)
+            if status == 302:
+                saved.append(interval)
+        finally:
+            connection.close()
+
+    # When both save at once
+    threads = [threading.Thread(target=save, args=(*operator, 120 * (n + 1))) for n, operator in enumerate(operators)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+
+    # Then one is saved, the other page is shown again with why, and the stored interval is the saved one
+    assert sorted(statuses) == [200, 302]
+    schedule.refresh_from_db()
+    assert [schedule.interval] == saved
