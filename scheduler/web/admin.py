@@ -19,7 +19,7 @@ from django.contrib import admin, messages
 from django.core.exceptions import NON_FIELD_ERRORS, PermissionDenied, ValidationError
 from django.core.paginator import Paginator
 from django.core.validators import MinValueValidator
-from django.db import connection, transaction
+from django.db import connection
 from django.db.models import Exists, OuterRef, QuerySet
 from django.db.models.functions import Now
 from django.forms.fields import InvalidJSONInput
@@ -74,6 +74,7 @@ from scheduler.web import (
     result_admin,  # noqa: F401  (imported to replace django-celery-results' pages with scoped ones)
 )
 from scheduler.web.admin_lists import ActionsNeedPermission, StorableLookups, TenantScoped
+from scheduler.web.two_editors import KeepsOthersChanges, LocksEditedRow
 
 #: How many upcoming slots the schedule page previews.
 PREVIEW_COUNT = 5
@@ -338,7 +339,7 @@ class RunNowForm(forms.Form):
         return {field: value for field, value in values.items() if value != getattr(self.schedule, field)}
 
 
-class ScheduleForm(forms.ModelForm):
+class ScheduleForm(KeepsOthersChanges):
     run_at_now = forms.BooleanField(
         required=False,
         label="Run it now",
@@ -372,59 +373,9 @@ class ScheduleForm(forms.ModelForm):
             field.widget.attrs["min"] = 1
             field.validators = [v for v in field.validators if not isinstance(v, MinValueValidator)]
             field.validators.append(MinValueValidator(1))
-        if self.instance.pk is not None:
-            # The page carries the value it showed of each field (``initial-<name>``), so that what its
-            # operator changed is told apart from what someone else (another operator, a worker) wrote since.
-            for name in self._stored_fields():
-                self.fields[name].show_hidden_initial = True
-
-    def _stored_fields(self) -> list[str]:
-        return [name for name in self.fields if name in self.initial]
-
-    def _shown(self, name: str) -> Any:
-        """What the posted page says it showed of field ``name`` (its ``initial-<name>``); ``None`` if it says nothing."""
-        bound = self[name]
-        hidden = bound.field.hidden_widget()
-        if not bound.field.show_hidden_initial or hidden.value_omitted_from_data(
-            self.data, self.files, bound.html_initial_name
-        ):
-            return None
-        return hidden.value_from_datadict(self.data, self.files, bound.html_initial_name)
-
-    @cached_property
-    def changed_data(self) -> list[str]:
-        # Against what the page showed where it says so; else (a form posted by a script) against the stored row.
-        return [name for name in self.fields if self._changed(name)]
-
-    def _changed(self, name: str) -> bool:
-        bound, shown = self[name], self._shown(name)
-        if shown is None:
-            return bound.field.has_changed(bound.initial, bound.data)
-        try:
-            return bound.field.has_changed(bound.field.to_python(shown), bound.data)
-        except ValidationError:
-            return True
-
-    def _keep_what_others_wrote(self) -> None:
-        """Write only what this page's operator changed; refuse a field someone else changed since it was shown."""
-        if self.instance.pk is None:
-            return  # a new schedule: nobody else wrote it
-        for name in self._stored_fields():
-            shown = self._shown(name)
-            if shown is None:
-                continue
-            if name not in self.changed_data:
-                self.cleaned_data.pop(name, None)  # the stored value stays, whoever wrote it since
-            elif self[name].field.has_changed(self[name].initial, shown):
-                self.add_error(
-                    name,
-                    "This was changed by someone else since this page was opened. "
-                    "Open the schedule again to see their change, then make yours.",
-                )
 
     def clean(self) -> dict[str, Any]:
-        super().clean()
-        self._keep_what_others_wrote()
+        super().clean()  # (drops what this page left as shown: two_editors)
         cleaned = self.cleaned_data
         task = cleaned.get("task") or self.instance.task
         if task and "task" not in self.errors:
@@ -469,7 +420,7 @@ class ScheduleForm(forms.ModelForm):
 
 
 @admin.register(Schedule)
-class ScheduleAdmin(StorableLookups, TenantScoped, ActionsNeedPermission, admin.ModelAdmin):
+class ScheduleAdmin(LocksEditedRow, StorableLookups, TenantScoped, ActionsNeedPermission, admin.ModelAdmin):
     form = ScheduleForm
     paginator = EstimatedCountPaginator
     list_display = ("name", "task", "timing_text", "timezone", "next_run", "last_run", "state", "origin")
@@ -526,14 +477,6 @@ class ScheduleAdmin(StorableLookups, TenantScoped, ActionsNeedPermission, admin.
     def get_form(self, request: HttpRequest, obj: Schedule | None = None, change: bool = False, **kwargs: Any) -> Any:
         form = super().get_form(request, obj, change, **kwargs)
         return type(form.__name__, (form,), {"scope": scope_of_user(request.user)})
-
-    def get_object(self, request: HttpRequest, object_id: str, from_field: str | None = None) -> Schedule | None:
-        schedule = super().get_object(request, object_id, from_field)
-        if schedule is None or request.method != "POST" or not transaction.get_connection().in_atomic_block:
-            return schedule
-        # A page's save (in the admin's transaction): the row is locked before its form is checked against
-        # what others wrote, so of two pages changing one field at once one is saved and the other told.
-        return Schedule.objects.select_for_update().filter(pk=schedule.pk).first()
 
     def get_changeform_initial_data(self, request: HttpRequest) -> dict[str, Any]:
         initial = super().get_changeform_initial_data(request)

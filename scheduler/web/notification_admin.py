@@ -17,6 +17,7 @@ from scheduler.models import Notification, NotificationTarget
 from scheduler.ops import audit, operations
 from scheduler.tenancy import scope_of_user
 from scheduler.web.admin_lists import StorableLookups
+from scheduler.web.two_editors import KeepsOthersChanges, LocksEditedRow
 
 
 class _DeployerManages(StorableLookups, admin.ModelAdmin):
@@ -36,8 +37,15 @@ class _DeployerManages(StorableLookups, admin.ModelAdmin):
         return self._deployer(request) and super().has_delete_permission(request, obj)
 
 
+class NotificationTargetForm(KeepsOthersChanges):
+    class Meta:
+        model = NotificationTarget
+        fields = "__all__"
+
+
 @admin.register(NotificationTarget)
-class NotificationTargetAdmin(_DeployerManages):
+class NotificationTargetAdmin(LocksEditedRow, _DeployerManages):
+    form = NotificationTargetForm
     list_display = ("name", "tenant", "kind", "address", "is_default", "enabled")
     list_filter = ("kind", "is_default", "enabled")
     fields = ("name", "tenant", "kind", "address", "secret", "is_default", "enabled")

@@ -26,6 +26,7 @@ from scheduler.ops import audit, operations
 from scheduler.owners import executions
 from scheduler.tenancy import scope_of_user
 from scheduler.web.admin_lists import StorableLookups
+from scheduler.web.two_editors import KeepsOthersChanges, LocksEditedRow
 
 #: Keys shown on a limit's page, busiest first.
 KEYS_SHOWN = 50
@@ -46,8 +47,8 @@ HELP_TEXTS = {
 }
 
 
-class TenantRuleForm(forms.ModelForm):
-    """A limit's or calendar's form: its admin's ``keep`` checks and writes it in ``clean()``."""
+class TenantRuleForm(KeepsOthersChanges):
+    """A limit's or calendar's form: its admin's ``keep`` checks and writes what the page changed in ``clean()``."""
 
     #: The user's request and its admin's ``keep``; ``_TenantRuleAdmin.get_form`` sets them.
     request: HttpRequest
@@ -70,7 +71,7 @@ class TenantRuleForm(forms.ModelForm):
         """Nothing more to check or copy: ``keep`` validated and wrote the row in ``clean()``."""
 
 
-class _TenantRuleAdmin(StorableLookups, admin.ModelAdmin):
+class _TenantRuleAdmin(LocksEditedRow, StorableLookups, admin.ModelAdmin):
     """A tenant's user sees its own rows and every tenant's, and changes its own only."""
 
     def keep(self, request: HttpRequest, obj: Any) -> None:

@@ -2,30 +2,21 @@
 
 from __future__ import annotations
 
-import contextlib
-import threading
 from datetime import timedelta
-from typing import Any
 
 import pytest
-from django.contrib.auth import get_user_model
-from django.db import connection
 from django.db.models.functions import Now
 from django.test import Client
 
 from scheduler import dbclock
 from scheduler.models import Execution, Instance, Lease, Schedule
 from scheduler.owners import leases
-from scheduler.web.admin import ScheduleForm
 from tests.support.admin_forms import page_form
 from tests.support.factories import make_execution, make_schedule
 
 pytestmark = pytest.mark.django_db
 
 Status = Execution.Status
-
-#: Longest a save waits for the other one to pass its check (seconds); only an unlocked check lets it arrive.
-MEET_TIMEOUT = 2.0
 
 
 @pytest.fixture
@@ -331,38 +322,6 @@ def test_add_page__any_field_given_in_its_link_answers_without_a_500(staff: Clie
     assert {key: code for key, code in answers.items() if code != 200} == {}
 
 
-def test_two_people_edit_one_schedule__each_keeps_the_change_they_made(staff: Client) -> None:
-    # Given two operators with the same schedule's page open
-    schedule = make_schedule("shared", interval=60, kwargs={"to": "a"})
-    page = f"/admin/scheduler/schedule/{schedule.pk}/change/"
-    first, second = page_form(staff.get(page).content.decode()), page_form(staff.get(page).content.decode())
-
-    # When one changes its interval, and then the other, from the page opened before, its arguments
-    assert staff.post(page, {**first, "interval": "120"}).status_code == 302
-    assert staff.post(page, {**second, "kwargs": '{"to": "b"}'}).status_code == 302
-
-    # Then both changes are kept: the second page wrote only what its operator changed
-    schedule.refresh_from_db()
-    assert (schedule.interval, schedule.kwargs) == (120, {"to": "b"})
-
-
-def test_two_people_change_one_field__the_second_is_told_and_changes_nothing(staff: Client) -> None:
-    # Given two operators with the same schedule's page open
-    schedule = make_schedule("shared", interval=60)
-    page = f"/admin/scheduler/schedule/{schedule.pk}/change/"
-    first, second = page_form(staff.get(page).content.decode()), page_form(staff.get(page).content.decode())
-
-    # When both change its interval, one after the other
-    assert staff.post(page, {**first, "interval": "120"}).status_code == 302
-    answer = staff.post(page, {**second, "interval": "300"})
-
-    # Then the second sees why on the page, and the first one's interval stands
-    assert answer.status_code == 200
-    assert "changed by someone else" in str(answer.context["adminform"].form.errors["interval"])
-    schedule.refresh_from_db()
-    assert schedule.interval == 120
-
-
 def test_a_page_opened_before_runs_were_counted__saves_without_undoing_them(staff: Client) -> None:
     # Given an operator with a schedule's page open
     schedule = make_schedule("counted", interval=60)
@@ -392,50 +351,3 @@ def test_run_it_now_on_a_one_offs_page__sets_its_time_to_now(staff: Client) -> N
     # Then it is due now
     schedule.refresh_from_db()
     assert schedule.run_at is not None and before <= schedule.run_at <= dbclock.now()
-
-
-@pytest.mark.django_db(transaction=True)
-def test_two_pages_saved_at_once__one_change_wins_the_other_is_told(monkeypatch: pytest.MonkeyPatch) -> None:
-    # Given two operators with the same schedule's page open, both changing its interval
-    schedule = make_schedule("contended", interval=60)
-    page = f"/admin/scheduler/schedule/{schedule.pk}/change/"
-    operators = []
-    for n in range(2):
-        client = Client()
-        client.force_login(get_user_model().objects.create_superuser(f"op{n}", f"op{n}@example.invalid", "pw"))
-        operators.append((client, page_form(client.get(page).content.decode())))
-    # The worst interleaving: each save, once past the check against what others wrote, waits for the other
-    # to get past it too. Checked and written under the row's lock, the other never gets there (it waits for
-    # the lock) and the first goes on after MEET_TIMEOUT; checked unlocked, both would pass and both write.
-    meet = threading.Barrier(2)
-    check = ScheduleForm._keep_what_others_wrote
-
-    def check_then_meet(form: ScheduleForm) -> None:
-        check(form)
-        with contextlib.suppress(threading.BrokenBarrierError):
-            meet.wait(timeout=MEET_TIMEOUT)
-
-    monkeypatch.setattr(ScheduleForm, "_keep_what_others_wrote", check_then_meet)
-    statuses: list[int] = []
-    saved: list[int] = []
-
-    def save(client: Client, form: dict[str, Any], interval: int) -> None:
-        try:
-            status = client.post(page, {**form, "interval": str(interval)}).status_code
-            statuses.append(status)
-            if status == 302:
-                saved.append(interval)
-        finally:
-            connection.close()
-
-    # When both save at once
-    threads = [threading.Thread(target=save, args=(*operator, 120 * (n + 1))) for n, operator in enumerate(operators)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(timeout=60)
-
-    # Then one is saved, the other page is shown again with why, and the stored interval is the saved one
-    assert sorted(statuses) == [200, 302]
-    schedule.refresh_from_db()
-    assert [schedule.interval] == saved
