@@ -13,6 +13,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from django.conf import settings as django_settings
 from django.core.checks import Error, Tags, Warning, register
+from django.core.checks.registry import registry
 from django.db import DatabaseError
 
 from scheduler import shards
@@ -53,6 +54,28 @@ POSITIVE_SETTINGS = frozenset(
 _FORMATS = {"API_THROTTLE_RATE": (re.compile(r"[0-9]+/[smhd][a-z]*"), "a rate as N/second, N/minute, N/hour or N/day")}
 #: Settings a check of their own holds to more than their type.
 _CHECKED_APART = frozenset({"SHARDS", "COMMIT_AHEAD_SECONDS", "PREPARED_STATEMENTS", "LEASE_NAME"})
+
+
+def errors_at_start() -> list[str]:
+    """The scheduler's errors among the system checks, one line each: a beat or a worker does not start with any.
+
+    ``manage.py check`` reports them too, but nobody runs it before each start.
+    (The checks that read the database are left to it: a beat or worker reads
+    no table before it starts.)
+    """
+    ours = [
+        check
+        for check in registry.get_checks(include_deployment_checks=False)
+        if check.__module__ == __name__ and Tags.database not in check.tags
+    ]
+    return [f"{message.id}: {message.msg}" for check in ours for message in check(None) if message.is_serious()]
+
+
+def refuse_to_start_on_errors(role: str) -> None:
+    """Stop this process, in one line, if ``errors_at_start`` finds any."""
+    errors = errors_at_start()
+    if errors:
+        raise SystemExit(f"scheduler: the {role} does not start: {' '.join(errors)} (manage.py check says more)")
 
 
 @register()

@@ -28,7 +28,7 @@ from celery.beat import Scheduler
 from django.db import DatabaseError, close_old_connections, connection
 from django.db.backends.signals import connection_created
 
-from scheduler import logs, outbox, process_ids, shards, tracing
+from scheduler import checks, logs, outbox, process_ids, shards, tracing
 from scheduler.beat import dispatch, leadership, shard_keeper
 from scheduler.beat.housekeeping import Housekeeping
 from scheduler.beat.liveness import InstanceLock
@@ -111,6 +111,7 @@ class LeaderScheduler(Scheduler):
     # --- Celery's scheduler contract ------------------------------------------
 
     def setup_schedule(self) -> None:
+        checks.refuse_to_start_on_errors("beat")
         logs.bind(instance_id=self.instance_id)
         connection_created.connect(_limit_idle_transactions, dispatch_uid="scheduler.beat.idle_tx")
         close_old_connections()

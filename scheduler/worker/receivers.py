@@ -25,7 +25,7 @@ from typing import Any
 from celery.signals import task_rejected, task_revoked, task_unknown, worker_init, worker_ready, worker_shutdown
 from django.db import DatabaseError, close_old_connections
 
-from scheduler import process_ids
+from scheduler import checks, process_ids
 from scheduler.exceptions import MessageRefused
 from scheduler.models import Execution
 from scheduler.ops import watch
@@ -37,6 +37,11 @@ logger = logging.getLogger(__name__)
 
 _heartbeat: heartbeat.Heartbeat | None = None
 _watcher: watch.Watcher | None = None
+
+
+@worker_init.connect(dispatch_uid="scheduler.checks_pass")
+def refuse_settings_the_checks_refuse(sender: Any = None, **kwargs: Any) -> None:
+    checks.refuse_to_start_on_errors("worker")
 
 
 @worker_init.connect(dispatch_uid="scheduler.node_name_fits")
