@@ -135,6 +135,14 @@ class ScopedViewSet(OwnPolicies, viewsets.GenericViewSet):
     def get_queryset(self) -> QuerySet[Any]:
         return scoped(super().get_queryset(), self.request)
 
+    def locked(self) -> Any:
+        """Return the row of the URL with its lock held until the transaction ends (404 if not visible).
+
+        A change read from the row as stored under its lock writes back
+        nothing another caller changed meanwhile.
+        """
+        return get_object_or_404(self.get_queryset().select_for_update(), pk=self.kwargs["pk"])
+
 
 @extend_schema(tags=["schedules"])
 class ScheduleViewSet(
@@ -154,10 +162,6 @@ class ScheduleViewSet(
     # Partial updates only: a PUT would reset every field left out.
     http_method_names = ["get", "post", "patch", "delete", "head", "options"]
 
-    def _locked(self) -> Schedule:
-        """Return the schedule of the URL with its row locked until the transaction ends (404 if not visible)."""
-        return get_object_or_404(self.get_queryset().select_for_update(), pk=self.kwargs["pk"])
-
     def retrieve(self, request: Request, *args: Any, **kwargs: Any) -> Response:
         schedule = self.get_object()
         return Response(self.get_serializer(schedule).data, headers={"ETag": etag(schedule)})
@@ -174,7 +178,7 @@ class ScheduleViewSet(
         the other gets 412.
         """
         with transaction.atomic():
-            schedule = self._locked()
+            schedule = self.locked()
             expected = request.headers.get("If-Match")
             if expected is not None and not _matches(expected, etag(schedule)):
                 raise PreconditionFailed()
@@ -195,7 +199,7 @@ class ScheduleViewSet(
     ) -> Response:
         """Apply ``change`` (an action, given who acts and now) to the locked schedule; ``runs``: it lets the schedule fire."""
         with transaction.atomic():
-            schedule = self._locked()
+            schedule = self.locked()
             if runs:
                 ensure_task_allowed(request, schedule.task, tenant=schedule.tenant)
             change(schedule, caller(request).actor, dbclock.now())
@@ -427,10 +431,11 @@ class NotificationTargetViewSet(
         serializer.instance = target
 
     def perform_update(self, serializer: BaseSerializer[Any]) -> None:
-        target: NotificationTarget = self.get_object()
-        for name, value in serializer.validated_data.items():
-            setattr(target, name, value)
-        operations.save_target(target, actor=caller(self.request).actor)
+        with transaction.atomic():
+            target: NotificationTarget = self.locked()
+            for name, value in serializer.validated_data.items():
+                setattr(target, name, value)
+            operations.save_target(target, actor=caller(self.request).actor)
         serializer.instance = target
 
     def perform_destroy(self, instance: NotificationTarget) -> None:
@@ -479,7 +484,8 @@ class CalendarViewSet(
         self._keep(serializer, Calendar())
 
     def perform_update(self, serializer: BaseSerializer[Any]) -> None:
-        self._keep(serializer, self.get_object())
+        with transaction.atomic():
+            self._keep(serializer, self.locked())
 
     def perform_destroy(self, instance: Calendar) -> None:
         who = caller(self.request)
