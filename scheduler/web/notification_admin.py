@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from django import forms
 from django.contrib import admin
 from django.db.models import QuerySet
 from django.http import HttpRequest
@@ -38,9 +39,19 @@ class _DeployerManages(StorableLookups, admin.ModelAdmin):
 
 
 class NotificationTargetForm(KeepsOthersChanges):
+    """A target's form; its secret is typed in, never shown: left empty, the stored one stays."""
+
+    never_shown = ("secret",)
+
     class Meta:
         model = NotificationTarget
         fields = "__all__"
+        widgets = {"secret": forms.PasswordInput(render_value=False)}
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        if "secret" in self.fields and self.instance.pk is not None and self.instance.secret:
+            self.fields["secret"].help_text = "Set; leave empty to keep it, or type a new one."
 
 
 @admin.register(NotificationTarget)
@@ -49,6 +60,11 @@ class NotificationTargetAdmin(LocksEditedRow, _DeployerManages):
     list_display = ("name", "tenant", "kind", "address", "is_default", "enabled")
     list_filter = ("kind", "is_default", "enabled")
     fields = ("name", "tenant", "kind", "address", "secret", "is_default", "enabled")
+
+    def get_fields(self, request: HttpRequest, obj: NotificationTarget | None = None) -> Any:
+        if self._deployer(request):
+            return self.fields
+        return tuple(name for name in self.fields if name != "secret")  # shown read-only to a tenant's user
 
     def save_model(self, request: HttpRequest, obj: NotificationTarget, form: Any, change: bool) -> None:
         operations.save_target(obj, actor=audit.user_actor(request.user))

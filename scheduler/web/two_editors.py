@@ -22,6 +22,9 @@ from django.utils.functional import cached_property
 class KeepsOthersChanges(forms.ModelForm):
     """A row's change form that writes only what its operator changed (its ``clean()`` drops the rest)."""
 
+    #: Fields whose stored value never goes to the browser (a secret): left empty, the stored value stays.
+    never_shown: tuple[str, ...] = ()
+
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         if self.instance.pk is not None:
@@ -29,7 +32,7 @@ class KeepsOthersChanges(forms.ModelForm):
                 self.fields[name].show_hidden_initial = True
 
     def _stored_fields(self) -> list[str]:
-        return [name for name in self.fields if name in self.initial]
+        return [name for name in self.fields if name in self.initial and name not in self.never_shown]
 
     def _shown(self, name: str) -> Any:
         """What the posted page says it showed of field ``name`` (its ``initial-<name>``); ``None`` if it says nothing."""
@@ -48,6 +51,8 @@ class KeepsOthersChanges(forms.ModelForm):
 
     def _changed(self, name: str) -> bool:
         bound, shown = self[name], self._shown(name)
+        if name in self.never_shown and not bound.data:
+            return False
         if shown is None:
             return bound.field.has_changed(bound.initial, bound.data)
         try:
@@ -59,6 +64,9 @@ class KeepsOthersChanges(forms.ModelForm):
         """Drop what this page's operator left as shown; refuse a field someone else changed since it was shown."""
         if self.instance.pk is None:
             return  # a new row: nobody else wrote it
+        for name in self.never_shown:
+            if name in self.fields and name not in self.changed_data:
+                self.cleaned_data.pop(name, None)
         for name in self._stored_fields():
             shown = self._shown(name)
             if shown is None:

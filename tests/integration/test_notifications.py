@@ -26,6 +26,7 @@ from scheduler.outbox import notifications as delivery
 from scheduler.owners import executions, leases, notifications
 from scheduler.web.permissions import OPERATOR_GROUP
 from tests.integration.api_support import TENANT_A, TENANT_B, bind, token_client
+from tests.support.admin_forms import page_form
 from tests.support.factories import make_execution, make_schedule, succeed
 from tests.support.processes import wait_until
 from tests.support.webhook_server import webhook_server
@@ -153,6 +154,38 @@ def test_admin__a_tenants_user_sees_its_targets_and_changes_none() -> None:
     )
     assert posted.status_code == 403
     assert NotificationTarget.objects.count() == 2
+
+
+def test_admin__a_targets_secret_is_on_no_page_and_an_empty_field_keeps_it(staff: Client) -> None:
+    # Given a signed webhook of a tenant, and that tenant's operator
+    target = _target("a-hook", address="http://127.0.0.1:9/", tenant=TENANT_A, secret="TOP-SECRET")
+    user = bind(get_user_model().objects.create_user("op-a", password="pw", is_staff=True), TENANT_A)
+    user.groups.add(Group.objects.get(name=OPERATOR_GROUP))
+    tenant_user = Client()
+    tenant_user.force_login(user)
+    page = f"/admin/scheduler/notificationtarget/{target.pk}/change/"
+
+    # When the tenant's operator and the deployer open its page
+    seen = {who: client.get(page) for who, client in {"tenant": tenant_user, "deployer": staff}.items()}
+
+    # Then neither page holds the secret (as the API shows it to nobody)
+    assert {who: answer.status_code for who, answer in seen.items()} == {"tenant": 200, "deployer": 200}
+    assert {who: "TOP-SECRET" in answer.content.decode() for who, answer in seen.items()} == {
+        "tenant": False,
+        "deployer": False,
+    }
+
+    # When the deployer saves the page leaving the secret empty, then types a new one
+    form = page_form(seen["deployer"].content.decode())
+    assert staff.post(page, {**form, "name": "renamed"}).status_code == 302
+    target.refresh_from_db()
+    assert (target.name, target.secret) == ("renamed", "TOP-SECRET")
+    form = page_form(staff.get(page).content.decode())
+    assert staff.post(page, {**form, "secret": "NEW-SECRET"}).status_code == 302
+
+    # Then an empty field kept it, and a typed one replaced it
+    target.refresh_from_db()
+    assert target.secret == "NEW-SECRET"
 
 
 # --- the events a watch pass and the circuit breaker announce ----------------------------
