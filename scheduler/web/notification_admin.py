@@ -62,9 +62,10 @@ class NotificationTargetAdmin(LocksEditedRow, _DeployerManages):
     fields = ("name", "tenant", "kind", "address", "secret", "is_default", "enabled")
 
     def get_fields(self, request: HttpRequest, obj: NotificationTarget | None = None) -> Any:
-        if self._deployer(request):
+        writes = self.has_add_permission(request) if obj is None else self.has_change_permission(request, obj)
+        if writes:
             return self.fields
-        return tuple(name for name in self.fields if name != "secret")  # shown read-only to a tenant's user
+        return tuple(name for name in self.fields if name != "secret")  # a read-only field would show it
 
     def save_model(self, request: HttpRequest, obj: NotificationTarget, form: Any, change: bool) -> None:
         operations.save_target(obj, actor=audit.user_actor(request.user))

@@ -24,7 +24,7 @@ from scheduler.models import AuditEvent, Execution, Incident, Lease, Notificatio
 from scheduler.ops import watch
 from scheduler.outbox import notifications as delivery
 from scheduler.owners import executions, leases, notifications
-from scheduler.web.permissions import OPERATOR_GROUP
+from scheduler.web.permissions import OPERATOR_GROUP, VIEWER_GROUP
 from tests.integration.api_support import TENANT_A, TENANT_B, bind, token_client
 from tests.support.admin_forms import page_form
 from tests.support.factories import make_execution, make_schedule, succeed
@@ -165,15 +165,21 @@ def test_admin__a_targets_secret_is_on_no_page_and_an_empty_field_keeps_it(staff
     tenant_user.force_login(user)
     page = f"/admin/scheduler/notificationtarget/{target.pk}/change/"
 
-    # When the tenant's operator and the deployer open its page
-    seen = {who: client.get(page) for who, client in {"tenant": tenant_user, "deployer": staff}.items()}
+    # and a viewer of every tenant
+    viewer_user = bind(get_user_model().objects.create_user("viewer", password="pw", is_staff=True))
+    viewer_user.groups.add(Group.objects.get(name=VIEWER_GROUP))
+    viewer = Client()
+    viewer.force_login(viewer_user)
 
-    # Then neither page holds the secret (as the API shows it to nobody)
-    assert {who: answer.status_code for who, answer in seen.items()} == {"tenant": 200, "deployer": 200}
-    assert {who: "TOP-SECRET" in answer.content.decode() for who, answer in seen.items()} == {
-        "tenant": False,
-        "deployer": False,
-    }
+    # When each opens its page
+    clients = {"tenant": tenant_user, "viewer": viewer, "deployer": staff}
+    seen = {who: client.get(page) for who, client in clients.items()}
+
+    # Then no page holds the secret (as the API shows it to nobody)
+    assert {who: answer.status_code for who, answer in seen.items()} == dict.fromkeys(clients, 200)
+    assert {who: "TOP-SECRET" in answer.content.decode() for who, answer in seen.items()} == dict.fromkeys(
+        clients, False
+    )
 
     # When the deployer saves the page leaving the secret empty, then types a new one
     form = page_form(seen["deployer"].content.decode())
