@@ -888,14 +888,19 @@ def waiting_keys(*, limit: int = _BATCH) -> list[str]:
     return list(waiting.order_by().values_list("concurrency_key", flat=True).distinct()[:limit])
 
 
-def place_usage(prefix: str) -> list[tuple[str, int, int]]:
-    """(key, running, waiting) of each key starting with ``prefix`` that runs or waits, busiest first."""
+def place_usage(prefix: str, *, of_tenant: str | None = None) -> list[tuple[str, int, int]]:
+    """(key, running, waiting) of each key starting with ``prefix`` that runs or waits, busiest first.
+
+    ``of_tenant``: only the keys that tenant's own work runs or waits under
+    (with everyone's counts there: a limit of every tenant is shared).
+    """
+    in_flight = Execution.objects.filter(
+        concurrency_key__startswith=prefix, status__in=(Status.RUNNING, Status.QUEUED, Status.RETRYING)
+    ).filter(concurrency_key__isnull=False)
+    if of_tenant is not None:
+        in_flight = in_flight.filter(concurrency_key__in=in_flight.filter(tenant=of_tenant).values("concurrency_key"))
     rows = (
-        Execution.objects.filter(
-            concurrency_key__startswith=prefix, status__in=(Status.RUNNING, Status.QUEUED, Status.RETRYING)
-        )
-        .filter(concurrency_key__isnull=False)
-        .order_by()
+        in_flight.order_by()
         .values("concurrency_key")
         .annotate(
             running=Count("pk", filter=Q(status=Status.RUNNING)),

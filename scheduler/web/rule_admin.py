@@ -10,6 +10,7 @@ tenant, and adds, changes and deletes its own tenant's only.
 from __future__ import annotations
 
 from collections.abc import Callable
+from contextvars import ContextVar
 from typing import Any
 
 from django import forms
@@ -18,13 +19,14 @@ from django.core.exceptions import ValidationError
 from django.db.models import Q, QuerySet
 from django.forms.models import construct_instance
 from django.http import HttpRequest
+from django.template.response import TemplateResponse
 from django.utils.html import format_html, format_html_join
 
 from scheduler.celery_app import celery_app
 from scheduler.models import Calendar, ConcurrencyLimit, RateLimit
 from scheduler.ops import audit, operations
 from scheduler.owners import executions
-from scheduler.tenancy import scope_of_user
+from scheduler.tenancy import Scope, scope_of_user
 from scheduler.web.admin_lists import StorableLookups
 from scheduler.web.two_editors import KeepsOthersChanges, LocksEditedRow
 
@@ -135,15 +137,46 @@ class RateLimitAdmin(_TenantRuleAdmin):
     fields = ("name", "tenant", "task", "queue", "key", "starts", "per_seconds")
 
 
+#: The scope of the user whose page is drawn: a display method gets no request.
+_drawn_for: ContextVar[Scope] = ContextVar("drawn_for")
+
+
+def _usage(limit: ConcurrencyLimit) -> list[tuple[str, int, int]]:
+    """The usage of ``limit`` the page's user may see: a tenant's user, only the keys its own work uses."""
+    scope = _drawn_for.get(None)
+    if scope is None or scope.sees_nothing:
+        return []
+    return executions.place_usage(f"{limit.pk}:", of_tenant=None if scope.every_tenant else scope.tenant)
+
+
 @admin.register(ConcurrencyLimit)
 class ConcurrencyLimitAdmin(_TenantRuleAdmin):
+    """A limit of every tenant is shared: its page shows a tenant's user the keys of its own work only."""
+
     list_display = ("name", "describe", "usage_summary", "created_by")
     fields = ("name", "tenant", "task", "queue", "key", "limit", "usage")
     readonly_fields = ("usage",)
 
+    def changelist_view(self, request: HttpRequest, extra_context: dict[str, Any] | None = None) -> Any:
+        return self._drawn(request, super().changelist_view, request, extra_context)
+
+    def changeform_view(self, request: HttpRequest, *args: Any, **kwargs: Any) -> Any:
+        return self._drawn(request, super().changeform_view, request, *args, **kwargs)
+
+    @staticmethod
+    def _drawn(request: HttpRequest, view: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        token = _drawn_for.set(scope_of_user(request.user))
+        try:
+            response = view(*args, **kwargs)
+            if isinstance(response, TemplateResponse):
+                response.render()  # the columns are drawn now, while the scope is set
+            return response
+        finally:
+            _drawn_for.reset(token)
+
     @admin.display(description="running / limit (busiest key), waiting")
     def usage_summary(self, obj: ConcurrencyLimit) -> str:
-        usage = executions.place_usage(f"{obj.pk}:")
+        usage = _usage(obj)
         if not usage:
             return f"0 / {obj.limit}, 0 waiting"
         key, running, _ = usage[0]
@@ -155,7 +188,7 @@ class ConcurrencyLimitAdmin(_TenantRuleAdmin):
     def usage(self, obj: ConcurrencyLimit) -> str:
         if obj.pk is None:
             return "-"
-        usage = executions.place_usage(f"{obj.pk}:")[:KEYS_SHOWN]
+        usage = _usage(obj)[:KEYS_SHOWN]
         if not usage:
             return "Nothing runs or waits under this limit."
         rows = format_html_join(

@@ -19,6 +19,7 @@ from scheduler.models import AuditEvent, ConcurrencyLimit, Execution
 from scheduler.ops import reconcile
 from scheduler.owners import executions, work_rules
 from tests.integration.api_support import TENANT_A, TENANT_B, operator_session, token_client
+from tests.support.factories import make_execution
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -239,6 +240,31 @@ def test_admin__a_tenants_operator_limits_its_own_work_and_cannot_touch_another_
     admin.post(f"/admin/scheduler/concurrencylimit/{theirs.pk}/delete/", {"post": "yes"})
     assert ConcurrencyLimit.objects.get(pk=everyone.pk).limit == 10
     assert ConcurrencyLimit.objects.filter(pk=theirs.pk).exists()
+
+
+def test_admin__a_tenants_operator_sees_the_keys_its_own_work_runs_under_not_another_tenants() -> None:
+    # Given a limit of every tenant, per customer, under which both tenants' work runs and waits
+    limit = per_customer(1)
+    for tenant, customer in ((TENANT_A, "a-customer"), (TENANT_B, "b-customer"), (TENANT_B, "a-customer")):
+        for status in (Status.RUNNING, Status.QUEUED):
+            make_execution(
+                f"{tenant}-{customer}-{status}",
+                task=TASK,
+                tenant=tenant,
+                status=status,
+                concurrency_key=f"{limit.pk}:{customer}",
+            )
+    admin = operator_session(TENANT_A)
+
+    # When tenant A's operator looks at the limits and at this one
+    listing = admin.get("/admin/scheduler/concurrencylimit/").content.decode()
+    page = admin.get(f"/admin/scheduler/concurrencylimit/{limit.pk}/change/").content.decode()
+
+    # Then it sees the key its own work runs under, with everyone's counts there (the limit is shared),
+    # and nothing of the key only tenant B's work uses
+    assert "<td>a-customer</td><td>2 / 1</td><td>2</td>" in page
+    assert "b-customer" not in page and "b-customer" not in listing
+    assert "2 / 1 (a-customer), 2 waiting" in listing
 
 
 def test_admin_and_metrics__show_running_over_limit_per_key_and_each_waiting_executions_place() -> None:
