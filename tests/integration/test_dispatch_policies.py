@@ -19,10 +19,16 @@ pytestmark = pytest.mark.django_db(transaction=True)
 Status = Execution.Status
 
 
-def schedule(name: str, **fields: object) -> Schedule:
-    """A schedule every 10 s unless ``fields`` time it otherwise."""
+def schedule(name: str, *, slots_from: float = 1, **fields: object) -> Schedule:
+    """A schedule every 10 s unless ``fields`` time it otherwise; an interval's slots start ``slots_from`` s ago.
+
+    So its last slot (``last_slot``) is that many seconds old and its next
+    one is the interval ahead of it, whatever the clock reads: a slot the
+    clock reaches while a test runs would add a row the test does not count.
+    """
     if not {"cron", "run_at"} & fields.keys():
         fields.setdefault("interval", 10)
+        fields.setdefault("start_at", dbclock.now() - timedelta(seconds=slots_from))
     return make_schedule(name, **fields)
 
 
@@ -30,10 +36,11 @@ def due_at(target: Schedule, slot: datetime) -> None:
     Schedule.objects.filter(pk=target.pk).update(next_run_at=slot)
 
 
-def last_slot(every: int = 10) -> datetime:
-    """The latest interval slot at or before the database clock."""
-    now = dbclock.now()
-    return now - timedelta(seconds=now.timestamp() % every)
+def last_slot(target: Schedule) -> datetime:
+    """The latest slot of interval schedule ``target`` at or before the database clock."""
+    assert target.start_at is not None and target.interval is not None
+    interval = timedelta(seconds=target.interval)
+    return target.start_at + (dbclock.now() - target.start_at) // interval * interval
 
 
 def statuses(target: Schedule) -> list[str]:
@@ -66,7 +73,7 @@ def test_overlap__due_slot_while_one_runs(
     # Given a schedule with one execution running
     target = schedule("s", overlap=policy)
     in_flight(target)
-    due_at(target, last_slot())
+    due_at(target, last_slot(target))
     # When its next slot is dispatched
     report = dispatch.dispatch_due(lease)
     # Then the policy decided
@@ -81,7 +88,7 @@ def test_buffer_one__held_until_the_running_one_ends_then_sent(lease: leases.Lea
 
     target = schedule("s", overlap="buffer_one")
     running = in_flight(target)
-    due_at(target, last_slot())
+    due_at(target, last_slot(target))
     dispatch.dispatch_due(lease)
     # While one runs, the buffered row is not sent
     assert outbox.publish_pending(app) == 0
@@ -92,10 +99,9 @@ def test_buffer_one__held_until_the_running_one_ends_then_sent(lease: leases.Lea
 
 
 def test_buffer_one__a_second_waiting_slot_is_skipped(lease: leases.LeaseHandle) -> None:
-    target = schedule("s", overlap="buffer_one", interval=10)
+    target = schedule("s", overlap="buffer_one", interval=10, slots_from=11)
     in_flight(target)
-    first = last_slot()
-    due_at(target, first - timedelta(seconds=10))
+    due_at(target, last_slot(target) - timedelta(seconds=10))
     dispatch.dispatch_due(lease)
     assert statuses(target) == [Status.RUNNING, Status.PENDING, Status.SKIPPED]
 
@@ -103,7 +109,7 @@ def test_buffer_one__a_second_waiting_slot_is_skipped(lease: leases.LeaseHandle)
 def test_cancelled_execution__cannot_be_claimed(lease: leases.LeaseHandle) -> None:
     target = schedule("s", overlap="cancel_previous")
     running = in_flight(target, Status.QUEUED)
-    due_at(target, last_slot())
+    due_at(target, last_slot(target))
     dispatch.dispatch_due(lease)
     running.refresh_from_db()
     assert running.status == Status.CANCELLED and running.finished_at is not None
@@ -115,7 +121,7 @@ def test_max_runs__disables_itself_after_its_last_run(lease: leases.LeaseHandle)
     # Given a schedule allowed 3 runs whose beat already sent 2
     target = schedule("s", max_runs=3)
     Schedule.objects.filter(pk=target.pk).update(slots_committed=2)
-    due_at(target, last_slot())
+    due_at(target, last_slot(target))
     # When its next slot fires
     report = dispatch.dispatch_due(lease)
     # Then that was the last one: it is off, with the reason
@@ -143,17 +149,16 @@ def test_one_off__runs_once_then_disabled(lease: leases.LeaseHandle) -> None:
 
 
 def test_end_at__disables_itself_when_no_slot_is_left(lease: leases.LeaseHandle) -> None:
-    slot = last_slot()
-    target = schedule("ending", end_at=slot + timedelta(seconds=5))
-    due_at(target, slot)
+    target = schedule("ending", end_at=dbclock.now() + timedelta(seconds=4))
+    due_at(target, last_slot(target))
     dispatch.dispatch_due(lease)
     target.refresh_from_db()
     assert not target.enabled and target.disabled_reason.startswith("Past its end at")
 
 
 def test_missed_slots__counted_on_the_schedule(lease: leases.LeaseHandle) -> None:
-    target = schedule("late", interval=1, catchup_window=5)
-    due_at(target, last_slot(1) - timedelta(seconds=60))
+    target = schedule("late", interval=1, catchup_window=5, slots_from=61)
+    due_at(target, last_slot(target) - timedelta(seconds=60))
     report = dispatch.dispatch_due(lease)
     target.refresh_from_db()
     assert target.total_missed == report.missed + report.missed_not_recorded >= 54
@@ -186,7 +191,7 @@ def test_jitter__message_delayed_by_the_slots_offset(lease: leases.LeaseHandle, 
 
     # A day of jitter: the offset is all but surely later than the slot's few seconds of lateness.
     target = schedule("j", interval=10, jitter=86_400)
-    slot = last_slot()
+    slot = last_slot(target)
     due_at(target, slot)
     dispatch.dispatch_due(lease)
     assert outbox.publish_pending(app) == 1
