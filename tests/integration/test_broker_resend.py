@@ -190,10 +190,11 @@ def test_lost__retried_after_the_backoff_not_at_once(redis_client: redis.Redis) 
 
 def test_lost__counts_as_in_flight_for_the_overlap_policies(lease: leases.LeaseHandle) -> None:
     # Given an overlap=skip schedule whose last execution is lost (reconcile is about to retry it)
-    target = make_schedule("s", interval=10, overlap="skip")
+    # (its slots from a second ago: the next is 9 s away, none comes due while the test runs)
+    start = dbclock.now() - timedelta(seconds=1)
+    target = make_schedule("s", interval=10, overlap="skip", start_at=start)
     execution("earlier", schedule=target, status=Status.LOST)
-    now = dbclock.now()
-    Schedule.objects.filter(pk=target.pk).update(next_run_at=now - timedelta(seconds=now.timestamp() % 10))
+    Schedule.objects.filter(pk=target.pk).update(next_run_at=start)
 
     # When its next slot comes due
     dispatch.dispatch_due(lease)

@@ -26,6 +26,15 @@ def last_slot(every: int) -> datetime:
     return now - timedelta(seconds=now.timestamp() % every)
 
 
+def slots_since(seconds: float) -> datetime:
+    """A ``start_at`` ``seconds`` ago, for slots whose last is a fraction of their interval old.
+
+    On slots aligned on the clock's own seconds, one could come due the
+    instant after the test read the clock, adding a row it does not count.
+    """
+    return dbclock.now() - timedelta(seconds=seconds)
+
+
 def statuses(target: Schedule) -> list[str]:
     return list(Execution.objects.filter(schedule=target).order_by("scheduled_for").values_list("status", flat=True))
 
@@ -55,9 +64,10 @@ def test_one_off__run_now_first_does_not_use_up_its_slot(lease: leases.LeaseHand
 
 
 def test_max_runs__skipped_slots_do_not_count(lease: leases.LeaseHandle) -> None:
-    # Given max_runs=2, overlap=skip, and three every-second slots due at once
-    target = make_schedule("s", interval=1, max_runs=2, overlap="skip")
-    Schedule.objects.filter(pk=target.pk).update(next_run_at=last_slot(1) - timedelta(seconds=2))
+    # Given max_runs=2, overlap=skip, and three slots due at once
+    start = slots_since(2.5)  # slots at -2.5, -1.5 and -0.5 s; the next half a second away
+    target = make_schedule("s", interval=1, max_runs=2, overlap="skip", start_at=start)
+    Schedule.objects.filter(pk=target.pk).update(next_run_at=start)
 
     # When the leader dispatches them
     dispatch.dispatch_due(lease)
@@ -81,9 +91,10 @@ def test_max_runs__skipped_slots_do_not_count(lease: leases.LeaseHandle) -> None
 
 def test_max_runs__applied_after_the_misfire_policy(lease: leases.LeaseHandle) -> None:
     # Given max_runs=2, misfire=run_once, and five slots late inside the catch-up window
-    latest = last_slot(10)
-    target = make_schedule("s", interval=10, max_runs=2, misfire="run_once")
-    Schedule.objects.filter(pk=target.pk).update(next_run_at=latest - timedelta(seconds=40))
+    start = slots_since(41)  # slots 41 to 1 s ago; the next 9 s away
+    latest = start + timedelta(seconds=40)
+    target = make_schedule("s", interval=10, max_runs=2, misfire="run_once", start_at=start)
+    Schedule.objects.filter(pk=target.pk).update(next_run_at=start)
 
     # When the leader dispatches them
     report = dispatch.dispatch_due(lease)
