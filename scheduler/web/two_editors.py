@@ -64,16 +64,13 @@ class KeepsOthersChanges(forms.ModelForm):
         """Drop what this page's operator left as shown; refuse a field someone else changed since it was shown."""
         if self.instance.pk is None:
             return  # a new row: nobody else wrote it
-        for name in self.never_shown:
-            if name in self.fields and name not in self.changed_data:
-                self.cleaned_data.pop(name, None)
-        for name in self._stored_fields():
+        for name in self.fields:
+            if name not in self.initial:
+                continue  # no column of the row (a form's own field)
             shown = self._shown(name)
-            if shown is None:
-                continue
             if name not in self.changed_data:
                 self.cleaned_data.pop(name, None)  # the stored value stays, whoever wrote it since
-            elif self[name].field.has_changed(self[name].initial, shown):
+            elif shown is not None and self[name].field.has_changed(self[name].initial, shown):
                 self.add_error(
                     name,
                     f"This was changed by someone else since this page was opened. "

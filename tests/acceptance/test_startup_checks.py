@@ -8,6 +8,7 @@ every renewal, a worker whose claim lasts no time would run nothing.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import pytest
 
@@ -49,11 +50,11 @@ def test_a_worker_whose_claim_lasts_no_time__refuses_to_start_naming_the_setting
     assert not Instance.objects.exists()
 
 
-def test_errors_at_start__only_the_schedulers_errors(settings: object) -> None:
+def test_errors_at_start__only_the_schedulers_errors(settings: Any) -> None:
     # Given valid settings, and then one the checks refuse and one they only warn about
     assert checks.errors_at_start() == []
-    settings.SCHEDULER_LEASE_TTL_SECONDS = 0  # type: ignore[attr-defined]
-    settings.SCHEDULER_METRICS_TOKEN = ""  # type: ignore[attr-defined]  # (a deploy warning, W002)
+    settings.SCHEDULER_LEASE_TTL_SECONDS = 0
+    settings.SCHEDULER_METRICS_TOKEN = ""  # (a deploy warning, W002)
 
     # Then the error is one line, and nothing else is
     assert [line.split(":")[0] for line in checks.errors_at_start()] == ["scheduler.E011"]
